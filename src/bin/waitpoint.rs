@@ -1,0 +1,8 @@
+//! The `waitpoint` binary: operator and agent CLI, and `waitpoint daemon`. All logic lives in
+//! the library; this only maps the result to an exit code.
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    waitpoint::cli::waitpoint::main()
+}

@@ -1,0 +1,128 @@
+//! `cortex-signal`: the spec's flags, their environment defaults, and the choice of transport.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::error::{Error, exit};
+use crate::model::SignalStatus;
+use crate::signal::{DataSource, Sent, SignalBody, SpoolTransport, Transport};
+
+/// Report a job's result to a waitpoint.
+///
+/// Append it to the job's command line: `python train.py; cortex-signal --exit-code $?`.
+/// Exit status: 0 when the signal was accepted, already resolved, or spooled; 1 when it was
+/// refused, or the daemon was unreachable with --no-spool; 2 on a usage error or a missing id
+/// or secret.
+#[derive(Debug, Parser)]
+#[command(name = "cortex-signal", version, arg_required_else_help = true)]
+pub struct SignalArgs {
+    /// The waitpoint's id (wp_ and 12 hex digits)
+    #[arg(
+        long,
+        value_name = "wp_…",
+        env = "CORTEX_SIGNAL_ID",
+        hide_env_values = true
+    )]
+    pub id: Option<String>,
+    /// The waitpoint's secret, as printed when it was armed
+    #[arg(
+        long,
+        value_name = "HEX",
+        env = "CORTEX_SIGNAL_SECRET",
+        hide_env_values = true
+    )]
+    pub secret: Option<String>,
+    /// Status from an exit code (0 is ok, anything else fail), and `exit=N` as the message
+    /// unless --message is given
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub exit_code: Option<i64>,
+    /// ok, fail or progress; overrides the status --exit-code derives [default: ok]
+    #[arg(long, value_name = "STATUS", value_parser = ["ok", "fail", "progress"])]
+    pub status: Option<String>,
+    /// One-line summary shown in the wake (at most 2,000 characters)
+    #[arg(long, value_name = "TEXT")]
+    pub message: Option<String>,
+    /// Which member this is; required when the waitpoint names members
+    #[arg(long, value_name = "NAME", env = "CORTEX_SIGNAL_MEMBER")]
+    pub member: Option<String>,
+    /// Extra payload: @FILE, - for stdin, or the literal text (at most 16,000 characters);
+    /// delivered as data, never as instructions
+    #[arg(long, value_name = "@FILE|-|TEXT", allow_hyphen_values = true)]
+    pub data: Option<String>,
+    /// Signal endpoint [default: http://127.0.0.1:$WEBHOOK_PORT/webhook/signal]
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Fail instead of writing to the spool when the daemon cannot be reached
+    #[arg(long)]
+    pub no_spool: bool,
+}
+
+/// Entry point of the `cortex-signal` binary.
+pub fn main() -> ExitCode {
+    let args = match SignalArgs::try_parse_from(super::args()) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    exit::OK
+                }
+                _ => exit::USAGE,
+            });
+        }
+    };
+    super::init_logging(None);
+    super::finish("cortex-signal", run(args))
+}
+
+fn run(args: SignalArgs) -> anyhow::Result<u8> {
+    let id = args
+        .id
+        .ok_or_else(|| Error::Usage("missing --id (or CORTEX_SIGNAL_ID)".into()))?;
+    let secret = args
+        .secret
+        .ok_or_else(|| Error::Usage("missing --secret (or CORTEX_SIGNAL_SECRET)".into()))?;
+    let status = match (args.status.as_deref(), args.exit_code) {
+        (Some(s), _) => SignalStatus::parse(s).expect("clap checked the value"),
+        (None, Some(0)) | (None, None) => SignalStatus::Ok,
+        (None, Some(_)) => SignalStatus::Fail,
+    };
+    let message = args
+        .message
+        .or_else(|| args.exit_code.map(|c| format!("exit={c}")));
+    let data = args
+        .data
+        .map(|d| DataSource::parse(&d).read(std::io::stdin().lock()))
+        .transpose()?;
+    let body = SignalBody {
+        id,
+        secret,
+        status,
+        message,
+        member: args.member.filter(|m| !m.is_empty()),
+        data,
+    }
+    .to_bytes()?;
+
+    if args.no_spool {
+        anyhow::bail!(
+            "the daemon cannot be reached: this build sends signals through the spool only, \
+and --no-spool forbids that"
+        );
+    }
+    if args.url.is_some() {
+        eprintln!("cortex-signal: this build has no HTTP transport; using the spool instead");
+    }
+    let home = super::resolve_home(None);
+    let transport = SpoolTransport::new(home.drop_zone());
+    let Sent::Spooled(path) = transport
+        .send(&body)
+        .context("cannot write the signal to the spool")?;
+    eprintln!(
+        "cortex-signal: spooled {} (transport: spool; the daemon collects it)",
+        path.display()
+    );
+    Ok(exit::OK)
+}

@@ -1,0 +1,81 @@
+//! Delivery: putting wakes into a session's inbox and taking them out again.
+//!
+//! The inbox is maildir-like: `sessions/<channel>/wakes/new/<wake_id>.json` until a reader takes
+//! it, then `cur/`. Wake ids are stable, so delivering the same wake twice (after a crash) is a
+//! no-op when a reader already took it, and a consumer can always de-duplicate by id.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::model::Wake;
+use crate::store::{self, commit_json, create_dir_private, read_json};
+
+fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
+    dir.join(format!("{wake_id}.json"))
+}
+
+/// Makes `wake` durable in its channel's `new/` unless a reader already moved it to `cur/`.
+pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
+    let new = home.inbox_new(&wake.channel);
+    let cur = home.inbox_cur(&wake.channel);
+    if wake_file(&cur, &wake.wake_id).exists() {
+        return Ok(());
+    }
+    create_dir_private(&new)?;
+    create_dir_private(&cur)?;
+    commit_json(&wake_file(&new, &wake.wake_id), wake)
+}
+
+/// Whether the wake is still waiting in `new/` (not yet taken by a reader).
+pub fn is_unread(home: &Home, channel: &str, wake_id: &str) -> bool {
+    wake_file(&home.inbox_new(channel), wake_id).exists()
+}
+
+/// The unread wakes of a channel, oldest first.
+pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
+    let dir = home.inbox_new(channel);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("cannot list", &dir, e)),
+    };
+    let mut wakes = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if store::is_temp_name(&name) || !name.ends_with(".json") {
+            continue;
+        }
+        // A wake taken by another reader between the listing and the read is simply gone.
+        if let Some(w) = read_json::<Wake>(&entry.path())? {
+            wakes.push(w);
+        }
+    }
+    wakes.sort_by(|a, b| (a.created_at, &a.wake_id).cmp(&(b.created_at, &b.wake_id)));
+    Ok(wakes)
+}
+
+/// Takes the oldest unread wake: moves it to `cur/` and returns it. When two readers race, each
+/// wake goes to exactly one of them (the rename decides).
+pub fn take_next(home: &Home, channel: &str) -> Result<Option<Wake>> {
+    let new = home.inbox_new(channel);
+    let cur = home.inbox_cur(channel);
+    for wake in unread(home, channel)? {
+        create_dir_private(&cur)?;
+        let from = wake_file(&new, &wake.wake_id);
+        let to = wake_file(&cur, &wake.wake_id);
+        match fs::rename(&from, &to) {
+            Ok(()) => {
+                store::fsync_dir(&cur)?;
+                store::fsync_dir(&new)?;
+                return Ok(Some(wake));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io("cannot move", &from, e)),
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,634 @@
+//! The engine: the only code that creates or changes waitpoint state.
+//!
+//! Every change runs under the waitpoint's lock (`waitpoints/<id>/.lock`) as a read-modify-write
+//! of `waitpoint.json`, so the daemon and CLI commands such as `cancel` never lose each other's
+//! updates. A signal goes: authenticate -> recover -> de-duplicate -> member rules -> record the
+//! signal -> replace the state (with any new wake in its outbox) -> deliver the outbox. The spool
+//! file is removed by the caller only after all of that is durable; a crash anywhere before then
+//! leaves the file in place and the next attempt finishes the job without counting twice.
+
+pub mod rules;
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use rand::Rng;
+
+use crate::clock::{Clock, Timestamp};
+use crate::delivery;
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::ingress::{SignalRequest, Source, check_member_name};
+use crate::model::{Counters, Round, SignalRecord, Status, Waitpoint, Wake, WakeKind};
+use crate::secret;
+use crate::settings::{MAX_TTL_MS, Settings};
+use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
+
+pub use rules::Refusal;
+
+/// The largest `max_signals` a monitor may ask for.
+pub const MAX_MAX_SIGNALS: u32 = 10_000;
+/// The most members a barrier may name.
+pub const MAX_MEMBERS: usize = 256;
+/// The longest label, in characters.
+pub const MAX_LABEL_CHARS: usize = 200;
+/// The longest intent, in characters.
+pub const MAX_INTENT_CHARS: usize = 4_000;
+const HOUR_MS: f64 = 3_600_000.0;
+
+/// How many terminal signals resolve a waitpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quorum {
+    All,
+    Count(u32),
+}
+
+/// A validated `wait_create`.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub label: String,
+    pub intent: String,
+    pub members: Vec<String>,
+    pub quorum: Option<Quorum>,
+    pub fail_fast: bool,
+    pub max_signals: u32,
+    pub expires_in_hours: Option<f64>,
+    pub device: Option<String>,
+    pub session: String,
+    pub channel: String,
+}
+
+/// A new waitpoint and its secret, which is never stored and exists only in this value.
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub waitpoint: Waitpoint,
+    pub secret: String,
+}
+
+/// What the engine did with a well-formed signal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Recorded as signal `seq`; `wake` says whether it woke the session.
+    Accepted {
+        id: String,
+        seq: u64,
+        wake: Option<WakeKind>,
+        status: Status,
+    },
+    /// This identity was already recorded for the waitpoint; not counted again.
+    Duplicate { id: String },
+    /// The waitpoint is no longer armed ("already resolved").
+    Closed { id: String, status: Status },
+    /// Not accepted, with the reason.
+    Refused(Refusal),
+}
+
+/// Checks a session or channel name: it becomes a directory name.
+pub fn check_name(what: &str, name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Usage(format!(
+            "{what} {name:?} must be 1-128 characters of letters, digits, '.', '_', '-' or '@'"
+        )))
+    }
+}
+
+/// The engine. Cheap to build; the daemon keeps one, CLI commands make one per call.
+pub struct Engine {
+    home: Home,
+    settings: Settings,
+    clock: Arc<dyn Clock>,
+    // Identity keys of the signals recorded per armed waitpoint. Only the daemon records signals,
+    // so once loaded from a directory listing this set stays exact for the process's lifetime.
+    seen: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+impl Engine {
+    pub fn new(home: Home, settings: Settings, clock: Arc<dyn Clock>) -> Self {
+        Engine {
+            home,
+            settings,
+            clock,
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Arms a new waitpoint (`wait_create`).
+    pub fn create(&self, req: CreateRequest) -> Result<Created> {
+        let usage = |m: String| Err(Error::Usage(m));
+        let label = req.label.trim().to_owned();
+        if label.is_empty() || label.chars().count() > MAX_LABEL_CHARS {
+            return usage(format!("--label must be 1-{MAX_LABEL_CHARS} characters"));
+        }
+        let intent = req.intent.trim().to_owned();
+        if intent.is_empty() || intent.chars().count() > MAX_INTENT_CHARS {
+            return usage(format!("--intent must be 1-{MAX_INTENT_CHARS} characters"));
+        }
+        check_name("session", &req.session)?;
+        check_name("channel", &req.channel)?;
+        if let Some(d) = &req.device {
+            check_name("device", d)?;
+        }
+        if req.members.len() > MAX_MEMBERS {
+            return usage(format!("at most {MAX_MEMBERS} members"));
+        }
+        for (i, m) in req.members.iter().enumerate() {
+            check_member_name(m).map_err(|e| Error::Usage(format!("--member {m:?}: {e}")))?;
+            if req.members[..i].contains(m) {
+                return usage(format!("--member {m:?} is given twice"));
+            }
+        }
+        let quorum = match (req.quorum, req.members.len()) {
+            (None | Some(Quorum::All), 0) => 1,
+            (None | Some(Quorum::All), n) => n as u32,
+            (Some(Quorum::Count(q)), n) => {
+                if q == 0 || (n > 0 && q as usize > n) {
+                    return usage(format!(
+                        "--quorum {q} must be at least 1{}",
+                        if n > 0 {
+                            format!(" and at most the {n} members")
+                        } else {
+                            String::new()
+                        }
+                    ));
+                }
+                q
+            }
+        };
+        if req.max_signals == 0 || req.max_signals > MAX_MAX_SIGNALS {
+            return usage(format!("--max-signals must be 1-{MAX_MAX_SIGNALS}"));
+        }
+        let lifetime_ms = match req.expires_in_hours {
+            None => self.settings.ttl_ms as i64,
+            Some(h) => {
+                let max_h = MAX_TTL_MS as f64 / HOUR_MS;
+                if !h.is_finite() || h <= 0.0 || h > max_h {
+                    return usage(format!(
+                        "--expires-in-hours must be more than 0 and at most {max_h}"
+                    ));
+                }
+                ((h * HOUR_MS).round() as i64).max(1)
+            }
+        };
+        let now = self.clock.now();
+        let secret = secret::generate();
+        let waitpoint = Waitpoint {
+            id: self.fresh_id(),
+            label,
+            intent,
+            session: req.session,
+            channel: req.channel,
+            members: req.members,
+            quorum,
+            fail_fast: req.fail_fast,
+            max_signals: req.max_signals,
+            device: req.device,
+            status: Status::Armed,
+            outcome: None,
+            created_at: now,
+            expires_at: now.plus_ms(lifetime_ms),
+            resolved_at: None,
+            secret_sha256: secret::hash(&secret),
+            counters: Counters::default(),
+            round: Round {
+                start_seq: 1,
+                ..Round::default()
+            },
+            outbox: Vec::new(),
+        };
+        self.commit_new(&waitpoint)?;
+        Ok(Created { waitpoint, secret })
+    }
+
+    fn fresh_id(&self) -> String {
+        loop {
+            let mut b = [0u8; 6];
+            rand::rng().fill_bytes(&mut b);
+            let id = format!("wp_{}", hex::encode(b));
+            if !self.home.waitpoint_dir(&id).exists() {
+                return id;
+            }
+        }
+    }
+
+    /// Builds the waitpoint's directory under a dot-name and renames it into place, so the
+    /// daemon's watcher sees one complete directory appear and never a half-made one.
+    fn commit_new(&self, wp: &Waitpoint) -> Result<()> {
+        let parent = self.home.waitpoints_dir();
+        create_dir_private(&parent)?;
+        let staging = parent.join(format!(".new-{}", wp.id));
+        create_dir_private(&staging.join("signals"))?;
+        let result = commit_json(&staging.join("waitpoint.json"), wp)
+            .and_then(|()| store::fsync_dir(&staging))
+            .and_then(|()| {
+                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
+                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
+            })
+            .and_then(|()| store::fsync_dir(&parent));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&staging);
+        }
+        result
+    }
+
+    /// Reads a waitpoint; `None` when there is no such id.
+    pub fn load(&self, id: &str) -> Result<Option<Waitpoint>> {
+        if !crate::ingress::is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        read_json(&self.home.waitpoint_file(id))
+    }
+
+    /// Reads a waitpoint that `session` may see (or any, with `None`).
+    pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
+        match self.load(id)? {
+            Some(wp) if session.is_none_or(|s| wp.visible_to(s)) => Ok(wp),
+            _ => Err(Error::NotFound(id.to_owned())),
+        }
+    }
+
+    fn lock(&self, id: &str) -> Result<Option<FileLock>> {
+        if !crate::ingress::is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
+            return Ok(None);
+        }
+        match FileLock::acquire(&self.home.waitpoint_lock(id)) {
+            Ok(l) => Ok(Some(l)),
+            // Removed between the check and the open (retention): it is unknown now.
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn save(&self, wp: &Waitpoint) -> Result<()> {
+        commit_json(&self.home.waitpoint_file(&wp.id), wp)
+    }
+
+    /// Applies one well-formed signal. Returns the verdict; an `Err` means nothing was decided
+    /// (an I/O failure) and the source must be kept for another attempt.
+    pub fn apply_signal(&self, req: &SignalRequest, source: &Source) -> Result<Verdict> {
+        let Some(_lock) = self.lock(&req.id)? else {
+            return Ok(Verdict::Refused(Refusal::Unauthorized));
+        };
+        let Some(mut wp) = self.load(&req.id)? else {
+            return Ok(Verdict::Refused(Refusal::Unauthorized));
+        };
+        if !secret::verify(&req.secret, &wp.secret_sha256) {
+            return Ok(Verdict::Refused(Refusal::Unauthorized));
+        }
+        self.recover(&mut wp)?;
+        self.flush_outbox(&mut wp)?;
+        if wp.status != Status::Armed {
+            return Ok(Verdict::Closed {
+                id: wp.id,
+                status: wp.status,
+            });
+        }
+        let identity = source.identity();
+        let key = identity_key(&identity);
+        if self.seen_contains(&wp.id, &key) {
+            return Ok(Verdict::Duplicate { id: wp.id });
+        }
+        if let Err(r) = rules::check_member(&wp, req.member.as_deref()) {
+            return Ok(Verdict::Refused(r));
+        }
+        let record = SignalRecord {
+            seq: wp.counters.signals + 1,
+            source: identity,
+            status: req.status,
+            member: req.member.clone(),
+            message: req.message.clone(),
+            data: req.data.clone(),
+            received_at: self.clock.now(),
+        };
+        let signals_dir = self.home.signals_dir(&wp.id);
+        create_dir_private(&signals_dir)?;
+        commit_json(
+            &signals_dir.join(signal_file_name(record.seq, &key)),
+            &record,
+        )?;
+        self.seen_insert(&wp.id, key);
+        let seq = record.seq;
+        let wake = self.step(&mut wp, &record)?;
+        self.save(&wp)?;
+        self.flush_outbox(&mut wp)?;
+        if wp.status != Status::Armed {
+            self.forget(&wp.id);
+        }
+        Ok(Verdict::Accepted {
+            id: wp.id,
+            seq,
+            wake,
+            status: wp.status,
+        })
+    }
+
+    /// Applies a recorded signal to the in-memory state, putting any wake in the outbox.
+    fn step(&self, wp: &mut Waitpoint, record: &SignalRecord) -> Result<Option<WakeKind>> {
+        let Some(done) = rules::apply_signal(wp, record) else {
+            return Ok(None);
+        };
+        let mut signals = self.read_signals(&wp.id, done.first_seq)?;
+        signals.retain(|s| s.seq <= done.last_seq);
+        let wake = rules::compose_wake(
+            wp,
+            done.kind,
+            Some(done.outcome),
+            &signals,
+            None,
+            self.clock.now(),
+        );
+        wp.outbox.push(wake);
+        Ok(Some(done.kind))
+    }
+
+    /// Brings the state up to date with the signal files after a crash between recording a
+    /// signal and replacing the state: replays every recorded signal newer than the state.
+    fn recover(&self, wp: &mut Waitpoint) -> Result<()> {
+        if self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(&wp.id)
+        {
+            return Ok(());
+        }
+        let listing = self.list_signal_files(&wp.id)?;
+        let newest = listing.iter().map(|(seq, _)| *seq).max().unwrap_or(0);
+        if newest > wp.counters.signals && wp.status == Status::Armed {
+            let pending = self.read_signals(&wp.id, wp.counters.signals + 1)?;
+            for record in &pending {
+                if wp.status != Status::Armed {
+                    break;
+                }
+                tracing::warn!(waitpoint = %wp.id, seq = record.seq, "replaying a signal recorded before a crash");
+                self.step(wp, record)?;
+            }
+            self.save(wp)?;
+        }
+        let keys = listing.into_iter().map(|(_, k)| k).collect();
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(wp.id.clone(), keys);
+        Ok(())
+    }
+
+    fn seen_contains(&self, id: &str, key: &str) -> bool {
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.get(id).is_some_and(|s| s.contains(key))
+    }
+
+    fn seen_insert(&self, id: &str, key: String) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        seen.entry(id.to_owned()).or_default().insert(key);
+    }
+
+    fn forget(&self, id: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+
+    /// Delivers every wake in the outbox, then records that they left it.
+    fn flush_outbox(&self, wp: &mut Waitpoint) -> Result<()> {
+        if wp.outbox.is_empty() {
+            return Ok(());
+        }
+        for wake in &wp.outbox {
+            delivery::deliver(&self.home, wake)?;
+            tracing::info!(waitpoint = %wp.id, wake = %wake.wake_id, channel = %wake.channel, "{}", wake.summary);
+        }
+        wp.outbox.clear();
+        self.save(wp)
+    }
+
+    /// Re-delivers a waitpoint's outbox (used by the daemon at start for interrupted deliveries).
+    pub fn redeliver(&self, id: &str) -> Result<()> {
+        let Some(_lock) = self.lock(id)? else {
+            return Ok(());
+        };
+        if let Some(mut wp) = self.load(id)? {
+            self.recover(&mut wp)?;
+            self.flush_outbox(&mut wp)?;
+        }
+        Ok(())
+    }
+
+    /// `(seq, identity key)` of every recorded signal of a waitpoint.
+    fn list_signal_files(&self, id: &str) -> Result<Vec<(u64, String)>> {
+        let dir = self.home.signals_dir(id);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("cannot list", &dir, e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
+            if let Some(parsed) = parse_signal_file_name(&entry.file_name().to_string_lossy()) {
+                out.push(parsed);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The recorded signals of a waitpoint from `first_seq` on, in order.
+    pub fn read_signals(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
+        let dir = self.home.signals_dir(id);
+        let mut files: Vec<(u64, String)> = self
+            .list_signal_files(id)?
+            .into_iter()
+            .filter(|(seq, _)| *seq >= first_seq)
+            .collect();
+        files.sort();
+        let mut out = Vec::with_capacity(files.len());
+        for (seq, key) in files {
+            let path = dir.join(signal_file_name(seq, &key));
+            if let Some(r) = read_json::<SignalRecord>(&path)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Disarms a waitpoint on behalf of `session`. Cancelling a cancelled one is a no-op;
+    /// cancelling one that already resolved or expired is a conflict.
+    pub fn cancel(&self, id: &str, session: &str) -> Result<Waitpoint> {
+        let Some(_lock) = self.lock(id)? else {
+            return Err(Error::NotFound(id.to_owned()));
+        };
+        let mut wp = self.load_visible(id, Some(session))?;
+        match wp.status {
+            Status::Cancelled => return Ok(wp),
+            Status::Resolved | Status::Expired => {
+                return Err(Error::Conflict(format!(
+                    "{id} is already {}; there is nothing to cancel",
+                    wp.status.as_str()
+                )));
+            }
+            Status::Armed => {}
+        }
+        wp.status = Status::Cancelled;
+        wp.resolved_at = Some(self.clock.now());
+        self.save(&wp)?;
+        self.forget(id);
+        tracing::info!(waitpoint = %id, session, "cancelled");
+        Ok(wp)
+    }
+
+    /// Expires the waitpoint if it is armed and its deadline has passed, sending the deadline
+    /// notice. Returns whether it expired.
+    pub fn expire_if_due(&self, id: &str) -> Result<bool> {
+        let Some(_lock) = self.lock(id)? else {
+            return Ok(false);
+        };
+        let Some(mut wp) = self.load(id)? else {
+            return Ok(false);
+        };
+        self.recover(&mut wp)?;
+        let now = self.clock.now();
+        if wp.status != Status::Armed || now < wp.expires_at {
+            self.flush_outbox(&mut wp)?;
+            return Ok(false);
+        }
+        let pending = self.read_signals(&wp.id, wp.round.start_seq.max(1))?;
+        let notice = rules::expire(&mut wp, &pending, now);
+        let wake = rules::compose_wake(&wp, WakeKind::Deadline, None, &pending, Some(notice), now);
+        wp.outbox.push(wake);
+        self.save(&wp)?;
+        self.flush_outbox(&mut wp)?;
+        self.forget(id);
+        Ok(true)
+    }
+
+    /// Every waitpoint in the home (a full scan).
+    pub fn list(&self) -> Result<Vec<Waitpoint>> {
+        let dir = self.home.waitpoints_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("cannot list", &dir, e)),
+        };
+        let mut out = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !crate::ingress::is_waitpoint_id(&name) {
+                continue;
+            }
+            if let Some(wp) = read_json::<Waitpoint>(&entry.path().join("waitpoint.json"))? {
+                out.push(wp);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
+    }
+}
+
+/// The identity as it appears in a signal file's name: bytes outside a safe set are
+/// percent-encoded, and a very long identity is cut and suffixed with its hash so the name
+/// stays under the filesystem's limit while staying unique.
+pub fn identity_key(identity: &str) -> String {
+    let mut out = String::with_capacity(identity.len());
+    for b in identity.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-:+=@,".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.len() > 180 {
+        let digest = secret::hash(identity);
+        out.truncate(150);
+        out.push('~');
+        out.push_str(&digest[..16]);
+    }
+    out
+}
+
+/// `<seq>-<identity key>.json`, the seq zero-padded so `ls` sorts in arrival order.
+pub fn signal_file_name(seq: u64, key: &str) -> String {
+    format!("{seq:06}-{key}.json")
+}
+
+fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
+    if store::is_temp_name(name) {
+        return None;
+    }
+    let stem = name.strip_suffix(".json")?;
+    let (seq, key) = stem.split_once('-')?;
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((seq.parse().ok()?, key.to_owned()))
+}
+
+/// A waitpoint's wakes that are still waiting for the session (in the outbox, or unread).
+pub fn has_undelivered_wake(home: &Home, wp: &Waitpoint) -> bool {
+    !wp.outbox.is_empty()
+        || (wp.counters.wakes > 0
+            && delivery::is_unread(home, &wp.channel, &wp.wake_id(wp.counters.wakes)))
+}
+
+/// The wake most recently produced for a waitpoint, wherever it is now.
+pub fn latest_wake(home: &Home, wp: &Waitpoint) -> Result<Option<Wake>> {
+    if let Some(w) = wp.outbox.last() {
+        return Ok(Some(w.clone()));
+    }
+    if wp.counters.wakes == 0 {
+        return Ok(None);
+    }
+    let id = wp.wake_id(wp.counters.wakes);
+    for dir in [home.inbox_new(&wp.channel), home.inbox_cur(&wp.channel)] {
+        if let Some(w) = read_json::<Wake>(&dir.join(format!("{id}.json")))? {
+            return Ok(Some(w));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_file_names_round_trip_their_identity_key() {
+        let key = identity_key("spool:1733-42-7.json");
+        assert_eq!(key, "spool:1733-42-7.json");
+        let name = signal_file_name(7, &key);
+        assert_eq!(name, "000007-spool:1733-42-7.json.json");
+        assert_eq!(parse_signal_file_name(&name), Some((7, key)));
+    }
+
+    #[test]
+    fn odd_identities_are_encoded_and_long_ones_hashed() {
+        assert_eq!(identity_key("spool:a b/\n"), "spool:a%20b%2F%0A");
+        let long = format!("spool:{}", "x".repeat(400));
+        let k = identity_key(&long);
+        assert!(k.len() < 200);
+        assert_ne!(k, identity_key(&format!("spool:{}y", "x".repeat(399))));
+    }
+}

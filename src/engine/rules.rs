@@ -1,0 +1,308 @@
+//! The waitpoint state machine as pure functions: who may report, what a signal does to the
+//! state, and what a wake says. No I/O here, so the rules can be tested (and later modelled)
+//! without a filesystem.
+
+use crate::clock::{Timestamp, human_duration};
+use crate::model::{
+    DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, Outcome,
+    ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake, WakeKind, WakeSubject,
+};
+
+/// Why a well-formed signal was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Unknown id or wrong secret; deliberately one case, so a refusal never tells which.
+    Unauthorized,
+    /// The waitpoint names members and the signal names none.
+    MemberMissing { expected: Vec<String> },
+    /// The signal names a member that is not on the list.
+    MemberUnknown {
+        member: String,
+        expected: Vec<String>,
+    },
+}
+
+impl Refusal {
+    /// A reason fit for a `.reason` file, a log line or an HTTP body.
+    pub fn reason(&self) -> String {
+        match self {
+            Refusal::Unauthorized => "unknown waitpoint id or wrong secret".to_owned(),
+            Refusal::MemberMissing { expected } => format!(
+                "this waitpoint names its members; the signal must carry \"member\", one of: {}",
+                expected.join(", ")
+            ),
+            Refusal::MemberUnknown { member, expected } => format!(
+                "member {member:?} is not on this waitpoint's list; expected one of: {}",
+                expected.join(", ")
+            ),
+        }
+    }
+}
+
+/// Member rules: once a waitpoint names members, every signal must name one of them.
+pub fn check_member(wp: &Waitpoint, member: Option<&str>) -> Result<(), Refusal> {
+    if wp.members.is_empty() {
+        return Ok(());
+    }
+    match member {
+        None => Err(Refusal::MemberMissing {
+            expected: wp.members.clone(),
+        }),
+        Some(m) if wp.members.iter().any(|x| x == m) => Ok(()),
+        Some(m) => Err(Refusal::MemberUnknown {
+            member: m.to_owned(),
+            expected: wp.members.clone(),
+        }),
+    }
+}
+
+/// A round that a signal completed: the signals `first_seq..=last_seq` go into one wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompletedRound {
+    pub kind: WakeKind,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub outcome: Outcome,
+}
+
+/// Applies an accepted signal (whose `seq` is the next one) to an armed waitpoint.
+///
+/// `progress` is recorded and wakes nobody. A terminal signal counts toward the round's quorum
+/// (once per member when members are named); the round completes at the quorum, or at once on a
+/// `fail` when `fail_fast` is on. Each completed round is a wake; the `max_signals`th resolves the
+/// waitpoint, earlier ones keep a monitor open.
+pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedRound> {
+    debug_assert_eq!(wp.status, Status::Armed);
+    wp.counters.signals = rec.seq;
+    match rec.status {
+        SignalStatus::Ok => wp.counters.ok += 1,
+        SignalStatus::Fail => wp.counters.fail += 1,
+        SignalStatus::Progress => wp.counters.progress += 1,
+    }
+    if !rec.status.is_terminal() {
+        return None;
+    }
+    let counts = match (&rec.member, wp.members.is_empty()) {
+        (_, true) | (None, false) => true,
+        (Some(m), false) => !wp.round.members.contains(m),
+    };
+    if !counts {
+        return None;
+    }
+    wp.round.terminal += 1;
+    if let Some(m) = &rec.member {
+        wp.round.members.push(m.clone());
+    }
+    let failed_now = rec.status == SignalStatus::Fail;
+    wp.round.failed |= failed_now;
+    let complete = wp.round.terminal >= wp.quorum || (wp.fail_fast && failed_now);
+    if !complete {
+        return None;
+    }
+    let outcome = if wp.round.failed {
+        Outcome::Fail
+    } else {
+        Outcome::Ok
+    };
+    let first_seq = wp.round.start_seq.max(1);
+    wp.counters.wakes += 1;
+    wp.round = Round {
+        start_seq: rec.seq + 1,
+        ..Round::default()
+    };
+    let kind = if wp.counters.wakes >= u64::from(wp.max_signals) {
+        wp.status = Status::Resolved;
+        wp.outcome = Some(outcome);
+        wp.resolved_at = Some(rec.received_at);
+        WakeKind::Resolved
+    } else {
+        WakeKind::Report
+    };
+    Some(CompletedRound {
+        kind,
+        first_seq,
+        last_seq: rec.seq,
+        outcome,
+    })
+}
+
+/// Expires an armed waitpoint whose deadline has passed. `pending` are the signals of the round
+/// in progress (those no wake has carried yet). Returns the deadline notice for the wake.
+pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> DeadlineNotice {
+    let terminal: Vec<&SignalRecord> = pending.iter().filter(|s| s.status.is_terminal()).collect();
+    let last_heartbeat = pending
+        .iter()
+        .rev()
+        .find(|s| s.status == SignalStatus::Progress)
+        .map(fact);
+    let mut reported: Vec<String> = Vec::new();
+    for s in &terminal {
+        if let Some(m) = &s.member
+            && !reported.contains(m)
+        {
+            reported.push(m.clone());
+        }
+    }
+    let missing: Vec<String> = wp
+        .members
+        .iter()
+        .filter(|m| !reported.contains(m))
+        .cloned()
+        .collect();
+    let case = if wp.max_signals > 1 {
+        DeadlineCase::MonitorEnded
+    } else if pending.is_empty() {
+        DeadlineCase::NobodyReported
+    } else if terminal.is_empty() {
+        DeadlineCase::OnlyHeartbeats
+    } else if !wp.members.is_empty() {
+        DeadlineCase::SomeMembers
+    } else {
+        DeadlineCase::QuorumNotMet
+    };
+    let notice = DeadlineNotice {
+        case,
+        reported,
+        missing,
+        last_heartbeat,
+        wakes_sent: wp.counters.wakes,
+    };
+    wp.status = Status::Expired;
+    wp.resolved_at = Some(now);
+    wp.counters.wakes += 1;
+    notice
+}
+
+fn fact(s: &SignalRecord) -> ReportFact {
+    ReportFact {
+        seq: s.seq,
+        source: s.source.clone(),
+        status: s.status,
+        member: s.member.clone(),
+        received_at: s.received_at,
+    }
+}
+
+fn who(s: &SignalRecord) -> String {
+    match &s.member {
+        Some(m) => format!("{m} {}", s.status.as_str()),
+        None => s.status.as_str().to_owned(),
+    }
+}
+
+/// Builds the wake for the `wp.counters.wakes`th wake (already counted), carrying `signals`.
+pub fn compose_wake(
+    wp: &Waitpoint,
+    kind: WakeKind,
+    outcome: Option<Outcome>,
+    signals: &[SignalRecord],
+    deadline: Option<DeadlineNotice>,
+    now: Timestamp,
+) -> Wake {
+    let waited_ms = now.millis_since(wp.created_at);
+    let waited = human_duration(waited_ms);
+    let outcome_word = match outcome {
+        Some(Outcome::Ok) => "ok",
+        Some(Outcome::Fail) => "FAILED",
+        None => "",
+    };
+    let reports: Vec<ReportFact> = signals.iter().map(fact).collect();
+    let reporters = signals.iter().map(who).collect::<Vec<_>>().join(", ");
+    let headline = match (kind, &deadline) {
+        (WakeKind::Resolved, _) => format!("resolved {outcome_word} after {waited}"),
+        (WakeKind::Report, _) => format!(
+            "report {} of {} ({outcome_word}) after {waited}",
+            wp.counters.wakes, wp.max_signals
+        ),
+        (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, signals.len(), &waited),
+        (WakeKind::Deadline, None) => format!("deadline passed after {waited}"),
+    };
+    let summary = if reporters.is_empty() {
+        format!("{}: {headline}", wp.label)
+    } else {
+        format!("{}: {headline} — {reporters}", wp.label)
+    };
+    let external = ExternalPayload {
+        notice: EXTERNAL_NOTICE.to_owned(),
+        reports: signals
+            .iter()
+            .filter(|s| s.message.is_some() || s.data.is_some())
+            .map(|s| ExternalReport {
+                seq: s.seq,
+                member: s.member.clone(),
+                message: s.message.clone(),
+                data: s.data.clone(),
+            })
+            .collect(),
+    };
+    let mut text = format!("Waitpoint {} \"{}\": {headline}.\n", wp.id, wp.label);
+    if !reports.is_empty() {
+        text.push_str("Reported: ");
+        let lines: Vec<String> = signals
+            .iter()
+            .map(|s| format!("{} (via {}, {})", who(s), s.source, s.received_at))
+            .collect();
+        text.push_str(&lines.join("; "));
+        text.push('\n');
+    }
+    text.push_str(&format!("Intent you wrote when arming it: {}\n", wp.intent));
+    if !external.reports.is_empty() {
+        text.push_str(&format!("\nExternal payload. {EXTERNAL_NOTICE}\n"));
+        for r in &external.reports {
+            let tag = r.member.as_deref().unwrap_or("signal");
+            if let Some(m) = &r.message {
+                text.push_str(&format!("  [{} {tag}] message: {m:?}\n", r.seq));
+            }
+            if let Some(d) = &r.data {
+                text.push_str(&format!("  [{} {tag}] data: {d}\n", r.seq));
+            }
+        }
+    }
+    Wake {
+        wake_id: wp.wake_id(wp.counters.wakes),
+        kind,
+        created_at: now,
+        session: wp.session.clone(),
+        channel: wp.channel.clone(),
+        waitpoint: WakeSubject {
+            id: wp.id.clone(),
+            label: wp.label.clone(),
+            intent: wp.intent.clone(),
+            status: wp.status,
+            outcome,
+        },
+        waited_ms,
+        summary,
+        reports,
+        deadline,
+        external_payload: external,
+        text,
+    }
+}
+
+fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: usize, waited: &str) -> String {
+    match n.case {
+        DeadlineCase::NobodyReported => format!("deadline passed after {waited}; nobody reported"),
+        DeadlineCase::OnlyHeartbeats => format!(
+            "deadline passed after {waited}; only heartbeats arrived ({pending}), no result"
+        ),
+        DeadlineCase::SomeMembers => format!(
+            "deadline passed after {waited}; only some members reported (reported: {}; missing: {})",
+            n.reported.join(", "),
+            n.missing.join(", ")
+        ),
+        DeadlineCase::QuorumNotMet => format!(
+            "deadline passed after {waited}; {} of {} required reports arrived",
+            wp.round.terminal, wp.quorum
+        ),
+        DeadlineCase::MonitorEnded => format!(
+            "monitor reached its deadline after {waited}; it woke you {} time(s){}",
+            n.wakes_sent,
+            if pending > 0 {
+                format!(", and {pending} report(s) had not reached you yet")
+            } else {
+                String::new()
+            }
+        ),
+    }
+}

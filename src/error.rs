@@ -1,0 +1,121 @@
+//! Typed errors of the library and the one table that maps them to exit codes.
+//!
+//! Every fallible library function returns [`Error`]. Binaries add context with `anyhow` at the edge
+//! and ask [`Error::kind`] (through [`exit_code_for`]) which exit status to use, so the mapping from
+//! failure to exit code lives here and nowhere else. The man pages' EXIT STATUS sections document
+//! the same table.
+
+use std::path::PathBuf;
+
+/// The few kinds of failure a user can act on differently; each has one exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Bad arguments, values out of bounds, or a malformed settings file: fix the invocation.
+    Usage,
+    /// No such waitpoint (or not one this session may see).
+    NotFound,
+    /// The request conflicts with current state (e.g. cancelling a resolved waitpoint).
+    Conflict,
+    /// Another daemon already owns the home.
+    Locked,
+    /// The filesystem failed us; nothing was reported as done.
+    Io,
+    /// State on disk does not parse; an operator has to look.
+    Corrupt,
+}
+
+/// Exit codes of the `waitpoint` binary. `wait` and `next` add outcome codes on top of these.
+pub mod exit {
+    /// Success (and, for `wait`, the waitpoint resolved ok).
+    pub const OK: u8 = 0;
+    /// A runtime failure: I/O, corrupt state, a held lock, a conflicting request.
+    pub const FAILURE: u8 = 1;
+    /// A usage error: bad flags or values, or a malformed settings file.
+    pub const USAGE: u8 = 2;
+    /// No such waitpoint, or not one this session may see.
+    pub const NOT_FOUND: u8 = 3;
+    /// `wait`: the waitpoint resolved with a failure.
+    pub const RESOLVED_FAIL: u8 = 4;
+    /// `wait`: the waitpoint reached its deadline.
+    pub const EXPIRED: u8 = 5;
+    /// `wait`: the waitpoint was cancelled.
+    pub const CANCELLED: u8 = 6;
+    /// `wait` / `next`: `--timeout` elapsed first.
+    pub const TIMED_OUT: u8 = 7;
+}
+
+/// Everything the library can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    Usage(String),
+    #[error("{path}: {message}")]
+    Settings { path: PathBuf, message: String },
+    #[error("no waitpoint {0} (or it is not this session's)")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("another daemon holds {path} (pid {pid}); stop it first or use another --home")]
+    Locked { path: PathBuf, pid: String },
+    #[error("{context} {path}: {source}")]
+    Io {
+        context: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: does not parse: {message}")]
+    Corrupt { path: PathBuf, message: String },
+}
+
+impl Error {
+    /// The kind of failure, which decides the exit code.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Usage(_) | Error::Settings { .. } => ErrorKind::Usage,
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Conflict(_) => ErrorKind::Conflict,
+            Error::Locked { .. } => ErrorKind::Locked,
+            Error::Io { .. } => ErrorKind::Io,
+            Error::Corrupt { .. } => ErrorKind::Corrupt,
+        }
+    }
+
+    /// Wraps an I/O error with what we were doing and where.
+    pub fn io(context: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            context,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// The exit code for an error kind.
+pub fn exit_code(kind: ErrorKind) -> u8 {
+    match kind {
+        ErrorKind::Usage => exit::USAGE,
+        ErrorKind::NotFound => exit::NOT_FOUND,
+        ErrorKind::Conflict | ErrorKind::Locked | ErrorKind::Io | ErrorKind::Corrupt => {
+            exit::FAILURE
+        }
+    }
+}
+
+/// The exit code for an error that reached a binary's `main`: a library [`Error`] anywhere in
+/// the chain decides; anything else is a plain failure.
+pub fn exit_code_for(err: &anyhow::Error) -> u8 {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Error>())
+        .map_or(exit::FAILURE, |e| exit_code(e.kind()))
+}
+
+/// True when the error is a closed stdout (`waitpoint check | head`), which is not a failure.
+pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,120 @@
+//! The home directory (`CORTEX_HOME`): where every piece of state lives, and the one place that
+//! knows the layout. Everything else asks [`Home`] for paths instead of joining strings.
+//!
+//! ```text
+//! $CORTEX_HOME/
+//!   settings.json                      optional settings (see settings.rs)
+//!   daemon.lock                        held by the running daemon (pid inside)
+//!   log/daemon.log                     the daemon's log
+//!   tmp/signals/                       the drop zone: *.json signal files
+//!   tmp/signals/bad/                   refused files, each with a .reason beside it
+//!   waitpoints/<id>/waitpoint.json     definition and state, replaced atomically
+//!   waitpoints/<id>/signals/           one file per accepted signal, never rewritten
+//!   sessions/<channel>/wakes/new/      undelivered wakes (maildir-like)
+//!   sessions/<channel>/wakes/cur/      wakes a reader has taken
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::error::Result;
+use crate::store::create_dir_private;
+
+/// A home directory and its layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Home {
+    root: PathBuf,
+}
+
+impl Home {
+    /// A home at `root` (made absolute against the current directory when relative, so lines
+    /// printed for other shells point at the same place).
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        let root = if root.is_absolute() {
+            root
+        } else {
+            std::env::current_dir()
+                .map(|cwd| cwd.join(&root))
+                .unwrap_or(root)
+        };
+        Home { root }
+    }
+
+    /// Creates the home and its fixed directories (mode 0700) when missing.
+    pub fn ensure(&self) -> Result<()> {
+        for dir in [
+            self.root.clone(),
+            self.drop_zone(),
+            self.bad_dir(),
+            self.waitpoints_dir(),
+            self.sessions_dir(),
+            self.log_dir(),
+        ] {
+            create_dir_private(&dir)?;
+        }
+        Ok(())
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn settings_file(&self) -> PathBuf {
+        self.root.join("settings.json")
+    }
+
+    pub fn daemon_lock(&self) -> PathBuf {
+        self.root.join("daemon.lock")
+    }
+
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("log")
+    }
+
+    pub fn log_file(&self) -> PathBuf {
+        self.log_dir().join("daemon.log")
+    }
+
+    /// `tmp/signals/`: where jobs drop signal files.
+    pub fn drop_zone(&self) -> PathBuf {
+        self.root.join("tmp").join("signals")
+    }
+
+    /// `tmp/signals/bad/`: refused files, parked with a reason.
+    pub fn bad_dir(&self) -> PathBuf {
+        self.drop_zone().join("bad")
+    }
+
+    pub fn waitpoints_dir(&self) -> PathBuf {
+        self.root.join("waitpoints")
+    }
+
+    pub fn waitpoint_dir(&self, id: &str) -> PathBuf {
+        self.waitpoints_dir().join(id)
+    }
+
+    pub fn waitpoint_file(&self, id: &str) -> PathBuf {
+        self.waitpoint_dir(id).join("waitpoint.json")
+    }
+
+    /// The per-waitpoint lock that serialises read-modify-write of its state.
+    pub fn waitpoint_lock(&self, id: &str) -> PathBuf {
+        self.waitpoint_dir(id).join(".lock")
+    }
+
+    pub fn signals_dir(&self, id: &str) -> PathBuf {
+        self.waitpoint_dir(id).join("signals")
+    }
+
+    pub fn sessions_dir(&self) -> PathBuf {
+        self.root.join("sessions")
+    }
+
+    pub fn inbox_new(&self, channel: &str) -> PathBuf {
+        self.sessions_dir().join(channel).join("wakes").join("new")
+    }
+
+    pub fn inbox_cur(&self, channel: &str) -> PathBuf {
+        self.sessions_dir().join(channel).join("wakes").join("cur")
+    }
+}

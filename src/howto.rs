@@ -1,0 +1,137 @@
+//! The ready-to-paste `how_to_signal` lines of a `wait_create` reply.
+//!
+//! Each line is only the signalling part, meant to be appended to the user's own command
+//! (`python train.py; <line>`), so every form reads the previous command's exit status from `$?`.
+//! Every line is plain POSIX `sh`; tests paste them into `sh -c`.
+
+use serde::Serialize;
+
+use crate::model::Waitpoint;
+
+/// The placeholder a line carries where a member's name goes.
+pub const MEMBER_PLACEHOLDER: &str = "MEMBER";
+/// The placeholder the `attach_to_pid` line carries where the pid goes.
+pub const PID_PLACEHOLDER: &str = "PID";
+
+/// The `how_to_signal` object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HowToSignal {
+    pub env: String,
+    pub cli: String,
+    pub curl: String,
+    pub shell: String,
+    pub attach_to_pid: String,
+    /// Which form fits: `shell` when the job runs on a device, else `cli`.
+    pub recommended: &'static str,
+    /// With members: which names to put where the lines say `MEMBER`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member_note: Option<String>,
+}
+
+/// Where the lines send signals.
+#[derive(Debug, Clone)]
+pub struct Target<'a> {
+    /// `Some(home)` when the home is not the default `~/.cortex`, so local lines must name it.
+    pub home_override: Option<&'a str>,
+    /// The drop zone on this machine.
+    pub local_drop_zone: &'a str,
+    /// The loopback port of the optional HTTP shim.
+    pub webhook_port: u16,
+}
+
+/// Quotes a word for `sh` (single quotes, with embedded ones closed and escaped).
+pub fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:@,".contains(&b))
+    {
+        return s.to_owned();
+    }
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Builds every line for `wp` with its plaintext `secret`.
+pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
+    let has_members = !wp.members.is_empty();
+    let member_flag = if has_members {
+        format!(" --member {MEMBER_PLACEHOLDER}")
+    } else {
+        String::new()
+    };
+    let member_json = if has_members {
+        format!(r#","member":"{MEMBER_PLACEHOLDER}""#)
+    } else {
+        String::new()
+    };
+    let home_prefix = target
+        .home_override
+        .map(|h| format!("CORTEX_HOME={} ", sh_quote(h)))
+        .unwrap_or_default();
+    let signal = format!(
+        "{home_prefix}cortex-signal --id {} --secret {secret}{member_flag}",
+        wp.id
+    );
+    let env = {
+        let mut line = format!(
+            "export CORTEX_SIGNAL_ID={} CORTEX_SIGNAL_SECRET={secret}",
+            wp.id
+        );
+        if has_members {
+            line.push_str(&format!(" CORTEX_SIGNAL_MEMBER={MEMBER_PLACEHOLDER}"));
+        }
+        if let Some(h) = target.home_override {
+            line.push_str(&format!(" CORTEX_HOME={}", sh_quote(h)));
+        }
+        line
+    };
+    let status_of_s = r#"$([ $s -eq 0 ] && echo ok || echo fail)"#;
+    let curl = format!(
+        "s=$?; curl -sS -XPOST http://127.0.0.1:{port}/webhook/signal \
+-H 'content-type: application/json' \
+-d \"{{\\\"id\\\":\\\"{id}\\\",\\\"secret\\\":\\\"{secret}\\\",\\\"status\\\":\\\"{status_of_s}\\\",\
+\\\"message\\\":\\\"exit=$s\\\"{member}}}\"",
+        port = target.webhook_port,
+        id = wp.id,
+        member = member_json.replace('"', "\\\""),
+    );
+    let drop_zone = if wp.device.is_some() {
+        "~/.cortex/tmp/signals".to_owned()
+    } else {
+        sh_quote(target.local_drop_zone)
+    };
+    let shell = format!(
+        "s=$?; d={drop_zone}; f=\"$d/$(date +%s%N)-$$-$RANDOM\"; mkdir -p \"$d\"; \
+printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
+\"{status_of_s}\" \"$s\" > \"$f.tmp\" && mv \"$f.tmp\" \"$f.json\"",
+        id = wp.id,
+    );
+    let attach_to_pid = format!(
+        "(while kill -0 {PID_PLACEHOLDER} 2>/dev/null; do sleep 5; done; \
+{signal} --status ok --message \"pid {PID_PLACEHOLDER} exited\") &"
+    );
+    HowToSignal {
+        env,
+        cli: format!("{signal} --exit-code $?"),
+        curl,
+        shell,
+        attach_to_pid,
+        recommended: if wp.device.is_some() { "shell" } else { "cli" },
+        member_note: has_members.then(|| {
+            format!(
+                "replace {MEMBER_PLACEHOLDER} with this job's name, one of: {}",
+                wp.members.join(", ")
+            )
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sh_quote_leaves_plain_words_and_quotes_the_rest() {
+        assert_eq!(sh_quote("/home/a/.cortex"), "/home/a/.cortex");
+        assert_eq!(sh_quote("/tmp/it's here"), r"'/tmp/it'\''s here'");
+    }
+}

@@ -1,0 +1,222 @@
+//! Ingress: everything that turns outside input into a [`SignalRequest`] for the engine.
+//!
+//! Every route (today the drop zone in [`spool`]; later device mirrors and the HTTP shim) parses
+//! with [`parse_signal`], so one set of size and shape rules applies no matter how a signal came
+//! in. Parsing checks shape and caps only; who may signal what is the engine's business.
+
+pub mod spool;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::model::SignalStatus;
+
+/// Largest request or spool file accepted, in bytes (the spec's 64 KB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Longest `message`, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 2_000;
+/// Longest `data`, in characters (a string's own length, or the JSON text of any other value).
+pub const MAX_DATA_CHARS: usize = 16_000;
+/// Longest member name, in characters.
+pub const MAX_MEMBER_CHARS: usize = 64;
+
+/// A signal as the sender wrote it: the spec's JSON body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireSignal {
+    id: String,
+    secret: String,
+    #[serde(default)]
+    status: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    member: Option<String>,
+    #[serde(default)]
+    data: Option<Value>,
+}
+
+/// A well-formed signal, not yet authenticated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignalRequest {
+    pub id: String,
+    /// The plaintext secret as sent. Never logged, never written; the engine hashes it.
+    pub secret: String,
+    pub status: SignalStatus,
+    pub message: Option<String>,
+    pub member: Option<String>,
+    pub data: Option<Value>,
+}
+
+/// Where a signal came from. Its [`identity`](Source::identity) is what de-duplicates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file in the local drop zone, by file name.
+    Spool(String),
+}
+
+impl Source {
+    /// The signal's identity: the same file name is the same signal.
+    pub fn identity(&self) -> String {
+        match self {
+            Source::Spool(name) => format!("spool:{name}"),
+        }
+    }
+}
+
+/// True for a syntactically valid waitpoint id: `wp_` and 12 lowercase hex digits.
+pub fn is_waitpoint_id(id: &str) -> bool {
+    id.len() == 15
+        && id.starts_with("wp_")
+        && id[3..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Checks a member name's shape (the engine checks it against the waitpoint's list).
+pub fn check_member_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("member name is empty".into());
+    }
+    if name.chars().count() > MAX_MEMBER_CHARS {
+        return Err(format!(
+            "member name is longer than {MAX_MEMBER_CHARS} characters"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("member name contains control characters".into());
+    }
+    Ok(())
+}
+
+/// Parses and shape-checks a signal body. The error is a reason fit for a `.reason` file or an
+/// HTTP body: it never echoes the secret.
+pub fn parse_signal(bytes: &[u8]) -> Result<SignalRequest, String> {
+    if bytes.len() > MAX_BODY_BYTES {
+        return Err(format!(
+            "larger than {MAX_BODY_BYTES} bytes ({} bytes)",
+            bytes.len()
+        ));
+    }
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let wire: WireSignal =
+        serde_json::from_str(text).map_err(|e| format!("not a valid signal: {e}"))?;
+    if !is_waitpoint_id(&wire.id) {
+        return Err(format!(
+            "`id` must be wp_ followed by 12 hex digits, not {:?}",
+            truncate(&wire.id, 40)
+        ));
+    }
+    if wire.secret.is_empty() {
+        return Err("`secret` is empty".into());
+    }
+    let status = match wire.status.as_deref() {
+        None => SignalStatus::Ok,
+        Some(s) => SignalStatus::parse(s).ok_or_else(|| {
+            format!(
+                "`status` must be ok, fail or progress, not {:?}",
+                truncate(s, 40)
+            )
+        })?,
+    };
+    if let Some(m) = &wire.message {
+        let n = m.chars().count();
+        if n > MAX_MESSAGE_CHARS {
+            return Err(format!(
+                "`message` is {n} characters; the limit is {MAX_MESSAGE_CHARS}"
+            ));
+        }
+    }
+    if let Some(member) = &wire.member {
+        check_member_name(member).map_err(|e| format!("`member`: {e}"))?;
+    }
+    let data = match wire.data {
+        Some(Value::Null) | None => None,
+        Some(v) => {
+            let n = data_chars(&v);
+            if n > MAX_DATA_CHARS {
+                return Err(format!(
+                    "`data` is {n} characters; the limit is {MAX_DATA_CHARS}"
+                ));
+            }
+            Some(v)
+        }
+    };
+    Ok(SignalRequest {
+        id: wire.id,
+        secret: wire.secret,
+        status,
+        message: wire.message,
+        member: wire.member,
+        data,
+    })
+}
+
+/// The length `data` counts against its cap.
+pub fn data_chars(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.chars().count(),
+        other => other.to_string().chars().count(),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        s.to_owned()
+    } else {
+        let head: String = s.chars().take(max).collect();
+        format!("{head}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ID: &str = "wp_0123456789ab";
+
+    #[test]
+    fn minimal_body_defaults_to_ok() {
+        let r = parse_signal(format!(r#"{{"id":"{ID}","secret":"s"}}"#).as_bytes()).unwrap();
+        assert_eq!(r.status, SignalStatus::Ok);
+    }
+
+    #[test]
+    fn path_like_ids_are_refused() {
+        let err = parse_signal(br#"{"id":"../../etc","secret":"s"}"#).unwrap_err();
+        assert!(err.contains("`id`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_and_duplicates_are_refused() {
+        assert!(
+            parse_signal(format!(r#"{{"id":"{ID}","secret":"s","memebr":"a"}}"#).as_bytes())
+                .is_err()
+        );
+        assert!(
+            parse_signal(format!(r#"{{"id":"{ID}","id":"{ID}","secret":"s"}}"#).as_bytes())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn caps_are_enforced_not_truncated() {
+        let long = "x".repeat(MAX_MESSAGE_CHARS + 1);
+        let body = format!(r#"{{"id":"{ID}","secret":"s","message":"{long}"}}"#);
+        assert!(
+            parse_signal(body.as_bytes())
+                .unwrap_err()
+                .contains("message")
+        );
+        let data = "y".repeat(MAX_DATA_CHARS + 1);
+        let body = format!(r#"{{"id":"{ID}","secret":"s","data":"{data}"}}"#);
+        assert!(parse_signal(body.as_bytes()).unwrap_err().contains("data"));
+    }
+
+    #[test]
+    fn reasons_never_echo_the_secret() {
+        let body = format!(r#"{{"id":"{ID}","secret":"TOPSECRET","status":"maybe"}}"#);
+        let err = parse_signal(body.as_bytes()).unwrap_err();
+        assert!(!err.contains("TOPSECRET"), "{err}");
+    }
+}

@@ -1,0 +1,299 @@
+//! The drop zone (`tmp/signals/`): reading signal files safely, handing them to the engine, and
+//! removing or parking them afterwards.
+//!
+//! A file is read only if it is a regular, single-linked file no bigger than the cap, opened
+//! without following symlinks and without blocking on FIFOs, so nothing outside the spool is
+//! ever read. Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing
+//! is deleted unparsed. A file leaves the spool only after its effect is durable.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::clock::Timestamp;
+use crate::engine::{Engine, Verdict};
+use crate::error::{Error, Result};
+use crate::ingress::{MAX_BODY_BYTES, Source, parse_signal};
+use crate::secret;
+use crate::store;
+
+/// What became of one spool file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileOutcome {
+    /// Applied (accepted, duplicate or already resolved) and removed from the spool.
+    Consumed(Verdict),
+    /// Refused and moved to `bad/`, with the reason.
+    Parked(String),
+    /// Does not parse yet but was written moments ago, probably by a writer that skipped the
+    /// `.tmp`-then-rename step; left in place for the next pass.
+    Deferred,
+    /// Gone before we got to it (another collector, or an operator).
+    Vanished,
+}
+
+/// A spool directory and the `bad/` directory where its refused files go.
+#[derive(Debug, Clone)]
+pub struct Spool {
+    pub dir: PathBuf,
+    pub bad: PathBuf,
+}
+
+impl Spool {
+    pub fn new(dir: PathBuf) -> Self {
+        let bad = dir.join("bad");
+        Spool { dir, bad }
+    }
+
+    /// The names of the files waiting to be collected (`*.json`, never temp files), in name
+    /// order, which for the spec's `$(date +%s%N)` names is arrival order.
+    pub fn pending(&self) -> Result<Vec<String>> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("cannot list", &self.dir, e)),
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("cannot list", &self.dir, e))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                // Not UTF-8: park it under a readable name so an operator sees it.
+                self.park_raw(&entry.path(), "file name is not UTF-8")?;
+                continue;
+            };
+            if is_candidate(&name) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        Ok(names)
+    }
+
+    /// Collects one file: read, parse, apply, then remove it or park it.
+    pub fn collect(&self, engine: &Engine, name: &str) -> Result<FileOutcome> {
+        let path = self.dir.join(name);
+        let bytes = match read_regular(&path) {
+            Ok(b) => b,
+            Err(ReadError::Gone) => return Ok(FileOutcome::Vanished),
+            Err(ReadError::Refused(reason)) => {
+                self.park(name, &reason, None, engine.now())?;
+                return Ok(FileOutcome::Parked(reason));
+            }
+            Err(ReadError::Io(e)) => return Err(Error::io("cannot read", &path, e)),
+        };
+        let request = match parse_signal(&bytes) {
+            Ok(r) => r,
+            Err(_) if is_fresh(&path) => return Ok(FileOutcome::Deferred),
+            Err(reason) => {
+                self.park(name, &reason, Some(&bytes), engine.now())?;
+                return Ok(FileOutcome::Parked(reason));
+            }
+        };
+        let source = Source::Spool(name.to_owned());
+        let verdict = engine.apply_signal(&request, &source)?;
+        match &verdict {
+            Verdict::Refused(refusal) => {
+                let reason = refusal.reason();
+                tracing::warn!(file = ?name, id = %request.id, secret_fp = %secret::fingerprint(&request.secret), "refused signal file: {reason}");
+                self.park(name, &reason, Some(&bytes), engine.now())?;
+                return Ok(FileOutcome::Parked(reason));
+            }
+            Verdict::Accepted { id, seq, wake, .. } => {
+                tracing::info!(waitpoint = %id, seq, file = ?name, woke = wake.is_some(), "signal accepted");
+            }
+            Verdict::Duplicate { id } => {
+                tracing::info!(waitpoint = %id, file = ?name, "duplicate signal (already recorded); removing");
+            }
+            Verdict::Closed { id, status } => {
+                tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
+            }
+        }
+        store::remove_durably(&path)?;
+        Ok(FileOutcome::Consumed(verdict))
+    }
+
+    /// Moves a refused file to `bad/<stem>.json` with `bad/<stem>.reason` beside it. A parseable
+    /// file's secret is redacted in the parked copy (only its fingerprint is kept), because only
+    /// secrets' hashes may rest under the home.
+    fn park(&self, name: &str, reason: &str, bytes: Option<&[u8]>, now: Timestamp) -> Result<()> {
+        store::create_dir_private(&self.bad)?;
+        let stem = safe_stem(name);
+        let (target, reason_file) = self.free_bad_names(&stem);
+        let redacted = bytes.and_then(redact_secret);
+        let note = match &redacted {
+            Some((_, fp)) => format!(
+                "{now} refused {name:?}: {reason}\n(secret redacted in this copy; sha256 starts {fp})\n"
+            ),
+            None => format!("{now} refused {name:?}: {reason}\n"),
+        };
+        store::commit(&reason_file, note.as_bytes())?;
+        let source = self.dir.join(name);
+        match redacted {
+            Some((copy, _)) => {
+                store::commit(&target, &copy)?;
+                store::remove_durably(&source)?;
+            }
+            None => store::rename_durably(&source, &target)?,
+        }
+        tracing::warn!(file = ?name, parked = %target.display(), "parked refused spool file: {reason}");
+        Ok(())
+    }
+
+    fn park_raw(&self, path: &Path, reason: &str) -> Result<()> {
+        store::create_dir_private(&self.bad)?;
+        let stem = safe_stem(&path.file_name().unwrap_or_default().to_string_lossy());
+        let (target, reason_file) = self.free_bad_names(&stem);
+        store::commit(&reason_file, format!("refused: {reason}\n").as_bytes())?;
+        store::rename_durably(path, &target)
+    }
+
+    fn free_bad_names(&self, stem: &str) -> (PathBuf, PathBuf) {
+        let mut n = 0u32;
+        loop {
+            let base = if n == 0 {
+                stem.to_owned()
+            } else {
+                format!("{stem}.{n}")
+            };
+            let target = self.bad.join(format!("{base}.json"));
+            let reason = self.bad.join(format!("{base}.reason"));
+            if !target.exists() && !reason.exists() && fs::symlink_metadata(&target).is_err() {
+                return (target, reason);
+            }
+            n += 1;
+        }
+    }
+
+    /// Removes `*.tmp` files older than `max_age_ms` (a writer that died mid-write).
+    pub fn remove_stale_temps(&self, now: Timestamp, max_age_ms: i64) -> Result<usize> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(Error::io("cannot list", &self.dir, e)),
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.ends_with(".tmp") {
+                continue;
+            }
+            let Ok(meta) = entry.metadata() else { continue };
+            let mtime = Timestamp::from_millis(meta.mtime() * 1000);
+            if meta.is_file() && now.millis_since(mtime) > max_age_ms {
+                store::remove_durably(&entry.path())?;
+                tracing::info!(file = ?name, "removed stale temp file");
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// How long an unparseable file is given to finish being written before it is parked.
+pub const SETTLE_MS: u128 = 2_000;
+
+/// Whether the file changed within [`SETTLE_MS`]. This compares against the filesystem's own
+/// clock (mtimes), not the engine's, because it asks about the file, not about waitpoints.
+fn is_fresh(path: &Path) -> bool {
+    fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age.as_millis() < SETTLE_MS)
+}
+
+/// Whether a name in the drop zone is a signal file to collect.
+pub fn is_candidate(name: &str) -> bool {
+    name.ends_with(".json") && !store::is_temp_name(name) && name != "bad"
+}
+
+enum ReadError {
+    Gone,
+    Refused(String),
+    Io(io::Error),
+}
+
+/// Reads a spool file only if it is safe to: a regular file with one link, at most the cap.
+fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
+    let file: File = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags())
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) => {
+            return Err(match e.kind() {
+                io::ErrorKind::NotFound => ReadError::Gone,
+                io::ErrorKind::PermissionDenied => {
+                    ReadError::Refused("cannot be read (permission denied)".into())
+                }
+                _ if e.raw_os_error() == Some(libc::ELOOP) => {
+                    ReadError::Refused("is a symbolic link; only regular files are read".into())
+                }
+                _ => ReadError::Io(e),
+            });
+        }
+    };
+    let meta = file.metadata().map_err(ReadError::Io)?;
+    if !meta.is_file() {
+        return Err(ReadError::Refused(
+            "is not a regular file (directory, FIFO, socket or device)".into(),
+        ));
+    }
+    if meta.nlink() > 1 {
+        return Err(ReadError::Refused(
+            "has more than one hard link; only files written into the spool are read".into(),
+        ));
+    }
+    if meta.len() > MAX_BODY_BYTES as u64 {
+        return Err(ReadError::Refused(format!(
+            "larger than {MAX_BODY_BYTES} bytes ({} bytes)",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // Read one byte past the cap so a file that grew after the stat is caught, not truncated.
+    file.take(MAX_BODY_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ReadError::Io)?;
+    if bytes.len() > MAX_BODY_BYTES {
+        return Err(ReadError::Refused(format!(
+            "grew past {MAX_BODY_BYTES} bytes while being read"
+        )));
+    }
+    Ok(bytes)
+}
+
+fn libc_flags() -> i32 {
+    // Never follow a symlink out of the spool; never block opening a FIFO.
+    libc::O_NOFOLLOW | libc::O_NONBLOCK
+}
+
+/// A file-name stem safe to show and store: control characters and odd bytes become `_`.
+fn safe_stem(name: &str) -> String {
+    let stem = name.strip_suffix(".json").unwrap_or(name);
+    let mut s: String = stem
+        .chars()
+        .map(|c| if c.is_control() || c == '/' { '_' } else { c })
+        .collect();
+    if s.is_empty() || s.starts_with('.') {
+        s.insert(0, '_');
+    }
+    s.chars().take(120).collect()
+}
+
+/// For a body that parses as a JSON object with a string `secret`: the body with the secret
+/// replaced, and the secret's fingerprint.
+fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
+    let mut value: Value = serde_json::from_slice(bytes).ok()?;
+    let obj = value.as_object_mut()?;
+    let secret = obj.get("secret")?.as_str()?.to_owned();
+    let fp = secret::fingerprint(&secret);
+    obj.insert(
+        "secret".into(),
+        Value::String(format!("[redacted; sha256 starts {fp}]")),
+    );
+    Some((store::to_pretty_json(&value), fp))
+}

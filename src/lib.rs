@@ -1,0 +1,23 @@
+//! `waitpoint`: a filesystem-first spool engine for waitpoints, durable "wake me when this
+//! finishes" objects.
+//!
+//! The pipeline, in module order: [`ingress`] (drop zone; later device mirrors and HTTP) turns
+//! outside input into signal requests; the [`engine`] validates, authenticates and applies them;
+//! [`store`] commits every change atomically and durably; [`delivery`] puts wakes in session
+//! inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
+//! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
+
+pub mod cli;
+pub mod clock;
+pub mod daemon;
+pub mod delivery;
+pub mod engine;
+pub mod error;
+pub mod home;
+pub mod howto;
+pub mod ingress;
+pub mod model;
+pub mod secret;
+pub mod settings;
+pub mod signal;
+pub mod store;

@@ -1,0 +1,177 @@
+//! Settings: `$CORTEX_HOME/settings.json`, with environment fallbacks for absent keys.
+//!
+//! The library never reads the environment itself: callers pass a lookup function (the CLI passes
+//! `std::env::var`, tests pass a map), so resolution is a pure function of its inputs.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+pub const DAY_MS: u64 = 86_400_000;
+/// The hard ceiling on any waitpoint's lifetime: 30 days.
+pub const MAX_TTL_MS: u64 = 30 * DAY_MS;
+
+/// Resolved settings with their defaults applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// Default lifetime of a waitpoint (`waitpointTtlMs`), also the age after which delivered
+    /// wakes are removed from `cur/`.
+    pub ttl_ms: u64,
+    /// Sweep and collection interval (`waitpointSweepMs`); 0 turns the sweep off.
+    pub sweep_ms: u64,
+    /// Wake cap per waitpoint per sliding hour (`waitpointMaxWakesPerHour`).
+    pub max_wakes_per_hour: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            ttl_ms: 7 * DAY_MS,
+            sweep_ms: 30_000,
+            max_wakes_per_hour: 12,
+        }
+    }
+}
+
+struct Key {
+    json: &'static str,
+    env: &'static str,
+    min: u64,
+    max: u64,
+}
+
+const TTL: Key = Key {
+    json: "waitpointTtlMs",
+    env: "CORTEX_WAITPOINT_TTL_MS",
+    min: 1,
+    max: MAX_TTL_MS,
+};
+const SWEEP: Key = Key {
+    json: "waitpointSweepMs",
+    env: "CORTEX_WAITPOINT_SWEEP_MS",
+    min: 0,
+    max: DAY_MS,
+};
+const WAKES: Key = Key {
+    json: "waitpointMaxWakesPerHour",
+    env: "CORTEX_WAITPOINT_MAX_WAKES_PER_HOUR",
+    min: 1,
+    max: 3600,
+};
+
+impl Settings {
+    /// Reads `settings_file` (absent is fine) and fills absent keys from `env`.
+    pub fn load(settings_file: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let text = match std::fs::read_to_string(settings_file) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io("cannot read", settings_file, e)),
+        };
+        Self::resolve(settings_file, text.as_deref(), env)
+    }
+
+    /// Resolution proper: `text` is the settings file's content, if any.
+    pub fn resolve(
+        settings_file: &Path,
+        text: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self> {
+        let bad = |message: String| Error::Settings {
+            path: settings_file.to_owned(),
+            message,
+        };
+        let object = match text {
+            None => serde_json::Map::new(),
+            Some(t) => match serde_json::from_str::<Value>(t) {
+                Ok(Value::Object(map)) => map,
+                Ok(_) => return Err(bad("must be a JSON object".into())),
+                Err(e) => return Err(bad(format!("not valid JSON: {e}"))),
+            },
+        };
+        let get = |key: &Key| -> Result<Option<u64>> {
+            let range = format!("an integer from {} to {}", key.min, key.max);
+            if let Some(v) = object.get(key.json) {
+                return match v.as_u64() {
+                    Some(n) if (key.min..=key.max).contains(&n) => Ok(Some(n)),
+                    _ => Err(bad(format!("key `{}` must be {range}, not {v}", key.json))),
+                };
+            }
+            match env(key.env) {
+                None => Ok(None),
+                Some(raw) => match raw.trim().parse::<u64>() {
+                    Ok(n) if (key.min..=key.max).contains(&n) => Ok(Some(n)),
+                    _ => Err(Error::Usage(format!(
+                        "environment variable {} must be {range}, not {raw:?}",
+                        key.env
+                    ))),
+                },
+            }
+        };
+        let d = Settings::default();
+        Ok(Settings {
+            ttl_ms: get(&TTL)?.unwrap_or(d.ttl_ms),
+            sweep_ms: get(&SWEEP)?.unwrap_or(d.sweep_ms),
+            max_wakes_per_hour: get(&WAKES)?
+                .map(|n| n as u32)
+                .unwrap_or(d.max_wakes_per_hour),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn defaults_apply_without_file_or_env() {
+        let s = Settings::resolve(Path::new("s.json"), None, no_env).unwrap();
+        assert_eq!(s, Settings::default());
+    }
+
+    #[test]
+    fn file_wins_over_env_and_env_fills_absent_keys() {
+        let env = |k: &str| match k {
+            "CORTEX_WAITPOINT_SWEEP_MS" => Some("500".to_owned()),
+            "CORTEX_WAITPOINT_TTL_MS" => Some("1000".to_owned()),
+            _ => None,
+        };
+        let s = Settings::resolve(
+            Path::new("s.json"),
+            Some(r#"{"waitpointTtlMs": 2000}"#),
+            env,
+        )
+        .unwrap();
+        assert_eq!((s.ttl_ms, s.sweep_ms), (2000, 500));
+    }
+
+    #[test]
+    fn malformed_value_names_file_and_key() {
+        let err = Settings::resolve(
+            Path::new("/h/settings.json"),
+            Some(r#"{"waitpointSweepMs": "fast"}"#),
+            no_env,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/h/settings.json"), "{err}");
+        assert!(err.contains("waitpointSweepMs"), "{err}");
+    }
+
+    #[test]
+    fn ttl_above_the_thirty_day_ceiling_is_refused() {
+        let text = format!(r#"{{"waitpointTtlMs": {}}}"#, MAX_TTL_MS + 1);
+        assert!(Settings::resolve(Path::new("s.json"), Some(&text), no_env).is_err());
+    }
+
+    #[test]
+    fn zero_sweep_is_allowed_and_means_off() {
+        let s = Settings::resolve(Path::new("s"), Some(r#"{"waitpointSweepMs":0}"#), no_env);
+        assert_eq!(s.unwrap().sweep_ms, 0);
+    }
+}

@@ -1,0 +1,235 @@
+//! Atomic, durable commits of files under the home, and the locks that serialise writers.
+//!
+//! Every file the engine writes goes through [`commit`]: write a temp file beside the target,
+//! fsync it, rename it over the target, fsync the directory. A reader therefore sees either the
+//! old file or the new one, never a torn one, and once `commit` returns the new file survives a
+//! power cut. Any error aborts the commit (the temp file is removed) and is returned, so callers
+//! never report success for a write that did not reach the disk and keep their source.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use fs2::FileExt;
+use rand::Rng;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, Result};
+
+/// Mode of every directory the engine creates.
+pub const DIR_MODE: u32 = 0o700;
+/// Mode of every file the engine creates.
+pub const FILE_MODE: u32 = 0o600;
+/// Prefix that marks temp files; every reader skips names starting with it.
+pub const TEMP_PREFIX: char = '.';
+/// Suffix of temp files, so `ls -a` and the stale-temp sweep recognise them.
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// `mkdir -p` with mode 0700 for every directory it creates.
+pub fn create_dir_private(path: &Path) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(DIR_MODE)
+        .create(path)
+        .map_err(|e| Error::io("cannot create directory", path, e))
+}
+
+/// fsync a directory so a rename or unlink inside it is durable.
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("cannot fsync directory", dir, e))
+}
+
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// A fresh temp path beside `target`: `.<name>.<random>.tmp`.
+fn temp_path_for(target: &Path) -> PathBuf {
+    let name = target
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tag: u64 = rand::rng().next_u64();
+    parent_of(target).join(format!("{TEMP_PREFIX}{name}.{tag:016x}{TEMP_SUFFIX}"))
+}
+
+/// Writes `bytes` to `target` atomically and durably (see the module docs).
+pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
+    let temp = temp_path_for(target);
+    let result = write_synced(&temp, bytes)
+        .and_then(|()| fs::rename(&temp, target).map_err(|e| Error::io("cannot rename", target, e)))
+        .and_then(|()| fsync_dir(parent_of(target)));
+    if result.is_err() {
+        // The commit is void; do not leave half-made files behind. The rename may already have
+        // happened (then the directory fsync failed), in which case the temp name is gone.
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(path)
+        .map_err(|e| Error::io("cannot create", path, e))?;
+    file.write_all(bytes)
+        .map_err(|e| Error::io("cannot write", path, e))?;
+    file.sync_all()
+        .map_err(|e| Error::io("cannot fsync", path, e))
+}
+
+/// Pretty JSON with a trailing newline: stable key order (struct order), pleasant for `jq`/`diff`.
+pub fn to_pretty_json<T: Serialize>(value: &T) -> Vec<u8> {
+    let mut out = serde_json::to_vec_pretty(value).expect("our records always serialise");
+    out.push(b'\n');
+    out
+}
+
+/// Commits `value` as pretty JSON to `target`.
+pub fn commit_json<T: Serialize>(target: &Path, value: &T) -> Result<()> {
+    commit(target, &to_pretty_json(value))
+}
+
+/// Reads and parses a JSON file; `Ok(None)` when it does not exist.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::Corrupt {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+/// Removes a file and makes the removal durable. A file already gone is not an error.
+pub fn remove_durably(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => fsync_dir(parent_of(path)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("cannot remove", path, e)),
+    }
+}
+
+/// Renames durably: both directories are fsynced.
+pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
+    fs::rename(from, to).map_err(|e| Error::io("cannot move", from, e))?;
+    fsync_dir(parent_of(to))?;
+    if parent_of(from) != parent_of(to) {
+        fsync_dir(parent_of(from))?;
+    }
+    Ok(())
+}
+
+/// True for names the engine treats as in-flight temp files.
+pub fn is_temp_name(name: &str) -> bool {
+    name.starts_with(TEMP_PREFIX) || name.ends_with(TEMP_SUFFIX)
+}
+
+/// An exclusive advisory lock on a file, released on drop.
+#[derive(Debug)]
+pub struct FileLock {
+    file: File,
+}
+
+impl FileLock {
+    fn open(path: &Path) -> Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .open(path)
+            .map_err(|e| Error::io("cannot open lock", path, e))
+    }
+
+    /// Blocks until the lock is ours. Used for short read-modify-write sections.
+    pub fn acquire(path: &Path) -> Result<Self> {
+        let file = Self::open(path)?;
+        file.lock_exclusive()
+            .map_err(|e| Error::io("cannot lock", path, e))?;
+        Ok(FileLock { file })
+    }
+
+    /// Takes the lock or reports who holds it (the pid written in the file).
+    pub fn try_acquire_writing_pid(path: &Path) -> Result<Self> {
+        let mut file = Self::open(path)?;
+        if file.try_lock_exclusive().is_err() {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            return Err(Error::Locked {
+                path: path.to_owned(),
+                pid: pid.trim().to_owned(),
+            });
+        }
+        file.set_len(0)
+            .and_then(|()| writeln!(file, "{}", std::process::id()))
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io("cannot write lock", path, e))?;
+        Ok(FileLock { file })
+    }
+
+    /// True when some process holds the lock at `path` right now.
+    pub fn is_held(path: &Path) -> bool {
+        match File::open(path) {
+            Ok(f) => match f.try_lock_exclusive() {
+                Ok(()) => {
+                    let _ = FileExt::unlock(&f);
+                    false
+                }
+                Err(_) => true,
+            },
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = FileExt::unlock(&self.file);
+    }
+}
+
+/// Sets a path's mode (used on the home root, which may pre-exist).
+pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| Error::io("cannot chmod", path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn commit_replaces_atomically_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("x.json");
+        commit(&target, b"one").unwrap();
+        commit(&target, b"two").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"two");
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "only the target remains");
+        assert_eq!(fs::metadata(&target).unwrap().mode() & 0o777, FILE_MODE);
+    }
+
+    #[test]
+    fn commit_into_missing_directory_fails_and_reports_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = commit(&dir.path().join("nope/x.json"), b"x").unwrap_err();
+        assert!(matches!(err, Error::Io { .. }), "{err}");
+    }
+}
