@@ -16,7 +16,7 @@ use crate::signal::{DataSource, Sent, SignalBody, SpoolTransport, Transport};
 /// refused, or the daemon was unreachable with --no-spool; 2 on a usage error or a missing id
 /// or secret.
 #[derive(Debug, Parser)]
-#[command(name = "cortex-signal", version, arg_required_else_help = true)]
+#[command(name = "cortex-signal", version)]
 pub struct SignalArgs {
     /// The waitpoint's id (wp_ and 12 hex digits)
     #[arg(
@@ -61,7 +61,15 @@ pub struct SignalArgs {
 
 /// Entry point of the `cortex-signal` binary.
 pub fn main() -> ExitCode {
-    let args = match SignalArgs::try_parse_from(super::args()) {
+    let argv = super::args();
+    // The spec: with no arguments it prints its help and sends nothing, even when the
+    // environment would supply an id and secret.
+    if argv.len() <= 1 {
+        let mut cmd = <SignalArgs as clap::CommandFactory>::command();
+        let _ = cmd.print_help();
+        return ExitCode::from(exit::USAGE);
+    }
+    let args = match SignalArgs::try_parse_from(argv) {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();

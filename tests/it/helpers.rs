@@ -1,0 +1,315 @@
+//! Test helpers: a temp home with its own `$HOME`, running the real binaries, a daemon child
+//! that is killed on drop, bounded waits, and failure reports that print the command, its
+//! output and the home tree.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const WAITPOINT: &str = env!("CARGO_BIN_EXE_waitpoint");
+pub const CORTEX_SIGNAL: &str = env!("CARGO_BIN_EXE_cortex-signal");
+
+/// The longest any test waits for the daemon to do something. Generous on purpose: this bounds
+/// a hang, it is not a timing assertion.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub struct Env {
+    _dir: tempfile::TempDir,
+    pub home: PathBuf,
+    pub user_home: PathBuf,
+    bin_dir: PathBuf,
+}
+
+impl Env {
+    /// A fresh home with a short sweep so parked-file and deadline tests finish quickly.
+    pub fn new() -> Self {
+        Self::with_settings(r#"{"waitpointSweepMs": 300}"#)
+    }
+
+    pub fn with_settings(settings: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let home = dir.path().join("cortex");
+        let user_home = dir.path().join("user");
+        fs::create_dir_all(&user_home).unwrap();
+        fs::create_dir_all(&home).unwrap();
+        fs::write(home.join("settings.json"), settings).unwrap();
+        let bin_dir = Path::new(WAITPOINT).parent().unwrap().to_owned();
+        Env {
+            _dir: dir,
+            home,
+            user_home,
+            bin_dir,
+        }
+    }
+
+    /// A command with a clean environment: this home, a private `$HOME`, our binaries first on
+    /// `PATH`, and none of the caller's CORTEX_* variables.
+    pub fn command(&self, program: &str) -> Command {
+        let mut c = Command::new(program);
+        c.env_clear()
+            .env("PATH", format!("{}:/usr/bin:/bin", self.bin_dir.display()))
+            .env("HOME", &self.user_home)
+            .env("CORTEX_HOME", &self.home)
+            .env("LANG", "C.UTF-8")
+            .stdin(Stdio::null());
+        c
+    }
+
+    pub fn run(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program).args(args).output().expect("spawn")
+    }
+
+    pub fn waitpoint(&self, args: &[&str]) -> Output {
+        self.run(WAITPOINT, args)
+    }
+
+    pub fn signal(&self, args: &[&str]) -> Output {
+        self.run(CORTEX_SIGNAL, args)
+    }
+
+    /// Runs `sh -c script` in this environment.
+    pub fn sh(&self, script: &str) -> Output {
+        self.command("sh")
+            .args(["-c", script])
+            .output()
+            .expect("spawn sh")
+    }
+
+    /// Asserts the exit code, printing everything useful when it is not the expected one.
+    pub fn expect_code(&self, what: &str, out: &Output, code: i32) -> String {
+        if out.status.code() != Some(code) {
+            panic!(
+                "{what}: expected exit {code}, got {:?}\n{}",
+                out.status.code(),
+                self.report(out)
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn ok(&self, what: &str, out: &Output) -> String {
+        self.expect_code(what, out, 0)
+    }
+
+    pub fn report(&self, out: &Output) -> String {
+        format!(
+            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.tree()
+        )
+    }
+
+    /// Every path under the home, one per line, for failure messages.
+    pub fn tree(&self) -> String {
+        let mut lines = Vec::new();
+        walk(&self.home, &mut |p| {
+            lines.push(p.strip_prefix(&self.home).unwrap().display().to_string())
+        });
+        lines.sort();
+        lines.join("\n")
+    }
+
+    /// Every regular file under the home.
+    pub fn files(&self) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        walk(&self.home, &mut |p| {
+            if fs::symlink_metadata(p)
+                .map(|m| m.is_file())
+                .unwrap_or(false)
+            {
+                out.push(p.to_owned());
+            }
+        });
+        out
+    }
+
+    /// `waitpoint create --json` with `args`, returning the reply.
+    pub fn create(&self, args: &[&str]) -> Value {
+        let mut all = vec!["create", "--json"];
+        all.extend_from_slice(args);
+        let out = self.waitpoint(&all);
+        let text = self.ok("create", &out);
+        serde_json::from_str(&text).expect("create prints JSON")
+    }
+
+    /// The stored state of a waitpoint.
+    pub fn state(&self, id: &str) -> Value {
+        let path = self.home.join("waitpoints").join(id).join("waitpoint.json");
+        serde_json::from_slice(
+            &fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), self.tree())),
+        )
+        .unwrap()
+    }
+
+    pub fn drop_zone(&self) -> PathBuf {
+        self.home.join("tmp/signals")
+    }
+
+    /// Drops a signal file the way the spec says: write `.tmp`, rename to `.json`.
+    pub fn drop_file(&self, name: &str, body: &str) {
+        let dz = self.drop_zone();
+        fs::create_dir_all(&dz).unwrap();
+        let tmp = dz.join(format!("{name}.tmp"));
+        fs::write(&tmp, body).unwrap();
+        fs::rename(&tmp, dz.join(format!("{name}.json"))).unwrap();
+    }
+
+    /// Names left in the drop zone (`*.json`).
+    pub fn spooled(&self) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(self.drop_zone())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.ends_with(".json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Files in a channel's inbox folder (`new` or `cur`).
+    pub fn inbox(&self, channel: &str, folder: &str) -> Vec<Value> {
+        let dir = self
+            .home
+            .join("sessions")
+            .join(channel)
+            .join("wakes")
+            .join(folder);
+        let mut names: Vec<PathBuf> = fs::read_dir(&dir)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        let n = p.file_name().unwrap().to_string_lossy();
+                        n.ends_with(".json") && !n.starts_with('.')
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+            .iter()
+            .map(|p| serde_json::from_slice(&fs::read(p).unwrap()).unwrap())
+            .collect()
+    }
+
+    /// Starts `waitpoint daemon` and waits until it says it is ready.
+    pub fn daemon(&self) -> DaemonGuard {
+        self.daemon_with_env(&[])
+    }
+
+    pub fn daemon_with_env(&self, env: &[(&str, &str)]) -> DaemonGuard {
+        let log = self.home.join("log/daemon.log");
+        let before = fs::read_to_string(&log)
+            .map(|s| s.matches("daemon ready").count())
+            .unwrap_or(0);
+        let stderr_path = self
+            .home
+            .join("..")
+            .join(format!("daemon-stderr-{}.txt", rand_tag()));
+        let stderr = fs::File::create(&stderr_path).unwrap();
+        let mut cmd = self.command(WAITPOINT);
+        cmd.arg("daemon").stdout(Stdio::null()).stderr(stderr);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn daemon");
+        let guard = DaemonGuard { child, stderr_path };
+        self.wait_until("the daemon to be ready", || {
+            fs::read_to_string(&log)
+                .map(|s| s.matches("daemon ready").count() > before)
+                .unwrap_or(false)
+        });
+        guard
+    }
+
+    /// Polls `check` until it holds, at most [`PATIENCE`]; panics with the home tree otherwise.
+    pub fn wait_until(&self, what: &str, mut check: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < PATIENCE {
+            if check() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("gave up waiting for {what}\n--- home\n{}", self.tree());
+    }
+
+    /// Waits until the drop zone is empty (everything collected or parked).
+    pub fn wait_drained(&self) {
+        self.wait_until("the drop zone to drain", || self.spooled().is_empty());
+    }
+
+    /// Writes a file under the home by path (for fabricating crash states).
+    pub fn write(&self, rel: &str, bytes: &[u8]) {
+        let p = self.home.join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let mut f = fs::File::create(p).unwrap();
+        f.write_all(bytes).unwrap();
+    }
+}
+
+pub struct DaemonGuard {
+    child: Child,
+    pub stderr_path: PathBuf,
+}
+
+impl DaemonGuard {
+    /// Kills the daemon (SIGKILL: the engine must survive that) and returns its stderr.
+    pub fn kill(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+}
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        f(&p);
+        if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            walk(&p, f);
+        }
+    }
+}
+
+fn rand_tag() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        ^ u64::from(std::process::id())
+}
+
+/// `id` and `secret` of a create reply.
+pub fn id_secret(reply: &Value) -> (String, String) {
+    (
+        reply["id"].as_str().unwrap().to_owned(),
+        reply["secret"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// A `how_to_signal` line of a create reply.
+pub fn line(reply: &Value, form: &str) -> String {
+    reply["how_to_signal"][form].as_str().unwrap().to_owned()
+}
+
+/// A spool body for `id`/`secret` with extra JSON fields (`,"member":"a"`).
+pub fn body(id: &str, secret: &str, extra: &str) -> String {
+    format!(r#"{{"id":"{id}","secret":"{secret}"{extra}}}"#)
+}

@@ -1,0 +1,221 @@
+//! `layouts/` is the on-disk contract: every example validates against its schema, and every
+//! JSON file the engine writes validates against the schema of its kind. Also: no plaintext
+//! secret is ever written under the home or logged.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::helpers::*;
+
+const BASE: &str = "https://waitpoint.invalid/layouts/";
+
+fn layouts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("layouts")
+}
+
+fn load(path: &Path) -> Value {
+    serde_json::from_slice(&fs::read(path).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+struct Schemas {
+    validators: Vec<(String, jsonschema::Validator)>,
+}
+
+impl Schemas {
+    fn load() -> Self {
+        let mut registry = jsonschema::Registry::new();
+        let mut names = Vec::new();
+        for e in fs::read_dir(layouts_dir()).unwrap().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(kind) = name.strip_suffix(".schema.json") {
+                registry = registry
+                    .add(format!("{BASE}{name}"), load(&e.path()))
+                    .unwrap();
+                names.push(kind.to_owned());
+            }
+        }
+        let registry = registry.prepare().unwrap();
+        let validators = names
+            .into_iter()
+            .map(|kind| {
+                let schema = serde_json::json!({ "$ref": format!("{BASE}{kind}.schema.json") });
+                let v = jsonschema::options()
+                    .with_registry(&registry)
+                    .build(&schema)
+                    .unwrap();
+                (kind, v)
+            })
+            .collect();
+        Schemas { validators }
+    }
+
+    fn check(&self, kind: &str, path: &Path) {
+        let v = &self
+            .validators
+            .iter()
+            .find(|(k, _)| k == kind)
+            .unwrap_or_else(|| panic!("no schema for {kind}"))
+            .1;
+        let doc = load(path);
+        let errors: Vec<String> = v
+            .iter_errors(&doc)
+            .map(|e| format!("{} at {}", e, e.instance_path()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{} does not match {kind}: {errors:#?}",
+            path.display()
+        );
+    }
+}
+
+/// Which layout a file under the home belongs to, by where it sits.
+fn kind_of(rel: &Path) -> Option<&'static str> {
+    let parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    let p: Vec<&str> = parts.iter().map(String::as_str).collect();
+    match p.as_slice() {
+        ["settings.json"] => Some("settings"),
+        ["waitpoints", _, "waitpoint.json"] => Some("waitpoint"),
+        ["waitpoints", _, "signals", _] => Some("signal-record"),
+        ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),
+        ["tmp", "signals", "bad", _] => None,
+        ["tmp", "signals", _] => Some("spool-signal"),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_layout_has_an_example_that_validates() {
+    let schemas = Schemas::load();
+    assert!(schemas.validators.len() >= 5);
+    for (kind, _) in &schemas.validators {
+        let example = layouts_dir().join(format!("{kind}.example.json"));
+        assert!(example.exists(), "layouts/{kind}.example.json is missing");
+        schemas.check(kind, &example);
+    }
+}
+
+#[test]
+fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
+    let env = Env::new();
+    let d = env.daemon_with_env(&[("RUST_LOG", "trace")]);
+    let mut secrets = Vec::new();
+    // A resolved barrier with members, a monitor, a heartbeat-only deadline, a cancelled one,
+    // a refused file and a pending spool file.
+    let barrier = env.create(&[
+        "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
+    ]);
+    let monitor = env.create(&["--label", "m", "--intent", "i", "--max-signals", "2"]);
+    let deadline = env.create(&[
+        "--label",
+        "d",
+        "--intent",
+        "i",
+        "--expires-in-hours",
+        "0.0003",
+    ]);
+    let cancelled = env.create(&["--label", "c", "--intent", "i"]);
+    for r in [&barrier, &monitor, &deadline, &cancelled] {
+        secrets.push(id_secret(r).1);
+    }
+    let cli = line(&barrier, "cli");
+    env.ok(
+        "a",
+        &env.sh(&format!("true; {}", cli.replace("MEMBER", "a"))),
+    );
+    env.ok(
+        "b",
+        &env.sh(&format!("false; {}", cli.replace("MEMBER", "b"))),
+    );
+    env.ok(
+        "forgot member",
+        &env.sh(&format!("true; {}", cli.replace(" --member MEMBER", ""))),
+    );
+    let (mid, msec) = id_secret(&monitor);
+    env.ok(
+        "m1",
+        &env.signal(&["--id", &mid, "--secret", &msec, "--data", "{\"loss\": 0.1}"]),
+    );
+    let (did, dsec) = id_secret(&deadline);
+    env.ok(
+        "hb",
+        &env.signal(&["--id", &did, "--secret", &dsec, "--status", "progress"]),
+    );
+    let (cid, _) = id_secret(&cancelled);
+    env.ok("cancel", &env.waitpoint(&["cancel", &cid]));
+    env.expect_code(
+        "barrier",
+        &env.waitpoint(&["wait", &id_secret(&barrier).0, "--timeout", "30"]),
+        4,
+    );
+    env.expect_code(
+        "deadline",
+        &env.waitpoint(&["wait", &did, "--timeout", "30"]),
+        5,
+    );
+    env.wait_drained();
+    env.ok("read one", &env.waitpoint(&["next", "--timeout", "1"]));
+    let stderr = d.kill();
+    // One signal left in the spool, as a job would leave it while the daemon is down.
+    env.ok(
+        "pending",
+        &env.signal(&["--id", &mid, "--secret", "not-the-secret"]),
+    );
+
+    let schemas = Schemas::load();
+    let mut checked = std::collections::BTreeMap::<&str, usize>::new();
+    for path in env.files() {
+        let rel = path.strip_prefix(&env.home).unwrap();
+        let name = rel.file_name().unwrap().to_string_lossy();
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        if let Some(kind) = kind_of(rel) {
+            schemas.check(kind, &path);
+            *checked.entry(kind).or_default() += 1;
+        }
+    }
+    for kind in [
+        "settings",
+        "waitpoint",
+        "signal-record",
+        "wake",
+        "spool-signal",
+    ] {
+        assert!(
+            checked.get(kind).copied().unwrap_or(0) > 0,
+            "no {kind} file was checked: {checked:?}"
+        );
+    }
+    let deadline_wake = env
+        .inbox("default", "new")
+        .into_iter()
+        .chain(env.inbox("default", "cur"))
+        .find(|w| w["kind"] == "deadline")
+        .expect("a deadline wake");
+    assert_eq!(deadline_wake["deadline"]["case"], "only_heartbeats");
+
+    // The secrets: in no file under the home, in no log line (trace level), on no stderr.
+    let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
+    assert!(log.contains("TRACE") || log.contains("DEBUG") || log.contains("INFO"));
+    for secret in &secrets {
+        for path in env.files() {
+            let bytes = fs::read(&path).unwrap();
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(secret.as_str()),
+                "plaintext secret in {}",
+                path.display()
+            );
+        }
+        assert!(
+            !stderr.contains(secret.as_str()),
+            "secret on the daemon's stderr"
+        );
+    }
+}

@@ -1,0 +1,212 @@
+//! Crashes and restarts lose nothing and count nothing twice.
+
+use std::fs;
+use std::sync::Arc;
+
+use waitpoint::clock::SystemClock;
+use waitpoint::engine::{Engine, Verdict};
+use waitpoint::home::Home;
+use waitpoint::ingress::{Source, parse_signal};
+use waitpoint::settings::Settings;
+
+use crate::helpers::*;
+
+fn engine(env: &Env) -> Engine {
+    Engine::new(
+        Home::new(&env.home),
+        Settings::default(),
+        Arc::new(SystemClock),
+    )
+}
+
+#[test]
+fn signals_sent_while_the_daemon_is_down_are_collected_when_it_starts() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "2"]);
+    let (id, secret) = id_secret(&reply);
+    env.ok(
+        "first",
+        &env.signal(&["--id", &id, "--secret", &secret, "--message", "one"]),
+    );
+    env.ok(
+        "second",
+        &env.signal(&["--id", &id, "--secret", &secret, "--message", "two"]),
+    );
+    assert_eq!(env.spooled().len(), 2, "they wait in the spool");
+    let _d = env.daemon();
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    assert_eq!(env.state(&id)["counters"]["signals"], 2);
+    assert_eq!(env.inbox("default", "new").len(), 2);
+    assert!(env.spooled().is_empty());
+}
+
+#[test]
+fn crash_between_recording_and_removing_the_spool_file_counts_once() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, secret) = id_secret(&reply);
+    let text = body(&id, &secret, r#","message":"done""#);
+    env.drop_file("once", &text);
+    // What a daemon killed right after the commit leaves behind: the signal and the new state
+    // are durable, the spool file is still there.
+    let verdict = engine(&env)
+        .apply_signal(
+            &parse_signal(text.as_bytes()).unwrap(),
+            &Source::Spool("once.json".into()),
+        )
+        .unwrap();
+    assert!(
+        matches!(verdict, Verdict::Accepted { seq: 1, .. }),
+        "{verdict:?}"
+    );
+    assert_eq!(env.spooled(), ["once.json"]);
+
+    let _d = env.daemon();
+    env.wait_drained();
+    let state = env.state(&id);
+    assert_eq!(state["counters"]["signals"], 1);
+    assert_eq!(state["status"], "resolved");
+    let all = [env.inbox("default", "new"), env.inbox("default", "cur")].concat();
+    assert_eq!(all.len(), 1, "exactly one wake");
+}
+
+#[test]
+fn crash_between_the_signal_record_and_the_state_replace_is_replayed_once() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, secret) = id_secret(&reply);
+    let text = body(&id, &secret, "");
+    env.drop_file("half", &text);
+    // Fabricate the crash: the signal file is recorded, the state never replaced.
+    let record = serde_json::json!({
+        "seq": 1, "source": "spool:half.json", "status": "ok", "member": null,
+        "message": null, "data": null, "received_at": "2026-01-01T00:00:00.000Z"
+    });
+    env.write(
+        &format!("waitpoints/{id}/signals/000001-spool:half.json.json"),
+        serde_json::to_string_pretty(&record).unwrap().as_bytes(),
+    );
+    assert_eq!(env.state(&id)["counters"]["signals"], 0);
+
+    let _d = env.daemon();
+    env.wait_drained();
+    let state = env.state(&id);
+    assert_eq!(
+        state["counters"]["signals"], 1,
+        "replayed, and the file not counted again"
+    );
+    assert_eq!(state["status"], "resolved");
+    assert_eq!(env.inbox("default", "new").len(), 1);
+    let signals = fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
+        .unwrap()
+        .count();
+    assert_eq!(signals, 1);
+}
+
+#[test]
+fn a_wake_committed_but_not_delivered_is_delivered_on_start() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, secret) = id_secret(&reply);
+    let text = body(&id, &secret, "");
+    engine(&env)
+        .apply_signal(
+            &parse_signal(text.as_bytes()).unwrap(),
+            &Source::Spool("x.json".into()),
+        )
+        .unwrap();
+    // Fabricate the crash after the state commit and before the inbox write: put the wake back
+    // in the outbox and remove it from the inbox.
+    let wake_path = env
+        .home
+        .join("sessions/default/wakes/new")
+        .join(format!("wk_{}_0001.json", &id[3..]));
+    let wake: serde_json::Value = serde_json::from_slice(&fs::read(&wake_path).unwrap()).unwrap();
+    fs::remove_file(&wake_path).unwrap();
+    let mut state = env.state(&id);
+    state["outbox"] = serde_json::json!([wake]);
+    env.write(
+        &format!("waitpoints/{id}/waitpoint.json"),
+        serde_json::to_string_pretty(&state).unwrap().as_bytes(),
+    );
+
+    let _d = env.daemon();
+    env.wait_until("re-delivered", || wake_path.exists());
+    env.wait_until("outbox cleared", || {
+        env.state(&id)["outbox"].as_array().unwrap().is_empty()
+    });
+    assert_eq!(env.inbox("default", "new").len(), 1);
+}
+
+#[test]
+fn a_wake_already_read_is_not_delivered_again() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, secret) = id_secret(&reply);
+    let text = body(&id, &secret, "");
+    engine(&env)
+        .apply_signal(
+            &parse_signal(text.as_bytes()).unwrap(),
+            &Source::Spool("x.json".into()),
+        )
+        .unwrap();
+    env.ok("read it", &env.waitpoint(&["next", "--timeout", "1"]));
+    // Crash state: the wake is still in the outbox although the reader already took it.
+    let wake = env.inbox("default", "cur").remove(0);
+    let mut state = env.state(&id);
+    state["outbox"] = serde_json::json!([wake]);
+    env.write(
+        &format!("waitpoints/{id}/waitpoint.json"),
+        serde_json::to_string_pretty(&state).unwrap().as_bytes(),
+    );
+    let _d = env.daemon();
+    env.wait_until("outbox cleared", || {
+        env.state(&id)["outbox"].as_array().unwrap().is_empty()
+    });
+    assert!(
+        env.inbox("default", "new").is_empty(),
+        "not re-delivered into new/"
+    );
+}
+
+#[test]
+fn sigkill_while_signals_flow_loses_and_doubles_nothing() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "1000"]);
+    let (id, secret) = id_secret(&reply);
+    let total = 120;
+    let mut sent = 0;
+    for round in 0..4 {
+        let d = env.daemon();
+        for _ in 0..total / 4 {
+            env.drop_file(
+                &format!("s{sent:04}"),
+                &body(&id, &secret, r#","status":"progress""#),
+            );
+            sent += 1;
+        }
+        if round % 2 == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        d.kill();
+    }
+    let _d = env.daemon();
+    env.wait_drained();
+    let state = env.state(&id);
+    assert_eq!(
+        state["counters"]["signals"], total,
+        "each file counted exactly once"
+    );
+    assert_eq!(state["counters"]["progress"], total);
+    let recorded = fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
+        .unwrap()
+        .filter(|e| {
+            !e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with('.')
+        })
+        .count();
+    assert_eq!(recorded, total as usize);
+}
