@@ -28,6 +28,17 @@ pub struct HowToSignal {
     pub member_note: Option<String>,
 }
 
+impl HowToSignal {
+    /// The line `recommended` names.
+    pub fn recommended_line(&self) -> &String {
+        if self.recommended == "shell" {
+            &self.shell
+        } else {
+            &self.cli
+        }
+    }
+}
+
 /// Where the lines send signals.
 #[derive(Debug, Clone)]
 pub struct Target<'a> {

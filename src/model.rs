@@ -159,6 +159,16 @@ pub enum WakeKind {
     Deadline,
 }
 
+impl WakeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WakeKind::Resolved => "resolved",
+            WakeKind::Report => "report",
+            WakeKind::Deadline => "deadline",
+        }
+    }
+}
+
 /// The facts a wake repeats about its waitpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WakeSubject {

@@ -97,8 +97,24 @@ pub struct CreateArgs {
     #[arg(long, value_name = "C")]
     pub channel: Option<String>,
     /// Print the reply as JSON
-    #[arg(long)]
+    #[arg(long, conflicts_with = "print")]
     pub json: bool,
+    /// Print only one field of the reply, for scripts: `eval "$(waitpoint create … --print env)"`
+    #[arg(long, value_name = "FIELD", value_enum)]
+    pub print: Option<PrintField>,
+}
+
+/// The single fields `create --print` can print.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum PrintField {
+    Id,
+    Secret,
+    Env,
+    Cli,
+    Curl,
+    Shell,
+    AttachToPid,
+    Recommended,
 }
 
 #[derive(Debug, Args)]
@@ -262,6 +278,20 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
         },
     );
     let wp = &created.waitpoint;
+    if let Some(field) = a.print {
+        let text = match field {
+            PrintField::Id => &wp.id,
+            PrintField::Secret => &created.secret,
+            PrintField::Env => &lines.env,
+            PrintField::Cli => &lines.cli,
+            PrintField::Curl => &lines.curl,
+            PrintField::Shell => &lines.shell,
+            PrintField::AttachToPid => &lines.attach_to_pid,
+            PrintField::Recommended => lines.recommended_line(),
+        };
+        writeln!(out, "{text}")?;
+        return Ok(exit::OK);
+    }
     if a.json {
         let mut v = public_view(wp);
         let o = v.as_object_mut().expect("an object");
