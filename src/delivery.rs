@@ -37,20 +37,13 @@ pub fn is_unread(home: &Home, channel: &str, wake_id: &str) -> bool {
 /// The unread wakes of a channel, oldest first.
 pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
     let dir = home.inbox_new(channel);
-    let entries = match fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("cannot list", &dir, e)),
-    };
     let mut wakes = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for (name, path) in store::list_dir(&dir)? {
         if store::is_temp_name(&name) || !name.ends_with(".json") {
             continue;
         }
         // A wake taken by another reader between the listing and the read is simply gone.
-        if let Some(w) = read_json::<Wake>(&entry.path())? {
+        if let Some(w) = read_json::<Wake>(&path)? {
             wakes.push(w);
         }
     }

@@ -133,6 +133,26 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The entries of a directory as `(name, path)`; a missing directory is empty. Names that are
+/// not UTF-8 are returned lossily converted (callers that must handle them list the directory
+/// themselves).
+pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("cannot list", dir, e)),
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("cannot list", dir, e))?;
+        out.push((
+            entry.file_name().to_string_lossy().into_owned(),
+            entry.path(),
+        ));
+    }
+    Ok(out)
+}
+
 /// True for names the engine treats as in-flight temp files.
 pub fn is_temp_name(name: &str) -> bool {
     name.starts_with(TEMP_PREFIX) || name.ends_with(TEMP_SUFFIX)

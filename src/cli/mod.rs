@@ -94,6 +94,20 @@ pub fn finish(program: &str, result: anyhow::Result<u8>) -> ExitCode {
     }
 }
 
+/// Parses argv with clap. On `--help`/`--version` or a usage error, clap's message is printed and
+/// the exit code to use is returned (0 for help and version, 2 for usage errors).
+pub fn parse_args<T: clap::Parser>(argv: Vec<OsString>) -> Result<T, ExitCode> {
+    T::try_parse_from(argv).map_err(|e| {
+        let _ = e.print();
+        ExitCode::from(match e.kind() {
+            clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                crate::error::exit::OK
+            }
+            _ => crate::error::exit::USAGE,
+        })
+    })
+}
+
 /// argv as clap sees it (kept here so tests could inject it).
 pub fn args() -> Vec<OsString> {
     std::env::args_os().collect()

@@ -69,17 +69,9 @@ pub fn main() -> ExitCode {
         let _ = cmd.print_help();
         return ExitCode::from(exit::USAGE);
     }
-    let args = match SignalArgs::try_parse_from(argv) {
+    let args: SignalArgs = match super::parse_args(argv) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    exit::OK
-                }
-                _ => exit::USAGE,
-            });
-        }
+        Err(code) => return code,
     };
     super::init_logging(None);
     super::finish("cortex-signal", run(args))

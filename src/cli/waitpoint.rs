@@ -181,17 +181,9 @@ pub struct DaemonArgs {}
 
 /// Entry point of the `waitpoint` binary.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse_from(super::args()) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
-                    exit::OK
-                }
-                _ => exit::USAGE,
-            });
-        }
+    let cli: Cli = match super::parse_args(super::args()) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
     let is_daemon = matches!(cli.command, Command::Daemon(_));
     let home = super::resolve_home(cli.home);

@@ -439,20 +439,10 @@ impl Engine {
 
     /// `(seq, identity key)` of every recorded signal of a waitpoint.
     fn list_signal_files(&self, id: &str) -> Result<Vec<(u64, String)>> {
-        let dir = self.home.signals_dir(id);
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("cannot list", &dir, e)),
-        };
-        let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
-            if let Some(parsed) = parse_signal_file_name(&entry.file_name().to_string_lossy()) {
-                out.push(parsed);
-            }
-        }
-        Ok(out)
+        Ok(store::list_dir(&self.home.signals_dir(id))?
+            .into_iter()
+            .filter_map(|(name, _)| parse_signal_file_name(&name))
+            .collect())
     }
 
     /// The recorded signals of a waitpoint from `first_seq` on, in order.
@@ -526,20 +516,12 @@ impl Engine {
 
     /// Every waitpoint in the home (a full scan).
     pub fn list(&self) -> Result<Vec<Waitpoint>> {
-        let dir = self.home.waitpoints_dir();
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("cannot list", &dir, e)),
-        };
         let mut out = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
+        for (name, path) in store::list_dir(&self.home.waitpoints_dir())? {
             if !crate::ingress::is_waitpoint_id(&name) {
                 continue;
             }
-            if let Some(wp) = read_json::<Waitpoint>(&entry.path().join("waitpoint.json"))? {
+            if let Some(wp) = read_json::<Waitpoint>(&path.join("waitpoint.json"))? {
                 out.push(wp);
             }
         }
