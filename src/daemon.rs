@@ -9,7 +9,7 @@
 //! The entry point takes its inputs — home, settings, clock — so tests can run a daemon
 //! in-process on a temp home with a manual clock.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use notify::{EventKind, RecursiveMode, Watcher};
 
 use crate::clock::{Clock, Timestamp};
-use crate::engine::Engine;
+use crate::delivery::{self, hook, hook::HookRun};
+use crate::engine::{self, Engine, HookJob, Verdict};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
-use crate::model::Status;
 use crate::settings::{DAY_MS, Settings};
 use crate::store::FileLock;
 
@@ -35,6 +35,12 @@ pub enum Event {
     WaitpointAppeared(String),
     /// The watcher lost events (queue overflow) or failed: sweep everything.
     Rescan,
+    /// An `onWake` hook attempt finished.
+    HookDone {
+        waitpoint: String,
+        wake_id: String,
+        result: std::result::Result<(), String>,
+    },
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
     /// Finish the work in hand and return.
@@ -72,10 +78,89 @@ pub struct Daemon {
     spool: Spool,
     rx: Receiver<Event>,
     tx: Sender<Event>,
-    deadlines: BTreeSet<(Timestamp, String)>,
+    due: DueQueue,
     deferred: Vec<(Instant, String)>,
+    hooks: Option<HookRunner>,
+    next_gc: Timestamp,
     _lock: FileLock,
 }
+
+/// When each waitpoint next needs the engine: one entry per waitpoint, earliest first. This is
+/// what keeps idle cost independent of how many waitpoints are armed: nothing is scanned, the
+/// loop sleeps until the first entry.
+#[derive(Debug, Default)]
+struct DueQueue {
+    by_time: BTreeSet<(Timestamp, String)>,
+    at: HashMap<String, Timestamp>,
+}
+
+impl DueQueue {
+    fn set(&mut self, id: &str, when: Option<Timestamp>) {
+        if let Some(old) = self.at.remove(id) {
+            self.by_time.remove(&(old, id.to_owned()));
+        }
+        if let Some(t) = when {
+            self.by_time.insert((t, id.to_owned()));
+            self.at.insert(id.to_owned(), t);
+        }
+    }
+
+    fn first(&self) -> Option<Timestamp> {
+        self.by_time.first().map(|(t, _)| *t)
+    }
+
+    fn pop_due(&mut self, now: Timestamp) -> Option<String> {
+        let (t, _) = self.by_time.first()?;
+        if *t > now {
+            return None;
+        }
+        let (_, id) = self.by_time.pop_first()?;
+        self.at.remove(&id);
+        Some(id)
+    }
+
+    fn len(&self) -> usize {
+        self.at.len()
+    }
+
+    fn clear(&mut self) {
+        self.by_time.clear();
+        self.at.clear();
+    }
+}
+
+/// Runs `onWake` hooks on a worker thread, so a slow hook never stalls the engine loop, and
+/// reports each attempt back to the loop as [`Event::HookDone`].
+struct HookRunner {
+    jobs: Sender<(HookJob, HookRun)>,
+    in_flight: HashSet<String>,
+}
+
+impl HookRunner {
+    fn start(events: Sender<Event>) -> Self {
+        let (jobs, rx) = mpsc::channel::<(HookJob, HookRun)>();
+        std::thread::Builder::new()
+            .name("on-wake".into())
+            .spawn(move || {
+                for (job, run) in rx {
+                    let result = hook::run(&run);
+                    let _ = events.send(Event::HookDone {
+                        waitpoint: job.waitpoint,
+                        wake_id: job.wake_id,
+                        result,
+                    });
+                }
+            })
+            .expect("spawn the hook thread");
+        HookRunner {
+            jobs,
+            in_flight: HashSet::new(),
+        }
+    }
+}
+
+/// Read wakes are cleaned from `cur/` this often.
+const GC_EVERY_MS: i64 = 3_600_000;
 
 /// Stale `*.tmp` files in the drop zone are removed after a day.
 const STALE_TEMP_MS: i64 = DAY_MS as i64;
@@ -89,16 +174,24 @@ impl Daemon {
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
         let (tx, rx) = mpsc::channel();
         let spool = Spool::new(config.home.drop_zone());
+        let hooks = config
+            .settings
+            .on_wake
+            .is_some()
+            .then(|| HookRunner::start(tx.clone()));
         let engine = Engine::new(config.home, config.settings, clock);
         let control = DaemonControl { tx: tx.clone() };
+        let next_gc = engine.now();
         Ok((
             Daemon {
                 engine,
                 spool,
                 rx,
                 tx,
-                deadlines: BTreeSet::new(),
+                due: DueQueue::default(),
                 deferred: Vec::new(),
+                hooks,
+                next_gc,
                 _lock: lock,
             },
             control,
@@ -113,8 +206,8 @@ impl Daemon {
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
         let drained = self.sweep_spool();
-        tracing::info!(drained, armed = self.deadlines.len(), "daemon ready");
-        self.fire_due_deadlines();
+        tracing::info!(drained, scheduled = self.due.len(), "daemon ready");
+        self.run_due();
         let sweep = self.engine.settings().sweep_ms;
         let mut next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
         loop {
@@ -133,7 +226,10 @@ impl Daemon {
                 next_sweep = Some(Instant::now() + Duration::from_millis(sweep));
             }
             self.retry_deferred();
-            self.fire_due_deadlines();
+            self.run_due();
+            if self.engine.now() >= self.next_gc {
+                self.gc_read_wakes();
+            }
         }
         tracing::info!("daemon stopped");
         Ok(())
@@ -143,12 +239,30 @@ impl Daemon {
         match event {
             Event::SpoolFile(name) => self.collect(&name),
             Event::WaitpointAppeared(id) => match self.engine.load(&id) {
-                Ok(Some(wp)) if wp.status == Status::Armed => {
-                    self.deadlines.insert((wp.expires_at, wp.id));
-                }
-                Ok(_) => {}
+                Ok(Some(wp)) => self.due.set(&wp.id, engine::next_due(&wp)),
+                Ok(None) => {}
                 Err(e) => tracing::error!(waitpoint = %id, "cannot read new waitpoint: {e}"),
             },
+            Event::HookDone {
+                waitpoint,
+                wake_id,
+                result,
+            } => {
+                if let Some(h) = &mut self.hooks {
+                    h.in_flight.remove(&wake_id);
+                }
+                match self
+                    .engine
+                    .record_hook_attempt(&waitpoint, &wake_id, result)
+                {
+                    Ok(next) => self.due.set(&waitpoint, next),
+                    Err(e) => {
+                        tracing::error!(waitpoint = %waitpoint, wake = %wake_id, "cannot record hook attempt: {e}");
+                        self.due
+                            .set(&waitpoint, Some(self.engine.now().plus_ms(1000)));
+                    }
+                }
+            }
             Event::Rescan => {
                 tracing::warn!("watcher asked for a rescan; sweeping everything");
                 self.rescan_waitpoints();
@@ -164,7 +278,7 @@ impl Daemon {
         if let Some(at) = next_sweep {
             wait = wait.min(at.saturating_duration_since(now));
         }
-        if let Some((at, _)) = self.deadlines.first() {
+        if let Some(at) = self.due.first() {
             let ms = at.millis_since(self.engine.now());
             wait = wait.min(Duration::from_millis(ms as u64));
         }
@@ -219,6 +333,13 @@ impl Daemon {
 
     fn collect(&mut self, name: &str) {
         match self.spool.collect(&self.engine, name) {
+            Ok(FileOutcome::Consumed(Verdict::Accepted { id, next_due, .. })) => {
+                self.due.set(&id, next_due);
+                // Anything due right now (a wake for the hook) is handled on this same turn.
+                if next_due.is_some_and(|t| t <= self.engine.now()) {
+                    self.run_due();
+                }
+            }
             Ok(FileOutcome::Deferred) => {
                 let at = Instant::now() + Duration::from_millis(SETTLE_MS as u64 + 100);
                 if !self.deferred.iter().any(|(_, n)| n == name) {
@@ -258,7 +379,9 @@ impl Daemon {
         names.len()
     }
 
-    /// Reloads the deadline queue from disk and finishes deliveries a restart interrupted.
+    /// Rebuilds the due queue from disk. On start this also finishes whatever a restart
+    /// interrupted: each waitpoint is serviced once, so missed deadlines fire once, not once per
+    /// missed sweep, and interrupted deliveries complete.
     fn rescan_waitpoints(&mut self) {
         let all = match self.engine.list() {
             Ok(all) => all,
@@ -267,37 +390,100 @@ impl Daemon {
                 return;
             }
         };
-        self.deadlines.clear();
+        self.due.clear();
+        let now = self.engine.now();
         for wp in all {
-            if !wp.outbox.is_empty()
-                && let Err(e) = self.engine.redeliver(&wp.id)
-            {
-                tracing::error!(waitpoint = %wp.id, "cannot re-deliver wake: {e}");
-            }
-            if wp.status == Status::Armed {
-                self.deadlines.insert((wp.expires_at, wp.id));
-            }
+            let due = engine::next_due(&wp);
+            // Finish interrupted deliveries at once; everything else waits its turn in the queue.
+            let due = if wp.outbox.is_empty() { due } else { Some(now) };
+            self.due.set(&wp.id, due);
         }
     }
 
-    /// Expires every waitpoint whose deadline has passed; each fires once, however late.
-    fn fire_due_deadlines(&mut self) {
+    /// Services every waitpoint whose time has come.
+    fn run_due(&mut self) {
         let now = self.engine.now();
-        while let Some((at, id)) = self.deadlines.first().cloned() {
-            if at > now {
-                break;
-            }
-            self.deadlines.pop_first();
-            match self.engine.expire_if_due(&id) {
-                Ok(true) => tracing::info!(waitpoint = %id, "deadline passed; notice sent"),
-                Ok(false) => {}
+        while let Some(id) = self.due.pop_due(now) {
+            match self.engine.service(&id) {
+                Ok(service) => {
+                    self.due.set(&id, service.next_due);
+                    for job in service.hooks_due {
+                        self.start_hook(job);
+                    }
+                }
                 Err(e) => {
-                    tracing::error!(waitpoint = %id, "cannot expire (will retry): {e}");
-                    self.deadlines.insert((now.plus_ms(1000), id));
+                    tracing::error!(waitpoint = %id, "cannot service waitpoint (will retry): {e}");
+                    self.due.set(&id, Some(now.plus_ms(1000)));
                     break;
                 }
             }
         }
+    }
+
+    fn start_hook(&mut self, job: HookJob) {
+        let Some(runner) = &mut self.hooks else {
+            return;
+        };
+        if runner.in_flight.contains(&job.wake_id) {
+            return;
+        }
+        let settings = self.engine.settings();
+        let Some(argv) = settings.on_wake.clone() else {
+            return;
+        };
+        let home = self.engine.home();
+        let stdin = match delivery::read_delivered(home, &job.channel, &job.wake_id) {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                tracing::warn!(waitpoint = %job.waitpoint, wake = %job.wake_id, "wake no longer in the inbox; not running the hook for it");
+                let _ = self.tx.send(Event::HookDone {
+                    waitpoint: job.waitpoint,
+                    wake_id: job.wake_id,
+                    result: Ok(()),
+                });
+                return;
+            }
+            Err(e) => {
+                tracing::error!(waitpoint = %job.waitpoint, "cannot read wake for the hook: {e}");
+                return;
+            }
+        };
+        let wake_file = home
+            .inbox_new(&job.channel)
+            .join(format!("{}.json", job.wake_id));
+        let env = vec![
+            ("WAITPOINT_ID".to_owned(), job.waitpoint.clone()),
+            ("WAITPOINT_WAKE_ID".to_owned(), job.wake_id.clone()),
+            ("WAITPOINT_CHANNEL".to_owned(), job.channel.clone()),
+            ("WAITPOINT_ATTEMPT".to_owned(), job.attempt.to_string()),
+            (
+                "WAITPOINT_HOME".to_owned(),
+                home.root().display().to_string(),
+            ),
+            (
+                "WAITPOINT_WAKE_FILE".to_owned(),
+                wake_file.display().to_string(),
+            ),
+        ];
+        let run = HookRun {
+            argv,
+            stdin,
+            env,
+            timeout: Duration::from_millis(settings.on_wake_timeout_ms),
+        };
+        runner.in_flight.insert(job.wake_id.clone());
+        if runner.jobs.send((job, run)).is_err() {
+            tracing::error!("the hook thread is gone; hooks will not run");
+        }
+    }
+
+    fn gc_read_wakes(&mut self) {
+        match self.engine.gc_read_wakes() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "removed read wakes older than the TTL"),
+            Err(e) => tracing::error!("cannot clean read wakes: {e}"),
+        }
+        self.next_gc = self.engine.now().plus_ms(GC_EVERY_MS);
     }
 
     fn gc(&mut self) {

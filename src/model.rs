@@ -76,7 +76,10 @@ pub struct Counters {
     pub ok: u64,
     pub fail: u64,
     pub progress: u64,
-    /// Wakes produced (delivered or still in the outbox).
+    /// Completed rounds: quorums met (or fail-fast failures). The `max_signals`th resolves.
+    pub rounds: u64,
+    /// Wakes produced (delivered or still in the outbox). Several rounds folded into one late
+    /// wake by the hourly cap count once here.
     pub wakes: u64,
 }
 
@@ -115,9 +118,52 @@ pub struct Waitpoint {
     pub secret_sha256: String,
     pub counters: Counters,
     pub round: Round,
+    /// A wake that is due later: the grace window after a multi-signal waitpoint completes, or a
+    /// wake held back by the hourly cap (later rounds fold into it).
+    #[serde(default)]
+    pub pending_wake: Option<PendingWake>,
+    /// When recent wakes went out, for the sliding-hour cap (only the last hour is kept).
+    #[serde(default)]
+    pub recent_wakes: Vec<Timestamp>,
     /// Wakes committed but not yet confirmed in the session's inbox. The daemon re-delivers them
     /// after a restart; a wake leaves the outbox only once its inbox file is durable.
     pub outbox: Vec<Wake>,
+    /// `onWake` hook deliveries not yet confirmed (exit 0), with their attempts.
+    #[serde(default)]
+    pub hook_deliveries: Vec<HookDelivery>,
+}
+
+/// Why a wake is waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldReason {
+    /// The three-second window after a multi-signal waitpoint completes, so a late member's
+    /// report lands in the same wake.
+    Grace,
+    /// The hourly wake cap is spent; the wake goes out when the trailing hour has room.
+    WakeLimit,
+}
+
+/// A wake that will be composed at `due_at` from the signals `first_seq..` recorded by then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingWake {
+    pub reason: HoldReason,
+    pub due_at: Timestamp,
+    pub kind: WakeKind,
+    pub outcome: Outcome,
+    pub first_seq: u64,
+    /// How many rounds this wake carries (more than one once the cap folds reports).
+    pub rounds: u64,
+}
+
+/// One wake's delivery through the `onWake` hook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HookDelivery {
+    pub wake_id: String,
+    pub attempts: u32,
+    pub last_error: Option<String>,
+    pub last_attempt_at: Option<Timestamp>,
+    pub next_attempt_at: Timestamp,
 }
 
 impl Waitpoint {

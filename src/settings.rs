@@ -23,6 +23,10 @@ pub struct Settings {
     pub sweep_ms: u64,
     /// Wake cap per waitpoint per sliding hour (`waitpointMaxWakesPerHour`).
     pub max_wakes_per_hour: u32,
+    /// `onWake`: a command (argv, never a shell string) the daemon runs for each wake.
+    pub on_wake: Option<Vec<String>>,
+    /// `onWakeTimeoutMs`: how long one hook run may take before it is killed and retried.
+    pub on_wake_timeout_ms: u64,
 }
 
 impl Default for Settings {
@@ -31,6 +35,8 @@ impl Default for Settings {
             ttl_ms: 7 * DAY_MS,
             sweep_ms: 30_000,
             max_wakes_per_hour: 12,
+            on_wake: None,
+            on_wake_timeout_ms: 10_000,
         }
     }
 }
@@ -109,8 +115,39 @@ impl Settings {
                 },
             }
         };
+        let on_wake = match object.get("onWake") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(items)) if !items.is_empty() => Some(
+                items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<String>>>()
+                    .filter(|argv| !argv[0].is_empty())
+                    .ok_or_else(|| {
+                        bad("key `onWake` must be an array of strings (argv), e.g. [\"notify-send\", \"wake\"]".into())
+                    })?,
+            ),
+            Some(v) => {
+                return Err(bad(format!(
+                    "key `onWake` must be a non-empty array of strings (argv, never a shell string), not {v}"
+                )));
+            }
+        };
+        let on_wake_timeout_ms = match object.get("onWakeTimeoutMs") {
+            None => None,
+            Some(v) => match v.as_u64() {
+                Some(n) if (1..=3_600_000).contains(&n) => Some(n),
+                _ => {
+                    return Err(bad(format!(
+                        "key `onWakeTimeoutMs` must be an integer from 1 to 3600000, not {v}"
+                    )));
+                }
+            },
+        };
         let d = Settings::default();
         Ok(Settings {
+            on_wake,
+            on_wake_timeout_ms: on_wake_timeout_ms.unwrap_or(d.on_wake_timeout_ms),
             ttl_ms: get(&TTL)?.unwrap_or(d.ttl_ms),
             sweep_ms: get(&SWEEP)?.unwrap_or(d.sweep_ms),
             max_wakes_per_hour: get(&WAKES)?
@@ -167,6 +204,27 @@ mod tests {
     fn ttl_above_the_thirty_day_ceiling_is_refused() {
         let text = format!(r#"{{"waitpointTtlMs": {}}}"#, MAX_TTL_MS + 1);
         assert!(Settings::resolve(Path::new("s.json"), Some(&text), no_env).is_err());
+    }
+
+    #[test]
+    fn on_wake_is_an_argv_array_never_a_shell_string() {
+        let ok = Settings::resolve(
+            Path::new("s"),
+            Some(r#"{"onWake":["notify","-u"]}"#),
+            no_env,
+        );
+        assert_eq!(
+            ok.unwrap().on_wake,
+            Some(vec!["notify".into(), "-u".into()])
+        );
+        for bad in [
+            r#"{"onWake":"notify -u"}"#,
+            r#"{"onWake":[]}"#,
+            r#"{"onWake":[1]}"#,
+        ] {
+            let err = Settings::resolve(Path::new("s"), Some(bad), no_env).unwrap_err();
+            assert!(err.to_string().contains("onWake"), "{err}");
+        }
     }
 
     #[test]

@@ -620,7 +620,7 @@ fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow::Result<u8
         // Done means closed *and* its wake is in the inbox, so `wait && next` never races.
         let code = match (wp.status, wp.outcome) {
             (Status::Armed, _) => None,
-            _ if !wp.outbox.is_empty() => None,
+            _ if !wp.outbox.is_empty() || wp.pending_wake.is_some() => None,
             (Status::Resolved, Some(Outcome::Fail)) => Some(exit::RESOLVED_FAIL),
             (Status::Resolved, _) => Some(exit::OK),
             (Status::Expired, _) => Some(exit::EXPIRED),

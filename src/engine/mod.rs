@@ -21,7 +21,10 @@ use crate::delivery;
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::{SignalRequest, Source, check_member_name};
-use crate::model::{Counters, Round, SignalRecord, Status, Waitpoint, Wake, WakeKind};
+use crate::model::{
+    Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
+    WakeKind,
+};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
@@ -76,6 +79,8 @@ pub enum Verdict {
         seq: u64,
         wake: Option<WakeKind>,
         status: Status,
+        /// When the daemon must next look at this waitpoint (a grace window, a deadline, ...).
+        next_due: Option<Timestamp>,
     },
     /// This identity was already recorded for the waitpoint; not counted again.
     Duplicate { id: String },
@@ -216,7 +221,10 @@ impl Engine {
                 start_seq: 1,
                 ..Round::default()
             },
+            pending_wake: None,
+            recent_wakes: Vec::new(),
             outbox: Vec::new(),
+            hook_deliveries: Vec::new(),
         };
         self.commit_new(&waitpoint)?;
         Ok(Created { waitpoint, secret })
@@ -299,7 +307,8 @@ impl Engine {
         }
         self.recover(&mut wp)?;
         self.flush_outbox(&mut wp)?;
-        if wp.status != Status::Armed {
+        let now = self.clock.now();
+        if wp.status != Status::Armed && !in_grace_window(&wp, now) {
             return Ok(Verdict::Closed {
                 id: wp.id,
                 status: wp.status,
@@ -320,7 +329,7 @@ impl Engine {
             member: req.member.clone(),
             message: req.message.clone(),
             data: req.data.clone(),
-            received_at: self.clock.now(),
+            received_at: now,
         };
         let signals_dir = self.home.signals_dir(&wp.id);
         create_dir_private(&signals_dir)?;
@@ -333,10 +342,11 @@ impl Engine {
         let wake = self.step(&mut wp, &record)?;
         self.save(&wp)?;
         self.flush_outbox(&mut wp)?;
-        if wp.status != Status::Armed {
+        if wp.status != Status::Armed && wp.pending_wake.is_none() {
             self.forget(&wp.id);
         }
         Ok(Verdict::Accepted {
+            next_due: next_due(&wp),
             id: wp.id,
             seq,
             wake,
@@ -344,23 +354,40 @@ impl Engine {
         })
     }
 
-    /// Applies a recorded signal to the in-memory state, putting any wake in the outbox.
+    /// Applies a recorded signal to the in-memory state. A completed round's wake goes into the
+    /// outbox now, or waits as the pending wake (grace window, hourly cap). Returns the kind of
+    /// wake the signal completed, if any.
     fn step(&self, wp: &mut Waitpoint, record: &SignalRecord) -> Result<Option<WakeKind>> {
         let Some(done) = rules::apply_signal(wp, record) else {
             return Ok(None);
         };
-        let mut signals = self.read_signals(&wp.id, done.first_seq)?;
-        signals.retain(|s| s.seq <= done.last_seq);
-        let wake = rules::compose_wake(
-            wp,
-            done.kind,
-            Some(done.outcome),
-            &signals,
-            None,
-            self.clock.now(),
-        );
-        wp.outbox.push(wake);
+        let cap = self.settings.max_wakes_per_hour;
+        if let Some(now_round) = rules::schedule_wake(wp, done, self.clock.now(), cap) {
+            self.emit(
+                wp,
+                now_round.kind,
+                now_round.outcome,
+                now_round.first_seq,
+                1,
+            )?;
+        }
         Ok(Some(done.kind))
+    }
+
+    /// Composes a wake carrying every signal from `first_seq` on and puts it in the outbox.
+    fn emit(
+        &self,
+        wp: &mut Waitpoint,
+        kind: WakeKind,
+        outcome: Outcome,
+        first_seq: u64,
+        rounds: u64,
+    ) -> Result<()> {
+        let signals = self.read_signals(&wp.id, first_seq)?;
+        let now = self.clock.now();
+        let wake = rules::compose_wake(wp, kind, Some(outcome), &signals, None, rounds, now);
+        wp.outbox.push(wake);
+        Ok(())
     }
 
     /// Brings the state up to date with the signal files after a crash between recording a
@@ -417,11 +444,23 @@ impl Engine {
         if wp.outbox.is_empty() {
             return Ok(());
         }
+        let now = self.clock.now();
         for wake in &wp.outbox {
             delivery::deliver(&self.home, wake)?;
             tracing::info!(waitpoint = %wp.id, wake = %wake.wake_id, channel = %wake.channel, "{}", wake.summary);
         }
-        wp.outbox.clear();
+        let delivered: Vec<Wake> = std::mem::take(&mut wp.outbox);
+        if self.settings.on_wake.is_some() {
+            // The inbox file is durable first; the hook only ever adds a second way to hear it.
+            wp.hook_deliveries
+                .extend(delivered.iter().map(|w| HookDelivery {
+                    wake_id: w.wake_id.clone(),
+                    attempts: 0,
+                    last_error: None,
+                    last_attempt_at: None,
+                    next_attempt_at: now,
+                }));
+        }
         self.save(wp)
     }
 
@@ -483,35 +522,181 @@ impl Engine {
         }
         wp.status = Status::Cancelled;
         wp.resolved_at = Some(self.clock.now());
+        wp.pending_wake = None;
         self.save(&wp)?;
         self.forget(id);
         tracing::info!(waitpoint = %id, session, "cancelled");
         Ok(wp)
     }
 
-    /// Expires the waitpoint if it is armed and its deadline has passed, sending the deadline
-    /// notice. Returns whether it expired.
-    pub fn expire_if_due(&self, id: &str) -> Result<bool> {
+    /// Does whatever is due for one waitpoint at the engine's `now`: finishes an interrupted
+    /// delivery, sends a pending wake whose time has come, expires it at its deadline (once,
+    /// however late), and removes it when its retention has passed. Reports the hook deliveries
+    /// that are due and when to look again.
+    pub fn service(&self, id: &str) -> Result<Service> {
         let Some(_lock) = self.lock(id)? else {
-            return Ok(false);
+            return Ok(Service::default());
         };
         let Some(mut wp) = self.load(id)? else {
-            return Ok(false);
+            return Ok(Service::default());
         };
         self.recover(&mut wp)?;
-        let now = self.clock.now();
-        if wp.status != Status::Armed || now < wp.expires_at {
-            self.flush_outbox(&mut wp)?;
-            return Ok(false);
-        }
-        let pending = self.read_signals(&wp.id, wp.round.start_seq.max(1))?;
-        let notice = rules::expire(&mut wp, &pending, now);
-        let wake = rules::compose_wake(&wp, WakeKind::Deadline, None, &pending, Some(notice), now);
-        wp.outbox.push(wake);
-        self.save(&wp)?;
         self.flush_outbox(&mut wp)?;
+        let now = self.clock.now();
+        let cap = self.settings.max_wakes_per_hour;
+        let before = wp.clone();
+        if let Some(p) = rules::release_pending(&mut wp, now, cap) {
+            self.emit(&mut wp, p.kind, p.outcome, p.first_seq, p.rounds)?;
+        }
+        if wp.status == Status::Armed && now >= wp.expires_at {
+            let first = wp
+                .pending_wake
+                .as_ref()
+                .map_or(wp.round.start_seq, |p| p.first_seq)
+                .max(1);
+            let pending = self.read_signals(&wp.id, first)?;
+            let notice = rules::expire(&mut wp, &pending, now);
+            let wake = rules::compose_wake(
+                &mut wp,
+                WakeKind::Deadline,
+                None,
+                &pending,
+                Some(notice),
+                1,
+                now,
+            );
+            tracing::info!(waitpoint = %wp.id, "deadline passed; notice sent");
+            wp.outbox.push(wake);
+        }
+        if wp != before {
+            self.save(&wp)?;
+            self.flush_outbox(&mut wp)?;
+        }
+        if let Some(at) = retention_ends(&wp)
+            && now >= at
+        {
+            self.remove(&wp.id)?;
+            return Ok(Service::default());
+        }
+        if wp.status != Status::Armed && wp.pending_wake.is_none() {
+            self.forget(id);
+        }
+        let hooks_due = wp
+            .hook_deliveries
+            .iter()
+            .filter(|h| h.next_attempt_at <= now)
+            .map(|h| HookJob {
+                waitpoint: wp.id.clone(),
+                channel: wp.channel.clone(),
+                wake_id: h.wake_id.clone(),
+                attempt: h.attempts + 1,
+            })
+            .collect();
+        Ok(Service {
+            next_due: next_due(&wp),
+            hooks_due,
+        })
+    }
+
+    /// Records the outcome of one `onWake` attempt: done on success; on failure the attempt
+    /// count, the error and the next try (capped exponential backoff) are kept on the waitpoint,
+    /// so retries survive restarts. Returns when to look at the waitpoint again.
+    pub fn record_hook_attempt(
+        &self,
+        id: &str,
+        wake_id: &str,
+        result: std::result::Result<(), String>,
+    ) -> Result<Option<Timestamp>> {
+        let Some(_lock) = self.lock(id)? else {
+            return Ok(None);
+        };
+        let Some(mut wp) = self.load(id)? else {
+            return Ok(None);
+        };
+        let now = self.clock.now();
+        let Some(pos) = wp.hook_deliveries.iter().position(|h| h.wake_id == wake_id) else {
+            return Ok(next_due(&wp));
+        };
+        match result {
+            Ok(()) => {
+                let h = wp.hook_deliveries.remove(pos);
+                tracing::info!(waitpoint = %id, wake = %wake_id, attempts = h.attempts + 1, "onWake hook delivered");
+            }
+            Err(error) => {
+                let h = &mut wp.hook_deliveries[pos];
+                h.attempts += 1;
+                h.last_attempt_at = Some(now);
+                h.next_attempt_at = now.plus_ms(hook_backoff_ms(h.attempts));
+                tracing::warn!(waitpoint = %id, wake = %wake_id, attempts = h.attempts, "onWake hook failed, will retry: {error}");
+                h.last_error = Some(error);
+            }
+        }
+        self.save(&wp)?;
+        Ok(next_due(&wp))
+    }
+
+    /// Removes a waitpoint whose retention has passed: its id is unknown from then on.
+    fn remove(&self, id: &str) -> Result<()> {
+        let dir = self.home.waitpoint_dir(id);
+        let parent = self.home.waitpoints_dir();
+        // Rename first so a crash mid-delete never leaves a half-removed waitpoint that parses.
+        let grave = parent.join(format!(".gone-{id}"));
+        fs::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
+        store::fsync_dir(&parent)?;
+        fs::remove_dir_all(&grave).map_err(|e| Error::io("cannot remove", &grave, e))?;
         self.forget(id);
-        Ok(true)
+        tracing::info!(waitpoint = %id, "retention over; removed");
+        Ok(())
+    }
+
+    /// Deletes a session: cancels every armed waitpoint it may see (so a late signal cannot bring
+    /// it back) and removes its inbox. Returns the ids it cancelled.
+    pub fn delete_session(&self, session: &str) -> Result<Vec<String>> {
+        check_name("session", session)?;
+        let mut cancelled = Vec::new();
+        for wp in self.list()? {
+            if wp.visible_to(session) && wp.status == Status::Armed {
+                match self.cancel(&wp.id, session) {
+                    Ok(_) => cancelled.push(wp.id),
+                    Err(Error::NotFound(_) | Error::Conflict(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let dir = self.home.sessions_dir().join(session);
+        match fs::remove_dir_all(&dir) {
+            Ok(()) => store::fsync_dir(&self.home.sessions_dir())?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("cannot remove", &dir, e)),
+        }
+        tracing::info!(session, cancelled = cancelled.len(), "session deleted");
+        Ok(cancelled)
+    }
+
+    /// Removes delivered wakes older than the TTL from every session's `cur/`.
+    pub fn gc_read_wakes(&self) -> Result<usize> {
+        let now = self.clock.now();
+        let ttl = self.settings.ttl_ms as i64;
+        let mut removed = 0;
+        for (channel, _) in store::list_dir(&self.home.sessions_dir())? {
+            let cur = self.home.inbox_cur(&channel);
+            for (name, path) in store::list_dir(&cur)? {
+                if store::is_temp_name(&name) || !name.ends_with(".json") {
+                    continue;
+                }
+                let old = match read_json::<Wake>(&path) {
+                    Ok(Some(w)) => now.millis_since(w.created_at) > ttl,
+                    Ok(None) => false,
+                    // An unreadable file in cur/ is the reader's; leave it alone.
+                    Err(_) => false,
+                };
+                if old {
+                    store::remove_durably(&path)?;
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
     }
 
     /// Every waitpoint in the home (a full scan).
@@ -568,9 +753,75 @@ fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
     Some((seq.parse().ok()?, key.to_owned()))
 }
 
-/// A waitpoint's wakes that are still waiting for the session (in the outbox, or unread).
+/// How long a closed waitpoint is kept, so a late signal is told "already resolved".
+pub const RETAIN_MS: i64 = 3 * 86_400_000;
+
+/// What [`Engine::service`] found for one waitpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Service {
+    /// When to look at it again (`None`: nothing left to do, or it is gone).
+    pub next_due: Option<Timestamp>,
+    /// `onWake` deliveries to attempt now.
+    pub hooks_due: Vec<HookJob>,
+}
+
+/// One `onWake` attempt for the daemon's hook runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookJob {
+    pub waitpoint: String,
+    pub channel: String,
+    pub wake_id: String,
+    pub attempt: u32,
+}
+
+/// Capped exponential backoff between hook attempts: 1 s, 2 s, 4 s, ... up to 5 minutes.
+pub fn hook_backoff_ms(attempts: u32) -> i64 {
+    let exp = attempts.saturating_sub(1).min(20);
+    (1_000i64 << exp).min(300_000)
+}
+
+/// Whether a resolved waitpoint is still inside its grace window (late reports still land in
+/// the pending wake).
+fn in_grace_window(wp: &Waitpoint, now: Timestamp) -> bool {
+    wp.status == Status::Resolved
+        && wp
+            .pending_wake
+            .as_ref()
+            .is_some_and(|p| p.reason == HoldReason::Grace && now < p.due_at)
+}
+
+/// When a closed waitpoint may be removed: three days after it closed, once nothing is left
+/// to deliver.
+pub fn retention_ends(wp: &Waitpoint) -> Option<Timestamp> {
+    let settled =
+        wp.pending_wake.is_none() && wp.outbox.is_empty() && wp.hook_deliveries.is_empty();
+    match (wp.status, wp.resolved_at) {
+        (Status::Armed, _) | (_, None) => None,
+        (_, Some(at)) if settled => Some(at.plus_ms(RETAIN_MS)),
+        _ => None,
+    }
+}
+
+/// The next time anything is due for a waitpoint.
+pub fn next_due(wp: &Waitpoint) -> Option<Timestamp> {
+    let mut due: Vec<Timestamp> = Vec::new();
+    if let Some(p) = &wp.pending_wake {
+        due.push(p.due_at);
+    }
+    if wp.status == Status::Armed {
+        due.push(wp.expires_at);
+    }
+    due.extend(wp.hook_deliveries.iter().map(|h| h.next_attempt_at));
+    due.extend(retention_ends(wp));
+    due.into_iter().min()
+}
+
+/// A waitpoint's wakes that are still on their way to the session: pending, in the outbox,
+/// awaiting the hook, or unread in the inbox.
 pub fn has_undelivered_wake(home: &Home, wp: &Waitpoint) -> bool {
     !wp.outbox.is_empty()
+        || wp.pending_wake.is_some()
+        || !wp.hook_deliveries.is_empty()
         || (wp.counters.wakes > 0
             && delivery::is_unread(home, &wp.channel, &wp.wake_id(wp.counters.wakes)))
 }

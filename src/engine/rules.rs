@@ -4,8 +4,9 @@
 
 use crate::clock::{Timestamp, human_duration};
 use crate::model::{
-    DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, Outcome,
-    ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake, WakeKind, WakeSubject,
+    DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, HoldReason,
+    Outcome, PendingWake, ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake,
+    WakeKind, WakeSubject,
 };
 
 /// Why a well-formed signal was not accepted.
@@ -56,30 +57,35 @@ pub fn check_member(wp: &Waitpoint, member: Option<&str>) -> Result<(), Refusal>
     }
 }
 
-/// A round that a signal completed: the signals `first_seq..=last_seq` go into one wake.
+/// How long a multi-signal waitpoint holds its wake after completing, so a late member's report
+/// lands in the same wake.
+pub const GRACE_MS: i64 = 3_000;
+/// The window of the wake cap.
+pub const HOUR_MS: i64 = 3_600_000;
+
+/// A round that a signal completed: the signals from `first_seq` on go into its wake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CompletedRound {
     pub kind: WakeKind,
     pub first_seq: u64,
-    pub last_seq: u64,
     pub outcome: Outcome,
 }
 
-/// Applies an accepted signal (whose `seq` is the next one) to an armed waitpoint.
+/// Applies an accepted signal (whose `seq` is the next one).
 ///
 /// `progress` is recorded and wakes nobody. A terminal signal counts toward the round's quorum
 /// (once per member when members are named); the round completes at the quorum, or at once on a
-/// `fail` when `fail_fast` is on. Each completed round is a wake; the `max_signals`th resolves the
-/// waitpoint, earlier ones keep a monitor open.
+/// `fail` when `fail_fast` is on. The `max_signals`th round resolves the waitpoint, earlier ones
+/// keep a monitor open. A signal that reaches a waitpoint no longer armed (only possible inside
+/// the grace window) is recorded and carried by the pending wake, and changes nothing else.
 pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedRound> {
-    debug_assert_eq!(wp.status, Status::Armed);
     wp.counters.signals = rec.seq;
     match rec.status {
         SignalStatus::Ok => wp.counters.ok += 1,
         SignalStatus::Fail => wp.counters.fail += 1,
         SignalStatus::Progress => wp.counters.progress += 1,
     }
-    if !rec.status.is_terminal() {
+    if wp.status != Status::Armed || !rec.status.is_terminal() {
         return None;
     }
     let counts = match (&rec.member, wp.members.is_empty()) {
@@ -105,12 +111,12 @@ pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedR
         Outcome::Ok
     };
     let first_seq = wp.round.start_seq.max(1);
-    wp.counters.wakes += 1;
+    wp.counters.rounds += 1;
     wp.round = Round {
         start_seq: rec.seq + 1,
         ..Round::default()
     };
-    let kind = if wp.counters.wakes >= u64::from(wp.max_signals) {
+    let kind = if wp.counters.rounds >= u64::from(wp.max_signals) {
         wp.status = Status::Resolved;
         wp.outcome = Some(outcome);
         wp.resolved_at = Some(rec.received_at);
@@ -121,13 +127,76 @@ pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedR
     Some(CompletedRound {
         kind,
         first_seq,
-        last_seq: rec.seq,
         outcome,
     })
 }
 
-/// Expires an armed waitpoint whose deadline has passed. `pending` are the signals of the round
-/// in progress (those no wake has carried yet). Returns the deadline notice for the wake.
+/// When the sliding-hour cap has room again, or `None` when it has room now. Forgets wakes
+/// older than an hour as a side effect.
+pub fn cap_frees_at(wp: &mut Waitpoint, now: Timestamp, cap: u32) -> Option<Timestamp> {
+    wp.recent_wakes
+        .retain(|t| now.as_millis().saturating_sub(t.as_millis()) < HOUR_MS);
+    let cap = cap.max(1) as usize;
+    let n = wp.recent_wakes.len();
+    (n >= cap).then(|| wp.recent_wakes[n - cap].plus_ms(HOUR_MS))
+}
+
+/// Decides when a completed round's wake goes out. Returns the round back when it should be
+/// sent now; otherwise it becomes (or folds into) the pending wake.
+pub fn schedule_wake(
+    wp: &mut Waitpoint,
+    done: CompletedRound,
+    now: Timestamp,
+    cap: u32,
+) -> Option<CompletedRound> {
+    if let Some(p) = &mut wp.pending_wake {
+        if done.kind == WakeKind::Resolved {
+            p.kind = WakeKind::Resolved;
+        }
+        if done.outcome == Outcome::Fail {
+            p.outcome = Outcome::Fail;
+        }
+        p.rounds += 1;
+        return None;
+    }
+    let hold = |reason, due_at| PendingWake {
+        reason,
+        due_at,
+        kind: done.kind,
+        outcome: done.outcome,
+        first_seq: done.first_seq,
+        rounds: 1,
+    };
+    if wp.quorum > 1 {
+        wp.pending_wake = Some(hold(HoldReason::Grace, now.plus_ms(GRACE_MS)));
+        return None;
+    }
+    if let Some(at) = cap_frees_at(wp, now, cap) {
+        wp.pending_wake = Some(hold(HoldReason::WakeLimit, at));
+        return None;
+    }
+    Some(done)
+}
+
+/// Whether the pending wake should go out at `now`. A grace window that ends while the cap is
+/// spent turns into a cap hold; a cap hold waits until the hour has room.
+pub fn release_pending(wp: &mut Waitpoint, now: Timestamp, cap: u32) -> Option<PendingWake> {
+    let due = wp.pending_wake.as_ref()?.due_at;
+    if due > now {
+        return None;
+    }
+    if let Some(at) = cap_frees_at(wp, now, cap) {
+        let p = wp.pending_wake.as_mut()?;
+        p.reason = HoldReason::WakeLimit;
+        p.due_at = at;
+        return None;
+    }
+    wp.pending_wake.take()
+}
+
+/// Expires an armed waitpoint whose deadline has passed. `pending` are the signals no wake has
+/// carried yet (a report held back by the cap included). Returns the deadline notice for the
+/// wake.
 pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> DeadlineNotice {
     let terminal: Vec<&SignalRecord> = pending.iter().filter(|s| s.status.is_terminal()).collect();
     let last_heartbeat = pending
@@ -169,7 +238,7 @@ pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> D
     };
     wp.status = Status::Expired;
     wp.resolved_at = Some(now);
-    wp.counters.wakes += 1;
+    wp.pending_wake = None;
     notice
 }
 
@@ -190,15 +259,20 @@ fn who(s: &SignalRecord) -> String {
     }
 }
 
-/// Builds the wake for the `wp.counters.wakes`th wake (already counted), carrying `signals`.
+/// Builds the next wake (counting it in `counters.wakes` and the cap's window), carrying
+/// `signals`. `rounds` is how many reports it carries (more than one when the cap folded them).
 pub fn compose_wake(
-    wp: &Waitpoint,
+    wp: &mut Waitpoint,
     kind: WakeKind,
     outcome: Option<Outcome>,
     signals: &[SignalRecord],
     deadline: Option<DeadlineNotice>,
+    rounds: u64,
     now: Timestamp,
 ) -> Wake {
+    wp.counters.wakes += 1;
+    wp.recent_wakes.push(now);
+    let wp = &*wp;
     let waited_ms = now.millis_since(wp.created_at);
     let waited = human_duration(waited_ms);
     let outcome_word = match outcome {
@@ -210,9 +284,14 @@ pub fn compose_wake(
     let reporters = signals.iter().map(who).collect::<Vec<_>>().join(", ");
     let headline = match (kind, &deadline) {
         (WakeKind::Resolved, _) => format!("resolved {outcome_word} after {waited}"),
+        (WakeKind::Report, _) if rounds > 1 => format!(
+            "reports up to {} of {} ({outcome_word}) after {waited}; the hourly wake limit folded \
+{rounds} reports into this wake",
+            wp.counters.rounds, wp.max_signals
+        ),
         (WakeKind::Report, _) => format!(
             "report {} of {} ({outcome_word}) after {waited}",
-            wp.counters.wakes, wp.max_signals
+            wp.counters.rounds, wp.max_signals
         ),
         (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, signals.len(), &waited),
         (WakeKind::Deadline, None) => format!("deadline passed after {waited}"),

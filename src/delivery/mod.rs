@@ -4,6 +4,8 @@
 //! it, then `cur/`. Wake ids are stable, so delivering the same wake twice (after a crash) is a
 //! no-op when a reader already took it, and a consumer can always de-duplicate by id.
 
+pub mod hook;
+
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -27,6 +29,18 @@ pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
     create_dir_private(&new)?;
     create_dir_private(&cur)?;
     commit_json(&wake_file(&new, &wake.wake_id), wake)
+}
+
+/// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk.
+pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Vec<u8>>> {
+    for dir in [home.inbox_new(channel), home.inbox_cur(channel)] {
+        match fs::read(wake_file(&dir, wake_id)) {
+            Ok(b) => return Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io("cannot read", dir, e)),
+        }
+    }
+    Ok(None)
 }
 
 /// Whether the wake is still waiting in `new/` (not yet taken by a reader).

@@ -1,0 +1,90 @@
+//! The optional `onWake` hook: a command (argv, never a shell string) run for each wake with the
+//! wake JSON on stdin and `WAITPOINT_*` variables in its environment. Exit 0 means delivered;
+//! anything else, or running past the timeout, is a failed attempt to retry later.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One run of the hook.
+#[derive(Debug, Clone)]
+pub struct HookRun {
+    pub argv: Vec<String>,
+    pub stdin: Vec<u8>,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+/// How much of the hook's stderr is kept as the error of a failed attempt.
+const ERROR_TAIL: usize = 500;
+
+/// Runs the hook to completion or timeout. `Err` carries a one-line reason for the record.
+pub fn run(h: &HookRun) -> Result<(), String> {
+    let (program, args) = h.argv.split_first().ok_or("onWake is empty")?;
+    let mut child = Command::new(program)
+        .args(args)
+        .envs(h.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start {program:?}: {e}"))?;
+    // Feed stdin from a thread so a hook that does not read it cannot wedge us.
+    let mut stdin = child.stdin.take();
+    let input = h.stdin.clone();
+    let feeder = std::thread::spawn(move || {
+        if let Some(s) = stdin.as_mut() {
+            let _ = s.write_all(&input);
+        }
+    });
+    let mut stderr = child.stderr.take();
+    let reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.take(64 * 1024).read_to_end(&mut buf);
+        }
+        buf
+    });
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if start.elapsed() >= h.timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = feeder.join();
+                return Err(format!(
+                    "timed out after {} ms (killed)",
+                    h.timeout.as_millis()
+                ));
+            }
+            // Child processes have no readiness fd to block on here; a short sleep keeps this
+            // worker thread (never the engine loop) cheap while the hook runs.
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => return Err(format!("cannot wait for the hook: {e}")),
+        }
+    };
+    let _ = feeder.join();
+    let err = reader.join().unwrap_or_default();
+    if status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&err);
+    let tail: String = text
+        .trim()
+        .chars()
+        .rev()
+        .take(ERROR_TAIL)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    let code = status
+        .code()
+        .map_or_else(|| "killed by a signal".to_owned(), |c| format!("exit {c}"));
+    Err(if tail.is_empty() {
+        code
+    } else {
+        format!("{code}: {}", tail.replace('\n', " / "))
+    })
+}
