@@ -403,7 +403,13 @@ impl Daemon {
     /// Services every waitpoint whose time has come.
     fn run_due(&mut self) {
         let now = self.engine.now();
+        // Take everything due first and service each once: an entry that comes back due again
+        // waits for the next turn of the loop instead of spinning here.
+        let mut ids = Vec::new();
         while let Some(id) = self.due.pop_due(now) {
+            ids.push(id);
+        }
+        for id in ids {
             match self.engine.service(&id) {
                 Ok(service) => {
                     self.due.set(&id, service.next_due);
@@ -414,7 +420,6 @@ impl Daemon {
                 Err(e) => {
                     tracing::error!(waitpoint = %id, "cannot service waitpoint (will retry): {e}");
                     self.due.set(&id, Some(now.plus_ms(1000)));
-                    break;
                 }
             }
         }

@@ -164,6 +164,14 @@ pub struct HookDelivery {
     pub last_error: Option<String>,
     pub last_attempt_at: Option<Timestamp>,
     pub next_attempt_at: Timestamp,
+    /// When the hook confirmed it (exit 0); kept so `show` tells the whole story.
+    pub delivered_at: Option<Timestamp>,
+}
+
+impl HookDelivery {
+    pub fn is_pending(&self) -> bool {
+        self.delivered_at.is_none()
+    }
 }
 
 impl Waitpoint {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use notify::{RecursiveMode, Watcher};
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::clock::{Clock, SystemClock, Timestamp, human_duration};
+use crate::clock::{Clock, SystemClock};
 use crate::daemon::{Daemon, DaemonConfig};
 use crate::delivery;
 use crate::engine::{self, CreateRequest, Engine, Quorum};
@@ -20,6 +20,8 @@ use crate::error::{Error, exit};
 use crate::home::Home;
 use crate::howto;
 use crate::model::{Outcome, Status, Waitpoint, Wake};
+
+use super::render;
 
 /// Durable "wake me when this finishes" objects.
 ///
@@ -49,8 +51,38 @@ pub enum Command {
     Next(NextArgs),
     /// Block until a waitpoint resolves, expires or is cancelled
     Wait(WaitArgs),
+    /// A live view of `check` that redraws whenever something changes
+    Watch(WatchArgs),
+    /// Manage sessions
+    #[command(subcommand)]
+    Session(SessionCommand),
     /// Run the collector, sweeper and delivery in the foreground
     Daemon(DaemonArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Delete a session: cancel its armed waitpoints (a late signal cannot bring it back) and
+    /// remove its inbox
+    Delete(SessionDeleteArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SessionDeleteArgs {
+    /// The session to delete
+    pub session: String,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print one compact JSON line per change instead of the table
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -122,8 +154,11 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub session: SessionArg,
     /// Print JSON
-    #[arg(long)]
+    #[arg(long, conflicts_with = "brief")]
     pub json: bool,
+    /// One line for shell prompts and status bars (nothing when nothing waits)
+    #[arg(long)]
+    pub brief: bool,
 }
 
 #[derive(Debug, Args)]
@@ -209,6 +244,8 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Cancel(a) => cancel(&engine, a, &mut out),
         Command::Next(a) => next(&engine, a, &mut out),
         Command::Wait(a) => wait(&engine, a, &mut out),
+        Command::Watch(a) => watch(&engine, a, &mut out),
+        Command::Session(SessionCommand::Delete(a)) => session_delete(&engine, a, &mut out),
         Command::Daemon(_) => unreachable!("handled above"),
     }
 }
@@ -217,15 +254,6 @@ fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
     Ok(())
-}
-
-/// A waitpoint as commands print it: everything but the secret's hash.
-pub fn public_view(wp: &Waitpoint) -> Value {
-    let mut v = serde_json::to_value(wp).expect("waitpoints serialise");
-    if let Some(o) = v.as_object_mut() {
-        o.remove("secret_sha256");
-    }
-    v
 }
 
 fn parse_quorum(q: &str) -> anyhow::Result<Quorum> {
@@ -285,7 +313,7 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
         return Ok(exit::OK);
     }
     if a.json {
-        let mut v = public_view(wp);
+        let mut v = render::public_view(wp);
         let o = v.as_object_mut().expect("an object");
         o.insert("secret".into(), json!(created.secret));
         o.insert("how_to_signal".into(), serde_json::to_value(&lines)?);
@@ -299,9 +327,9 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
         "  session {} · channel {} · {} · expires {} ({})",
         wp.session,
         wp.channel,
-        progress(wp),
+        render::progress(wp),
         wp.expires_at,
-        time_left(wp.expires_at, now)
+        render::time_left(wp.expires_at, now)
     )?;
     writeln!(
         out,
@@ -335,30 +363,6 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     Ok(exit::OK)
 }
 
-/// `1/3 received`: terminal reports counted toward the current round's quorum.
-fn progress(wp: &Waitpoint) -> String {
-    if wp.max_signals > 1 {
-        format!(
-            "{}/{} reports · {}/{} received",
-            wp.counters.wakes, wp.max_signals, wp.round.terminal, wp.quorum
-        )
-    } else {
-        format!(
-            "{}/{} received",
-            wp.round.terminal.min(wp.quorum),
-            wp.quorum
-        )
-    }
-}
-
-fn time_left(at: Timestamp, now: Timestamp) -> String {
-    if at > now {
-        format!("in {}", human_duration(at.millis_since(now)))
-    } else {
-        format!("{} ago", human_duration(now.millis_since(at)))
-    }
-}
-
 /// The waitpoints `session` is waiting on: armed ones it may see, and fired or expired ones
 /// whose wake it has not read yet.
 fn waiting_for(engine: &Engine, session: &str) -> anyhow::Result<Vec<Waitpoint>> {
@@ -378,143 +382,126 @@ fn waiting_for(engine: &Engine, session: &str) -> anyhow::Result<Vec<Waitpoint>>
 fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let session = a.session.session;
     let items = waiting_for(engine, &session)?;
-    if a.json {
-        let v: Vec<Value> = items.iter().map(public_view).collect();
-        print_json(out, &json!({ "session": session, "waiting": v }))?;
-        return Ok(exit::OK);
-    }
-    if items.is_empty() {
-        writeln!(out, "session {session} is waiting on nothing")?;
-        return Ok(exit::OK);
-    }
     let now = engine.now();
-    writeln!(
-        out,
-        "{:<16} {:<24} {:<9} {:<22} DEADLINE",
-        "ID", "LABEL", "STATUS", "PROGRESS"
-    )?;
-    for wp in &items {
-        let mut badges = Vec::new();
-        if wp.counters.fail > 0 {
-            badges.push(format!("{} failure signal(s)", wp.counters.fail));
-        }
-        if wp.status != Status::Armed {
-            badges.push("wake not yet read".to_owned());
-        }
+    let rows = render::check_items(
+        engine.home(),
+        &items,
+        engine.settings().max_wakes_per_hour,
+        now,
+    );
+    if a.json {
+        print_json(out, &json!({ "session": session, "waiting": rows }))?;
+    } else if a.brief {
+        write!(out, "{}", render::check_brief(&rows))?;
+    } else {
+        write!(
+            out,
+            "{}",
+            render::check_table(&session, &rows, terminal_style())
+        )?;
+    }
+    Ok(exit::OK)
+}
+
+fn session_delete(
+    engine: &Engine,
+    a: SessionDeleteArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<u8> {
+    let cancelled = engine.delete_session(&a.session)?;
+    if a.json {
+        print_json(
+            out,
+            &json!({ "session": a.session, "cancelled": cancelled }),
+        )?;
+    } else {
         writeln!(
             out,
-            "{:<16} {:<24} {:<9} {:<22} {}{}",
-            wp.id,
-            clip(&wp.label, 24),
-            wp.status.as_str(),
-            progress(wp),
-            if wp.status == Status::Armed {
-                time_left(wp.expires_at, now)
-            } else {
-                "-".to_owned()
-            },
-            if badges.is_empty() {
+            "deleted session {}; cancelled {} armed waitpoint(s){}",
+            a.session,
+            cancelled.len(),
+            if cancelled.is_empty() {
                 String::new()
             } else {
-                format!("  [{}]", badges.join("] ["))
+                format!(": {}", cancelled.join(", "))
             }
         )?;
     }
     Ok(exit::OK)
 }
 
-fn clip(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_owned()
-    } else {
-        let head: String = s.chars().take(n - 1).collect();
-        format!("{head}…")
+/// Redraws `check` whenever a waitpoint of the session or its inbox changes (inotify), and once
+/// a minute so the time left stays true. Plain and separated by blank lines when piped.
+fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+    use std::collections::HashSet;
+    use std::io::IsTerminal;
+    let session = a.session.session;
+    engine::check_name("session", &session)?;
+    let home = engine.home();
+    let inbox = home.inbox_new(&session);
+    crate::store::create_dir_private(&inbox)?;
+    let tty = io::stdout().is_terminal();
+    let style = terminal_style();
+    let (mut watcher, rx) = wake_on_change(&home.waitpoints_dir())?;
+    watcher.watch(&inbox, RecursiveMode::NonRecursive)?;
+    let mut watched: HashSet<String> = HashSet::new();
+    let mut last = String::new();
+    loop {
+        let items = waiting_for(engine, &session)?;
+        for wp in &items {
+            if watched.insert(wp.id.clone()) {
+                // A waitpoint removed meanwhile simply stops producing events.
+                let _ = watcher.watch(&home.waitpoint_dir(&wp.id), RecursiveMode::NonRecursive);
+            }
+        }
+        let rows = render::check_items(
+            home,
+            &items,
+            engine.settings().max_wakes_per_hour,
+            engine.now(),
+        );
+        let text = if a.json {
+            format!("{}\n", json!({ "session": session, "waiting": rows }))
+        } else {
+            render::check_table(&session, &rows, style)
+        };
+        if text != last {
+            if tty && !a.json {
+                write!(out, "\x1b[H\x1b[2J")?;
+            } else if !last.is_empty() && !a.json {
+                writeln!(out)?;
+            }
+            write!(out, "{text}")?;
+            out.flush()?;
+            last = text;
+        }
+        wait_for_change(&rx, None);
+    }
+}
+
+/// Colour only on a terminal, and never with `NO_COLOR` set.
+fn terminal_style() -> render::Style {
+    use std::io::IsTerminal;
+    render::Style {
+        color: io::stdout().is_terminal()
+            && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     }
 }
 
 fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let wp = engine.load_visible(&a.id, None)?;
     let signals = engine.read_signals(&wp.id, 1)?;
-    if a.json {
-        let mut v = public_view(&wp);
-        v.as_object_mut()
-            .expect("an object")
-            .insert("signals".into(), serde_json::to_value(&signals)?);
-        print_json(out, &v)?;
-        return Ok(exit::OK);
-    }
     let now = engine.now();
-    writeln!(out, "{}  {:?}", wp.id, wp.label)?;
-    writeln!(
-        out,
-        "  status    {}{}",
-        wp.status.as_str(),
-        match wp.outcome {
-            Some(Outcome::Ok) => " (ok)",
-            Some(Outcome::Fail) => " (fail)",
-            None => "",
-        }
-    )?;
-    writeln!(out, "  intent    {}", wp.intent)?;
-    writeln!(out, "  session   {} · channel {}", wp.session, wp.channel)?;
-    writeln!(out, "  progress  {}", progress(&wp))?;
-    writeln!(
-        out,
-        "  rules     quorum {} · fail_fast {} · max_signals {}",
-        wp.quorum, wp.fail_fast, wp.max_signals
-    )?;
-    writeln!(out, "  created   {}", wp.created_at)?;
-    writeln!(
-        out,
-        "  deadline  {} ({})",
-        wp.expires_at,
-        time_left(wp.expires_at, now)
-    )?;
-    if let Some(d) = &wp.device {
-        writeln!(out, "  device    {d}")?;
-    }
-    if !wp.members.is_empty() {
-        writeln!(out, "  members")?;
-        for m in &wp.members {
-            let reports: Vec<String> = signals
-                .iter()
-                .filter(|s| s.member.as_deref() == Some(m))
-                .map(|s| format!("{} at {}", s.status.as_str(), s.received_at))
-                .collect();
-            let line = if reports.is_empty() {
-                "no report yet".to_owned()
-            } else {
-                reports.join(", ")
-            };
-            writeln!(out, "    {m:<16} {line}")?;
-        }
-    }
-    writeln!(
-        out,
-        "  signals   {} ({} ok, {} fail, {} progress) · wakes {}",
-        wp.counters.signals,
-        wp.counters.ok,
-        wp.counters.fail,
-        wp.counters.progress,
-        wp.counters.wakes
-    )?;
-    for s in &signals {
-        writeln!(
-            out,
-            "    #{:<4} {:<8} {:<10} {} via {}{}",
-            s.seq,
-            s.status.as_str(),
-            s.member.as_deref().unwrap_or("-"),
-            s.received_at,
-            s.source,
-            s.message
-                .as_ref()
-                .map(|m| format!("  message: {m:?}"))
-                .unwrap_or_default()
-        )?;
-    }
-    if !wp.outbox.is_empty() {
-        writeln!(out, "  pending delivery: {} wake(s)", wp.outbox.len())?;
+    let badges = render::badges(
+        engine.home(),
+        &wp,
+        engine.settings().max_wakes_per_hour,
+        now,
+    );
+    if a.json {
+        print_json(out, &render::show_json(&wp, &signals, &badges))?;
+    } else {
+        write!(out, "{}", render::show_text(&wp, &signals, &badges, now))?;
     }
     Ok(exit::OK)
 }
@@ -522,7 +509,7 @@ fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow::Result<u8
 fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let wp = engine.cancel(&a.id, &a.session.session)?;
     if a.json {
-        print_json(out, &public_view(&wp))?;
+        print_json(out, &render::public_view(&wp))?;
     } else {
         writeln!(
             out,
@@ -628,7 +615,7 @@ fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow::Result<u8
         };
         if let Some(code) = code {
             if a.json {
-                print_json(out, &public_view(&wp))?;
+                print_json(out, &render::public_view(&wp))?;
             } else {
                 let how = match wp.outcome {
                     Some(Outcome::Ok) => " ok",

@@ -459,6 +459,7 @@ impl Engine {
                     last_error: None,
                     last_attempt_at: None,
                     next_attempt_at: now,
+                    delivered_at: None,
                 }));
         }
         self.save(wp)
@@ -584,7 +585,7 @@ impl Engine {
         let hooks_due = wp
             .hook_deliveries
             .iter()
-            .filter(|h| h.next_attempt_at <= now)
+            .filter(|h| h.is_pending() && h.next_attempt_at <= now)
             .map(|h| HookJob {
                 waitpoint: wp.id.clone(),
                 channel: wp.channel.clone(),
@@ -592,8 +593,11 @@ impl Engine {
                 attempt: h.attempts + 1,
             })
             .collect();
+        // Attempts handed out now are rescheduled when they report back, so they do not count
+        // toward the next look (that would make the daemon spin while a hook runs).
+        let next = next_due_after(&wp, now);
         Ok(Service {
-            next_due: next_due(&wp),
+            next_due: next,
             hooks_due,
         })
     }
@@ -614,18 +618,21 @@ impl Engine {
             return Ok(None);
         };
         let now = self.clock.now();
-        let Some(pos) = wp.hook_deliveries.iter().position(|h| h.wake_id == wake_id) else {
+        let Some(h) = wp
+            .hook_deliveries
+            .iter_mut()
+            .find(|h| h.wake_id == wake_id && h.is_pending())
+        else {
             return Ok(next_due(&wp));
         };
+        h.attempts += 1;
+        h.last_attempt_at = Some(now);
         match result {
             Ok(()) => {
-                let h = wp.hook_deliveries.remove(pos);
-                tracing::info!(waitpoint = %id, wake = %wake_id, attempts = h.attempts + 1, "onWake hook delivered");
+                h.delivered_at = Some(now);
+                tracing::info!(waitpoint = %id, wake = %wake_id, attempts = h.attempts, "onWake hook delivered");
             }
             Err(error) => {
-                let h = &mut wp.hook_deliveries[pos];
-                h.attempts += 1;
-                h.last_attempt_at = Some(now);
                 h.next_attempt_at = now.plus_ms(hook_backoff_ms(h.attempts));
                 tracing::warn!(waitpoint = %id, wake = %wake_id, attempts = h.attempts, "onWake hook failed, will retry: {error}");
                 h.last_error = Some(error);
@@ -804,6 +811,11 @@ pub fn retention_ends(wp: &Waitpoint) -> Option<Timestamp> {
 
 /// The next time anything is due for a waitpoint.
 pub fn next_due(wp: &Waitpoint) -> Option<Timestamp> {
+    next_due_after(wp, Timestamp::from_millis(i64::MIN))
+}
+
+/// Like [`next_due`], leaving out hook attempts due at or before `handed_out` (in flight).
+fn next_due_after(wp: &Waitpoint, handed_out: Timestamp) -> Option<Timestamp> {
     let mut due: Vec<Timestamp> = Vec::new();
     if let Some(p) = &wp.pending_wake {
         due.push(p.due_at);
@@ -811,7 +823,12 @@ pub fn next_due(wp: &Waitpoint) -> Option<Timestamp> {
     if wp.status == Status::Armed {
         due.push(wp.expires_at);
     }
-    due.extend(wp.hook_deliveries.iter().map(|h| h.next_attempt_at));
+    due.extend(
+        wp.hook_deliveries
+            .iter()
+            .filter(|h| h.is_pending() && h.next_attempt_at > handed_out)
+            .map(|h| h.next_attempt_at),
+    );
     due.extend(retention_ends(wp));
     due.into_iter().min()
 }
@@ -821,7 +838,7 @@ pub fn next_due(wp: &Waitpoint) -> Option<Timestamp> {
 pub fn has_undelivered_wake(home: &Home, wp: &Waitpoint) -> bool {
     !wp.outbox.is_empty()
         || wp.pending_wake.is_some()
-        || !wp.hook_deliveries.is_empty()
+        || wp.hook_deliveries.iter().any(HookDelivery::is_pending)
         || (wp.counters.wakes > 0
             && delivery::is_unread(home, &wp.channel, &wp.wake_id(wp.counters.wakes)))
 }

@@ -313,3 +313,99 @@ pub fn line(reply: &Value, form: &str) -> String {
 pub fn body(id: &str, secret: &str, extra: &str) -> String {
     format!(r#"{{"id":"{id}","secret":"{secret}"{extra}}}"#)
 }
+
+/// A daemon running in this process on a manual clock, for rules that play out over hours.
+pub struct Live {
+    pub clock: std::sync::Arc<waitpoint::clock::ManualClock>,
+    pub engine: waitpoint::engine::Engine,
+    control: waitpoint::daemon::DaemonControl,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Live {
+    /// Starts a daemon on `env`'s home with its settings, the clock at `start`.
+    pub fn start(env: &Env, start: waitpoint::clock::Timestamp) -> Live {
+        use std::sync::Arc;
+        use waitpoint::clock::ManualClock;
+        let clock = Arc::new(ManualClock::new(start));
+        Self::start_with(env, clock)
+    }
+
+    pub fn start_with(env: &Env, clock: std::sync::Arc<waitpoint::clock::ManualClock>) -> Live {
+        use waitpoint::daemon::{Daemon, DaemonConfig};
+        let home = waitpoint::home::Home::new(&env.home);
+        let settings =
+            waitpoint::settings::Settings::load(&home.settings_file(), |_| None).unwrap();
+        let (daemon, control) = Daemon::new(
+            DaemonConfig {
+                home: home.clone(),
+                settings: settings.clone(),
+            },
+            clock.clone(),
+        )
+        .unwrap();
+        let thread = std::thread::spawn(move || daemon.run().unwrap());
+        let engine = waitpoint::engine::Engine::new(home, settings, clock.clone());
+        Live {
+            clock,
+            engine,
+            control,
+            thread: Some(thread),
+        }
+    }
+
+    /// Moves the clock and lets the daemon act on it.
+    pub fn advance_ms(&self, ms: i64) {
+        self.clock.advance_ms(ms);
+        self.control.nudge();
+    }
+
+    /// Arms a waitpoint on the manual clock (`wait_create` through the library).
+    pub fn create(
+        &self,
+        label: &str,
+        members: &[&str],
+        quorum: Option<u32>,
+        max_signals: u32,
+        hours: Option<f64>,
+    ) -> (String, String) {
+        use waitpoint::engine::{CreateRequest, Quorum};
+        let c = self
+            .engine
+            .create(CreateRequest {
+                label: label.into(),
+                intent: format!("intent of {label}"),
+                members: members.iter().map(|m| m.to_string()).collect(),
+                quorum: quorum.map(Quorum::Count),
+                fail_fast: true,
+                max_signals,
+                expires_in_hours: hours,
+                device: None,
+                session: "default".into(),
+                channel: "default".into(),
+            })
+            .unwrap();
+        (c.waitpoint.id, c.secret)
+    }
+
+    /// Stops the daemon and waits for it to return.
+    pub fn stop(mut self) {
+        self.control.shutdown();
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.control.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A fixed instant for tests on a manual clock: 2026-12-01T00:00:00Z.
+pub const T0: waitpoint::clock::Timestamp =
+    waitpoint::clock::Timestamp::from_millis(1_796_083_200_000);

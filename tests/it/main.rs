@@ -5,6 +5,8 @@ mod helpers;
 
 mod foundation;
 mod layouts;
+mod policy;
 mod recovery;
 mod refusals;
 mod signal_cli;
+mod snapshots;

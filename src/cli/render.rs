@@ -1,0 +1,368 @@
+//! The operator's view, rendered for a terminal: `check` (table and one-line brief), `show`, and
+//! the badges that make silent failures visible. Pure functions of the records and `now`, so the
+//! output can be snapshot-tested with a fixed clock; `--json` carries the same facts.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::clock::{Timestamp, human_duration};
+use crate::engine::{self, rules::HOUR_MS};
+use crate::home::Home;
+use crate::model::{HoldReason, Outcome, SignalRecord, Status, Waitpoint};
+
+/// A badge on a waiting item: each one a way a wake can fail silently, or a failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Badge {
+    /// `wake_limit`, `delivery_retrying`, `wakes_this_hour`, `failure`, `unread`.
+    pub kind: &'static str,
+    pub text: String,
+    /// Whether it puts the attention dot on the one-line summary.
+    pub attention: bool,
+}
+
+/// One row of `check`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckItem {
+    pub id: String,
+    pub label: String,
+    pub status: Status,
+    pub progress: String,
+    pub received: u32,
+    pub needed: u32,
+    pub expires_at: Timestamp,
+    pub time_left: String,
+    pub badges: Vec<Badge>,
+}
+
+/// Terminal styling: ANSI colour or plain text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Style {
+    pub color: bool,
+}
+
+impl Style {
+    fn paint(self, code: &str, text: &str) -> String {
+        if self.color {
+            format!("\x1b[{code}m{text}\x1b[0m")
+        } else {
+            text.to_owned()
+        }
+    }
+}
+
+/// `1/3 received`: terminal reports counted toward the current round's quorum.
+pub fn progress(wp: &Waitpoint) -> String {
+    let (got, need) = received(wp);
+    if wp.max_signals > 1 && need > 1 {
+        format!(
+            "{}/{} reports · {got}/{need} received",
+            wp.counters.rounds, wp.max_signals
+        )
+    } else if wp.max_signals > 1 {
+        format!("{}/{} reports", wp.counters.rounds, wp.max_signals)
+    } else {
+        format!("{got}/{need} received")
+    }
+}
+
+fn received(wp: &Waitpoint) -> (u32, u32) {
+    // A one-shot that resolved shows its quorum as met (the round reset when it completed).
+    let got = if wp.status == Status::Resolved && wp.max_signals == 1 {
+        wp.quorum
+    } else {
+        wp.round.terminal.min(wp.quorum)
+    };
+    (got, wp.quorum)
+}
+
+/// `in 3h 2m` or `5m 0s ago`.
+pub fn time_left(at: Timestamp, now: Timestamp) -> String {
+    if at > now {
+        format!("in {}", human_duration(at.millis_since(now)))
+    } else {
+        format!("{} ago", human_duration(now.millis_since(at)))
+    }
+}
+
+/// Wakes sent in the trailing hour.
+pub fn wakes_this_hour(wp: &Waitpoint, now: Timestamp) -> usize {
+    wp.recent_wakes
+        .iter()
+        .filter(|t| now.as_millis().saturating_sub(t.as_millis()) < HOUR_MS)
+        .count()
+}
+
+/// The badges of a waitpoint, most urgent first.
+pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badge> {
+    let mut out = Vec::new();
+    if wp
+        .pending_wake
+        .as_ref()
+        .is_some_and(|p| p.reason == HoldReason::WakeLimit)
+    {
+        out.push(Badge {
+            kind: "wake_limit",
+            text: format!(
+                "wake limit reached ({cap}/h) — the next wake waits until the hour clears"
+            ),
+            attention: true,
+        });
+    }
+    if let Some(h) = wp
+        .hook_deliveries
+        .iter()
+        .filter(|h| h.is_pending() && h.attempts > 0)
+        .max_by_key(|h| h.attempts)
+    {
+        out.push(Badge {
+            kind: "delivery_retrying",
+            text: format!("delivery retrying · {} attempts", h.attempts),
+            attention: true,
+        });
+    }
+    let n = wakes_this_hour(wp, now);
+    if cap >= 2 && n as u32 >= cap - 2 && n > 0 {
+        out.push(Badge {
+            kind: "wakes_this_hour",
+            text: format!("{n}/{cap} wakes this hour"),
+            attention: true,
+        });
+    }
+    if wp.counters.fail > 0 {
+        out.push(Badge {
+            kind: "failure",
+            text: if wp.counters.fail == 1 {
+                "failure reported".to_owned()
+            } else {
+                format!("{} failures reported", wp.counters.fail)
+            },
+            attention: true,
+        });
+    }
+    if wp.status != Status::Armed && engine::has_undelivered_wake(home, wp) {
+        out.push(Badge {
+            kind: "unread",
+            text: "wake not yet read".to_owned(),
+            attention: false,
+        });
+    }
+    out
+}
+
+/// The rows of `check` for the waitpoints a session waits on.
+pub fn check_items(home: &Home, items: &[Waitpoint], cap: u32, now: Timestamp) -> Vec<CheckItem> {
+    items
+        .iter()
+        .map(|wp| {
+            let (received, needed) = received(wp);
+            CheckItem {
+                id: wp.id.clone(),
+                label: wp.label.clone(),
+                status: wp.status,
+                progress: progress(wp),
+                received,
+                needed,
+                expires_at: wp.expires_at,
+                time_left: time_left(wp.expires_at, now),
+                badges: badges(home, wp, cap, now),
+            }
+        })
+        .collect()
+}
+
+/// The `check` table.
+pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
+    if items.is_empty() {
+        return format!("session {session} is waiting on nothing\n");
+    }
+    let mut out = format!(
+        "{:<16} {:<24} {:<9} {:<28} DEADLINE\n",
+        "ID", "LABEL", "STATUS", "PROGRESS"
+    );
+    for it in items {
+        let deadline = if it.status == Status::Armed {
+            format!("expires {}", it.time_left)
+        } else {
+            "-".to_owned()
+        };
+        out.push_str(&format!(
+            "{:<16} {:<24} {:<9} {:<28} {deadline}\n",
+            it.id,
+            clip(&it.label, 24),
+            it.status.as_str(),
+            it.progress,
+        ));
+        for b in &it.badges {
+            let text = match b.kind {
+                "failure" => style.paint("1;31", &format!("✖ {}", b.text)),
+                "unread" => style.paint("2", &b.text),
+                _ => style.paint("33", &format!("▲ {}", b.text)),
+            };
+            out.push_str(&format!("{:16} {text}\n", ""));
+        }
+    }
+    out
+}
+
+/// The one-line summary for shell prompts and status bars. Empty when nothing waits, so an
+/// ordinary session shows nothing at all.
+pub fn check_brief(items: &[CheckItem]) -> String {
+    let dot = if items.iter().any(|i| i.badges.iter().any(|b| b.attention)) {
+        "● "
+    } else {
+        ""
+    };
+    match items {
+        [] => String::new(),
+        [one] => format!(
+            "{dot}{} · {} · expires {}\n",
+            one.label, one.progress, one.time_left
+        ),
+        [first, ..] => format!("{dot}{} waiting items · {}\n", items.len(), first.label),
+    }
+}
+
+fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_owned()
+    } else {
+        let head: String = s.chars().take(n - 1).collect();
+        format!("{head}…")
+    }
+}
+
+/// A waitpoint as commands print it: everything but the secret's hash.
+pub fn public_view(wp: &Waitpoint) -> Value {
+    let mut v = serde_json::to_value(wp).expect("waitpoints serialise");
+    if let Some(o) = v.as_object_mut() {
+        o.remove("secret_sha256");
+    }
+    v
+}
+
+/// `show --json`: the public view plus every signal and the badges.
+pub fn show_json(wp: &Waitpoint, signals: &[SignalRecord], badges: &[Badge]) -> Value {
+    let mut v = public_view(wp);
+    let o = v.as_object_mut().expect("an object");
+    o.insert(
+        "signals".into(),
+        serde_json::to_value(signals).expect("signals serialise"),
+    );
+    o.insert(
+        "badges".into(),
+        serde_json::to_value(badges).expect("badges serialise"),
+    );
+    v
+}
+
+/// `show`: the full picture of one waitpoint. Never the secret.
+pub fn show_text(
+    wp: &Waitpoint,
+    signals: &[SignalRecord],
+    badges: &[Badge],
+    now: Timestamp,
+) -> String {
+    let mut o = String::new();
+    let mut line = |s: String| {
+        o.push_str(&s);
+        o.push('\n');
+    };
+    line(format!("{}  {:?}", wp.id, wp.label));
+    let outcome = match wp.outcome {
+        Some(Outcome::Ok) => " (ok)",
+        Some(Outcome::Fail) => " (fail)",
+        None => "",
+    };
+    line(format!("  status    {}{outcome}", wp.status.as_str()));
+    line(format!("  intent    {}", wp.intent));
+    line(format!(
+        "  session   {} · channel {}",
+        wp.session, wp.channel
+    ));
+    line(format!("  progress  {}", progress(wp)));
+    line(format!(
+        "  rules     quorum {} · fail_fast {} · max_signals {}",
+        wp.quorum, wp.fail_fast, wp.max_signals
+    ));
+    line(format!("  created   {}", wp.created_at));
+    line(format!(
+        "  deadline  {} ({})",
+        wp.expires_at,
+        time_left(wp.expires_at, now)
+    ));
+    if let Some(at) = wp.resolved_at {
+        line(format!("  closed    {at}"));
+    }
+    if let Some(d) = &wp.device {
+        line(format!("  device    {d}"));
+    }
+    for b in badges {
+        line(format!("  badge     {}", b.text));
+    }
+    if !wp.members.is_empty() {
+        line("  members".to_owned());
+        for m in &wp.members {
+            let reports: Vec<String> = signals
+                .iter()
+                .filter(|s| s.member.as_deref() == Some(m))
+                .map(|s| format!("{} at {}", s.status.as_str(), s.received_at))
+                .collect();
+            let text = if reports.is_empty() {
+                "no report yet".to_owned()
+            } else {
+                reports.join(", ")
+            };
+            line(format!("    {m:<16} {text}"));
+        }
+    }
+    let c = &wp.counters;
+    line(format!(
+        "  signals   {} ({} ok, {} fail, {} progress) · wakes {}",
+        c.signals, c.ok, c.fail, c.progress, c.wakes
+    ));
+    for s in signals {
+        let msg = s
+            .message
+            .as_ref()
+            .map(|m| format!("  message: {m:?}"))
+            .unwrap_or_default();
+        line(format!(
+            "    #{:<4} {:<8} {:<10} {} via {}{msg}",
+            s.seq,
+            s.status.as_str(),
+            s.member.as_deref().unwrap_or("-"),
+            s.received_at,
+            s.source,
+        ));
+    }
+    if let Some(p) = &wp.pending_wake {
+        let why = match p.reason {
+            HoldReason::Grace => "grace window for late reports",
+            HoldReason::WakeLimit => "hourly wake limit",
+        };
+        line(format!(
+            "  next wake {} ({why}), {}",
+            p.due_at,
+            time_left(p.due_at, now)
+        ));
+    }
+    if !wp.outbox.is_empty() {
+        line(format!("  pending delivery: {} wake(s)", wp.outbox.len()));
+    }
+    for h in &wp.hook_deliveries {
+        let last = h
+            .last_error
+            .as_ref()
+            .map(|e| format!("; last error: {e}"))
+            .unwrap_or_default();
+        let state = match h.delivered_at {
+            Some(at) => format!("delivered {at}"),
+            None => format!("next try {}", h.next_attempt_at),
+        };
+        line(format!(
+            "  onWake    {} · {} attempt(s){last} · {state}",
+            h.wake_id, h.attempts
+        ));
+    }
+    o
+}
