@@ -475,3 +475,51 @@ fn data_from_stdin_past_the_cap_is_refused_clearly_without_reading_it_all() {
     );
     assert!(env.spooled().is_empty());
 }
+
+#[test]
+fn a_large_backlog_shows_progress_on_a_terminal_only() {
+    const FILES: usize = 150;
+    let env = Env::new();
+    let (id, secret) = id_secret(&env.create(&["--label", "bar", "--intent", "i"]));
+    let text = body(&id, &secret, r#","status":"progress""#);
+    for i in 0..FILES {
+        env.drop_file(&format!("p{i:04}"), &text);
+    }
+    // `script` gives the daemon a terminal for stderr (with TERM set, as in any terminal
+    // session) and records what it drew.
+    let typescript = env.home.join("../typescript");
+    let daemon = format!("{WAITPOINT} daemon");
+    let mut script = env
+        .command("script")
+        .env("TERM", "xterm")
+        .args(["-q", "-f", "-e", "-c", &daemon])
+        .arg(&typescript)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script(1) from util-linux; .ci/run installs it");
+    let log = env.home.join("log/daemon.log");
+    env.wait_until_within("the backlog to drain", PATIENCE * 4, || {
+        fs::read_to_string(&log).is_ok_and(|l| l.contains("backlog drained"))
+    });
+    let pid: i32 = fs::read_to_string(env.home.join("daemon.lock"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the daemon the test started (its pid from the lock it holds).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let start = Instant::now();
+    while script.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < PATIENCE, "script did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let drawn = String::from_utf8_lossy(&fs::read(&typescript).unwrap()).into_owned();
+    assert!(
+        drawn.contains("draining backlog") && drawn.contains(&format!("/{FILES} files")),
+        "{drawn}"
+    );
+    let log = fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("draining backlog "), "no bar in the log file");
+    assert!(log.contains(&format!("draining a backlog of {FILES} signal files")));
+}
