@@ -7,11 +7,14 @@
 //! deadline fires on time without scanning every waitpoint.
 //!
 //! The entry point takes its inputs — home, settings, clock — so tests can run a daemon
-//! in-process on a temp home with a manual clock.
+//! in-process on a temp home with a manual clock. The process's signals are the CLI's business:
+//! it turns SIGTERM/SIGINT into [`DaemonControl::shutdown`] and SIGHUP into
+//! [`DaemonControl::reload`] with freshly resolved settings.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
@@ -45,7 +48,21 @@ pub enum Event {
     Nudge,
     /// Finish the work in hand and return.
     Shutdown,
+    /// Use these settings from now on (the caller re-read them, e.g. on SIGHUP).
+    Reload(Settings),
 }
+
+/// Told how the startup drain of a backlog advances (the CLI draws a bar on a terminal).
+pub trait DrainProgress: Send {
+    fn start(&mut self, total: usize);
+    fn advance(&mut self, done: usize);
+    fn finish(&mut self);
+}
+
+/// A startup backlog at least this large is reported as it drains.
+pub const BACKLOG_REPORT_MIN: usize = 100;
+/// How often (in files) the log gets a summary line while a backlog drains.
+const BACKLOG_LOG_EVERY: usize = 500;
 
 /// What the daemon needs to run.
 #[derive(Debug, Clone)]
@@ -58,12 +75,20 @@ pub struct DaemonConfig {
 #[derive(Debug, Clone)]
 pub struct DaemonControl {
     tx: Sender<Event>,
+    stop: Arc<AtomicBool>,
 }
 
 impl DaemonControl {
-    /// Asks the loop to stop after the event in hand.
+    /// Asks the loop to stop after the file or event in hand (a sweep in progress stops
+    /// between files; the rest stay spooled for the next start).
     pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
         let _ = self.tx.send(Event::Shutdown);
+    }
+
+    /// Replaces the settings the loop runs with.
+    pub fn reload(&self, settings: Settings) {
+        let _ = self.tx.send(Event::Reload(settings));
     }
 
     /// Asks the loop to re-read the clock now.
@@ -82,7 +107,10 @@ pub struct Daemon {
     deferred: Vec<(Instant, String)>,
     hooks: Option<HookRunner>,
     next_gc: Timestamp,
-    _lock: FileLock,
+    clock: Arc<dyn Clock>,
+    stop: Arc<AtomicBool>,
+    progress: Option<Box<dyn DrainProgress>>,
+    lock: FileLock,
 }
 
 /// When each waitpoint next needs the engine: one entry per waitpoint, earliest first. This is
@@ -179,8 +207,12 @@ impl Daemon {
             .on_wake
             .is_some()
             .then(|| HookRunner::start(tx.clone()));
-        let engine = Engine::new(config.home, config.settings, clock);
-        let control = DaemonControl { tx: tx.clone() };
+        let engine = Engine::new(config.home, config.settings, Arc::clone(&clock));
+        let stop = Arc::new(AtomicBool::new(false));
+        let control = DaemonControl {
+            tx: tx.clone(),
+            stop: Arc::clone(&stop),
+        };
         let next_gc = engine.now();
         Ok((
             Daemon {
@@ -192,10 +224,19 @@ impl Daemon {
                 deferred: Vec::new(),
                 hooks,
                 next_gc,
-                _lock: lock,
+                clock,
+                stop,
+                progress: None,
+                lock,
             },
             control,
         ))
+    }
+
+    /// Reports the startup drain of a large backlog to `progress` as well as to the log.
+    pub fn with_progress(mut self, progress: Box<dyn DrainProgress>) -> Self {
+        self.progress = Some(progress);
+        self
     }
 
     /// Runs until [`DaemonControl::shutdown`]. Returns an error only if the daemon cannot
@@ -205,15 +246,23 @@ impl Daemon {
         let home = self.engine.home().clone();
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
-        let drained = self.sweep_spool();
+        let drained = self.drain_backlog();
         tracing::info!(drained, scheduled = self.due.len(), "daemon ready");
         self.run_due();
-        let sweep = self.engine.settings().sweep_ms;
+        let mut sweep = self.engine.settings().sweep_ms;
         let mut next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
         loop {
+            if self.stopping() {
+                break;
+            }
             let timeout = self.time_to_next(next_sweep);
             match self.rx.recv_timeout(timeout) {
                 Ok(Event::Shutdown) => break,
+                Ok(Event::Reload(settings)) => {
+                    self.reload(settings);
+                    sweep = self.engine.settings().sweep_ms;
+                    next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
+                }
                 Ok(event) => self.handle(event),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -231,8 +280,80 @@ impl Daemon {
                 self.gc_read_wakes();
             }
         }
+        // A clean stop leaves the lock file empty, so a pid left in it later means a crash.
+        self.lock.clear();
         tracing::info!("daemon stopped");
         Ok(())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// New settings take effect for everything after this event. The engine is rebuilt with
+    /// them; its cache of recorded identities reloads from disk on first use.
+    fn reload(&mut self, settings: Settings) {
+        if &settings == self.engine.settings() {
+            tracing::info!("settings re-read; nothing changed");
+            return;
+        }
+        tracing::info!(
+            ttl_ms = settings.ttl_ms,
+            sweep_ms = settings.sweep_ms,
+            max_wakes_per_hour = settings.max_wakes_per_hour,
+            "settings reloaded"
+        );
+        if settings.on_wake.is_some() && self.hooks.is_none() {
+            self.hooks = Some(HookRunner::start(self.tx.clone()));
+        }
+        let home = self.engine.home().clone();
+        self.engine = Engine::new(home, settings, Arc::clone(&self.clock));
+    }
+
+    /// The first sweep at start: like any sweep, plus progress and summary lines when the
+    /// backlog is large. Returns how many files were handled.
+    fn drain_backlog(&mut self) -> usize {
+        let names = self.pending_names();
+        let total = names.len();
+        if total < BACKLOG_REPORT_MIN {
+            return self.collect_all(&names);
+        }
+        tracing::info!(total, "draining a backlog of {total} signal files");
+        let started = Instant::now();
+        let mut progress = self.progress.take();
+        if let Some(p) = progress.as_mut() {
+            p.start(total);
+        }
+        let mut done = 0;
+        for name in &names {
+            if self.stopping() {
+                break;
+            }
+            self.collect(name);
+            done += 1;
+            if let Some(p) = progress.as_mut() {
+                p.advance(done);
+            }
+            if done % BACKLOG_LOG_EVERY == 0 && done < total {
+                tracing::info!(done, total, "drained {done} of {total} backlog files");
+            }
+        }
+        if let Some(p) = progress.as_mut() {
+            p.finish();
+        }
+        self.progress = progress;
+        let ms = started.elapsed().as_millis() as u64;
+        if done < total {
+            tracing::info!(
+                done,
+                total,
+                ms,
+                "stopping: drained {done} of {total} backlog files; the rest stay spooled"
+            );
+        } else {
+            tracing::info!(done, total, ms, "backlog drained: {total} files in {ms} ms");
+        }
+        done
     }
 
     fn handle(&mut self, event: Event) {
@@ -268,6 +389,7 @@ impl Daemon {
                 self.rescan_waitpoints();
                 self.sweep_spool();
             }
+            Event::Reload(settings) => self.reload(settings),
             Event::Nudge | Event::Shutdown => {}
         }
     }
@@ -364,19 +486,30 @@ impl Daemon {
         }
     }
 
-    /// Collects every pending file in the drop zone; returns how many there were.
+    /// Collects every pending file in the drop zone; returns how many were handled.
     fn sweep_spool(&mut self) -> usize {
-        let names = match self.spool.pending() {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!("cannot list the drop zone: {e}");
-                return 0;
+        let names = self.pending_names();
+        self.collect_all(&names)
+    }
+
+    fn pending_names(&self) -> Vec<String> {
+        self.spool.pending().unwrap_or_else(|e| {
+            tracing::error!("cannot list the drop zone: {e}");
+            Vec::new()
+        })
+    }
+
+    /// Collects `names` in order, stopping early (between files) on shutdown.
+    fn collect_all(&mut self, names: &[String]) -> usize {
+        let mut done = 0;
+        for name in names {
+            if self.stopping() {
+                break;
             }
-        };
-        for name in &names {
             self.collect(name);
+            done += 1;
         }
-        names.len()
+        done
     }
 
     /// Rebuilds the due queue from disk. On start this also finishes whatever a restart

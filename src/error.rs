@@ -42,6 +42,17 @@ pub mod exit {
     pub const CANCELLED: u8 = 6;
     /// `wait` / `next`: `--timeout` elapsed first.
     pub const TIMED_OUT: u8 = 7;
+    /// Every code above; the man pages' EXIT STATUS is checked against it.
+    pub const ALL: [u8; 8] = [
+        OK,
+        FAILURE,
+        USAGE,
+        NOT_FOUND,
+        RESOLVED_FAIL,
+        EXPIRED,
+        CANCELLED,
+        TIMED_OUT,
+    ];
 }
 
 /// Everything the library can fail with.

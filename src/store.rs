@@ -202,6 +202,13 @@ impl FileLock {
         Ok(FileLock { file })
     }
 
+    /// Empties the lock file while still holding it (the daemon's clean stop), so a pid found
+    /// in an unheld lock later means its holder died without stopping. Best effort: a failure
+    /// only makes a clean stop look like a crash to `doctor`.
+    pub fn clear(&self) {
+        let _ = self.file.set_len(0).and_then(|()| self.file.sync_all());
+    }
+
     /// True when some process holds the lock at `path` right now.
     pub fn is_held(path: &Path) -> bool {
         match File::open(path) {

@@ -1,6 +1,9 @@
 //! Command-line front ends. Only this module knows clap, argv and the process environment: it
 //! resolves them into a [`Home`], [`Settings`] and validated requests before calling the library.
 
+pub mod man;
+pub mod ops;
+pub mod progress;
 pub mod render;
 pub mod signal;
 pub mod waitpoint;
@@ -51,34 +54,60 @@ pub fn load_settings(home: &Home) -> crate::error::Result<Settings> {
     Settings::load(&home.settings_file(), |k| std::env::var(k).ok())
 }
 
+/// How log lines are written (`waitpoint daemon --log-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event
+    #[default]
+    Text,
+    /// One JSON object per line, with the fields (`waitpoint`, `file`, …) as keys
+    Json,
+}
+
 /// Logging: warnings and up to stderr for ordinary commands; for the daemon, info and up to
-/// stderr and `log/daemon.log`. `RUST_LOG` overrides the level.
-pub fn init_logging(daemon_log: Option<&Home>) {
+/// stderr and `log/daemon.log`, in `format`. `RUST_LOG` overrides the level.
+pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
     let default = if daemon_log.is_some() { "info" } else { "warn" };
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let stderr = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter());
+    let json = format == LogFormat::Json;
+    let layer = tracing_subscriber::fmt::layer;
+    let stderr = if json {
+        layer()
+            .json()
+            .with_writer(|| progress::Stderr)
+            .with_filter(filter())
+            .boxed()
+    } else {
+        layer()
+            .with_writer(|| progress::Stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter())
+            .boxed()
+    };
     let file = daemon_log.and_then(|home| {
         let _ = crate::store::create_dir_private(&home.log_dir());
-        OpenOptions::new()
+        let f = OpenOptions::new()
             .create(true)
             .append(true)
             .mode(crate::store::FILE_MODE)
             .open(home.log_file())
-            .ok()
-            .map(|f| {
-                tracing_subscriber::fmt::layer()
-                    .with_writer(Mutex::new(f))
-                    .with_ansi(false)
-                    .with_filter(filter())
-            })
+            .ok()?;
+        Some(if json {
+            layer()
+                .json()
+                .with_writer(Mutex::new(f))
+                .with_filter(filter())
+                .boxed()
+        } else {
+            layer()
+                .with_writer(Mutex::new(f))
+                .with_ansi(false)
+                .with_filter(filter())
+                .boxed()
+        })
     });
-    let _ = tracing_subscriber::registry()
-        .with(stderr)
-        .with(file)
-        .try_init();
+    let layers: Vec<_> = std::iter::once(stderr).chain(file).collect();
+    let _ = tracing_subscriber::registry().with(layers).try_init();
 }
 
 /// Maps a command's result to the process exit code, printing the error chain on stderr.

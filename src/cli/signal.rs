@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Args, Parser};
 
 use crate::error::{Error, exit};
+use crate::home::Home;
 use crate::model::SignalStatus;
 use crate::signal::{DataSource, Sent, SignalBody, SpoolTransport, Transport};
 
@@ -18,6 +19,33 @@ use crate::signal::{DataSource, Sent, SignalBody, SpoolTransport, Transport};
 #[derive(Debug, Parser)]
 #[command(name = "cortex-signal", version)]
 pub struct SignalArgs {
+    #[command(flatten)]
+    pub target: SignalTarget,
+    /// Status from an exit code (0 is ok, anything else fail), and `exit=N` as the message
+    /// unless --message is given
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub exit_code: Option<i64>,
+    /// ok, fail or progress; overrides the status --exit-code derives [default: ok]
+    #[arg(long, value_name = "STATUS", value_parser = ["ok", "fail", "progress"])]
+    pub status: Option<String>,
+    /// One-line summary shown in the wake (at most 2,000 characters)
+    #[arg(long, value_name = "TEXT")]
+    pub message: Option<String>,
+    /// Extra payload: @FILE, - for stdin, or the literal text (at most 16,000 characters);
+    /// delivered as data, never as instructions
+    #[arg(long, value_name = "@FILE|-|TEXT", allow_hyphen_values = true)]
+    pub data: Option<String>,
+    /// Signal endpoint [default: http://127.0.0.1:$WEBHOOK_PORT/webhook/signal]
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// Fail instead of writing to the spool when the daemon cannot be reached
+    #[arg(long)]
+    pub no_spool: bool,
+}
+
+/// The waitpoint a command signals, with `cortex-signal`'s flags and environment defaults.
+#[derive(Debug, Args)]
+pub struct SignalTarget {
     /// The waitpoint's id (wp_ and 12 hex digits)
     #[arg(
         long,
@@ -34,29 +62,9 @@ pub struct SignalArgs {
         hide_env_values = true
     )]
     pub secret: Option<String>,
-    /// Status from an exit code (0 is ok, anything else fail), and `exit=N` as the message
-    /// unless --message is given
-    #[arg(long, value_name = "N", allow_negative_numbers = true)]
-    pub exit_code: Option<i64>,
-    /// ok, fail or progress; overrides the status --exit-code derives [default: ok]
-    #[arg(long, value_name = "STATUS", value_parser = ["ok", "fail", "progress"])]
-    pub status: Option<String>,
-    /// One-line summary shown in the wake (at most 2,000 characters)
-    #[arg(long, value_name = "TEXT")]
-    pub message: Option<String>,
     /// Which member this is; required when the waitpoint names members
     #[arg(long, value_name = "NAME", env = "CORTEX_SIGNAL_MEMBER")]
     pub member: Option<String>,
-    /// Extra payload: @FILE, - for stdin, or the literal text (at most 16,000 characters);
-    /// delivered as data, never as instructions
-    #[arg(long, value_name = "@FILE|-|TEXT", allow_hyphen_values = true)]
-    pub data: Option<String>,
-    /// Signal endpoint [default: http://127.0.0.1:$WEBHOOK_PORT/webhook/signal]
-    #[arg(long, value_name = "URL")]
-    pub url: Option<String>,
-    /// Fail instead of writing to the spool when the daemon cannot be reached
-    #[arg(long)]
-    pub no_spool: bool,
 }
 
 /// Entry point of the `cortex-signal` binary.
@@ -73,17 +81,12 @@ pub fn main() -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
-    super::init_logging(None);
+    super::init_logging(None, super::LogFormat::Text);
     super::finish("cortex-signal", run(args))
 }
 
 fn run(args: SignalArgs) -> anyhow::Result<u8> {
-    let id = args
-        .id
-        .ok_or_else(|| Error::Usage("missing --id (or CORTEX_SIGNAL_ID)".into()))?;
-    let secret = args
-        .secret
-        .ok_or_else(|| Error::Usage("missing --secret (or CORTEX_SIGNAL_SECRET)".into()))?;
+    let (id, secret) = require_id_secret(args.target.id, args.target.secret)?;
     let status = match (args.status.as_deref(), args.exit_code) {
         (Some(s), _) => SignalStatus::parse(s).expect("clap checked the value"),
         (None, Some(0)) | (None, None) => SignalStatus::Ok,
@@ -101,27 +104,57 @@ fn run(args: SignalArgs) -> anyhow::Result<u8> {
         secret,
         status,
         message,
-        member: args.member.filter(|m| !m.is_empty()),
+        member: args.target.member.filter(|m| !m.is_empty()),
         data,
     }
     .to_bytes()?;
 
-    if args.no_spool {
+    let home = super::resolve_home(None);
+    send(
+        &home,
+        &body,
+        args.url.as_deref(),
+        args.no_spool,
+        "cortex-signal",
+    )
+}
+
+/// The id and secret, or the usage error the spec asks for when either is missing.
+pub fn require_id_secret(
+    id: Option<String>,
+    secret: Option<String>,
+) -> Result<(String, String), Error> {
+    let id = id.ok_or_else(|| Error::Usage("missing --id (or CORTEX_SIGNAL_ID)".into()))?;
+    let secret =
+        secret.ok_or_else(|| Error::Usage("missing --secret (or CORTEX_SIGNAL_SECRET)".into()))?;
+    Ok((id, secret))
+}
+
+/// Sends a finished body the way `cortex-signal` does. This is the one place that picks the
+/// transport, shared by `cortex-signal`, `waitpoint run` and `waitpoint attach`; `program`
+/// prefixes what it says on stderr. Returns the exit code for a sent signal.
+pub fn send(
+    home: &Home,
+    body: &[u8],
+    url: Option<&str>,
+    no_spool: bool,
+    program: &str,
+) -> anyhow::Result<u8> {
+    if no_spool {
         anyhow::bail!(
             "the daemon cannot be reached: this build sends signals through the spool only, \
 and --no-spool forbids that"
         );
     }
-    if args.url.is_some() {
-        eprintln!("cortex-signal: this build has no HTTP transport; using the spool instead");
+    if url.is_some() {
+        eprintln!("{program}: this build has no HTTP transport; using the spool instead");
     }
-    let home = super::resolve_home(None);
     let transport = SpoolTransport::new(home.drop_zone());
     let Sent::Spooled(path) = transport
-        .send(&body)
+        .send(body)
         .context("cannot write the signal to the spool")?;
     eprintln!(
-        "cortex-signal: spooled {} (transport: spool; the daemon collects it)",
+        "{program}: spooled {} (transport: spool; the daemon collects it)",
         path.display()
     );
     Ok(exit::OK)

@@ -13,7 +13,6 @@ use notify::{RecursiveMode, Watcher};
 use serde_json::json;
 
 use crate::clock::{Clock, SystemClock};
-use crate::daemon::{Daemon, DaemonConfig};
 use crate::delivery;
 use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
@@ -57,7 +56,46 @@ pub enum Command {
     #[command(subcommand)]
     Session(SessionCommand),
     /// Run the collector, sweeper and delivery in the foreground
+    ///
+    /// The daemon takes the home's lock (one daemon per home), drains the drop zone (showing
+    /// progress on a terminal when the backlog is large), re-delivers any wake a restart
+    /// interrupted, then collects signal files as they arrive (inotify, with a periodic sweep
+    /// as the source of truth), fires deadlines on time and delivers wakes into session inboxes.
+    /// It logs to stderr and to log/daemon.log under the home.
+    ///
+    /// SIGTERM and SIGINT stop it cleanly: the file in hand is finished, the rest stay spooled,
+    /// the lock is released and the exit status is 0. SIGHUP re-reads settings.json and the
+    /// environment; a malformed file is logged and the current settings are kept.
     Daemon(DaemonArgs),
+    // ---- operations and shell ergonomics (src/cli/ops.rs) ----
+    /// Run a command, pass its output through, and signal its exit code and output tail
+    ///
+    /// Like `COMMAND; cortex-signal --exit-code $? --data <tail>`: the waitpoint gets ok for exit
+    /// 0 and fail otherwise, the message `exit=N`, and the last lines of standard output and
+    /// error as data. The id and secret are checked before the command starts. The exit status
+    /// is the command's own: 128+N when signal N killed it, 127 when it cannot be found and 126
+    /// when it cannot be run. A failure to signal is reported on stderr and does not change it.
+    Run(super::ops::RunArgs),
+    /// Wait for a running process to end, then signal ok
+    ///
+    /// The attach_to_pid shape without a sleep loop: a pidfd where the kernel has them (Linux
+    /// 5.3 and later), otherwise a check every second. The exit code of a process that is not
+    /// your child is not knowable, so the signal is ok with the message "pid PID exited".
+    Attach(super::ops::AttachArgs),
+    /// Check the home, the daemon and the machine, one line per check with how to fix it
+    ///
+    /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
+    /// limits, whether a daemon holds the lock (and whether a dead one left it stale), the HTTP
+    /// shim's address file, each device's reachability, stale *.tmp files and parked refused
+    /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
+    /// when any check FAILs.
+    Doctor(super::ops::DoctorArgs),
+    /// Print a completion script for bash, zsh or fish
+    ///
+    /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
+    /// or `--program cortex-signal` for the signal command.
+    Completions(super::ops::CompletionsArgs),
+    // ---- end operations ----
 }
 
 #[derive(Debug, Subcommand)]
@@ -212,7 +250,11 @@ pub struct WaitArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DaemonArgs {}
+pub struct DaemonArgs {
+    /// How log lines are written, on stderr and in log/daemon.log
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = super::LogFormat::Text)]
+    pub log_format: super::LogFormat,
+}
 
 /// Entry point of the `waitpoint` binary.
 pub fn main() -> ExitCode {
@@ -220,19 +262,31 @@ pub fn main() -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
-    let is_daemon = matches!(cli.command, Command::Daemon(_));
+    let log_format = match &cli.command {
+        Command::Daemon(a) => Some(a.log_format),
+        _ => None,
+    };
     let home = super::resolve_home(cli.home);
-    super::init_logging(is_daemon.then_some(&home));
+    super::init_logging(
+        log_format.is_some().then_some(&home),
+        log_format.unwrap_or_default(),
+    );
     super::finish("waitpoint", run(home, cli.command))
 }
 
 fn run(home: Home, command: Command) -> anyhow::Result<u8> {
+    // These need neither settings nor a prepared home (doctor must see the home as it is).
+    let command = match command {
+        Command::Run(a) => return super::ops::run(&home, a),
+        Command::Attach(a) => return super::ops::attach(&home, a),
+        Command::Doctor(a) => return super::ops::doctor(&home, a),
+        Command::Completions(a) => return super::ops::completions(a),
+        other => other,
+    };
     let settings = super::load_settings(&home)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     if let Command::Daemon(_) = command {
-        let (daemon, _control) = Daemon::new(DaemonConfig { home, settings }, clock)?;
-        daemon.run()?;
-        return Ok(exit::OK);
+        return super::ops::run_daemon(home, settings);
     }
     home.ensure()?;
     let engine = Engine::new(home, settings, clock);
@@ -246,7 +300,11 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Wait(a) => wait(&engine, a, &mut out),
         Command::Watch(a) => watch(&engine, a, &mut out),
         Command::Session(SessionCommand::Delete(a)) => session_delete(&engine, a, &mut out),
-        Command::Daemon(_) => unreachable!("handled above"),
+        Command::Daemon(_)
+        | Command::Run(_)
+        | Command::Attach(_)
+        | Command::Doctor(_)
+        | Command::Completions(_) => unreachable!("handled above"),
     }
 }
 

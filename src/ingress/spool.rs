@@ -78,7 +78,7 @@ impl Spool {
             Ok(b) => b,
             Err(ReadError::Gone) => return Ok(FileOutcome::Vanished),
             Err(ReadError::Refused(reason)) => {
-                self.park(name, &reason, None, engine.now())?;
+                self.park(name, &reason, None, None, engine.now())?;
                 return Ok(FileOutcome::Parked(reason));
             }
             Err(ReadError::Io(e)) => return Err(Error::io("cannot read", &path, e)),
@@ -87,7 +87,7 @@ impl Spool {
             Ok(r) => r,
             Err(_) if is_fresh(&path) => return Ok(FileOutcome::Deferred),
             Err(reason) => {
-                self.park(name, &reason, Some(&bytes), engine.now())?;
+                self.park(name, &reason, Some(&bytes), None, engine.now())?;
                 return Ok(FileOutcome::Parked(reason));
             }
         };
@@ -96,8 +96,8 @@ impl Spool {
         match &verdict {
             Verdict::Refused(refusal) => {
                 let reason = refusal.reason();
-                tracing::warn!(file = ?name, id = %request.id, secret_fp = %secret::fingerprint(&request.secret), "refused signal file: {reason}");
-                self.park(name, &reason, Some(&bytes), engine.now())?;
+                tracing::warn!(waitpoint = %request.id, file = ?name, secret_fp = %secret::fingerprint(&request.secret), "refused signal file: {reason}");
+                self.park(name, &reason, Some(&bytes), Some(&request.id), engine.now())?;
                 return Ok(FileOutcome::Parked(reason));
             }
             Verdict::Accepted { id, seq, wake, .. } => {
@@ -116,8 +116,16 @@ impl Spool {
 
     /// Moves a refused file to `bad/<stem>.json` with `bad/<stem>.reason` beside it. A parseable
     /// file's secret is redacted in the parked copy (only its fingerprint is kept), because only
-    /// secrets' hashes may rest under the home.
-    fn park(&self, name: &str, reason: &str, bytes: Option<&[u8]>, now: Timestamp) -> Result<()> {
+    /// secrets' hashes may rest under the home. `waitpoint` is the id the file claimed, when it
+    /// parsed far enough to have one, so the log line names it.
+    fn park(
+        &self,
+        name: &str,
+        reason: &str,
+        bytes: Option<&[u8]>,
+        waitpoint: Option<&str>,
+        now: Timestamp,
+    ) -> Result<()> {
         store::create_dir_private(&self.bad)?;
         let stem = safe_stem(name);
         let (target, reason_file) = self.free_bad_names(&stem);
@@ -137,7 +145,7 @@ impl Spool {
             }
             None => store::rename_durably(&source, &target)?,
         }
-        tracing::warn!(file = ?name, parked = %target.display(), "parked refused spool file: {reason}");
+        tracing::warn!(waitpoint, file = ?name, parked = %target.display(), "parked refused spool file: {reason}");
         Ok(())
     }
 

@@ -181,22 +181,7 @@ impl Env {
             .join(channel)
             .join("wakes")
             .join(folder);
-        let mut names: Vec<PathBuf> = fs::read_dir(&dir)
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        let n = p.file_name().unwrap().to_string_lossy();
-                        n.ends_with(".json") && !n.starts_with('.')
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        names.sort();
-        names
-            .iter()
-            .map(|p| serde_json::from_slice(&fs::read(p).unwrap()).unwrap())
-            .collect()
+        read_json_dir(&dir)
     }
 
     /// Starts `waitpoint daemon` and waits until it says it is ready.
@@ -230,9 +215,15 @@ impl Env {
     }
 
     /// Polls `check` until it holds, at most [`PATIENCE`]; panics with the home tree otherwise.
-    pub fn wait_until(&self, what: &str, mut check: impl FnMut() -> bool) {
+    pub fn wait_until(&self, what: &str, check: impl FnMut() -> bool) {
+        self.wait_until_within(what, PATIENCE, check)
+    }
+
+    /// [`Env::wait_until`] with another bound, for work that is slow by design (thousands of
+    /// durable commits).
+    pub fn wait_until_within(&self, what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
         let start = Instant::now();
-        while start.elapsed() < PATIENCE {
+        while start.elapsed() < limit {
             if check() {
                 return;
             }
@@ -259,6 +250,65 @@ pub struct DaemonGuard {
     child: Child,
     pub stderr_path: PathBuf,
 }
+
+// ---- daemons driven by signals (tests/it/ops.rs) ----
+impl Env {
+    /// Starts `waitpoint daemon ARGS` and returns once it holds the home's lock, without waiting
+    /// for its startup drain to finish.
+    pub fn daemon_started(&self, args: &[&str]) -> DaemonGuard {
+        let stderr_path = self
+            .home
+            .join("..")
+            .join(format!("daemon-stderr-{}.txt", rand_tag()));
+        let stderr = fs::File::create(&stderr_path).unwrap();
+        let child = self
+            .command(WAITPOINT)
+            .arg("daemon")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn daemon");
+        let guard = DaemonGuard { child, stderr_path };
+        let pid = guard.pid().to_string();
+        let lock = self.home.join("daemon.lock");
+        self.wait_until("the daemon to take its lock", || {
+            fs::read_to_string(&lock).is_ok_and(|s| s.trim() == pid)
+        });
+        guard
+    }
+}
+
+impl DaemonGuard {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (e.g. `libc::SIGTERM`) to the daemon.
+    pub fn send(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child, which has not been reaped.
+        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
+        assert_eq!(r, 0, "kill failed");
+    }
+
+    /// Waits (at most [`PATIENCE`]) for the daemon to exit; its exit code and stderr.
+    pub fn wait_exit(&mut self) -> (Option<i32>, String) {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let stderr = fs::read_to_string(&self.stderr_path).unwrap_or_default();
+                return (status.code(), stderr);
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the daemon did not exit\n{}",
+                fs::read_to_string(&self.stderr_path).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+// ---- end daemons driven by signals ----
 
 impl DaemonGuard {
     /// Kills the daemon (SIGKILL: the engine must survive that) and returns its stderr.
@@ -294,6 +344,27 @@ fn rand_tag() -> u64 {
         .unwrap()
         .as_nanos() as u64
         ^ u64::from(std::process::id())
+}
+
+/// The `*.json` files of a directory (not temp files), parsed, in name order; none when it is
+/// missing.
+pub fn read_json_dir(dir: &Path) -> Vec<Value> {
+    let mut names: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    let n = p.file_name().unwrap().to_string_lossy();
+                    n.ends_with(".json") && !n.starts_with('.')
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+        .iter()
+        .map(|p| serde_json::from_slice(&fs::read(p).unwrap()).unwrap())
+        .collect()
 }
 
 /// `id` and `secret` of a create reply.

@@ -5,6 +5,8 @@ mod helpers;
 
 mod foundation;
 mod layouts;
+mod man_pages;
+mod ops;
 mod policy;
 mod recovery;
 mod refusals;

@@ -1,0 +1,237 @@
+//! Operations and shell ergonomics of `waitpoint`: `run`, `attach`, `doctor`, `completions`, and
+//! running the daemon as a service (signals, progress). Clap types for these live here so the
+//! main command file stays a list of commands.
+
+use std::ffi::OsString;
+use std::io::{self, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, CommandFactory, ValueEnum};
+
+use crate::clock::{Clock, SystemClock};
+use crate::daemon::{Daemon, DaemonConfig};
+use crate::doctor;
+use crate::error::exit;
+use crate::home::Home;
+use crate::model::SignalStatus;
+use crate::process;
+use crate::settings::Settings;
+use crate::signal::SignalBody;
+
+impl super::signal::SignalTarget {
+    /// A body for this waitpoint, checked now so a typo fails before the job runs, not after.
+    fn body(&self, message: Option<String>) -> anyhow::Result<SignalBody> {
+        let (id, secret) = super::signal::require_id_secret(self.id.clone(), self.secret.clone())?;
+        let body = SignalBody {
+            id,
+            secret,
+            status: SignalStatus::Ok,
+            message,
+            member: self.member.clone().filter(|m| !m.is_empty()),
+            data: None,
+        };
+        body.to_bytes()?;
+        Ok(body)
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub target: super::signal::SignalTarget,
+    /// How many of the last lines of output to send as data (within the 16,000-character cap)
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub tail_lines: usize,
+    /// The command to run and its arguments (put them after `--`)
+    #[arg(
+        value_name = "COMMAND",
+        required = true,
+        num_args = 1..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(OsString)
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct AttachArgs {
+    /// The process to wait for (any process you can see, not only your children)
+    #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..))]
+    pub pid: i32,
+    #[command(flatten)]
+    pub target: super::signal::SignalTarget,
+    /// One-line summary for the wake [default: "pid PID exited"]
+    #[arg(long, value_name = "TEXT")]
+    pub message: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {}
+
+/// Shells `completions` writes for.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Programs `completions` covers.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Program {
+    Waitpoint,
+    CortexSignal,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to write a completion script for
+    #[arg(value_enum)]
+    pub shell: Shell,
+    /// The program to complete
+    #[arg(long, value_enum, default_value_t = Program::Waitpoint)]
+    pub program: Program,
+}
+
+/// How often `attach` looks again where the kernel has no pidfds.
+const ATTACH_POLL: Duration = Duration::from_secs(1);
+
+/// `waitpoint run`: the command's output passes through; its exit code and output tail are
+/// signalled; the exit status is the command's own.
+pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
+    let mut body = a.target.body(None)?;
+    let (program, args) = a.command.split_first().expect("clap requires a command");
+    let outcome = process::run_command(
+        program,
+        args,
+        a.tail_lines,
+        Box::new(io::stdout()),
+        Box::new(io::stderr()),
+    )?;
+    if let Some(why) = &outcome.spawn_error {
+        eprintln!("waitpoint run: {why}");
+    }
+    body.status = if outcome.code == 0 {
+        SignalStatus::Ok
+    } else {
+        SignalStatus::Fail
+    };
+    body.message = Some(format!("exit={}", outcome.code));
+    body.data = (!outcome.tail.is_empty()).then_some(outcome.tail);
+    send_reporting_failure(home, body, "waitpoint run");
+    Ok(u8::try_from(outcome.code).unwrap_or(exit::FAILURE))
+}
+
+/// Sends after the job is over. A failure to signal is said loudly but does not replace the
+/// job's own outcome, which is what the caller's shell acts on.
+fn send_reporting_failure(home: &Home, body: SignalBody, program: &str) -> bool {
+    let sent = process::fit_body(body)
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| super::signal::send(home, &bytes, None, false, program));
+    if let Err(e) = &sent {
+        eprintln!("{program}: cannot signal the waitpoint: {e:#}");
+    }
+    sent.is_ok()
+}
+
+/// `waitpoint attach`: waits for a process that is not ours, then signals ok.
+pub fn attach(home: &Home, a: AttachArgs) -> anyhow::Result<u8> {
+    let message = a.message.unwrap_or_else(|| format!("pid {} exited", a.pid));
+    let body = a.target.body(Some(message))?;
+    if process::process_exists(a.pid) {
+        process::wait_for_exit(a.pid, true, ATTACH_POLL)?;
+    } else {
+        eprintln!(
+            "waitpoint attach: pid {} is not running; signalling now",
+            a.pid
+        );
+    }
+    Ok(if send_reporting_failure(home, body, "waitpoint attach") {
+        exit::OK
+    } else {
+        exit::FAILURE
+    })
+}
+
+/// `waitpoint doctor`: one line per check; exit 1 when any check fails.
+pub fn doctor(home: &Home, _a: DoctorArgs) -> anyhow::Result<u8> {
+    let settings = super::load_settings(home);
+    let checks = doctor::run(&doctor::Inputs {
+        home,
+        settings: &settings,
+        inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
+    });
+    let mut out = io::stdout().lock();
+    for check in &checks {
+        writeln!(out, "{check}")?;
+    }
+    Ok(if doctor::worst(&checks) == doctor::Level::Fail {
+        exit::FAILURE
+    } else {
+        exit::OK
+    })
+}
+
+/// `waitpoint completions SHELL`: the completion script on stdout.
+pub fn completions(a: CompletionsArgs) -> anyhow::Result<u8> {
+    let (mut cmd, name) = match a.program {
+        Program::Waitpoint => (super::waitpoint::Cli::command(), "waitpoint"),
+        Program::CortexSignal => (super::signal::SignalArgs::command(), "cortex-signal"),
+    };
+    let shell = match a.shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut out = io::stdout().lock();
+    clap_complete::generate(shell, &mut cmd, name, &mut out);
+    out.flush()?;
+    Ok(exit::OK)
+}
+
+/// Runs the daemon in the foreground as a service: SIGTERM and SIGINT stop it cleanly (the
+/// file in hand is finished, the lock released), SIGHUP re-reads the settings, and a large
+/// startup backlog shows a progress bar when stderr is a terminal.
+pub fn run_daemon(home: Home, settings: Settings) -> anyhow::Result<u8> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (daemon, control) = Daemon::new(
+        DaemonConfig {
+            home: home.clone(),
+            settings,
+        },
+        clock,
+    )?;
+    let daemon = if io::stderr().is_terminal() {
+        daemon.with_progress(Box::new(super::progress::Bar))
+    } else {
+        daemon
+    };
+    // Registered before the loop starts, so a signal at any moment takes this path.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let handle = signals.handle();
+    let listener = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if sig == SIGHUP {
+                match super::load_settings(&home) {
+                    Ok(s) => {
+                        tracing::info!("SIGHUP: re-reading settings");
+                        control.reload(s);
+                    }
+                    Err(e) => tracing::error!("SIGHUP: keeping the current settings: {e}"),
+                }
+            } else {
+                tracing::info!(signal = sig, "shutting down on signal");
+                control.shutdown();
+            }
+        }
+    });
+    let result = daemon.run();
+    handle.close();
+    let _ = listener.join();
+    result?;
+    Ok(exit::OK)
+}

@@ -1,0 +1,720 @@
+//! `waitpoint doctor`: read-only checks of a home and the machine it runs on, each with a
+//! verdict (OK, WARN, FAIL) and, when it is not OK, how to fix it.
+//!
+//! Nothing here changes the home: a doctor that created the missing drop zone would hide the
+//! very problem it is asked about. The caller passes the settings it resolved (the library does
+//! not read the environment) and where the kernel's inotify limits live.
+
+use std::fmt;
+use std::fs;
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::error::Error;
+use crate::home::Home;
+use crate::settings::Settings;
+use crate::store::{self, FileLock};
+
+/// A check's verdict. Any [`Level::Fail`] makes `doctor` exit non-zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Ok,
+    Warn,
+    Fail,
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Ok => "OK",
+            Level::Warn => "WARN",
+            Level::Fail => "FAIL",
+        })
+    }
+}
+
+/// One line of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    pub name: &'static str,
+    pub level: Level,
+    pub detail: String,
+    pub fix: Option<String>,
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<4} {:<10} {}", self.level, self.name, self.detail)?;
+        if let Some(fix) = &self.fix {
+            write!(f, " — fix: {fix}")?;
+        }
+        Ok(())
+    }
+}
+
+fn ok(name: &'static str, detail: impl Into<String>) -> Check {
+    Check {
+        name,
+        level: Level::Ok,
+        detail: detail.into(),
+        fix: None,
+    }
+}
+
+fn bad(
+    name: &'static str,
+    level: Level,
+    detail: impl Into<String>,
+    fix: impl Into<String>,
+) -> Check {
+    Check {
+        name,
+        level,
+        detail: detail.into(),
+        fix: Some(fix.into()),
+    }
+}
+
+/// Where the HTTP shim publishes its bound address, relative to the home.
+pub const SHIM_ADDRESS_FILE: &str = "webhook.addr";
+/// Device definitions: `devices/<name>.json`.
+pub const DEVICES_DIR: &str = "devices";
+/// Temp files older than this are leftovers of interrupted writes, not writes in flight.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
+/// Below these, inotify limits deserve a warning (the defaults of current kernels are above).
+const MIN_USER_WATCHES: u64 = 1024;
+const MIN_QUEUED_EVENTS: u64 = 16_384;
+/// Walking a huge home stops here; the report says the walk was cut short.
+const MAX_WALK: usize = 200_000;
+
+/// What the checks look at.
+pub struct Inputs<'a> {
+    pub home: &'a Home,
+    /// The settings as the daemon would resolve them, or why they do not resolve.
+    pub settings: &'a Result<Settings, Error>,
+    /// `/proc/sys/fs/inotify` on Linux.
+    pub inotify_dir: PathBuf,
+}
+
+/// Runs every check, in the order they are printed.
+pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
+    let home = inputs.home;
+    let mut checks = vec![check_home(home)];
+    if fs::symlink_metadata(home.root()).is_err() {
+        return checks;
+    }
+    let walk = walk_home(home.root());
+    checks.push(check_modes(&walk));
+    checks.push(check_settings(home, inputs.settings));
+    checks.push(check_drop_zone(home));
+    checks.push(check_inotify(&inputs.inotify_dir));
+    checks.push(check_daemon(home));
+    checks.push(check_shim(home));
+    checks.push(check_devices(home));
+    checks.push(check_temps(&walk));
+    checks.push(check_bad(home));
+    checks
+}
+
+/// The worst level in a report.
+pub fn worst(checks: &[Check]) -> Level {
+    checks.iter().map(|c| c.level).max().unwrap_or(Level::Ok)
+}
+
+fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+fn check_home(home: &Home) -> Check {
+    let root = home.root();
+    let meta = match fs::symlink_metadata(root) {
+        Ok(m) => m,
+        Err(e) => {
+            return bad(
+                "home",
+                Level::Fail,
+                format!("{} cannot be read: {e}", root.display()),
+                "start `waitpoint daemon` once (it creates the home), or pass the right --home",
+            );
+        }
+    };
+    if !meta.is_dir() {
+        return bad(
+            "home",
+            Level::Fail,
+            format!("{} is not a directory", root.display()),
+            "point --home or CORTEX_HOME at a directory",
+        );
+    }
+    if meta.uid() != euid() {
+        return bad(
+            "home",
+            Level::Fail,
+            format!("{} is owned by uid {}, not you", root.display(), meta.uid()),
+            format!("chown -R $(id -u) {}", root.display()),
+        );
+    }
+    ok(
+        "home",
+        format!("{} is yours ({:04o})", root.display(), meta.mode() & 0o7777),
+    )
+}
+
+struct Walk {
+    /// Paths with group or other permission bits, or owned by someone else.
+    too_open: Vec<(PathBuf, u32, bool)>,
+    not_ours: Vec<PathBuf>,
+    stale_temps: Vec<PathBuf>,
+    truncated: bool,
+}
+
+fn walk_home(root: &Path) -> Walk {
+    let mut walk = Walk {
+        too_open: Vec::new(),
+        not_ours: Vec::new(),
+        stale_temps: Vec::new(),
+        truncated: false,
+    };
+    let uid = euid();
+    let now = SystemTime::now();
+    let mut stack = vec![root.to_owned()];
+    let mut seen = 0usize;
+    while let Some(path) = stack.pop() {
+        seen += 1;
+        if seen > MAX_WALK {
+            walk.truncated = true;
+            break;
+        }
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if meta.uid() != uid {
+            walk.not_ours.push(path.clone());
+        }
+        if meta.mode() & 0o077 != 0 {
+            walk.too_open
+                .push((path.clone(), meta.mode() & 0o7777, meta.is_dir()));
+        }
+        let name = path.file_name().unwrap_or_default().to_string_lossy();
+        if meta.is_file()
+            && name.ends_with(store::TEMP_SUFFIX)
+            && meta
+                .modified()
+                .ok()
+                .and_then(|m| now.duration_since(m).ok())
+                .is_some_and(|age| age > STALE_TEMP)
+        {
+            walk.stale_temps.push(path.clone());
+        }
+        if meta.is_dir()
+            && let Ok(entries) = store::list_dir(&path)
+        {
+            stack.extend(entries.into_iter().map(|(_, p)| p));
+        }
+    }
+    walk
+}
+
+fn some_paths<'a>(paths: impl Iterator<Item = &'a Path>, count: usize) -> String {
+    let shown: Vec<String> = paths.take(3).map(|p| p.display().to_string()).collect();
+    let more = count.saturating_sub(shown.len());
+    if more > 0 {
+        format!("{} and {more} more", shown.join(", "))
+    } else {
+        shown.join(", ")
+    }
+}
+
+fn check_modes(walk: &Walk) -> Check {
+    if !walk.not_ours.is_empty() {
+        let n = walk.not_ours.len();
+        return bad(
+            "modes",
+            Level::Fail,
+            format!(
+                "{n} path(s) are owned by another user: {}",
+                some_paths(walk.not_ours.iter().map(PathBuf::as_path), n)
+            ),
+            "chown -R $(id -u) the home; run the daemon and the commands as the same user",
+        );
+    }
+    if !walk.too_open.is_empty() {
+        let n = walk.too_open.len();
+        let list: Vec<String> = walk
+            .too_open
+            .iter()
+            .take(3)
+            .map(|(p, m, _)| format!("{} ({m:04o})", p.display()))
+            .collect();
+        let more = n.saturating_sub(list.len());
+        let dirs: Vec<String> = walk
+            .too_open
+            .iter()
+            .filter(|(_, _, d)| *d)
+            .take(3)
+            .map(|(p, _, _)| p.display().to_string())
+            .collect();
+        let files = walk.too_open.iter().any(|(_, _, d)| !d);
+        let mut fix = Vec::new();
+        if !dirs.is_empty() {
+            fix.push(format!("chmod 700 {}", dirs.join(" ")));
+        }
+        if files {
+            fix.push("chmod 600 the files listed".to_owned());
+        }
+        return bad(
+            "modes",
+            Level::Fail,
+            format!(
+                "{n} path(s) can be read or written by others (wakes carry job output): {}{}",
+                list.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            ),
+            fix.join("; "),
+        );
+    }
+    let note = if walk.truncated {
+        format!(" (checked the first {MAX_WALK} paths)")
+    } else {
+        String::new()
+    };
+    ok(
+        "modes",
+        format!("every path is yours, directories 0700 and files 0600{note}"),
+    )
+}
+
+fn check_settings(home: &Home, settings: &Result<Settings, Error>) -> Check {
+    match settings {
+        Ok(s) => ok(
+            "settings",
+            format!(
+                "ttl {} ms, sweep {} ms, at most {} wakes/h",
+                s.ttl_ms, s.sweep_ms, s.max_wakes_per_hour
+            ),
+        ),
+        Err(e) => bad(
+            "settings",
+            Level::Fail,
+            e.to_string(),
+            format!(
+                "correct the value named above in {} or the environment (see waitpoint(5)); \
+the daemon refuses to start until then",
+                home.settings_file().display()
+            ),
+        ),
+    }
+}
+
+fn check_drop_zone(home: &Home) -> Check {
+    let dz = home.drop_zone();
+    let create = format!(
+        "mkdir -m 700 -p {} (the daemon also creates it when it starts)",
+        dz.display()
+    );
+    match fs::symlink_metadata(&dz) {
+        Err(_) => bad(
+            "drop-zone",
+            Level::Fail,
+            format!(
+                "{} is missing: cortex-signal and jobs cannot report",
+                dz.display()
+            ),
+            create,
+        ),
+        Ok(m) if !m.is_dir() => bad(
+            "drop-zone",
+            Level::Fail,
+            format!("{} is not a directory", dz.display()),
+            format!("move it away, then {create}"),
+        ),
+        Ok(m) if m.mode() & 0o200 == 0 => bad(
+            "drop-zone",
+            Level::Fail,
+            format!("{} is not writable", dz.display()),
+            format!("chmod 700 {}", dz.display()),
+        ),
+        Ok(_) => {
+            let pending = crate::ingress::spool::Spool::new(dz.clone())
+                .pending()
+                .map(|p| p.len())
+                .unwrap_or(0);
+            ok(
+                "drop-zone",
+                format!("{} ({pending} signal file(s) waiting)", dz.display()),
+            )
+        }
+    }
+}
+
+fn read_number(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn check_inotify(dir: &Path) -> Check {
+    let watches = read_number(&dir.join("max_user_watches"));
+    let queued = read_number(&dir.join("max_queued_events"));
+    let (Some(watches), Some(queued)) = (watches, queued) else {
+        return bad(
+            "inotify",
+            Level::Warn,
+            format!(
+                "cannot read the limits in {}; signals are then found by the sweep only",
+                dir.display()
+            ),
+            "on Linux, check that /proc is mounted; elsewhere keep waitpointSweepMs short",
+        );
+    };
+    let mut low = Vec::new();
+    let mut fix = Vec::new();
+    if watches < MIN_USER_WATCHES {
+        low.push(format!("max_user_watches {watches} < {MIN_USER_WATCHES}"));
+        fix.push("sysctl fs.inotify.max_user_watches=65536".to_owned());
+    }
+    if queued < MIN_QUEUED_EVENTS {
+        low.push(format!("max_queued_events {queued} < {MIN_QUEUED_EVENTS}"));
+        fix.push("sysctl fs.inotify.max_queued_events=16384".to_owned());
+    }
+    if low.is_empty() {
+        ok(
+            "inotify",
+            format!("max_user_watches {watches}, max_queued_events {queued}"),
+        )
+    } else {
+        bad(
+            "inotify",
+            Level::Warn,
+            format!(
+                "{} (bursts overflow the queue and fall back to full sweeps)",
+                low.join(", ")
+            ),
+            format!("{} (persist it in /etc/sysctl.d/)", fix.join(" and ")),
+        )
+    }
+}
+
+fn check_daemon(home: &Home) -> Check {
+    let lock = home.daemon_lock();
+    let pid = fs::read_to_string(&lock)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    if FileLock::is_held(&lock) {
+        return ok(
+            "daemon",
+            format!("running (pid {pid}), holding {}", lock.display()),
+        );
+    }
+    let start = "start it: `waitpoint daemon`, or `systemctl --user start waitpoint` with \
+scripts/waitpoint.service";
+    if pid.is_empty() {
+        return bad(
+            "daemon",
+            Level::Warn,
+            "no daemon is running: signals wait in the spool and nothing fires",
+            start,
+        );
+    }
+    let alive = pid
+        .parse::<libc::pid_t>()
+        .ok()
+        .filter(|p| *p > 0)
+        .is_some_and(crate::process::process_exists);
+    let why = if alive {
+        "is running but does not hold the lock (its pid was reused)"
+    } else {
+        "is not running"
+    };
+    bad(
+        "daemon",
+        Level::Fail,
+        format!(
+            "stale lock: {} names pid {pid}, which {why}; the daemon died without shutting \
+down (a crash or kill -9)",
+            lock.display()
+        ),
+        format!(
+            "read {} for the cause, then {start} (the stale lock is taken over safely)",
+            home.log_file().display()
+        ),
+    )
+}
+
+/// An address as the shim may publish it: `host:port`, or JSON with an `addr` or `address`.
+fn parse_address(text: &str) -> Option<SocketAddr> {
+    let text = text.trim();
+    let from_json = serde_json::from_str::<serde_json::Value>(text)
+        .ok()
+        .and_then(|v| {
+            ["addr", "address"]
+                .iter()
+                .find_map(|k| v.get(*k).and_then(|a| a.as_str()).map(str::to_owned))
+        });
+    let raw = from_json.unwrap_or_else(|| text.to_owned());
+    raw.parse().ok()
+}
+
+fn check_shim(home: &Home) -> Check {
+    let path = home.root().join(SHIM_ADDRESS_FILE);
+    let Ok(text) = fs::read_to_string(&path) else {
+        return ok("http-shim", "no address published (signals use the spool)");
+    };
+    let Some(addr) = parse_address(&text) else {
+        return bad(
+            "http-shim",
+            Level::Fail,
+            format!(
+                "{} does not hold an address: {:?}",
+                path.display(),
+                text.trim()
+            ),
+            format!("restart the daemon, or remove {}", path.display()),
+        );
+    };
+    if !addr.ip().is_loopback() {
+        return bad(
+            "http-shim",
+            Level::Fail,
+            format!(
+                "{} publishes {addr}, which is not a loopback address",
+                path.display()
+            ),
+            "the shim listens on loopback only: restart the daemon",
+        );
+    }
+    match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+        Ok(_) => ok("http-shim", format!("listening on {addr}")),
+        Err(e) => bad(
+            "http-shim",
+            Level::Fail,
+            format!(
+                "stale address file: {} names {addr}, which refuses connections ({e})",
+                path.display()
+            ),
+            format!(
+                "restart the daemon (it rewrites the file), or remove {}; cortex-signal falls \
+back to the spool meanwhile",
+                path.display()
+            ),
+        ),
+    }
+}
+
+fn check_devices(home: &Home) -> Check {
+    let dir = home.root().join(DEVICES_DIR);
+    let files: Vec<(String, PathBuf)> = store::list_dir(&dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| n.ends_with(".json") && !store::is_temp_name(n))
+        .collect();
+    if files.is_empty() {
+        return ok("devices", "none configured");
+    }
+    let mut reachable = Vec::new();
+    let mut problems = Vec::new();
+    for (name, path) in &files {
+        let device = name.trim_end_matches(".json");
+        match device_address(path) {
+            Err(why) => problems.push(format!("{device}: {why}")),
+            Ok(target) => match connect_any(&target) {
+                Ok(()) => reachable.push(device.to_owned()),
+                Err(why) => problems.push(format!("{device}: {target} {why}")),
+            },
+        }
+    }
+    if problems.is_empty() {
+        ok(
+            "devices",
+            format!("{} reachable: {}", reachable.len(), reachable.join(", ")),
+        )
+    } else {
+        bad(
+            "devices",
+            Level::Warn,
+            format!(
+                "{} of {} unreachable ({}); their files wait there until they are back",
+                problems.len(),
+                files.len(),
+                problems.join("; ")
+            ),
+            "check the host is up and its SSH port open; `waitpoint device test NAME` says more",
+        )
+    }
+}
+
+/// `host:port` of a device file (`host`, optional `port`, default 22).
+fn device_address(path: &Path) -> Result<String, String> {
+    let text = fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("does not parse: {e}"))?;
+    let host = v
+        .get("host")
+        .and_then(|h| h.as_str())
+        .ok_or("has no \"host\"")?;
+    let port = v.get("port").and_then(|p| p.as_u64()).unwrap_or(22);
+    Ok(format!("{host}:{port}"))
+}
+
+fn connect_any(target: &str) -> Result<(), String> {
+    let addrs: Vec<SocketAddr> = target
+        .to_socket_addrs()
+        .map_err(|e| format!("does not resolve ({e})"))?
+        .collect();
+    let mut last = String::from("has no address");
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = format!("refuses connections ({e})"),
+        }
+    }
+    Err(last)
+}
+
+fn check_temps(walk: &Walk) -> Check {
+    if walk.stale_temps.is_empty() {
+        return ok("temp-files", "no stale *.tmp files");
+    }
+    let n = walk.stale_temps.len();
+    bad(
+        "temp-files",
+        Level::Warn,
+        format!(
+            "{n} *.tmp file(s) older than an hour, left by interrupted writes: {}",
+            some_paths(walk.stale_temps.iter().map(PathBuf::as_path), n)
+        ),
+        "they were never part of any state and are safe to delete \
+(find HOME -name '*.tmp' -mmin +60 -delete); the daemon removes drop-zone ones after a day",
+    )
+}
+
+fn check_bad(home: &Home) -> Check {
+    let bad_dir = home.bad_dir();
+    let parked = store::list_dir(&bad_dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| n.ends_with(".json"))
+        .count();
+    if parked == 0 {
+        return ok("refused", "no refused signal files");
+    }
+    bad(
+        "refused",
+        Level::Warn,
+        format!(
+            "{parked} refused signal file(s) parked in {}",
+            bad_dir.display()
+        ),
+        format!(
+            "read {}/*.reason, fix the sender, then delete the pairs you have dealt with",
+            bad_dir.display()
+        ),
+    )
+}
+
+/// Makes a path's permission bits exactly `mode` (tests of this module use it).
+#[cfg(test)]
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs_for(home: &Home) -> Vec<Check> {
+        let settings = Ok(Settings::default());
+        run(&Inputs {
+            home,
+            settings: &settings,
+            inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
+        })
+    }
+
+    fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+        checks.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn a_fresh_home_has_no_failures() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("h"));
+        home.ensure().unwrap();
+        let checks = inputs_for(&home);
+        assert_ne!(worst(&checks), Level::Fail, "{checks:#?}");
+    }
+
+    #[test]
+    fn low_inotify_limits_warn_with_the_sysctl_to_run() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("max_user_watches"), "100\n").unwrap();
+        fs::write(dir.path().join("max_queued_events"), "16384\n").unwrap();
+        let c = check_inotify(dir.path());
+        assert_eq!(c.level, Level::Warn);
+        assert!(c.fix.unwrap().contains("max_user_watches"));
+        let c = check_inotify(&dir.path().join("absent"));
+        assert_eq!(c.level, Level::Warn);
+    }
+
+    #[test]
+    fn stale_shim_address_and_unreadable_device_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("h"));
+        home.ensure().unwrap();
+        // A port nobody listens on: bind, note it, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        fs::write(
+            home.root().join(SHIM_ADDRESS_FILE),
+            format!("127.0.0.1:{port}\n"),
+        )
+        .unwrap();
+        assert_eq!(check_shim(&home).level, Level::Fail);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        fs::write(
+            home.root().join(SHIM_ADDRESS_FILE),
+            format!(r#"{{"addr":"{addr}"}}"#),
+        )
+        .unwrap();
+        assert_eq!(check_shim(&home).level, Level::Ok);
+
+        fs::create_dir_all(home.root().join(DEVICES_DIR)).unwrap();
+        fs::write(home.root().join("devices/gpu.json"), "{}").unwrap();
+        let c = check_devices(&home);
+        assert_eq!(c.level, Level::Warn);
+        assert!(c.detail.contains("gpu"), "{}", c.detail);
+        fs::write(
+            home.root().join("devices/gpu.json"),
+            format!(r#"{{"host":"127.0.0.1","port":{}}}"#, addr.port()),
+        )
+        .unwrap();
+        assert_eq!(check_devices(&home).level, Level::Ok);
+    }
+
+    #[test]
+    fn group_readable_files_fail_with_a_chmod() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("h"));
+        home.ensure().unwrap();
+        chmod(home.root(), 0o700);
+        fs::write(home.settings_file(), "{}").unwrap();
+        chmod(&home.settings_file(), 0o644);
+        let checks = inputs_for(&home);
+        let c = find(&checks, "modes");
+        assert_eq!(c.level, Level::Fail, "{c:?}");
+        assert!(c.fix.as_deref().unwrap().contains("chmod 600"), "{c:?}");
+    }
+}

@@ -1,0 +1,421 @@
+//! Processes around a job: running a command with its output passed through while keeping a
+//! bounded tail of it (`waitpoint run`), and waiting for a process we did not start to end
+//! (`waitpoint attach`).
+//!
+//! Memory stays bounded whatever the command prints: only the last lines are kept, each line and
+//! the whole tail are capped in characters, and a line that never ends is cut to its last bytes.
+
+use std::collections::VecDeque;
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::ingress::{MAX_BODY_BYTES, MAX_DATA_CHARS};
+use crate::signal::SignalBody;
+
+/// The last lines of a command's output, bounded in lines and characters.
+#[derive(Debug, Clone)]
+pub struct Tail {
+    lines: VecDeque<String>,
+    chars: usize,
+    max_lines: usize,
+    max_chars: usize,
+}
+
+impl Tail {
+    /// Keeps at most `max_lines` lines and `max_chars` characters (newlines included).
+    pub fn new(max_lines: usize, max_chars: usize) -> Self {
+        Tail {
+            lines: VecDeque::new(),
+            chars: 0,
+            max_lines,
+            max_chars,
+        }
+    }
+
+    /// Adds one line (with its newline, if it had one), dropping the oldest lines past the caps.
+    /// A line longer than the character cap keeps its end, which is where errors usually are.
+    pub fn push(&mut self, line: String) {
+        if self.max_lines == 0 || self.max_chars == 0 {
+            return;
+        }
+        let n = line.chars().count();
+        let line = if n > self.max_chars {
+            line.chars().skip(n - self.max_chars).collect()
+        } else {
+            line
+        };
+        self.chars += line.chars().count();
+        self.lines.push_back(line);
+        while self.lines.len() > self.max_lines || self.chars > self.max_chars {
+            let Some(old) = self.lines.pop_front() else {
+                break;
+            };
+            self.chars -= old.chars().count();
+        }
+    }
+
+    /// The kept text, oldest line first.
+    pub fn text(&self) -> String {
+        self.lines.iter().map(String::as_str).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+}
+
+/// Splits a byte stream into lines for a [`Tail`], holding at most `max_bytes` of an unfinished
+/// line (its end is kept).
+struct LineSplitter {
+    partial: Vec<u8>,
+    max_bytes: usize,
+}
+
+impl LineSplitter {
+    fn new(max_bytes: usize) -> Self {
+        LineSplitter {
+            partial: Vec::new(),
+            max_bytes,
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8], tail: &Mutex<Tail>) {
+        while let Some(i) = bytes.iter().position(|&b| b == b'\n') {
+            self.partial.extend_from_slice(&bytes[..=i]);
+            self.flush(tail);
+            bytes = &bytes[i + 1..];
+        }
+        self.partial.extend_from_slice(bytes);
+        if self.partial.len() > self.max_bytes {
+            let cut = self.partial.len() - self.max_bytes;
+            self.partial.drain(..cut);
+        }
+    }
+
+    fn flush(&mut self, tail: &Mutex<Tail>) {
+        if self.partial.is_empty() {
+            return;
+        }
+        let line = String::from_utf8_lossy(&self.partial).into_owned();
+        self.partial.clear();
+        tail.lock().expect("tail lock").push(line);
+    }
+}
+
+/// How a command run by [`run_command`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// The exit status to pass on: the command's own, 128+N when signal N killed it, and the
+    /// shell's 127 (not found) or 126 (cannot be run) when it never started.
+    pub code: i32,
+    /// Why the command could not be started, if it was not.
+    pub spawn_error: Option<String>,
+    /// The last lines of its standard output and standard error, interleaved as they arrived.
+    pub tail: String,
+}
+
+/// The exit status a shell would report for `status`.
+pub fn shell_code(status: ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    }
+}
+
+/// Runs `program args` with inherited standard input, copying its standard output and error
+/// to `out` and `err` as they come and keeping the last `tail_lines` lines (at most the data
+/// cap in characters). While it runs, SIGTERM and SIGHUP sent to us are passed on to it, and
+/// SIGINT and SIGQUIT (which a terminal already sends to the whole foreground group) do not
+/// kill us, so the outcome is always reported.
+pub fn run_command(
+    program: &OsString,
+    args: &[OsString],
+    tail_lines: usize,
+    out: Box<dyn Write + Send>,
+    err: Box<dyn Write + Send>,
+) -> io::Result<RunOutcome> {
+    let tail = Arc::new(Mutex::new(Tail::new(tail_lines, MAX_DATA_CHARS)));
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGQUIT,
+    ])?;
+    let spawned = Command::new(program)
+        .args(args)
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            signals.handle().close();
+            let code = if e.kind() == io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            let message = format!("cannot run {}: {e}", program.to_string_lossy());
+            return Ok(RunOutcome {
+                code,
+                tail: format!("{message}\n"),
+                spawn_error: Some(message),
+            });
+        }
+    };
+    let pid = child.id() as libc::pid_t;
+    let handle = signals.handle();
+    let forwarder = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            if sig == signal_hook::consts::SIGTERM || sig == signal_hook::consts::SIGHUP {
+                // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
+                unsafe {
+                    libc::kill(pid, sig);
+                }
+            }
+        }
+    });
+    let (done_tx, done_rx) = mpsc::channel();
+    let pumps = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ];
+    let mut running = 0;
+    for (source, sink) in pumps.into_iter().zip([out, err]) {
+        let Some(source) = source else { continue };
+        let tail = Arc::clone(&tail);
+        let done = done_tx.clone();
+        running += 1;
+        std::thread::spawn(move || {
+            pump(source, sink, &tail);
+            let _ = done.send(());
+        });
+    }
+    let status = child.wait();
+    handle.close();
+    let _ = forwarder.join();
+    let status = status?;
+    // A grandchild left running in the background can hold the pipes open forever; the command
+    // itself is over, so wait only briefly for the rest of its output.
+    for _ in 0..running {
+        if done_rx.recv_timeout(Duration::from_secs(2)).is_err() {
+            break;
+        }
+    }
+    let text = tail.lock().expect("tail lock").text();
+    Ok(RunOutcome {
+        code: shell_code(status),
+        spawn_error: None,
+        tail: text,
+    })
+}
+
+/// Copies `source` to `sink` and into the tail. A sink that fails (our stdout closed) stops
+/// the copying, never the reading, so the command is not blocked on a full pipe.
+fn pump(mut source: Box<dyn Read + Send>, mut sink: Box<dyn Write + Send>, tail: &Mutex<Tail>) {
+    let mut splitter = LineSplitter::new(MAX_DATA_CHARS * 4);
+    let mut buf = [0u8; 8192];
+    let mut sink_ok = true;
+    loop {
+        let n = match source.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if sink_ok {
+            sink_ok = sink
+                .write_all(&buf[..n])
+                .and_then(|()| sink.flush())
+                .is_ok();
+        }
+        splitter.feed(&buf[..n], tail);
+    }
+    splitter.flush(tail);
+}
+
+/// Serialises `body`, dropping the oldest part of its data until the whole body fits the
+/// request cap. Data heavy in control characters (colour codes) grows when JSON-escaped, so a
+/// tail within the character cap can still be too many bytes.
+pub fn fit_body(mut body: SignalBody) -> crate::error::Result<Vec<u8>> {
+    loop {
+        let encoded = serde_json::to_vec(&body).map_or(0, |b| b.len());
+        let data_chars = body.data.as_ref().map_or(0, |d| d.chars().count());
+        if encoded <= MAX_BODY_BYTES || data_chars == 0 {
+            return body.to_bytes();
+        }
+        let data = body.data.take().unwrap_or_default();
+        body.data = Some(data.chars().skip(data_chars - data_chars * 3 / 4).collect());
+    }
+}
+
+/// How [`wait_for_exit`] waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMethod {
+    /// A pidfd became readable (Linux 5.3 and later): no polling at all.
+    Pidfd,
+    /// `kill(pid, 0)` every interval, where pidfds are not available.
+    Poll,
+}
+
+/// Whether a process with this pid exists (it may belong to another user).
+pub fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission; nothing is delivered.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Blocks until process `pid` (not our child) has ended. Uses a pidfd when the kernel has
+/// them, else polls every `poll_interval`. `pid` must be positive: zero and negative values
+/// name process groups.
+pub fn wait_for_exit(
+    pid: libc::pid_t,
+    prefer_pidfd: bool,
+    poll_interval: Duration,
+) -> io::Result<WaitMethod> {
+    if pid <= 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "a pid must be a positive number",
+        ));
+    }
+    if prefer_pidfd && let Some(method) = wait_pidfd(pid)? {
+        return Ok(method);
+    }
+    while process_exists(pid) {
+        std::thread::sleep(poll_interval);
+    }
+    Ok(WaitMethod::Poll)
+}
+
+/// `Ok(None)` when pidfds are unavailable (old kernel, seccomp) and the caller should poll.
+fn wait_pidfd(pid: libc::pid_t) -> io::Result<Option<WaitMethod>> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESRCH) => Ok(Some(WaitMethod::Pidfd)),
+            _ => Ok(None),
+        };
+    }
+    let fd = fd as libc::c_int;
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let result = loop {
+        // SAFETY: one valid pollfd; -1 waits without a timeout.
+        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
+        if r >= 0 {
+            break Ok(Some(WaitMethod::Pidfd));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            break Err(e);
+        }
+    };
+    // SAFETY: we own fd and close it once.
+    unsafe {
+        libc::close(fd);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::SignalStatus;
+
+    #[test]
+    fn tail_keeps_the_last_lines_within_both_caps() {
+        let mut t = Tail::new(3, 100);
+        for i in 0..10 {
+            t.push(format!("line {i}\n"));
+        }
+        assert_eq!(t.text(), "line 7\nline 8\nline 9\n");
+        let mut t = Tail::new(100, 10);
+        t.push("aaaa\n".into());
+        t.push("bbbb\n".into());
+        t.push("cccc\n".into());
+        assert_eq!(t.text(), "bbbb\ncccc\n");
+        let mut t = Tail::new(5, 4);
+        t.push("0123456789".into());
+        assert_eq!(t.text(), "6789", "an overlong line keeps its end");
+    }
+
+    #[test]
+    fn splitter_bounds_a_line_that_never_ends() {
+        let tail = Mutex::new(Tail::new(10, 1000));
+        let mut s = LineSplitter::new(8);
+        for _ in 0..1000 {
+            s.feed(b"xxxxxxxxxxxxxxxx", &tail);
+        }
+        assert!(s.partial.len() <= 8);
+        s.feed(b"yz\nnext", &tail);
+        s.flush(&tail);
+        let text = tail.lock().unwrap().text();
+        assert_eq!(text, "xxxxxxxxyz\nnext");
+    }
+
+    #[test]
+    fn fit_body_shrinks_escaped_data_until_the_body_fits() {
+        let body = SignalBody {
+            id: "wp_0123456789ab".into(),
+            secret: "s".into(),
+            status: SignalStatus::Fail,
+            message: Some("exit=1".into()),
+            member: None,
+            data: Some("\u{1b}".repeat(MAX_DATA_CHARS)),
+        };
+        let bytes = fit_body(body).unwrap();
+        assert!(bytes.len() <= MAX_BODY_BYTES);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(!v["data"].as_str().unwrap().is_empty());
+    }
+
+    fn child_and_waiter(prefer_pidfd: bool) {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as libc::pid_t;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(wait_for_exit(pid, prefer_pidfd, Duration::from_millis(20)));
+        });
+        child.kill().unwrap();
+        // Reaping it is what makes the pid disappear for the polling fallback.
+        child.wait().unwrap();
+        let method = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the waiter returns once the process is gone")
+            .unwrap();
+        if !prefer_pidfd {
+            assert_eq!(method, WaitMethod::Poll);
+        }
+    }
+
+    #[test]
+    fn waiting_for_a_pid_returns_when_it_ends_with_pidfd_or_polling() {
+        child_and_waiter(true);
+        child_and_waiter(false);
+    }
+
+    #[test]
+    fn non_positive_pids_are_refused() {
+        assert!(wait_for_exit(0, true, Duration::from_millis(1)).is_err());
+        assert!(wait_for_exit(-1, false, Duration::from_millis(1)).is_err());
+    }
+}
