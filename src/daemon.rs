@@ -6,6 +6,10 @@
 //! the source of truth (inotify is only a hint and may overflow), and a deadline queue, so a
 //! deadline fires on time without scanning every waitpoint.
 //!
+//! Devices (`ingress::device`) run one collector thread each; they only copy files into local
+//! mirrors and report [`Event::Device`], and the loop applies the mirrored files like drop-zone
+//! files.
+//!
 //! The entry point takes its inputs — home, settings, clock — so tests can run a daemon
 //! in-process on a temp home with a manual clock.
 
@@ -21,6 +25,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::home::Home;
+use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
 use crate::model::Status;
 use crate::settings::{DAY_MS, Settings};
@@ -37,6 +42,9 @@ pub enum Event {
     Rescan,
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
+    /// A device collector or the watcher of `devices/` has news (files landed, a record
+    /// changed, a poll was asked for).
+    Device(DeviceEvent),
     /// Finish the work in hand and return.
     Shutdown,
 }
@@ -74,6 +82,7 @@ pub struct Daemon {
     tx: Sender<Event>,
     deadlines: BTreeSet<(Timestamp, String)>,
     deferred: Vec<(Instant, String)>,
+    devices: Fleet,
     _lock: FileLock,
 }
 
@@ -89,6 +98,16 @@ impl Daemon {
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
         let (tx, rx) = mpsc::channel();
         let spool = Spool::new(config.home.drop_zone());
+        let device_tx = tx.clone();
+        let devices = Fleet::new(
+            config.home.clone(),
+            SshOptions::default(),
+            config.settings.sweep_ms,
+            Arc::clone(&clock),
+            Arc::new(move |e| {
+                let _ = device_tx.send(Event::Device(e));
+            }),
+        );
         let engine = Engine::new(config.home, config.settings, clock);
         let control = DaemonControl { tx: tx.clone() };
         Ok((
@@ -99,10 +118,17 @@ impl Daemon {
                 tx,
                 deadlines: BTreeSet::new(),
                 deferred: Vec::new(),
+                devices,
                 _lock: lock,
             },
             control,
         ))
+    }
+
+    /// Sets what device collectors need from the environment (the ssh-agent socket).
+    pub fn with_ssh_options(mut self, opts: SshOptions) -> Self {
+        self.devices.set_options(opts);
+        self
     }
 
     /// Runs until [`DaemonControl::shutdown`]. Returns an error only if the daemon cannot
@@ -112,8 +138,14 @@ impl Daemon {
         let home = self.engine.home().clone();
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
-        let drained = self.sweep_spool();
-        tracing::info!(drained, armed = self.deadlines.len(), "daemon ready");
+        let drained = self.sweep_spool() + self.sweep_devices();
+        self.devices.reconcile();
+        tracing::info!(
+            drained,
+            devices = self.devices.names().len(),
+            armed = self.deadlines.len(),
+            "daemon ready"
+        );
         self.fire_due_deadlines();
         let sweep = self.engine.settings().sweep_ms;
         let mut next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
@@ -129,6 +161,8 @@ impl Daemon {
                 && Instant::now() >= at
             {
                 self.sweep_spool();
+                self.sweep_devices();
+                self.devices.reconcile();
                 self.gc();
                 next_sweep = Some(Instant::now() + Duration::from_millis(sweep));
             }
@@ -153,7 +187,9 @@ impl Daemon {
                 tracing::warn!("watcher asked for a rescan; sweeping everything");
                 self.rescan_waitpoints();
                 self.sweep_spool();
+                self.sweep_devices();
             }
+            Event::Device(e) => self.on_device(e),
             Event::Nudge | Event::Shutdown => {}
         }
     }
@@ -180,7 +216,8 @@ impl Daemon {
         let tx = self.tx.clone();
         let drop_zone = self.spool.dir.clone();
         let waitpoints = self.engine.home().waitpoints_dir();
-        let (dz, wd) = (drop_zone.clone(), waitpoints.clone());
+        let devices = self.engine.home().devices_dir();
+        let (dz, wd, dd) = (drop_zone.clone(), waitpoints.clone(), devices.clone());
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             let event = match res {
                 Ok(e) => e,
@@ -205,6 +242,8 @@ impl Daemon {
                     let _ = tx.send(Event::SpoolFile(name.to_owned()));
                 } else if parent == wd && crate::ingress::is_waitpoint_id(name) {
                     let _ = tx.send(Event::WaitpointAppeared(name.to_owned()));
+                } else if let Some(hint) = device::hint_for(path, &dd) {
+                    let _ = tx.send(Event::Device(hint));
                 }
             }
         })
@@ -214,6 +253,10 @@ impl Daemon {
                 .watch(dir, RecursiveMode::NonRecursive)
                 .map_err(|e| Error::io("cannot watch", dir, to_io(e)))?;
         }
+        // Recursive, so each device's mirror is watched from the moment its directory appears.
+        watcher
+            .watch(&devices, RecursiveMode::Recursive)
+            .map_err(|e| Error::io("cannot watch", &devices, to_io(e)))?;
         Ok(watcher)
     }
 
@@ -256,6 +299,52 @@ impl Daemon {
             self.collect(name);
         }
         names.len()
+    }
+
+    fn on_device(&mut self, event: DeviceEvent) {
+        match event {
+            DeviceEvent::Landed { device, files } => {
+                for file in files {
+                    self.collect_mirrored(&device, &file);
+                }
+            }
+            DeviceEvent::File { device, file } => self.collect_mirrored(&device, &file),
+            DeviceEvent::Record(_) => self.devices.reconcile(),
+            DeviceEvent::Poll(name) => self.devices.poll(&name),
+        }
+    }
+
+    /// Applies one file from a device's mirror; on error it stays there for the next sweep.
+    fn collect_mirrored(&mut self, device: &str, file: &str) {
+        let spool = device::mirror(self.engine.home(), device);
+        if let Err(e) = spool.collect(&self.engine, file) {
+            tracing::error!(
+                device,
+                file,
+                "cannot collect mirrored signal file (kept for retry): {e}"
+            );
+        }
+    }
+
+    /// Collects every file waiting in any device mirror (also of devices since removed: those
+    /// files were already taken off the device). Returns how many there were.
+    fn sweep_devices(&mut self) -> usize {
+        let home = self.engine.home().clone();
+        let mut n = 0;
+        for name in device::mirrored_devices(&home) {
+            let names = match device::mirror(&home, &name).pending() {
+                Ok(names) => names,
+                Err(e) => {
+                    tracing::error!(device = %name, "cannot list the device mirror: {e}");
+                    continue;
+                }
+            };
+            n += names.len();
+            for file in names {
+                self.collect_mirrored(&name, &file);
+            }
+        }
+        n
     }
 
     /// Reloads the deadline queue from disk and finishes deliveries a restart interrupted.

@@ -51,6 +51,8 @@ pub enum Command {
     Wait(WaitArgs),
     /// Run the collector, sweeper and delivery in the foreground
     Daemon(DaemonArgs),
+    /// Manage the devices whose spools the daemon collects over SSH
+    Device(super::device::DeviceArgs),
 }
 
 #[derive(Debug, Args)]
@@ -196,7 +198,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     if let Command::Daemon(_) = command {
         let (daemon, _control) = Daemon::new(DaemonConfig { home, settings }, clock)?;
-        daemon.run()?;
+        daemon.with_ssh_options(super::ssh_options()).run()?;
         return Ok(exit::OK);
     }
     home.ensure()?;
@@ -209,11 +211,19 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Cancel(a) => cancel(&engine, a, &mut out),
         Command::Next(a) => next(&engine, a, &mut out),
         Command::Wait(a) => wait(&engine, a, &mut out),
+        Command::Device(a) => super::device::run(
+            &engine,
+            a,
+            &super::home_dir(),
+            super::login_name(),
+            &super::ssh_options(),
+            &mut out,
+        ),
         Command::Daemon(_) => unreachable!("handled above"),
     }
 }
 
-fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
+pub(crate) fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
     Ok(())
@@ -241,6 +251,12 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     let quorum = a.quorum.as_deref().map(parse_quorum).transpose()?;
     let session = a.session.session;
     let channel = a.channel.unwrap_or_else(|| session.clone());
+    // The device must exist, so the shell line points at its real spool.
+    let device = a
+        .device
+        .as_deref()
+        .map(|d| crate::ingress::device::require(engine.home(), d))
+        .transpose()?;
     let created = engine.create(CreateRequest {
         label: a.label,
         intent: a.intent,
@@ -267,6 +283,7 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
             home_override: (!super::is_implicit_default(home)).then_some(root.as_str()),
             local_drop_zone: &drop_zone,
             webhook_port: port,
+            device_spool: device.as_ref().map(|d| d.spool.as_str()),
         },
     );
     let wp = &created.waitpoint;
@@ -378,13 +395,35 @@ fn waiting_for(engine: &Engine, session: &str) -> anyhow::Result<Vec<Waitpoint>>
 fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let session = a.session.session;
     let items = waiting_for(engine, &session)?;
+    let devices = devices_to_mention(engine, &items)?;
     if a.json {
         let v: Vec<Value> = items.iter().map(public_view).collect();
-        print_json(out, &json!({ "session": session, "waiting": v }))?;
+        let mut reply = json!({ "session": session, "waiting": v });
+        if !devices.is_empty() {
+            let d: Vec<Value> = devices
+                .iter()
+                .map(|d| super::device::view(engine, d))
+                .collect();
+            reply["devices"] = json!(d);
+        }
+        print_json(out, &reply)?;
         return Ok(exit::OK);
     }
     if items.is_empty() {
         writeln!(out, "session {session} is waiting on nothing")?;
+    }
+    for d in &devices {
+        let st = crate::ingress::device::load_status(engine.home(), &d.name)?;
+        if st.reachable == Some(false) {
+            writeln!(
+                out,
+                "device {} is unreachable ({}); its files wait there",
+                d.name,
+                super::device::detail(&st, engine.now())
+            )?;
+        }
+    }
+    if items.is_empty() {
         return Ok(exit::OK);
     }
     let now = engine.now();
@@ -421,6 +460,24 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
         )?;
     }
     Ok(exit::OK)
+}
+
+/// The devices `check` reports on: those the listed waitpoints are bound to, and any that is
+/// unreachable.
+fn devices_to_mention(
+    engine: &Engine,
+    items: &[Waitpoint],
+) -> anyhow::Result<Vec<crate::ingress::device::Device>> {
+    use crate::ingress::device;
+    let home = engine.home();
+    let mut out = Vec::new();
+    for d in device::list(home)? {
+        let bound = items.iter().any(|wp| wp.device.as_deref() == Some(&d.name));
+        if bound || device::load_status(home, &d.name)?.reachable == Some(false) {
+            out.push(d);
+        }
+    }
+    Ok(out)
 }
 
 fn clip(s: &str, n: usize) -> String {

@@ -230,9 +230,14 @@ impl Env {
     }
 
     /// Polls `check` until it holds, at most [`PATIENCE`]; panics with the home tree otherwise.
-    pub fn wait_until(&self, what: &str, mut check: impl FnMut() -> bool) {
+    pub fn wait_until(&self, what: &str, check: impl FnMut() -> bool) {
+        self.wait_until_within(what, PATIENCE, check)
+    }
+
+    /// [`wait_until`](Env::wait_until) with a longer bound, for bulk work.
+    pub fn wait_until_within(&self, what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
         let start = Instant::now();
-        while start.elapsed() < PATIENCE {
+        while start.elapsed() < limit {
             if check() {
                 return;
             }

@@ -3,8 +3,10 @@
 
 mod helpers;
 
+mod devices;
 mod foundation;
 mod layouts;
 mod recovery;
 mod refusals;
 mod signal_cli;
+mod sshd;
