@@ -6,6 +6,10 @@
 //! the source of truth (inotify is only a hint and may overflow), and a deadline queue, so a
 //! deadline fires on time without scanning every waitpoint.
 //!
+//! Devices (`ingress::device`) run one collector thread each; they only copy files into local
+//! mirrors and report [`Event::Device`], and the loop applies the mirrored files like drop-zone
+//! files.
+//!
 //! The entry point takes its inputs — home, settings, clock — so tests can run a daemon
 //! in-process on a temp home with a manual clock. The process's signals are the CLI's business:
 //! it turns SIGTERM/SIGINT into [`DaemonControl::shutdown`] and SIGHUP into
@@ -25,6 +29,7 @@ use crate::delivery::{self, hook, hook::HookRun};
 use crate::engine::{self, Engine, HookJob, Verdict};
 use crate::error::{Error, Result};
 use crate::home::Home;
+use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
 use crate::settings::{DAY_MS, Settings};
 use crate::store::FileLock;
@@ -46,6 +51,9 @@ pub enum Event {
     },
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
+    /// A device collector or the watcher of `devices/` has news (files landed, a record
+    /// changed, a poll was asked for).
+    Device(DeviceEvent),
     /// Finish the work in hand and return.
     Shutdown,
     /// Use these settings from now on (the caller re-read them, e.g. on SIGHUP).
@@ -110,6 +118,7 @@ pub struct Daemon {
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     progress: Option<Box<dyn DrainProgress>>,
+    devices: Fleet,
     lock: FileLock,
 }
 
@@ -207,6 +216,16 @@ impl Daemon {
             .on_wake
             .is_some()
             .then(|| HookRunner::start(tx.clone()));
+        let device_tx = tx.clone();
+        let devices = Fleet::new(
+            config.home.clone(),
+            SshOptions::default(),
+            config.settings.sweep_ms,
+            Arc::clone(&clock),
+            Arc::new(move |e| {
+                let _ = device_tx.send(Event::Device(e));
+            }),
+        );
         let engine = Engine::new(config.home, config.settings, Arc::clone(&clock));
         let stop = Arc::new(AtomicBool::new(false));
         let control = DaemonControl {
@@ -227,6 +246,7 @@ impl Daemon {
                 clock,
                 stop,
                 progress: None,
+                devices,
                 lock,
             },
             control,
@@ -239,6 +259,12 @@ impl Daemon {
         self
     }
 
+    /// Sets what device collectors need from the environment (the ssh-agent socket).
+    pub fn with_ssh_options(mut self, opts: SshOptions) -> Self {
+        self.devices.set_options(opts);
+        self
+    }
+
     /// Runs until [`DaemonControl::shutdown`]. Returns an error only if the daemon cannot
     /// start (the watcher cannot be set up); failures while running are logged and retried.
     pub fn run(mut self) -> Result<()> {
@@ -246,8 +272,14 @@ impl Daemon {
         let home = self.engine.home().clone();
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
-        let drained = self.drain_backlog();
-        tracing::info!(drained, scheduled = self.due.len(), "daemon ready");
+        let drained = self.drain_backlog() + self.sweep_devices();
+        self.devices.reconcile();
+        tracing::info!(
+            drained,
+            devices = self.devices.names().len(),
+            scheduled = self.due.len(),
+            "daemon ready"
+        );
         self.run_due();
         let mut sweep = self.engine.settings().sweep_ms;
         let mut next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
@@ -271,6 +303,8 @@ impl Daemon {
                 && Instant::now() >= at
             {
                 self.sweep_spool();
+                self.sweep_devices();
+                self.devices.reconcile();
                 self.gc();
                 next_sweep = Some(Instant::now() + Duration::from_millis(sweep));
             }
@@ -388,8 +422,10 @@ impl Daemon {
                 tracing::warn!("watcher asked for a rescan; sweeping everything");
                 self.rescan_waitpoints();
                 self.sweep_spool();
+                self.sweep_devices();
             }
             Event::Reload(settings) => self.reload(settings),
+            Event::Device(e) => self.on_device(e),
             Event::Nudge | Event::Shutdown => {}
         }
     }
@@ -416,7 +452,8 @@ impl Daemon {
         let tx = self.tx.clone();
         let drop_zone = self.spool.dir.clone();
         let waitpoints = self.engine.home().waitpoints_dir();
-        let (dz, wd) = (drop_zone.clone(), waitpoints.clone());
+        let devices = self.engine.home().devices_dir();
+        let (dz, wd, dd) = (drop_zone.clone(), waitpoints.clone(), devices.clone());
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             let event = match res {
                 Ok(e) => e,
@@ -441,6 +478,8 @@ impl Daemon {
                     let _ = tx.send(Event::SpoolFile(name.to_owned()));
                 } else if parent == wd && crate::ingress::is_waitpoint_id(name) {
                     let _ = tx.send(Event::WaitpointAppeared(name.to_owned()));
+                } else if let Some(hint) = device::hint_for(path, &dd) {
+                    let _ = tx.send(Event::Device(hint));
                 }
             }
         })
@@ -450,18 +489,17 @@ impl Daemon {
                 .watch(dir, RecursiveMode::NonRecursive)
                 .map_err(|e| Error::io("cannot watch", dir, to_io(e)))?;
         }
+        // Recursive, so each device's mirror is watched from the moment its directory appears.
+        watcher
+            .watch(&devices, RecursiveMode::Recursive)
+            .map_err(|e| Error::io("cannot watch", &devices, to_io(e)))?;
         Ok(watcher)
     }
 
     fn collect(&mut self, name: &str) {
-        match self.spool.collect(&self.engine, name) {
-            Ok(FileOutcome::Consumed(Verdict::Accepted { id, next_due, .. })) => {
-                self.due.set(&id, next_due);
-                // Anything due right now (a wake for the hook) is handled on this same turn.
-                if next_due.is_some_and(|t| t <= self.engine.now()) {
-                    self.run_due();
-                }
-            }
+        let outcome = self.spool.collect(&self.engine, name);
+        match outcome {
+            Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
             Ok(FileOutcome::Deferred) => {
                 let at = Instant::now() + Duration::from_millis(SETTLE_MS as u64 + 100);
                 if !self.deferred.iter().any(|(_, n)| n == name) {
@@ -510,6 +548,66 @@ impl Daemon {
             done += 1;
         }
         done
+    }
+
+    fn on_device(&mut self, event: DeviceEvent) {
+        match event {
+            DeviceEvent::Landed { device, files } => {
+                for file in files {
+                    self.collect_mirrored(&device, &file);
+                }
+            }
+            DeviceEvent::File { device, file } => self.collect_mirrored(&device, &file),
+            DeviceEvent::Record(_) => self.devices.reconcile(),
+            DeviceEvent::Poll(name) => self.devices.poll(&name),
+        }
+    }
+
+    /// Every route's accepted signal ends here: its waitpoint's next due time joins the queue
+    /// (a grace window, a hook delivery), so no ingress path can skip the wake rules.
+    fn after_verdict(&mut self, verdict: &Verdict) {
+        if let Verdict::Accepted { id, next_due, .. } = verdict {
+            self.due.set(id, *next_due);
+            // Anything due right now (a wake for the hook) is handled on this same turn.
+            if next_due.is_some_and(|t| t <= self.engine.now()) {
+                self.run_due();
+            }
+        }
+    }
+
+    /// Applies one file from a device's mirror; on error it stays there for the next sweep.
+    fn collect_mirrored(&mut self, device: &str, file: &str) {
+        let spool = device::mirror(self.engine.home(), device);
+        match spool.collect(&self.engine, file) {
+            Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
+            Ok(_) => {}
+            Err(e) => tracing::error!(
+                device,
+                file,
+                "cannot collect mirrored signal file (kept for retry): {e}"
+            ),
+        }
+    }
+
+    /// Collects every file waiting in any device mirror (also of devices since removed: those
+    /// files were already taken off the device). Returns how many there were.
+    fn sweep_devices(&mut self) -> usize {
+        let home = self.engine.home().clone();
+        let mut n = 0;
+        for name in device::mirrored_devices(&home) {
+            let names = match device::mirror(&home, &name).pending() {
+                Ok(names) => names,
+                Err(e) => {
+                    tracing::error!(device = %name, "cannot list the device mirror: {e}");
+                    continue;
+                }
+            };
+            n += names.len();
+            for file in names {
+                self.collect_mirrored(&name, &file);
+            }
+        }
+        n
     }
 
     /// Rebuilds the due queue from disk. On start this also finishes whatever a restart

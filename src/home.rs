@@ -12,6 +12,10 @@
 //!   waitpoints/<id>/signals/           one file per accepted signal, never rewritten
 //!   sessions/<channel>/wakes/new/      undelivered wakes (maildir-like)
 //!   sessions/<channel>/wakes/cur/      wakes a reader has taken
+//!   devices/<name>.json                a device the daemon collects signal files from over SSH
+//!   devices/<name>.poll                a request to collect now (`device poll`), removed when done
+//!   devices/<name>/status.json         the collector's state: last success, last error, backoff
+//!   devices/<name>/spool/              the local mirror of the device's spool, swept like tmp/signals/
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -49,6 +53,7 @@ impl Home {
             self.waitpoints_dir(),
             self.sessions_dir(),
             self.log_dir(),
+            self.devices_dir(),
         ] {
             create_dir_private(&dir)?;
         }
@@ -116,5 +121,35 @@ impl Home {
 
     pub fn inbox_cur(&self, channel: &str) -> PathBuf {
         self.sessions_dir().join(channel).join("wakes").join("cur")
+    }
+
+    /// `devices/`: device records and, per device, its collector state and local mirror.
+    pub fn devices_dir(&self) -> PathBuf {
+        self.root.join("devices")
+    }
+
+    /// `devices/<name>.json`: the device record `device add` writes.
+    pub fn device_file(&self, name: &str) -> PathBuf {
+        self.devices_dir().join(format!("{name}.json"))
+    }
+
+    /// `devices/<name>.poll`: present while a `device poll` waits for the daemon.
+    pub fn device_poll_file(&self, name: &str) -> PathBuf {
+        self.devices_dir().join(format!("{name}.poll"))
+    }
+
+    /// `devices/<name>/`: the collector's own directory for one device.
+    pub fn device_dir(&self, name: &str) -> PathBuf {
+        self.devices_dir().join(name)
+    }
+
+    /// `devices/<name>/status.json`: written only by the device's collector.
+    pub fn device_status_file(&self, name: &str) -> PathBuf {
+        self.device_dir(name).join("status.json")
+    }
+
+    /// `devices/<name>/spool/`: the local mirror of the device's spool.
+    pub fn device_spool(&self, name: &str) -> PathBuf {
+        self.device_dir(name).join("spool")
     }
 }

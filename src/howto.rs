@@ -48,6 +48,9 @@ pub struct Target<'a> {
     pub local_drop_zone: &'a str,
     /// The loopback port of the optional HTTP shim.
     pub webhook_port: u16,
+    /// For a device-bound waitpoint: the spool directory on the device (`~/` is the login's
+    /// home there). `None` means the spec's default, `~/.cortex/tmp/signals`.
+    pub device_spool: Option<&'a str>,
 }
 
 /// Quotes a word for `sh` (single quotes, with embedded ones closed and escaped).
@@ -59,6 +62,16 @@ pub fn sh_quote(s: &str) -> String {
         return s.to_owned();
     }
     format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A device's spool path as a shell word that the device's shell expands: a leading `~/` stays
+/// unquoted so it means the home there, the rest is quoted.
+fn remote_dir_word(path: &str) -> String {
+    match path.strip_prefix("~/") {
+        Some(rest) => format!("~/{}", sh_quote(rest)),
+        None if path == "~" => "~".to_owned(),
+        None => sh_quote(path),
+    }
 }
 
 /// Builds every line for `wp` with its plaintext `secret`.
@@ -106,7 +119,7 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
         member = member_json.replace('"', "\\\""),
     );
     let drop_zone = if wp.device.is_some() {
-        "~/.cortex/tmp/signals".to_owned()
+        remote_dir_word(target.device_spool.unwrap_or("~/.cortex/tmp/signals"))
     } else {
         sh_quote(target.local_drop_zone)
     };
@@ -144,5 +157,15 @@ mod tests {
     fn sh_quote_leaves_plain_words_and_quotes_the_rest() {
         assert_eq!(sh_quote("/home/a/.cortex"), "/home/a/.cortex");
         assert_eq!(sh_quote("/tmp/it's here"), r"'/tmp/it'\''s here'");
+    }
+
+    #[test]
+    fn device_spool_keeps_the_remote_tilde_unquoted() {
+        assert_eq!(
+            remote_dir_word("~/.cortex/tmp/signals"),
+            "~/.cortex/tmp/signals"
+        );
+        assert_eq!(remote_dir_word("~/my spool"), "~/'my spool'");
+        assert_eq!(remote_dir_word("/data/sp ool"), "'/data/sp ool'");
     }
 }

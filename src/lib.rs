@@ -1,7 +1,7 @@
 //! `waitpoint`: a filesystem-first spool engine for waitpoints, durable "wake me when this
 //! finishes" objects.
 //!
-//! The pipeline, in module order: [`ingress`] (drop zone; later device mirrors and HTTP) turns
+//! The pipeline, in module order: [`ingress`] (drop zone, device mirrors over SSH; later HTTP) turns
 //! outside input into signal requests; the [`engine`] validates, authenticates and applies them;
 //! [`store`] commits every change atomically and durably; [`delivery`] puts wakes in session
 //! inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds

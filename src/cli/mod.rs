@@ -1,6 +1,7 @@
 //! Command-line front ends. Only this module knows clap, argv and the process environment: it
 //! resolves them into a [`Home`], [`Settings`] and validated requests before calling the library.
 
+pub mod device;
 pub mod man;
 pub mod ops;
 pub mod progress;
@@ -42,11 +43,45 @@ pub fn is_implicit_default(home: &Home) -> bool {
     home.root() == home_dir().join(".cortex")
 }
 
-fn home_dir() -> PathBuf {
+/// `$HOME`, else `/`.
+pub fn home_dir() -> PathBuf {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/"))
+}
+
+/// The login name for `device add`'s default `--user`: `$USER`, `$LOGNAME`, else the name of
+/// the effective uid in the password database.
+pub fn login_name() -> Option<String> {
+    for var in ["USER", "LOGNAME"] {
+        if let Ok(v) = std::env::var(var)
+            && !v.is_empty()
+        {
+            return Some(v);
+        }
+    }
+    // SAFETY: getpwuid returns a pointer into static storage or null; we copy the name out
+    // at once and do not call it from other threads here (the CLI is single-threaded).
+    unsafe {
+        let pw = libc::getpwuid(libc::geteuid());
+        if pw.is_null() || (*pw).pw_name.is_null() {
+            return None;
+        }
+        std::ffi::CStr::from_ptr((*pw).pw_name)
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    }
+}
+
+/// What SSH collectors take from the environment: the ssh-agent's socket.
+pub fn ssh_options() -> crate::ingress::device::SshOptions {
+    crate::ingress::device::SshOptions {
+        agent_socket: std::env::var_os("SSH_AUTH_SOCK")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+    }
 }
 
 /// Settings of `home`, with the process environment as the fallback for absent keys.

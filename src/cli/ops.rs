@@ -205,6 +205,7 @@ pub fn run_daemon(home: Home, settings: Settings) -> anyhow::Result<u8> {
         },
         clock,
     )?;
+    let daemon = daemon.with_ssh_options(super::ssh_options());
     let daemon = if io::stderr().is_terminal() {
         daemon.with_progress(Box::new(super::progress::Bar))
     } else {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use notify::{RecursiveMode, Watcher};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::clock::{Clock, SystemClock};
 use crate::delivery;
@@ -67,6 +67,8 @@ pub enum Command {
     /// the lock is released and the exit status is 0. SIGHUP re-reads settings.json and the
     /// environment; a malformed file is logged and the current settings are kept.
     Daemon(DaemonArgs),
+    /// Manage the devices whose spools the daemon collects over SSH
+    Device(super::device::DeviceArgs),
     // ---- operations and shell ergonomics (src/cli/ops.rs) ----
     /// Run a command, pass its output through, and signal its exit code and output tail
     ///
@@ -300,6 +302,14 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Wait(a) => wait(&engine, a, &mut out),
         Command::Watch(a) => watch(&engine, a, &mut out),
         Command::Session(SessionCommand::Delete(a)) => session_delete(&engine, a, &mut out),
+        Command::Device(a) => super::device::run(
+            &engine,
+            a,
+            &super::home_dir(),
+            super::login_name(),
+            &super::ssh_options(),
+            &mut out,
+        ),
         Command::Daemon(_)
         | Command::Run(_)
         | Command::Attach(_)
@@ -308,7 +318,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
     }
 }
 
-fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
+pub(crate) fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
     Ok(())
@@ -327,6 +337,12 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     let quorum = a.quorum.as_deref().map(parse_quorum).transpose()?;
     let session = a.session.session;
     let channel = a.channel.unwrap_or_else(|| session.clone());
+    // The device must exist, so the shell line points at its real spool.
+    let device = a
+        .device
+        .as_deref()
+        .map(|d| crate::ingress::device::require(engine.home(), d))
+        .transpose()?;
     let created = engine.create(CreateRequest {
         label: a.label,
         intent: a.intent,
@@ -353,6 +369,7 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
             home_override: (!super::is_implicit_default(home)).then_some(root.as_str()),
             local_drop_zone: &drop_zone,
             webhook_port: port,
+            device_spool: device.as_ref().map(|d| d.spool.as_str()),
         },
     );
     let wp = &created.waitpoint;
@@ -440,6 +457,7 @@ fn waiting_for(engine: &Engine, session: &str) -> anyhow::Result<Vec<Waitpoint>>
 fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let session = a.session.session;
     let items = waiting_for(engine, &session)?;
+    let devices = devices_to_mention(engine, &items)?;
     let now = engine.now();
     let rows = render::check_items(
         engine.home(),
@@ -448,10 +466,29 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
         now,
     );
     if a.json {
-        print_json(out, &json!({ "session": session, "waiting": rows }))?;
+        let mut reply = json!({ "session": session, "waiting": rows });
+        if !devices.is_empty() {
+            let d: Vec<Value> = devices
+                .iter()
+                .map(|d| super::device::view(engine, d))
+                .collect();
+            reply["devices"] = json!(d);
+        }
+        print_json(out, &reply)?;
     } else if a.brief {
         write!(out, "{}", render::check_brief(&rows))?;
     } else {
+        for d in &devices {
+            let st = crate::ingress::device::load_status(engine.home(), &d.name)?;
+            if st.reachable == Some(false) {
+                writeln!(
+                    out,
+                    "device {} is unreachable ({}); its files wait there",
+                    d.name,
+                    super::device::detail(&st, now)
+                )?;
+            }
+        }
         write!(
             out,
             "{}",
@@ -486,6 +523,24 @@ fn session_delete(
         )?;
     }
     Ok(exit::OK)
+}
+
+/// The devices `check` reports on: those the listed waitpoints are bound to, and any that is
+/// unreachable.
+fn devices_to_mention(
+    engine: &Engine,
+    items: &[Waitpoint],
+) -> anyhow::Result<Vec<crate::ingress::device::Device>> {
+    use crate::ingress::device;
+    let home = engine.home();
+    let mut out = Vec::new();
+    for d in device::list(home)? {
+        let bound = items.iter().any(|wp| wp.device.as_deref() == Some(&d.name));
+        if bound || device::load_status(home, &d.name)?.reachable == Some(false) {
+            out.push(d);
+        }
+    }
+    Ok(out)
 }
 
 /// Redraws `check` whenever a waitpoint of the session or its inbox changes (inotify), and once

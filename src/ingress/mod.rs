@@ -1,9 +1,10 @@
 //! Ingress: everything that turns outside input into a [`SignalRequest`] for the engine.
 //!
-//! Every route (today the drop zone in [`spool`]; later device mirrors and the HTTP shim) parses
+//! Every route (the drop zone in [`spool`], device mirrors filled by [`device`], later the HTTP shim) parses
 //! with [`parse_signal`], so one set of size and shape rules applies no matter how a signal came
 //! in. Parsing checks shape and caps only; who may signal what is the engine's business.
 
+pub mod device;
 pub mod spool;
 
 use serde::Deserialize;
@@ -53,6 +54,8 @@ pub struct SignalRequest {
 pub enum Source {
     /// A file in the local drop zone, by file name.
     Spool(String),
+    /// A file collected from a device's spool over SSH, by device and file name.
+    Device { device: String, file: String },
 }
 
 impl Source {
@@ -60,6 +63,7 @@ impl Source {
     pub fn identity(&self) -> String {
         match self {
             Source::Spool(name) => format!("spool:{name}"),
+            Source::Device { device, file } => format!("device:{device}:{file}"),
         }
     }
 }

@@ -39,12 +39,37 @@ pub enum FileOutcome {
 pub struct Spool {
     pub dir: PathBuf,
     pub bad: PathBuf,
+    /// For a device's local mirror: the device, which makes identities `device:<name>:<file>`.
+    pub device: Option<String>,
 }
 
 impl Spool {
     pub fn new(dir: PathBuf) -> Self {
         let bad = dir.join("bad");
-        Spool { dir, bad }
+        Spool {
+            dir,
+            bad,
+            device: None,
+        }
+    }
+
+    /// The local mirror of a device's spool. Only the collector writes there, always through
+    /// `store::commit`, so a file in it is complete and an unparseable one is parked at once.
+    pub fn for_device(dir: PathBuf, device: &str) -> Self {
+        Spool {
+            device: Some(device.to_owned()),
+            ..Spool::new(dir)
+        }
+    }
+
+    fn source_of(&self, name: &str) -> Source {
+        match &self.device {
+            None => Source::Spool(name.to_owned()),
+            Some(device) => Source::Device {
+                device: device.clone(),
+                file: name.to_owned(),
+            },
+        }
     }
 
     /// The names of the files waiting to be collected (`*.json`, never temp files), in name
@@ -85,13 +110,13 @@ impl Spool {
         };
         let request = match parse_signal(&bytes) {
             Ok(r) => r,
-            Err(_) if is_fresh(&path) => return Ok(FileOutcome::Deferred),
+            Err(_) if self.device.is_none() && is_fresh(&path) => return Ok(FileOutcome::Deferred),
             Err(reason) => {
                 self.park(name, &reason, Some(&bytes), None, engine.now())?;
                 return Ok(FileOutcome::Parked(reason));
             }
         };
-        let source = Source::Spool(name.to_owned());
+        let source = self.source_of(name);
         let verdict = engine.apply_signal(&request, &source)?;
         match &verdict {
             Verdict::Refused(refusal) => {

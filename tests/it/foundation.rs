@@ -72,6 +72,10 @@ fn spec_shell_file_drop_line_works_pasted_into_sh() {
 #[test]
 fn device_waitpoint_recommends_the_shell_form_aimed_at_the_device_spool() {
     let env = Env::new();
+    env.ok(
+        "device add",
+        &env.waitpoint(&["device", "add", "trainer1", "--host", "gpu1", "--user", "u"]),
+    );
     let reply = env.create(&["--label", "t", "--intent", "i", "--device", "trainer1"]);
     assert_eq!(reply["how_to_signal"]["recommended"], "shell");
     assert!(line(&reply, "shell").contains("d=~/.cortex/tmp/signals;"));

@@ -20,12 +20,12 @@ fn load(path: &Path) -> Value {
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-struct Schemas {
+pub struct Schemas {
     validators: Vec<(String, jsonschema::Validator)>,
 }
 
 impl Schemas {
-    fn load() -> Self {
+    pub fn load() -> Self {
         let mut registry = jsonschema::Registry::new();
         let mut names = Vec::new();
         for e in fs::read_dir(layouts_dir()).unwrap().flatten() {
@@ -52,7 +52,7 @@ impl Schemas {
         Schemas { validators }
     }
 
-    fn check(&self, kind: &str, path: &Path) {
+    pub fn check(&self, kind: &str, path: &Path) {
         let v = &self
             .validators
             .iter()
@@ -73,7 +73,7 @@ impl Schemas {
 }
 
 /// Which layout a file under the home belongs to, by where it sits.
-fn kind_of(rel: &Path) -> Option<&'static str> {
+pub fn kind_of(rel: &Path) -> Option<&'static str> {
     let parts: Vec<String> = rel
         .iter()
         .map(|p| p.to_string_lossy().into_owned())
@@ -86,6 +86,10 @@ fn kind_of(rel: &Path) -> Option<&'static str> {
         ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),
         ["tmp", "signals", "bad", _] => None,
         ["tmp", "signals", _] => Some("spool-signal"),
+        ["devices", _] => Some("device"),
+        ["devices", _, "status.json"] => Some("device-status"),
+        ["devices", _, "spool", "bad", _] => None,
+        ["devices", _, "spool", _] => Some("spool-signal"),
         _ => None,
     }
 }
@@ -218,4 +222,42 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
             "secret on the daemon's stderr"
         );
     }
+}
+
+#[test]
+fn device_record_and_collector_state_match_their_layouts() {
+    let env = Env::new();
+    // A port nobody listens on: the poll fails fast and records the device as unreachable.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    env.ok(
+        "device add",
+        &env.waitpoint(&[
+            "device",
+            "add",
+            "gpu",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--user",
+            "u",
+        ]),
+    );
+    env.expect_code("poll", &env.waitpoint(&["device", "poll", "gpu"]), 1);
+    let schemas = Schemas::load();
+    let mut kinds = Vec::new();
+    for path in env.files() {
+        let rel = path.strip_prefix(&env.home).unwrap();
+        if let Some(kind @ ("device" | "device-status")) = kind_of(rel) {
+            schemas.check(kind, &path);
+            kinds.push(kind);
+        }
+    }
+    kinds.sort();
+    assert_eq!(kinds, ["device", "device-status"], "{}", env.tree());
 }

@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod devices;
 mod foundation;
 mod layouts;
 mod man_pages;
@@ -12,3 +13,4 @@ mod recovery;
 mod refusals;
 mod signal_cli;
 mod snapshots;
+mod sshd;
