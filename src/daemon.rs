@@ -41,11 +41,14 @@ pub enum Event {
     SpoolFile(String),
     /// A new waitpoint directory appeared; its deadline joins the queue.
     WaitpointAppeared(String),
+    /// A timer was created or changed (e.g. cancelled by the CLI); its due time is re-read.
+    TimerChanged(String),
     /// The watcher lost events (queue overflow) or failed: sweep everything.
     Rescan,
     /// An `onWake` hook attempt finished.
     HookDone {
-        waitpoint: String,
+        /// The wake's owner: a waitpoint, timer or callback id.
+        owner: String,
         wake_id: String,
         result: std::result::Result<(), String>,
     },
@@ -182,7 +185,7 @@ impl HookRunner {
                 for (job, run) in rx {
                     let result = hook::run(&run);
                     let _ = events.send(Event::HookDone {
-                        waitpoint: job.waitpoint,
+                        owner: job.owner,
                         wake_id: job.wake_id,
                         result,
                     });
@@ -398,8 +401,9 @@ impl Daemon {
                 Ok(None) => {}
                 Err(e) => tracing::error!(waitpoint = %id, "cannot read new waitpoint: {e}"),
             },
+            Event::TimerChanged(id) => self.reschedule_timer(&id),
             Event::HookDone {
-                waitpoint,
+                owner: waitpoint,
                 wake_id,
                 result,
             } => {
@@ -453,7 +457,13 @@ impl Daemon {
         let drop_zone = self.spool.dir.clone();
         let waitpoints = self.engine.home().waitpoints_dir();
         let devices = self.engine.home().devices_dir();
-        let (dz, wd, dd) = (drop_zone.clone(), waitpoints.clone(), devices.clone());
+        let timers = self.engine.home().timers_dir();
+        let (dz, wd, dd, td) = (
+            drop_zone.clone(),
+            waitpoints.clone(),
+            devices.clone(),
+            timers.clone(),
+        );
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             let event = match res {
                 Ok(e) => e,
@@ -478,13 +488,19 @@ impl Daemon {
                     let _ = tx.send(Event::SpoolFile(name.to_owned()));
                 } else if parent == wd && crate::ingress::is_waitpoint_id(name) {
                     let _ = tx.send(Event::WaitpointAppeared(name.to_owned()));
+                } else if parent == td
+                    && let Some(id) = name.strip_suffix(".json")
+                    && engine::timers::is_timer_id(id)
+                {
+                    let _ = tx.send(Event::TimerChanged(id.to_owned()));
                 } else if let Some(hint) = device::hint_for(path, &dd) {
                     let _ = tx.send(Event::Device(hint));
                 }
             }
         })
         .map_err(|e| Error::io("cannot start the file watcher on", &drop_zone, to_io(e)))?;
-        for dir in [&drop_zone, &waitpoints] {
+        crate::store::create_dir_private(&timers)?;
+        for dir in [&drop_zone, &waitpoints, &timers] {
             watcher
                 .watch(dir, RecursiveMode::NonRecursive)
                 .map_err(|e| Error::io("cannot watch", dir, to_io(e)))?;
@@ -500,6 +516,7 @@ impl Daemon {
         let outcome = self.spool.collect(&self.engine, name);
         match outcome {
             Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
+            Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
             Ok(FileOutcome::Deferred) => {
                 let at = Instant::now() + Duration::from_millis(SETTLE_MS as u64 + 100);
                 if !self.deferred.iter().any(|(_, n)| n == name) {
@@ -575,11 +592,20 @@ impl Daemon {
         }
     }
 
+    /// A triggered callback's wake may have an `onWake` delivery to start.
+    fn after_trigger(&mut self, callback: &str) {
+        if self.hooks.is_some() {
+            self.due.set(callback, Some(self.engine.now()));
+            self.run_due();
+        }
+    }
+
     /// Applies one file from a device's mirror; on error it stays there for the next sweep.
     fn collect_mirrored(&mut self, device: &str, file: &str) {
         let spool = device::mirror(self.engine.home(), device);
         match spool.collect(&self.engine, file) {
             Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
+            Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
             Ok(_) => {}
             Err(e) => tracing::error!(
                 device,
@@ -629,6 +655,38 @@ impl Daemon {
             let due = if wp.outbox.is_empty() { due } else { Some(now) };
             self.due.set(&wp.id, due);
         }
+        match self.engine.all_timers() {
+            Ok(timers) => {
+                for t in timers {
+                    let due = engine::timers::timer_next_due(&t, Timestamp::from_millis(i64::MIN));
+                    self.due.set(&t.id, due);
+                }
+            }
+            Err(e) => tracing::error!("cannot scan timers: {e}"),
+        }
+        match self.engine.list_callbacks(None) {
+            Ok(cbs) => {
+                for cb in cbs
+                    .iter()
+                    .filter(|c| c.hook_deliveries.iter().any(|h| h.is_pending()))
+                {
+                    self.due.set(&cb.id, Some(now));
+                }
+            }
+            Err(e) => tracing::error!("cannot scan callbacks: {e}"),
+        }
+    }
+
+    fn reschedule_timer(&mut self, id: &str) {
+        match self.engine.all_timers() {
+            Ok(timers) => {
+                let due = timers.iter().find(|t| t.id == id).and_then(|t| {
+                    engine::timers::timer_next_due(t, Timestamp::from_millis(i64::MIN))
+                });
+                self.due.set(id, due);
+            }
+            Err(e) => tracing::error!(timer = %id, "cannot read timer: {e}"),
+        }
     }
 
     /// Services every waitpoint whose time has come.
@@ -641,7 +699,15 @@ impl Daemon {
             ids.push(id);
         }
         for id in ids {
-            match self.engine.service(&id) {
+            // One queue for every kind of owner; the id's prefix says which.
+            let serviced = if engine::timers::is_timer_id(&id) {
+                self.engine.service_timer(&id)
+            } else if engine::callbacks::is_callback_id(&id) {
+                self.engine.service_callback(&id)
+            } else {
+                self.engine.service(&id)
+            };
+            match serviced {
                 Ok(service) => {
                     self.due.set(&id, service.next_due);
                     for job in service.hooks_due {
@@ -671,16 +737,16 @@ impl Daemon {
         let stdin = match delivery::read_delivered(home, &job.channel, &job.wake_id) {
             Ok(Some(b)) => b,
             Ok(None) => {
-                tracing::warn!(waitpoint = %job.waitpoint, wake = %job.wake_id, "wake no longer in the inbox; not running the hook for it");
+                tracing::warn!(owner = %job.owner, wake = %job.wake_id, "wake no longer in the inbox; not running the hook for it");
                 let _ = self.tx.send(Event::HookDone {
-                    waitpoint: job.waitpoint,
+                    owner: job.owner,
                     wake_id: job.wake_id,
                     result: Ok(()),
                 });
                 return;
             }
             Err(e) => {
-                tracing::error!(waitpoint = %job.waitpoint, "cannot read wake for the hook: {e}");
+                tracing::error!(owner = %job.owner, "cannot read wake for the hook: {e}");
                 return;
             }
         };
@@ -688,7 +754,7 @@ impl Daemon {
             .inbox_new(&job.channel)
             .join(format!("{}.json", job.wake_id));
         let env = vec![
-            ("WAITPOINT_ID".to_owned(), job.waitpoint.clone()),
+            ("WAITPOINT_ID".to_owned(), job.owner.clone()),
             ("WAITPOINT_WAKE_ID".to_owned(), job.wake_id.clone()),
             ("WAITPOINT_CHANNEL".to_owned(), job.channel.clone()),
             ("WAITPOINT_ATTEMPT".to_owned(), job.attempt.to_string()),

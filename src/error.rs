@@ -124,8 +124,15 @@ pub fn exit_code_for(err: &anyhow::Error) -> u8 {
 /// True when the error is a closed stdout (`waitpoint check | head`), which is not a failure.
 pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
-        e.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        let io = e
+            .downcast_ref::<std::io::Error>()
+            .map(std::io::Error::kind)
+            .or_else(|| {
+                // JSON output fails through serde_json, which keeps the io error's kind.
+                e.downcast_ref::<serde_json::Error>()
+                    .and_then(serde_json::Error::io_error_kind)
+            });
+        io == Some(std::io::ErrorKind::BrokenPipe)
     })
 }
 

@@ -10,6 +10,8 @@
 //!   tmp/signals/bad/                   refused files, each with a .reason beside it
 //!   waitpoints/<id>/waitpoint.json     definition and state, replaced atomically
 //!   waitpoints/<id>/signals/           one file per accepted signal, never rewritten
+//!   timers/<id>.json                   durable timers
+//!   callbacks/<id>.json                callback capabilities (token stored hashed)
 //!   sessions/<channel>/wakes/new/      undelivered wakes (maildir-like)
 //!   sessions/<channel>/wakes/cur/      wakes a reader has taken
 //!   devices/<name>.json                a device the daemon collects signal files from over SSH
@@ -51,6 +53,8 @@ impl Home {
             self.drop_zone(),
             self.bad_dir(),
             self.waitpoints_dir(),
+            self.timers_dir(),
+            self.callbacks_dir(),
             self.sessions_dir(),
             self.log_dir(),
             self.devices_dir(),
@@ -92,6 +96,24 @@ impl Home {
 
     pub fn waitpoints_dir(&self) -> PathBuf {
         self.root.join("waitpoints")
+    }
+
+    /// `timers/`: one `<id>.json` per durable timer.
+    pub fn timers_dir(&self) -> PathBuf {
+        self.root.join("timers")
+    }
+
+    pub fn timer_file(&self, id: &str) -> PathBuf {
+        self.timers_dir().join(format!("{id}.json"))
+    }
+
+    /// `callbacks/`: one `<id>.json` per callback capability.
+    pub fn callbacks_dir(&self) -> PathBuf {
+        self.root.join("callbacks")
+    }
+
+    pub fn callback_file(&self, id: &str) -> PathBuf {
+        self.callbacks_dir().join(format!("{id}.json"))
     }
 
     pub fn waitpoint_dir(&self, id: &str) -> PathBuf {

@@ -131,6 +131,13 @@ pub struct Waitpoint {
     /// `onWake` hook deliveries not yet confirmed (exit 0), with their attempts.
     #[serde(default)]
     pub hook_deliveries: Vec<HookDelivery>,
+    /// `recheck_after_ms`: when the session gets one "recheck" wake if nothing terminal has
+    /// arrived by then (the waitpoint stays armed).
+    #[serde(default)]
+    pub recheck_at: Option<Timestamp>,
+    /// Whether that recheck wake went out.
+    #[serde(default)]
+    pub recheck_sent: bool,
 }
 
 /// Why a wake is waiting.
@@ -211,6 +218,14 @@ pub enum WakeKind {
     Report,
     /// The deadline passed first.
     Deadline,
+    /// `recheck_after_ms` passed with nothing terminal; the waitpoint stays armed.
+    Recheck,
+    /// A durable timer fired.
+    Timer,
+    /// A callback in `wake` mode was triggered: look at the external state.
+    WakeHint,
+    /// A callback in `enqueue` mode delivered a message (external evidence).
+    EnqueueMessage,
 }
 
 impl WakeKind {
@@ -219,8 +234,127 @@ impl WakeKind {
             WakeKind::Resolved => "resolved",
             WakeKind::Report => "report",
             WakeKind::Deadline => "deadline",
+            WakeKind::Recheck => "recheck",
+            WakeKind::Timer => "timer",
+            WakeKind::WakeHint => "wake_hint",
+            WakeKind::EnqueueMessage => "enqueue_message",
         }
     }
+}
+
+/// A timer as a wake names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerRef {
+    pub id: String,
+    pub summary: Option<String>,
+    pub fire_count: u64,
+    pub repeat: bool,
+}
+
+/// A callback as a wake names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallbackRef {
+    pub id: String,
+    pub label: Option<String>,
+    pub mode: CallbackMode,
+}
+
+/// How a callback delivers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallbackMode {
+    /// An empty POST wakes the session with a hint to look at the external state.
+    Wake,
+    /// The POST's `text` is queued for the session as external evidence.
+    Enqueue,
+}
+
+impl CallbackMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallbackMode::Wake => "wake",
+            CallbackMode::Enqueue => "enqueue",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "wake" => Some(CallbackMode::Wake),
+            "enqueue" => Some(CallbackMode::Enqueue),
+            _ => None,
+        }
+    }
+}
+
+/// Lifecycle of a timer. `scheduled` is the legacy name of `active`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TimerStatus {
+    #[serde(alias = "scheduled")]
+    Active,
+    Completed,
+    Cancelled,
+}
+
+impl TimerStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimerStatus::Active => "active",
+            TimerStatus::Completed => "completed",
+            TimerStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// `timers/<id>.json`: a durable alarm clock owned by a session.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timer {
+    pub id: String,
+    /// The owning session (the spec's owner); its wakes go to the session's channel.
+    pub session: String,
+    pub created_at: Timestamp,
+    pub duration_ms: u64,
+    pub interval_ms: Option<u64>,
+    pub repeat: bool,
+    pub status: TimerStatus,
+    pub summary: Option<String>,
+    pub next_fire_at: Option<Timestamp>,
+    pub last_fired_at: Option<Timestamp>,
+    pub fire_count: u64,
+    #[serde(default)]
+    pub hook_deliveries: Vec<HookDelivery>,
+}
+
+/// Lifecycle of a callback capability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CallbackStatus {
+    Active,
+    Revoked,
+}
+
+/// `callbacks/<id>.json`: a capability URL for senders that can only POST.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Callback {
+    pub id: String,
+    pub session: String,
+    pub label: Option<String>,
+    pub mode: CallbackMode,
+    pub status: CallbackStatus,
+    /// SHA-256 of the token; the token itself is shown once and never stored.
+    pub token_sha256: String,
+    pub created_at: Timestamp,
+    pub revoked_at: Option<Timestamp>,
+    pub last_triggered_at: Option<Timestamp>,
+    pub trigger_count: u64,
+    /// Identities of recent spool-file triggers, so a file collected twice after a crash
+    /// triggers once (bounded).
+    #[serde(default)]
+    pub recent_sources: Vec<String>,
+    #[serde(default)]
+    pub hook_deliveries: Vec<HookDelivery>,
 }
 
 /// The facts a wake repeats about its waitpoint.
@@ -294,7 +428,14 @@ pub struct Wake {
     pub created_at: Timestamp,
     pub session: String,
     pub channel: String,
-    pub waitpoint: WakeSubject,
+    /// The waitpoint this wake is about (null for timer and callback wakes).
+    pub waitpoint: Option<WakeSubject>,
+    /// The timer that fired (timer wakes only).
+    #[serde(default)]
+    pub timer: Option<TimerRef>,
+    /// The callback that was triggered (callback wakes only).
+    #[serde(default)]
+    pub callback: Option<CallbackRef>,
     pub waited_ms: i64,
     pub summary: String,
     pub reports: Vec<ReportFact>,

@@ -330,7 +330,7 @@ fn poll(
             let (mut applied, mut parked) = (0, 0);
             for file in mirror.pending()? {
                 match mirror.collect(engine, &file)? {
-                    FileOutcome::Consumed(_) => applied += 1,
+                    FileOutcome::Consumed(_) | FileOutcome::Triggered(_) => applied += 1,
                     FileOutcome::Parked(_) => parked += 1,
                     FileOutcome::Deferred | FileOutcome::Vanished => {}
                 }

@@ -7,6 +7,7 @@ pub mod ops;
 pub mod progress;
 pub mod render;
 pub mod signal;
+pub mod timer;
 pub mod waitpoint;
 
 use std::ffi::OsString;

@@ -55,6 +55,14 @@ pub enum Command {
     /// Manage sessions
     #[command(subcommand)]
     Session(SessionCommand),
+    /// Replace a waitpoint's secret: the old one is refused from now on
+    ResetSecret(ResetSecretArgs),
+    /// Durable timers: wakes after a delay, optionally repeating
+    #[command(subcommand)]
+    Timer(super::timer::TimerCommand),
+    /// Callback capability URLs for senders that can only POST
+    #[command(subcommand)]
+    Callback(super::timer::CallbackCommand),
     /// Run the collector, sweeper and delivery in the foreground
     ///
     /// The daemon takes the home's lock (one daemon per home), drains the drop zone (showing
@@ -117,6 +125,20 @@ pub struct SessionDeleteArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ResetSecretArgs {
+    /// The waitpoint id
+    pub id: String,
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print the reply as JSON
+    #[arg(long, conflicts_with = "print")]
+    pub json: bool,
+    /// Print only one field of the reply
+    #[arg(long, value_name = "FIELD", value_enum)]
+    pub print: Option<PrintField>,
+}
+
+#[derive(Debug, Args)]
 pub struct WatchArgs {
     #[command(flatten)]
     pub session: SessionArg,
@@ -168,6 +190,10 @@ pub struct CreateArgs {
     /// The channel its wakes go to [default: the session]
     #[arg(long, value_name = "C")]
     pub channel: Option<String>,
+    /// If nothing terminal has arrived after this many milliseconds, send one "recheck" wake
+    /// (the waitpoint stays armed)
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub recheck_after_ms: Option<u64>,
     /// Print the reply as JSON
     #[arg(long, conflicts_with = "print")]
     pub json: bool,
@@ -302,6 +328,14 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Wait(a) => wait(&engine, a, &mut out),
         Command::Watch(a) => watch(&engine, a, &mut out),
         Command::Session(SessionCommand::Delete(a)) => session_delete(&engine, a, &mut out),
+        Command::ResetSecret(a) => {
+            let created = engine.reset_secret(&a.id, &a.session.session)?;
+            print_created(&engine, &created, a.print, a.json, &mut out)
+        }
+        Command::Timer(cmd) => super::timer::run_timer(&engine, cmd, &mut out),
+        Command::Callback(cmd) => {
+            super::timer::run_callback(&engine, cmd, webhook_port(), &mut out)
+        }
         Command::Device(a) => super::device::run(
             &engine,
             a,
@@ -338,11 +372,9 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     let session = a.session.session;
     let channel = a.channel.unwrap_or_else(|| session.clone());
     // The device must exist, so the shell line points at its real spool.
-    let device = a
-        .device
-        .as_deref()
-        .map(|d| crate::ingress::device::require(engine.home(), d))
-        .transpose()?;
+    if let Some(d) = a.device.as_deref() {
+        crate::ingress::device::require(engine.home(), d)?;
+    }
     let created = engine.create(CreateRequest {
         label: a.label,
         intent: a.intent,
@@ -354,14 +386,37 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
         device: a.device,
         session,
         channel,
+        recheck_after_ms: a.recheck_after_ms,
     })?;
-    let home = engine.home();
-    let root = home.root().to_string_lossy().into_owned();
-    let drop_zone = home.drop_zone().to_string_lossy().into_owned();
-    let port = std::env::var("WEBHOOK_PORT")
+    print_created(engine, &created, a.print, a.json, out)
+}
+
+/// The port printed lines use: `WEBHOOK_PORT`, else the spec's 3001.
+fn webhook_port() -> u16 {
+    std::env::var("WEBHOOK_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
-        .unwrap_or(3001);
+        .unwrap_or(3001)
+}
+
+/// Prints a `wait_create` reply (also used by `reset-secret`, whose reply has the same shape).
+fn print_created(
+    engine: &Engine,
+    created: &engine::Created,
+    print: Option<PrintField>,
+    json_out: bool,
+    out: &mut impl Write,
+) -> anyhow::Result<u8> {
+    let home = engine.home();
+    let device = created
+        .waitpoint
+        .device
+        .as_deref()
+        .map(|d| crate::ingress::device::require(home, d))
+        .transpose()?;
+    let root = home.root().to_string_lossy().into_owned();
+    let drop_zone = home.drop_zone().to_string_lossy().into_owned();
+    let port = webhook_port();
     let lines = howto::build(
         &created.waitpoint,
         &created.secret,
@@ -373,7 +428,7 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
         },
     );
     let wp = &created.waitpoint;
-    if let Some(field) = a.print {
+    if let Some(field) = print {
         let text = match field {
             PrintField::Id => &wp.id,
             PrintField::Secret => &created.secret,
@@ -387,7 +442,7 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
         writeln!(out, "{text}")?;
         return Ok(exit::OK);
     }
-    if a.json {
+    if json_out {
         let mut v = render::public_view(wp);
         let o = v.as_object_mut().expect("an object");
         o.insert("secret".into(), json!(created.secret));
@@ -678,8 +733,10 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
     } else {
         writeln!(
             out,
-            "── wake {} ({:?}) at {}",
-            wake.wake_id, wake.kind, wake.created_at
+            "── wake {} ({}) at {}",
+            wake.wake_id,
+            wake.kind.as_str(),
+            wake.created_at
         )?;
         write!(out, "{}", wake.text)?;
     }

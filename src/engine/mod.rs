@@ -7,7 +7,9 @@
 //! file is removed by the caller only after all of that is durable; a crash anywhere before then
 //! leaves the file in place and the next attempt finishes the job without counting twice.
 
+pub mod callbacks;
 pub mod rules;
+pub mod timers;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -61,6 +63,8 @@ pub struct CreateRequest {
     pub device: Option<String>,
     pub session: String,
     pub channel: String,
+    /// `recheck_after_ms`: one "recheck" wake if nothing terminal arrived by then.
+    pub recheck_after_ms: Option<u64>,
 }
 
 /// A new waitpoint and its secret, which is never stored and exists only in this value.
@@ -88,6 +92,15 @@ pub enum Verdict {
     Closed { id: String, status: Status },
     /// Not accepted, with the reason.
     Refused(Refusal),
+}
+
+/// True for `<prefix>` followed by 12 lowercase hex digits.
+pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
+    id.len() == prefix.len() + 12
+        && id.starts_with(prefix)
+        && id[prefix.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Checks a session or channel name: it becomes a directory name.
@@ -182,6 +195,9 @@ impl Engine {
                 q
             }
         };
+        if req.recheck_after_ms == Some(0) {
+            return usage("--recheck-after-ms must be a positive number of milliseconds".into());
+        }
         if req.max_signals == 0 || req.max_signals > MAX_MAX_SIGNALS {
             return usage(format!("--max-signals must be 1-{MAX_MAX_SIGNALS}"));
         }
@@ -225,17 +241,24 @@ impl Engine {
             recent_wakes: Vec::new(),
             outbox: Vec::new(),
             hook_deliveries: Vec::new(),
+            recheck_at: req.recheck_after_ms.map(|ms| now.plus_ms(ms as i64)),
+            recheck_sent: false,
         };
         self.commit_new(&waitpoint)?;
         Ok(Created { waitpoint, secret })
     }
 
     fn fresh_id(&self) -> String {
+        self.fresh_prefixed_id("wp_", |id| self.home.waitpoint_dir(id).exists())
+    }
+
+    /// A fresh `<prefix><12 hex>` id that `taken` does not know.
+    fn fresh_prefixed_id(&self, prefix: &str, taken: impl Fn(&str) -> bool) -> String {
         loop {
             let mut b = [0u8; 6];
             rand::rng().fill_bytes(&mut b);
-            let id = format!("wp_{}", hex::encode(b));
-            if !self.home.waitpoint_dir(&id).exists() {
+            let id = format!("{prefix}{}", hex::encode(b));
+            if !taken(&id) {
                 return id;
             }
         }
@@ -504,6 +527,29 @@ impl Engine {
         Ok(out)
     }
 
+    /// Replaces a waitpoint's secret: the old one is refused from now on (exactly like a wrong
+    /// secret) and the new one is returned, once.
+    pub fn reset_secret(&self, id: &str, session: &str) -> Result<Created> {
+        let Some(_lock) = self.lock(id)? else {
+            return Err(Error::NotFound(id.to_owned()));
+        };
+        let mut wp = self.load_visible(id, Some(session))?;
+        if wp.status != Status::Armed {
+            return Err(Error::Conflict(format!(
+                "{id} is already {}; its secret no longer opens anything",
+                wp.status.as_str()
+            )));
+        }
+        let secret = secret::generate();
+        wp.secret_sha256 = secret::hash(&secret);
+        self.save(&wp)?;
+        tracing::info!(waitpoint = %id, session, "secret reset; the old one is refused from now on");
+        Ok(Created {
+            waitpoint: wp,
+            secret,
+        })
+    }
+
     /// Disarms a waitpoint on behalf of `session`. Cancelling a cancelled one is a no-op;
     /// cancelling one that already resolved or expired is a conflict.
     pub fn cancel(&self, id: &str, session: &str) -> Result<Waitpoint> {
@@ -549,6 +595,21 @@ impl Engine {
         if let Some(p) = rules::release_pending(&mut wp, now, cap) {
             self.emit(&mut wp, p.kind, p.outcome, p.first_seq, p.rounds)?;
         }
+        if wp.status == Status::Armed
+            && !wp.recheck_sent
+            && wp
+                .recheck_at
+                .is_some_and(|at| now >= at && at < wp.expires_at)
+        {
+            wp.recheck_sent = true;
+            if wp.counters.ok + wp.counters.fail == 0 {
+                let pending = self.read_signals(&wp.id, wp.round.start_seq.max(1))?;
+                let wake =
+                    rules::compose_wake(&mut wp, WakeKind::Recheck, None, &pending, None, 1, now);
+                tracing::info!(waitpoint = %wp.id, "recheck time reached with nothing terminal; recheck wake sent");
+                wp.outbox.push(wake);
+            }
+        }
         if wp.status == Status::Armed && now >= wp.expires_at {
             let first = wp
                 .pending_wake
@@ -582,17 +643,7 @@ impl Engine {
         if wp.status != Status::Armed && wp.pending_wake.is_none() {
             self.forget(id);
         }
-        let hooks_due = wp
-            .hook_deliveries
-            .iter()
-            .filter(|h| h.is_pending() && h.next_attempt_at <= now)
-            .map(|h| HookJob {
-                waitpoint: wp.id.clone(),
-                channel: wp.channel.clone(),
-                wake_id: h.wake_id.clone(),
-                attempt: h.attempts + 1,
-            })
-            .collect();
+        let hooks_due = hooks_due(&wp.id, &wp.channel, &wp.hook_deliveries, now);
         // Attempts handed out now are rescheduled when they report back, so they do not count
         // toward the next look (that would make the daemon spin while a hook runs).
         let next = next_due_after(&wp, now);
@@ -602,44 +653,55 @@ impl Engine {
         })
     }
 
-    /// Records the outcome of one `onWake` attempt: done on success; on failure the attempt
-    /// count, the error and the next try (capped exponential backoff) are kept on the waitpoint,
-    /// so retries survive restarts. Returns when to look at the waitpoint again.
+    /// Records the outcome of one `onWake` attempt for the wake's owner (a waitpoint, timer or
+    /// callback): done on success; on failure the attempt count, the error and the next try
+    /// (capped exponential backoff) are kept on the owner's record, so retries survive restarts.
+    /// Returns when to look at the owner again.
     pub fn record_hook_attempt(
         &self,
-        id: &str,
+        owner: &str,
         wake_id: &str,
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
-        let Some(_lock) = self.lock(id)? else {
-            return Ok(None);
-        };
-        let Some(mut wp) = self.load(id)? else {
-            return Ok(None);
-        };
-        let now = self.clock.now();
-        let Some(h) = wp
-            .hook_deliveries
-            .iter_mut()
-            .find(|h| h.wake_id == wake_id && h.is_pending())
-        else {
-            return Ok(next_due(&wp));
-        };
-        h.attempts += 1;
-        h.last_attempt_at = Some(now);
-        match result {
-            Ok(()) => {
-                h.delivered_at = Some(now);
-                tracing::info!(waitpoint = %id, wake = %wake_id, attempts = h.attempts, "onWake hook delivered");
-            }
-            Err(error) => {
-                h.next_attempt_at = now.plus_ms(hook_backoff_ms(h.attempts));
-                tracing::warn!(waitpoint = %id, wake = %wake_id, attempts = h.attempts, "onWake hook failed, will retry: {error}");
-                h.last_error = Some(error);
-            }
+        if owner.starts_with(timers::ID_PREFIX) {
+            return self.record_timer_hook(owner, wake_id, result);
         }
-        self.save(&wp)?;
+        if owner.starts_with(callbacks::ID_PREFIX) {
+            return self.record_callback_hook(owner, wake_id, result);
+        }
+        let Some(_lock) = self.lock(owner)? else {
+            return Ok(None);
+        };
+        let Some(mut wp) = self.load(owner)? else {
+            return Ok(None);
+        };
+        if note_hook_attempt(
+            &mut wp.hook_deliveries,
+            owner,
+            wake_id,
+            result,
+            self.clock.now(),
+        ) {
+            self.save(&wp)?;
+        }
         Ok(next_due(&wp))
+    }
+
+    /// Delivers a wake that no waitpoint owns (a timer's or a callback's) to its inbox, and
+    /// queues its `onWake` delivery on the owner's record.
+    fn deliver_owned(&self, wake: &Wake, hooks: &mut Vec<HookDelivery>) -> Result<()> {
+        delivery::deliver(&self.home, wake)?;
+        if self.settings.on_wake.is_some() {
+            hooks.push(HookDelivery {
+                wake_id: wake.wake_id.clone(),
+                attempts: 0,
+                last_error: None,
+                last_attempt_at: None,
+                next_attempt_at: self.clock.now(),
+                delivered_at: None,
+            });
+        }
+        Ok(())
     }
 
     /// Removes a waitpoint whose retention has passed: its id is unknown from then on.
@@ -668,6 +730,15 @@ impl Engine {
                     Err(Error::NotFound(_) | Error::Conflict(_)) => {}
                     Err(e) => return Err(e),
                 }
+            }
+        }
+        // Its capabilities die with it: a deleted session's callback tokens are rejected and
+        // its timers never fire.
+        self.revoke_session_callbacks(session)?;
+        for t in self.list_timers(session, usize::MAX)? {
+            match self.cancel_timer(&t.id, session) {
+                Ok(_) | Err(Error::Conflict(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         let dir = self.home.sessions_dir().join(session);
@@ -775,10 +846,62 @@ pub struct Service {
 /// One `onWake` attempt for the daemon's hook runner.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HookJob {
-    pub waitpoint: String,
+    /// The wake's owner: a waitpoint, timer or callback id.
+    pub owner: String,
     pub channel: String,
     pub wake_id: String,
     pub attempt: u32,
+}
+
+/// Applies one hook attempt's result to the matching pending delivery; false when there is none.
+fn note_hook_attempt(
+    list: &mut [HookDelivery],
+    owner: &str,
+    wake_id: &str,
+    result: std::result::Result<(), String>,
+    now: Timestamp,
+) -> bool {
+    let Some(h) = list
+        .iter_mut()
+        .find(|h| h.wake_id == wake_id && h.is_pending())
+    else {
+        return false;
+    };
+    h.attempts += 1;
+    h.last_attempt_at = Some(now);
+    match result {
+        Ok(()) => {
+            h.delivered_at = Some(now);
+            tracing::info!(owner, wake = %wake_id, attempts = h.attempts, "onWake hook delivered");
+        }
+        Err(error) => {
+            h.next_attempt_at = now.plus_ms(hook_backoff_ms(h.attempts));
+            tracing::warn!(owner, wake = %wake_id, attempts = h.attempts, "onWake hook failed, will retry: {error}");
+            h.last_error = Some(error);
+        }
+    }
+    true
+}
+
+/// The hook attempts due at `now` for an owner's deliveries.
+fn hooks_due(owner: &str, channel: &str, list: &[HookDelivery], now: Timestamp) -> Vec<HookJob> {
+    list.iter()
+        .filter(|h| h.is_pending() && h.next_attempt_at <= now)
+        .map(|h| HookJob {
+            owner: owner.to_owned(),
+            channel: channel.to_owned(),
+            wake_id: h.wake_id.clone(),
+            attempt: h.attempts + 1,
+        })
+        .collect()
+}
+
+/// The earliest pending hook attempt after `handed_out` (those at or before it are in flight).
+fn next_hook_after(list: &[HookDelivery], handed_out: Timestamp) -> Option<Timestamp> {
+    list.iter()
+        .filter(|h| h.is_pending() && h.next_attempt_at > handed_out)
+        .map(|h| h.next_attempt_at)
+        .min()
 }
 
 /// Capped exponential backoff between hook attempts: 1 s, 2 s, 4 s, ... up to 5 minutes.
@@ -822,13 +945,11 @@ fn next_due_after(wp: &Waitpoint, handed_out: Timestamp) -> Option<Timestamp> {
     }
     if wp.status == Status::Armed {
         due.push(wp.expires_at);
+        if !wp.recheck_sent {
+            due.extend(wp.recheck_at);
+        }
     }
-    due.extend(
-        wp.hook_deliveries
-            .iter()
-            .filter(|h| h.is_pending() && h.next_attempt_at > handed_out)
-            .map(|h| h.next_attempt_at),
-    );
+    due.extend(next_hook_after(&wp.hook_deliveries, handed_out));
     due.extend(retention_ends(wp));
     due.into_iter().min()
 }

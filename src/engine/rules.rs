@@ -295,6 +295,14 @@ pub fn compose_wake(
         ),
         (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, signals.len(), &waited),
         (WakeKind::Deadline, None) => format!("deadline passed after {waited}"),
+        (WakeKind::Recheck, _) => format!(
+            "recheck: nothing terminal has arrived after {waited}; it is still armed \
+(deadline {})",
+            wp.expires_at
+        ),
+        (WakeKind::Timer | WakeKind::WakeHint | WakeKind::EnqueueMessage, _) => {
+            format!("{} after {waited}", kind.as_str())
+        }
     };
     let summary = if reporters.is_empty() {
         format!("{}: {headline}", wp.label)
@@ -343,13 +351,15 @@ pub fn compose_wake(
         created_at: now,
         session: wp.session.clone(),
         channel: wp.channel.clone(),
-        waitpoint: WakeSubject {
+        timer: None,
+        callback: None,
+        waitpoint: Some(WakeSubject {
             id: wp.id.clone(),
             label: wp.label.clone(),
             intent: wp.intent.clone(),
             status: wp.status,
             outcome,
-        },
+        }),
         waited_ms,
         summary,
         reports,

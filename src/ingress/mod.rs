@@ -70,11 +70,7 @@ impl Source {
 
 /// True for a syntactically valid waitpoint id: `wp_` and 12 lowercase hex digits.
 pub fn is_waitpoint_id(id: &str) -> bool {
-    id.len() == 15
-        && id.starts_with("wp_")
-        && id[3..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    crate::engine::is_prefixed_id(id, "wp_")
 }
 
 /// Checks a member name's shape (the engine checks it against the waitpoint's list).
@@ -91,6 +87,62 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
         return Err("member name contains control characters".into());
     }
     Ok(())
+}
+
+/// A callback trigger dropped into the spool: the shell-job form of `POST /callbacks/...`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireCallback {
+    callback: String,
+    mode: String,
+    #[serde(default)]
+    text: Option<String>,
+}
+
+/// A callback trigger, not yet authenticated.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CallbackRequest {
+    /// The capability token. Never logged, never written.
+    pub token: String,
+    pub mode: crate::model::CallbackMode,
+    pub text: Option<String>,
+}
+
+impl std::fmt::Debug for CallbackRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackRequest")
+            .field("token", &"[redacted]")
+            .field("mode", &self.mode)
+            .field("text", &self.text)
+            .finish()
+    }
+}
+
+/// What a spool file asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SpoolBody {
+    Signal(SignalRequest),
+    Callback(CallbackRequest),
+}
+
+/// Parses a spool file: a signal, or (with a `callback` key) a callback trigger.
+pub fn parse_spool_body(bytes: &[u8]) -> Result<SpoolBody, String> {
+    let looks_like_callback = bytes.len() <= MAX_BODY_BYTES
+        && serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .is_some_and(|v| v.get("callback").is_some());
+    if !looks_like_callback {
+        return parse_signal(bytes).map(SpoolBody::Signal);
+    }
+    let wire: WireCallback =
+        serde_json::from_slice(bytes).map_err(|e| format!("not a valid callback trigger: {e}"))?;
+    let mode = crate::model::CallbackMode::parse(&wire.mode)
+        .ok_or_else(|| "`mode` must be wake or enqueue".to_owned())?;
+    Ok(SpoolBody::Callback(CallbackRequest {
+        token: wire.callback,
+        mode,
+        text: wire.text,
+    }))
 }
 
 /// Parses and shape-checks a signal body. The error is a reason fit for a `.reason` file or an

@@ -14,9 +14,10 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
+use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
-use crate::ingress::{MAX_BODY_BYTES, Source, parse_signal};
+use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, Source, SpoolBody, parse_spool_body};
 use crate::secret;
 use crate::store;
 
@@ -25,6 +26,8 @@ use crate::store;
 pub enum FileOutcome {
     /// Applied (accepted, duplicate or already resolved) and removed from the spool.
     Consumed(Verdict),
+    /// A callback trigger, delivered (or a re-collected duplicate) and removed from the spool.
+    Triggered(String),
     /// Refused and moved to `bad/`, with the reason.
     Parked(String),
     /// Does not parse yet but was written moments ago, probably by a writer that skipped the
@@ -108,8 +111,9 @@ impl Spool {
             }
             Err(ReadError::Io(e)) => return Err(Error::io("cannot read", &path, e)),
         };
-        let request = match parse_signal(&bytes) {
-            Ok(r) => r,
+        let request = match parse_spool_body(&bytes) {
+            Ok(SpoolBody::Signal(r)) => r,
+            Ok(SpoolBody::Callback(c)) => return self.trigger(engine, name, &path, &bytes, c),
             Err(_) if self.device.is_none() && is_fresh(&path) => return Ok(FileOutcome::Deferred),
             Err(reason) => {
                 self.park(name, &reason, Some(&bytes), None, engine.now())?;
@@ -137,6 +141,38 @@ impl Spool {
         }
         store::remove_durably(&path)?;
         Ok(FileOutcome::Consumed(verdict))
+    }
+
+    /// The spool form of a callback: the token's capability, checked by the engine.
+    fn trigger(
+        &self,
+        engine: &Engine,
+        name: &str,
+        path: &Path,
+        bytes: &[u8],
+        c: CallbackRequest,
+    ) -> Result<FileOutcome> {
+        let identity = self.source_of(name).identity();
+        let refuse = |reason: String| -> Result<FileOutcome> {
+            tracing::warn!(file = ?name, "refused callback file: {reason}");
+            self.park(name, &reason, Some(bytes), None, engine.now())?;
+            Ok(FileOutcome::Parked(reason))
+        };
+        let id = match engine.trigger_callback(&c.token, c.mode, c.text, Some(identity))? {
+            Trigger::Delivered { id, .. } | Trigger::Duplicate { id } => id,
+            Trigger::Invalid => {
+                return refuse("unknown, revoked or malformed callback token".into());
+            }
+            Trigger::WrongMode { expected } => {
+                return refuse(format!(
+                    "this callback's mode is {}, not {}",
+                    expected.as_str(),
+                    c.mode.as_str()
+                ));
+            }
+        };
+        store::remove_durably(path)?;
+        Ok(FileOutcome::Triggered(id))
     }
 
     /// Moves a refused file to `bad/<stem>.json` with `bad/<stem>.reason` beside it. A parseable
@@ -322,10 +358,14 @@ fn safe_stem(name: &str) -> String {
 fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
     let mut value: Value = serde_json::from_slice(bytes).ok()?;
     let obj = value.as_object_mut()?;
-    let secret = obj.get("secret")?.as_str()?.to_owned();
+    // A signal's secret, or a callback trigger's token: both are capabilities.
+    let key = ["secret", "callback"]
+        .into_iter()
+        .find(|k| obj.get(*k).is_some_and(Value::is_string))?;
+    let secret = obj.get(key)?.as_str()?.to_owned();
     let fp = secret::fingerprint(&secret);
     obj.insert(
-        "secret".into(),
+        key.into(),
         Value::String(format!("[redacted; sha256 starts {fp}]")),
     );
     Some((store::to_pretty_json(&value), fp))

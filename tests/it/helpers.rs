@@ -454,6 +454,7 @@ impl Live {
                 device: None,
                 session: "default".into(),
                 channel: "default".into(),
+                recheck_after_ms: None,
             })
             .unwrap();
         (c.waitpoint.id, c.secret)

@@ -84,6 +84,8 @@ pub fn kind_of(rel: &Path) -> Option<&'static str> {
         ["waitpoints", _, "waitpoint.json"] => Some("waitpoint"),
         ["waitpoints", _, "signals", _] => Some("signal-record"),
         ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),
+        ["timers", _] => Some("timer"),
+        ["callbacks", _] => Some("callback"),
         ["tmp", "signals", "bad", _] => None,
         ["tmp", "signals", _] => Some("spool-signal"),
         ["devices", _] => Some("device"),

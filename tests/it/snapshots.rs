@@ -33,6 +33,7 @@ fn arm(engine: &Engine, label: &str, members: &[&str], max_signals: u32) -> (Str
             device: None,
             session: "default".into(),
             channel: "default".into(),
+            recheck_after_ms: None,
         })
         .unwrap();
     (c.waitpoint.id, c.secret)

@@ -1,0 +1,303 @@
+//! `waitpoint timer ...` and `waitpoint callback ...`: the events-and-timers operator CLI.
+//! Clap types end here; the engine sees validated requests.
+
+use std::io::Write;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use crate::engine::Engine;
+use crate::engine::timers::TimerRequest;
+use crate::error::exit;
+use crate::model::{Callback, CallbackMode, Timer};
+
+use super::waitpoint::SessionArg;
+
+#[derive(Debug, Subcommand)]
+pub enum TimerCommand {
+    /// Create a durable timer: a wake after N ms, optionally repeating
+    Create(TimerCreateArgs),
+    /// List the session's timers, newest first
+    List(TimerListArgs),
+    /// Show one of the session's timers
+    Show(TimerIdArgs),
+    /// Cancel a timer (cancelling a cancelled one is fine; a completed one cannot be)
+    Cancel(TimerIdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TimerCreateArgs {
+    /// Delay before the first firing, in milliseconds (positive)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub after_ms: u64,
+    /// Repeat every N milliseconds after that (positive)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub every_ms: Option<u64>,
+    /// What the wake should remind you of
+    #[arg(long, value_name = "TEXT")]
+    pub summary: Option<String>,
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TimerListArgs {
+    /// At most this many
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub limit: usize,
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct TimerIdArgs {
+    /// The timer id (tm_…)
+    pub id: String,
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn timer_line(t: &Timer) -> String {
+    let next = t
+        .next_fire_at
+        .map(|n| format!("next {n}"))
+        .unwrap_or_else(|| "-".to_owned());
+    let every = t
+        .interval_ms
+        .map(|i| format!(" every {i} ms"))
+        .unwrap_or_default();
+    format!(
+        "{}  {:<9} fired {}{every}  {next}  {}",
+        t.id,
+        t.status.as_str(),
+        t.fire_count,
+        t.summary.as_deref().unwrap_or("")
+    )
+}
+
+pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> anyhow::Result<u8> {
+    match cmd {
+        TimerCommand::Create(a) => {
+            let t = engine.create_timer(TimerRequest {
+                duration_ms: a.after_ms,
+                interval_ms: a.every_ms,
+                summary: a.summary,
+                session: a.session.session,
+            })?;
+            if a.json {
+                print_json(out, &t)?;
+            } else {
+                writeln!(out, "{}", timer_line(&t))?;
+            }
+        }
+        TimerCommand::List(a) => {
+            let list = engine.list_timers(&a.session.session, a.limit)?;
+            if a.json {
+                print_json(out, &list)?;
+            } else {
+                for t in &list {
+                    writeln!(out, "{}", timer_line(t))?;
+                }
+            }
+        }
+        TimerCommand::Show(a) => {
+            let t = engine.timer_for(&a.id, &a.session.session)?;
+            if a.json {
+                print_json(out, &t)?;
+            } else {
+                writeln!(out, "{}", timer_line(&t))?;
+                writeln!(
+                    out,
+                    "  created {}  last fired {}",
+                    t.created_at,
+                    t.last_fired_at
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| "never".into())
+                )?;
+            }
+        }
+        TimerCommand::Cancel(a) => {
+            let t = engine.cancel_timer(&a.id, &a.session.session)?;
+            if a.json {
+                print_json(out, &t)?;
+            } else {
+                writeln!(out, "cancelled {}", t.id)?;
+            }
+        }
+    }
+    Ok(exit::OK)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CallbackCommand {
+    /// Issue a capability URL that wakes the session (or queues a message) when POSTed to
+    Create(CallbackCreateArgs),
+    /// List the session's callbacks (never their tokens)
+    List(CallbackListArgs),
+    /// Show one callback (never its token)
+    Show(CallbackIdArgs),
+    /// Revoke a callback's token
+    Cancel(CallbackIdArgs),
+    /// Revoke the token and issue a new one
+    Reset(CallbackIdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CallbackCreateArgs {
+    /// wake: an empty POST wakes the session with a hint; enqueue: the POST's text is queued
+    #[arg(long, value_name = "MODE", value_parser = ["wake", "enqueue"])]
+    pub mode: String,
+    /// A name for it, shown on its wakes
+    #[arg(long, value_name = "L")]
+    pub label: Option<String>,
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CallbackListArgs {
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CallbackIdArgs {
+    /// The callback id (cb_…)
+    pub id: String,
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The URL a sender POSTs to. The token is the capability: treat the URL as a secret.
+pub fn trigger_url(port: u16, mode: CallbackMode, token: &str) -> String {
+    format!(
+        "http://127.0.0.1:{port}/callbacks/{}/{token}",
+        mode.as_str()
+    )
+}
+
+/// A callback as `list` and `show` print it: never the token (only its hash is stored anyway).
+fn callback_view(cb: &Callback) -> serde_json::Value {
+    let mut v = serde_json::to_value(cb).expect("callbacks serialise");
+    if let Some(o) = v.as_object_mut() {
+        o.remove("token_sha256");
+    }
+    v
+}
+
+pub fn run_callback(
+    engine: &Engine,
+    cmd: CallbackCommand,
+    port: u16,
+    out: &mut impl Write,
+) -> anyhow::Result<u8> {
+    let issued = |out: &mut dyn Write,
+                  reset: bool,
+                  json_out: bool,
+                  i: crate::engine::callbacks::IssuedCallback|
+     -> anyhow::Result<()> {
+        let url = trigger_url(port, i.callback.mode, &i.token);
+        let cb = &i.callback;
+        let mut v = json!({
+            "id": cb.id,
+            "mode": cb.mode,
+            "status": cb.status,
+            "trigger_url": url,
+        });
+        if reset {
+            v = json!({ "ok": true, "id": cb.id, "trigger_url": url, "mode": cb.mode, "status": cb.status });
+        }
+        if json_out {
+            serde_json::to_writer_pretty(&mut *out, &v)?;
+            writeln!(out)?;
+        } else {
+            writeln!(
+                out,
+                "{} {} ({})",
+                if reset { "reset" } else { "created" },
+                cb.id,
+                cb.mode.as_str()
+            )?;
+            writeln!(
+                out,
+                "  trigger_url (shown once; treat it as a secret): {url}"
+            )?;
+            let spool = engine.home().drop_zone();
+            writeln!(
+                out,
+                "  without the HTTP shim: put {{\"callback\":\"{}\",\"mode\":\"{}\"}} in {}/<fresh name>.json",
+                i.token,
+                cb.mode.as_str(),
+                spool.display()
+            )?;
+        }
+        Ok(())
+    };
+    match cmd {
+        CallbackCommand::Create(a) => {
+            let mode = CallbackMode::parse(&a.mode).expect("clap checked the value");
+            let i = engine.create_callback(mode, &a.session.session, a.label)?;
+            issued(out, false, a.json, i)?;
+        }
+        CallbackCommand::List(a) => {
+            let list = engine.list_callbacks(Some(&a.session.session))?;
+            if a.json {
+                let v: Vec<_> = list.iter().map(callback_view).collect();
+                print_json(out, &v)?;
+            } else {
+                for cb in &list {
+                    writeln!(
+                        out,
+                        "{}  {:<7} {:<7} triggered {}  {}",
+                        cb.id,
+                        cb.mode.as_str(),
+                        format!("{:?}", cb.status).to_lowercase(),
+                        cb.trigger_count,
+                        cb.label.as_deref().unwrap_or("")
+                    )?;
+                }
+            }
+        }
+        CallbackCommand::Show(a) => {
+            let cb = engine.callback_for(&a.id, &a.session.session)?;
+            print_json(out, &callback_view(&cb))?;
+        }
+        CallbackCommand::Cancel(a) => {
+            let cb = engine.cancel_callback(&a.id, &a.session.session)?;
+            if a.json {
+                print_json(out, &callback_view(&cb))?;
+            } else {
+                writeln!(out, "revoked {}", cb.id)?;
+            }
+        }
+        CallbackCommand::Reset(a) => {
+            let i = engine.reset_callback(&a.id, &a.session.session)?;
+            issued(out, true, a.json, i)?;
+        }
+    }
+    Ok(exit::OK)
+}

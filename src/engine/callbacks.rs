@@ -1,0 +1,318 @@
+//! Callbacks: capability URLs for senders that can only POST (a CI system's webhook, an alert
+//! manager). A callback has one delivery mode and a token that is shown once and stored only as
+//! SHA-256. Triggering it (over the HTTP shim, or by dropping a file in the spool) delivers a
+//! `wake_hint` or `enqueue_message` wake to the owning session; whatever the sender wrote stays
+//! external evidence, never instructions.
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+use crate::model::{
+    Callback, CallbackMode, CallbackRef, CallbackStatus, EXTERNAL_NOTICE, ExternalPayload,
+    ExternalReport, Wake, WakeKind,
+};
+use crate::secret;
+use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
+
+use super::{Engine, check_name, note_hook_attempt};
+
+/// Callback ids are `cb_` and 12 hex digits.
+pub const ID_PREFIX: &str = "cb_";
+/// The callback routes' body limit (the spec's 256 KB).
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// How many recent spool-trigger identities a callback remembers for de-duplication.
+const RECENT_SOURCES: usize = 64;
+
+/// True for a syntactically valid callback id.
+pub fn is_callback_id(id: &str) -> bool {
+    super::is_prefixed_id(id, ID_PREFIX)
+}
+
+/// A callback and its token, which exists only in this value.
+#[derive(Debug, Clone)]
+pub struct IssuedCallback {
+    pub callback: Callback,
+    pub token: String,
+}
+
+/// What a trigger did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// Delivered as wake `wake_id`.
+    Delivered { id: String, wake_id: String },
+    /// The same spool file again (after a crash); not delivered twice.
+    Duplicate { id: String },
+    /// Unknown, malformed or revoked token, or its session is gone: rejected alike.
+    Invalid,
+    /// A valid token used on the other mode's route.
+    WrongMode { expected: CallbackMode },
+}
+
+/// The callback id a token names (`cb_<12 hex>_<secret>`), if it has that shape.
+fn id_of(token: &str) -> Option<&str> {
+    let id = token.get(..15)?;
+    (is_callback_id(id) && token.as_bytes().get(15) == Some(&b'_') && token.len() > 16)
+        .then_some(id)
+}
+
+impl Engine {
+    fn callbacks_lock(&self) -> Result<FileLock> {
+        let dir = self.home.callbacks_dir();
+        create_dir_private(&dir)?;
+        FileLock::acquire(&dir.join(".lock"))
+    }
+
+    fn load_callback(&self, id: &str) -> Result<Option<Callback>> {
+        if !is_callback_id(id) {
+            return Ok(None);
+        }
+        read_json(&self.home.callback_file(id))
+    }
+
+    fn save_callback(&self, cb: &Callback) -> Result<()> {
+        commit_json(&self.home.callback_file(&cb.id), cb)
+    }
+
+    /// Issues a new callback for `session`.
+    pub fn create_callback(
+        &self,
+        mode: CallbackMode,
+        session: &str,
+        label: Option<String>,
+    ) -> Result<IssuedCallback> {
+        check_name("session", session)?;
+        if label
+            .as_ref()
+            .is_some_and(|l| l.chars().count() > super::MAX_LABEL_CHARS)
+        {
+            return Err(Error::Usage(format!(
+                "--label must be at most {} characters",
+                super::MAX_LABEL_CHARS
+            )));
+        }
+        let id = self.fresh_prefixed_id(ID_PREFIX, |id| self.home.callback_file(id).exists());
+        let token = format!("{id}_{}", secret::generate());
+        let cb = Callback {
+            id,
+            session: session.to_owned(),
+            label,
+            mode,
+            status: CallbackStatus::Active,
+            token_sha256: secret::hash(&token),
+            created_at: self.clock.now(),
+            revoked_at: None,
+            last_triggered_at: None,
+            trigger_count: 0,
+            recent_sources: Vec::new(),
+            hook_deliveries: Vec::new(),
+        };
+        let _lock = self.callbacks_lock()?;
+        self.save_callback(&cb)?;
+        tracing::info!(callback = %cb.id, session, mode = mode.as_str(), "callback created");
+        Ok(IssuedCallback {
+            callback: cb,
+            token,
+        })
+    }
+
+    /// A callback the session owns; another session's id reads as not found.
+    pub fn callback_for(&self, id: &str, session: &str) -> Result<Callback> {
+        match self.load_callback(id)? {
+            Some(c) if c.session == session => Ok(c),
+            _ => Err(Error::NotFound(id.to_owned())),
+        }
+    }
+
+    /// The session's callbacks, newest first.
+    pub fn list_callbacks(&self, session: Option<&str>) -> Result<Vec<Callback>> {
+        let mut out = Vec::new();
+        for (name, path) in store::list_dir(&self.home.callbacks_dir())? {
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if is_callback_id(id)
+                && let Some(c) = read_json::<Callback>(&path)?
+                && session.is_none_or(|s| c.session == s)
+            {
+                out.push(c);
+            }
+        }
+        out.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+        Ok(out)
+    }
+
+    /// Revokes a callback; revoking a revoked one is a no-op.
+    pub fn cancel_callback(&self, id: &str, session: &str) -> Result<Callback> {
+        let _lock = self.callbacks_lock()?;
+        let mut cb = self.callback_for(id, session)?;
+        if cb.status == CallbackStatus::Active {
+            cb.status = CallbackStatus::Revoked;
+            cb.revoked_at = Some(self.clock.now());
+            self.save_callback(&cb)?;
+            tracing::info!(callback = %id, session, "callback revoked");
+        }
+        Ok(cb)
+    }
+
+    /// Revokes the callback's token and issues a new one (the callback stays, reactivated).
+    pub fn reset_callback(&self, id: &str, session: &str) -> Result<IssuedCallback> {
+        let _lock = self.callbacks_lock()?;
+        let mut cb = self.callback_for(id, session)?;
+        let token = format!("{id}_{}", secret::generate());
+        cb.token_sha256 = secret::hash(&token);
+        cb.status = CallbackStatus::Active;
+        cb.revoked_at = None;
+        self.save_callback(&cb)?;
+        tracing::info!(callback = %id, session, "callback token reset; the old one is refused");
+        Ok(IssuedCallback {
+            callback: cb,
+            token,
+        })
+    }
+
+    /// Revokes every callback of a session (used when the session is deleted).
+    pub(super) fn revoke_session_callbacks(&self, session: &str) -> Result<usize> {
+        let mut n = 0;
+        for cb in self.list_callbacks(Some(session))? {
+            if cb.status == CallbackStatus::Active {
+                self.cancel_callback(&cb.id, session)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Triggers the callback `token` names on the `route` mode's route. `text` is an enqueue's
+    /// message; `source` is a spool file's identity (HTTP triggers have none).
+    pub fn trigger_callback(
+        &self,
+        token: &str,
+        route: CallbackMode,
+        text: Option<String>,
+        source: Option<String>,
+    ) -> Result<Trigger> {
+        let Some(id) = id_of(token) else {
+            return Ok(Trigger::Invalid);
+        };
+        let _lock = self.callbacks_lock()?;
+        let Some(mut cb) = self.load_callback(id)? else {
+            return Ok(Trigger::Invalid);
+        };
+        if !secret::verify(token, &cb.token_sha256) || cb.status != CallbackStatus::Active {
+            return Ok(Trigger::Invalid);
+        }
+        if cb.mode != route {
+            return Ok(Trigger::WrongMode { expected: cb.mode });
+        }
+        if let Some(src) = &source
+            && cb.recent_sources.contains(src)
+        {
+            return Ok(Trigger::Duplicate { id: cb.id });
+        }
+        let now = self.clock.now();
+        let wake = callback_wake(&cb, text, now);
+        self.deliver_owned(&wake, &mut cb.hook_deliveries)?;
+        cb.trigger_count += 1;
+        cb.last_triggered_at = Some(now);
+        if let Some(src) = source {
+            cb.recent_sources.push(src);
+            let excess = cb.recent_sources.len().saturating_sub(RECENT_SOURCES);
+            cb.recent_sources.drain(..excess);
+        }
+        self.save_callback(&cb)?;
+        tracing::info!(callback = %cb.id, wake = %wake.wake_id, "callback triggered");
+        Ok(Trigger::Delivered {
+            id: cb.id,
+            wake_id: wake.wake_id,
+        })
+    }
+
+    pub(super) fn record_callback_hook(
+        &self,
+        id: &str,
+        wake_id: &str,
+        result: std::result::Result<(), String>,
+    ) -> Result<Option<Timestamp>> {
+        let _lock = self.callbacks_lock()?;
+        let Some(mut cb) = self.load_callback(id)? else {
+            return Ok(None);
+        };
+        let now = self.clock.now();
+        if note_hook_attempt(&mut cb.hook_deliveries, id, wake_id, result, now) {
+            self.save_callback(&cb)?;
+        }
+        Ok(super::next_hook_after(
+            &cb.hook_deliveries,
+            Timestamp::from_millis(i64::MIN),
+        ))
+    }
+
+    /// Services a callback's pending hook deliveries.
+    pub fn service_callback(&self, id: &str) -> Result<super::Service> {
+        let Some(cb) = self.load_callback(id)? else {
+            return Ok(super::Service::default());
+        };
+        let now = self.clock.now();
+        Ok(super::Service {
+            next_due: super::next_hook_after(&cb.hook_deliveries, now),
+            hooks_due: super::hooks_due(&cb.id, &cb.session, &cb.hook_deliveries, now),
+        })
+    }
+}
+
+fn callback_wake(cb: &Callback, text: Option<String>, now: Timestamp) -> Wake {
+    let n = cb.trigger_count + 1;
+    let name = cb.label.clone().unwrap_or_else(|| cb.id.clone());
+    let (kind, summary, mut prose) = match cb.mode {
+        CallbackMode::Wake => (
+            WakeKind::WakeHint,
+            format!("callback {name}: look at the external state"),
+            format!(
+                "Callback {} ({name}) was triggered: look at the external state it watches. \
+An accepted callback does not prove that any work completed.\n",
+                cb.id
+            ),
+        ),
+        CallbackMode::Enqueue => (
+            WakeKind::EnqueueMessage,
+            format!("callback {name}: message queued"),
+            format!("Callback {} ({name}) delivered a message.\n", cb.id),
+        ),
+    };
+    let reports = match &text {
+        Some(t) => vec![ExternalReport {
+            seq: n,
+            member: None,
+            message: Some(t.clone()),
+            data: None,
+        }],
+        None => Vec::new(),
+    };
+    if let Some(t) = &text {
+        prose.push_str(&format!(
+            "\nExternal payload. {EXTERNAL_NOTICE}\n  text: {t:?}\n"
+        ));
+    }
+    Wake {
+        wake_id: format!("wk_{}_{n:04}", cb.id.trim_start_matches(ID_PREFIX)),
+        kind,
+        created_at: now,
+        session: cb.session.clone(),
+        channel: cb.session.clone(),
+        waitpoint: None,
+        timer: None,
+        callback: Some(CallbackRef {
+            id: cb.id.clone(),
+            label: cb.label.clone(),
+            mode: cb.mode,
+        }),
+        waited_ms: now.millis_since(cb.created_at),
+        summary,
+        reports: Vec::new(),
+        deadline: None,
+        external_payload: ExternalPayload {
+            notice: EXTERNAL_NOTICE.to_owned(),
+            reports,
+        },
+        text: prose,
+    }
+}
