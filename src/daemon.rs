@@ -1,8 +1,8 @@
 //! The daemon: one loop that owns every state transition while it runs.
 //!
 //! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
-//! `notify`), and requests from whoever holds the [`DaemonControl`] (shutdown, a nudge to
-//! re-check the clock). Timers are the loop's own: the periodic sweep of the drop zone, which is
+//! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
+//! holds the [`DaemonControl`] (shutdown, a nudge to re-check the clock). Timers are the loop's own: the periodic sweep of the drop zone, which is
 //! the source of truth (inotify is only a hint and may overflow), and a deadline queue, so a
 //! deadline fires on time without scanning every waitpoint.
 //!
@@ -21,6 +21,8 @@ use crate::clock::{Clock, Timestamp};
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::home::Home;
+use crate::ingress::Source;
+use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
 use crate::model::Status;
 use crate::settings::{DAY_MS, Settings};
@@ -35,6 +37,9 @@ pub enum Event {
     WaitpointAppeared(String),
     /// The watcher lost events (queue overflow) or failed: sweep everything.
     Rescan,
+    /// A signal that came in over the HTTP shim. The loop applies it like a spool file and
+    /// sends the verdict back once it is durable; the shim answers only then.
+    HttpSignal(Submission),
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
     /// Finish the work in hand and return.
@@ -46,6 +51,8 @@ pub enum Event {
 pub struct DaemonConfig {
     pub home: Home,
     pub settings: Settings,
+    /// Serve the loopback HTTP shim too (off by default).
+    pub http: Option<HttpConfig>,
 }
 
 /// A handle to a running (or about to run) daemon.
@@ -74,6 +81,9 @@ pub struct Daemon {
     tx: Sender<Event>,
     deadlines: BTreeSet<(Timestamp, String)>,
     deferred: Vec<(Instant, String)>,
+    /// The shim's listener, bound in `new` so a port in use fails the start.
+    http: Option<http::Bound>,
+    clock: Arc<dyn Clock>,
     _lock: FileLock,
 }
 
@@ -87,9 +97,10 @@ impl Daemon {
     pub fn new(config: DaemonConfig, clock: Arc<dyn Clock>) -> Result<(Daemon, DaemonControl)> {
         config.home.ensure()?;
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
+        let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
         let spool = Spool::new(config.home.drop_zone());
-        let engine = Engine::new(config.home, config.settings, clock);
+        let engine = Engine::new(config.home, config.settings, clock.clone());
         let control = DaemonControl { tx: tx.clone() };
         Ok((
             Daemon {
@@ -99,6 +110,8 @@ impl Daemon {
                 tx,
                 deadlines: BTreeSet::new(),
                 deferred: Vec::new(),
+                http,
+                clock,
                 _lock: lock,
             },
             control,
@@ -113,6 +126,7 @@ impl Daemon {
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
         let drained = self.sweep_spool();
+        let shim = self.start_shim()?;
         tracing::info!(drained, armed = self.deadlines.len(), "daemon ready");
         self.fire_due_deadlines();
         let sweep = self.engine.settings().sweep_ms;
@@ -135,6 +149,9 @@ impl Daemon {
             self.retry_deferred();
             self.fire_due_deadlines();
         }
+        if let Some(shim) = shim {
+            shim.stop();
+        }
         tracing::info!("daemon stopped");
         Ok(())
     }
@@ -154,8 +171,25 @@ impl Daemon {
                 self.rescan_waitpoints();
                 self.sweep_spool();
             }
+            Event::HttpSignal(s) => {
+                let verdict = self.engine.apply_signal(&s.request, &Source::Http(s.key));
+                let _ = s.reply.send(verdict);
+            }
             Event::Nudge | Event::Shutdown => {}
         }
+    }
+
+    /// Starts the HTTP shim when configured (publishing its address), and otherwise removes an
+    /// address file a daemon that did not stop cleanly left behind.
+    fn start_shim(&mut self) -> Result<Option<Shim>> {
+        let file = self.engine.home().webhook_address_file();
+        let Some(bound) = self.http.take() else {
+            http::remove_stale_address(&file)?;
+            return Ok(None);
+        };
+        let tx = self.tx.clone();
+        let submit: http::Submit = Box::new(move |s| tx.send(Event::HttpSignal(s)).is_ok());
+        Shim::start(bound, self.clock.clone(), submit, file).map(Some)
     }
 
     fn time_to_next(&self, next_sweep: Option<Instant>) -> Duration {

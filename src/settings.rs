@@ -23,6 +23,17 @@ pub struct Settings {
     pub sweep_ms: u64,
     /// Wake cap per waitpoint per sliding hour (`waitpointMaxWakesPerHour`).
     pub max_wakes_per_hour: u32,
+    /// The optional loopback HTTP shim (`"webhook": {"enabled": …, "port": …}`).
+    pub webhook: WebhookSettings,
+}
+
+/// `"webhook"` in settings.json. Off unless enabled; the port falls back (in the CLI) to
+/// `WEBHOOK_PORT`, then 3001. Other keys in the object are left to other tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookSettings {
+    pub enabled: bool,
+    /// 0 asks the system for a free port (the daemon publishes the one it got).
+    pub port: Option<u16>,
 }
 
 impl Default for Settings {
@@ -31,6 +42,7 @@ impl Default for Settings {
             ttl_ms: 7 * DAY_MS,
             sweep_ms: 30_000,
             max_wakes_per_hour: 12,
+            webhook: WebhookSettings::default(),
         }
     }
 }
@@ -109,8 +121,35 @@ impl Settings {
                 },
             }
         };
+        let webhook = match object.get("webhook") {
+            None => WebhookSettings::default(),
+            Some(Value::Object(w)) => WebhookSettings {
+                enabled: match w.get("enabled") {
+                    None => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(v) => {
+                        return Err(bad(format!(
+                            "key `webhook.enabled` must be true or false, not {v}"
+                        )));
+                    }
+                },
+                port: match w.get("port") {
+                    None => None,
+                    Some(v) => match v.as_u64().and_then(|n| u16::try_from(n).ok()) {
+                        Some(p) => Some(p),
+                        None => {
+                            return Err(bad(format!(
+                                "key `webhook.port` must be an integer from 0 to 65535, not {v}"
+                            )));
+                        }
+                    },
+                },
+            },
+            Some(v) => return Err(bad(format!("key `webhook` must be an object, not {v}"))),
+        };
         let d = Settings::default();
         Ok(Settings {
+            webhook,
             ttl_ms: get(&TTL)?.unwrap_or(d.ttl_ms),
             sweep_ms: get(&SWEEP)?.unwrap_or(d.sweep_ms),
             max_wakes_per_hour: get(&WAKES)?
@@ -167,6 +206,29 @@ mod tests {
     fn ttl_above_the_thirty_day_ceiling_is_refused() {
         let text = format!(r#"{{"waitpointTtlMs": {}}}"#, MAX_TTL_MS + 1);
         assert!(Settings::resolve(Path::new("s.json"), Some(&text), no_env).is_err());
+    }
+
+    #[test]
+    fn webhook_is_off_by_default_and_read_from_its_object() {
+        let s = Settings::resolve(Path::new("s"), None, no_env).unwrap();
+        assert_eq!(s.webhook, WebhookSettings::default());
+        let text = r#"{"webhook": {"enabled": true, "port": 4100, "token": "other tool's"}}"#;
+        let s = Settings::resolve(Path::new("s"), Some(text), no_env).unwrap();
+        assert_eq!(
+            s.webhook,
+            WebhookSettings {
+                enabled: true,
+                port: Some(4100)
+            }
+        );
+        for bad in [
+            r#"{"webhook": true}"#,
+            r#"{"webhook": {"enabled": "yes"}}"#,
+            r#"{"webhook": {"port": 70000}}"#,
+        ] {
+            let err = Settings::resolve(Path::new("s"), Some(bad), no_env).unwrap_err();
+            assert!(err.to_string().contains("webhook"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -50,6 +50,54 @@ pub fn load_settings(home: &Home) -> crate::error::Result<Settings> {
     Settings::load(&home.settings_file(), |k| std::env::var(k).ok())
 }
 
+/// `WEBHOOK_PORT`, when set: the port the HTTP shim uses unless told otherwise.
+pub fn webhook_port_env() -> crate::error::Result<Option<u16>> {
+    match std::env::var("WEBHOOK_PORT") {
+        Ok(raw) if !raw.trim().is_empty() => raw.trim().parse().map(Some).map_err(|_| {
+            crate::error::Error::Usage(format!(
+                "environment variable WEBHOOK_PORT must be a port number, not {raw:?}"
+            ))
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// SIGTERM and SIGINT, blocked in the calling thread (and so in every thread it starts later).
+pub fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: plain libc calls on a sigset_t we own; pthread_sigmask only changes this thread's
+    // mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// Waits for the signals in `set` on a thread of its own: the first calls `stop` (a clean
+/// shutdown), a second one exits at once.
+pub fn stop_on_termination_signals(set: libc::sigset_t, stop: impl FnOnce() + Send + 'static) {
+    std::thread::spawn(move || {
+        let mut stop = Some(stop);
+        loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` and `sig` are valid for the call; sigwait only reads and writes them.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                return;
+            }
+            match stop.take() {
+                Some(stop) => {
+                    tracing::info!(signal = sig, "stopping on signal");
+                    stop();
+                }
+                None => std::process::exit(1),
+            }
+        }
+    });
+}
+
 /// Logging: warnings and up to stderr for ordinary commands; for the daemon, info and up to
 /// stderr and `log/daemon.log`. `RUST_LOG` overrides the level.
 pub fn init_logging(daemon_log: Option<&Home>) {

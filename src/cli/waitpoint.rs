@@ -19,7 +19,9 @@ use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
 use crate::home::Home;
 use crate::howto;
+use crate::ingress::http::{self, HttpConfig};
 use crate::model::{Outcome, Status, Waitpoint, Wake};
+use crate::settings::Settings;
 
 /// Durable "wake me when this finishes" objects.
 ///
@@ -177,7 +179,19 @@ pub struct WaitArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct DaemonArgs {}
+pub struct DaemonArgs {
+    /// Also serve the loopback HTTP shim (POST /webhook/signal, GET /healthz); also turned on
+    /// by "webhook": {"enabled": true} in settings.json
+    #[arg(long)]
+    pub http: bool,
+    /// The shim's port; 0 picks a free one [default: settings webhook.port, else
+    /// $WEBHOOK_PORT, else 3001]
+    #[arg(long, value_name = "P")]
+    pub port: Option<u16>,
+    /// The shim's address; loopback only [default: 127.0.0.1]
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
+}
 
 /// Entry point of the `waitpoint` binary.
 pub fn main() -> ExitCode {
@@ -194,8 +208,20 @@ pub fn main() -> ExitCode {
 fn run(home: Home, command: Command) -> anyhow::Result<u8> {
     let settings = super::load_settings(&home)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    if let Command::Daemon(_) = command {
-        let (daemon, _control) = Daemon::new(DaemonConfig { home, settings }, clock)?;
+    if let Command::Daemon(a) = command {
+        let http = http_config(&a, &settings)?;
+        // Before any thread exists, so every thread inherits the mask and only the waiter
+        // below ever sees SIGTERM or SIGINT.
+        let signals = super::block_termination_signals();
+        let (daemon, control) = Daemon::new(
+            DaemonConfig {
+                home,
+                settings,
+                http,
+            },
+            clock,
+        )?;
+        super::stop_on_termination_signals(signals, move || control.shutdown());
         daemon.run()?;
         return Ok(exit::OK);
     }
@@ -211,6 +237,27 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Wait(a) => wait(&engine, a, &mut out),
         Command::Daemon(_) => unreachable!("handled above"),
     }
+}
+
+/// The shim's address from `--http/--port/--bind`, settings and `WEBHOOK_PORT`, in that order.
+fn http_config(a: &DaemonArgs, settings: &Settings) -> anyhow::Result<Option<HttpConfig>> {
+    if !a.http && !settings.webhook.enabled {
+        if a.port.is_some() || a.bind.is_some() {
+            return Err(Error::Usage(
+                "--port and --bind configure the HTTP shim; add --http (or set \"webhook\": \
+{\"enabled\": true} in settings.json)"
+                    .into(),
+            )
+            .into());
+        }
+        return Ok(None);
+    }
+    let port = match a.port.or(settings.webhook.port) {
+        Some(p) => p,
+        None => super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
+    };
+    let bind = a.bind.as_deref().unwrap_or("127.0.0.1");
+    Ok(Some(HttpConfig::new(bind, port)?))
 }
 
 fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -256,10 +303,7 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     let home = engine.home();
     let root = home.root().to_string_lossy().into_owned();
     let drop_zone = home.drop_zone().to_string_lossy().into_owned();
-    let port = std::env::var("WEBHOOK_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(3001);
+    let port = super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT);
     let lines = howto::build(
         &created.waitpoint,
         &created.secret,
