@@ -1,4 +1,7 @@
-//! `cortex-signal`: the spec's flags, their environment defaults, and the choice of transport.
+//! `cortex-signal`: the spec's flags, their environment defaults, and the choice of transport:
+//! `--url` if given, else the shim address the daemon published, else `WEBHOOK_PORT` if set,
+//! else the spool. An HTTP attempt that reaches no daemon, or one the daemon answers with "not
+//! recorded" (429, 500, 503), falls back to the spool unless `--no-spool`.
 
 use std::process::ExitCode;
 
@@ -6,8 +9,12 @@ use anyhow::Context;
 use clap::Parser;
 
 use crate::error::{Error, exit};
+use crate::home::Home;
 use crate::model::SignalStatus;
-use crate::signal::{DataSource, Sent, SignalBody, SpoolTransport, Transport};
+use crate::signal::{
+    DataSource, HttpTransport, HttpUrl, Published, Sent, SignalBody, SpoolTransport, Transport,
+    published_endpoint,
+};
 
 /// Report a job's result to a waitpoint.
 ///
@@ -106,23 +113,91 @@ fn run(args: SignalArgs) -> anyhow::Result<u8> {
     }
     .to_bytes()?;
 
-    if args.no_spool {
-        anyhow::bail!(
-            "the daemon cannot be reached: this build sends signals through the spool only, \
-and --no-spool forbids that"
-        );
-    }
-    if args.url.is_some() {
-        eprintln!("cortex-signal: this build has no HTTP transport; using the spool instead");
-    }
     let home = super::resolve_home(None);
+    let mut why_spool = "no HTTP shim is published for this home".to_owned();
+    if let Some((url, found)) = endpoint(args.url.as_deref(), &home, &mut why_spool)? {
+        let http = HttpTransport {
+            url: url.clone(),
+            idempotency_key: format!("cs-{}", crate::secret::random_hex(16)),
+        };
+        let via = format!("transport: http, {url} from {found}");
+        match http.send(&body)? {
+            Sent::Answered(reply) => match reply.code {
+                202 => {
+                    let what = if reply.result().as_deref() == Some("duplicate") {
+                        "already recorded (duplicate)"
+                    } else {
+                        "accepted"
+                    };
+                    eprintln!("cortex-signal: {what} ({via})");
+                    return Ok(exit::OK);
+                }
+                410 => {
+                    eprintln!(
+                        "cortex-signal: the waitpoint {}; nothing to do ({via})",
+                        reply.summary()
+                    );
+                    return Ok(exit::OK);
+                }
+                429 | 500 | 503 => {
+                    why_spool = format!(
+                        "the daemon answered HTTP {} ({}); nothing was recorded",
+                        reply.code,
+                        reply.summary()
+                    );
+                }
+                code => {
+                    eprintln!(
+                        "cortex-signal: refused with HTTP {code}: {} ({via})",
+                        reply.summary()
+                    );
+                    return Ok(exit::FAILURE);
+                }
+            },
+            Sent::Unreachable(why) => why_spool = format!("the daemon is unreachable: {why}"),
+            Sent::NoAnswer(why) => {
+                why_spool = format!(
+                    "the daemon did not answer ({why}); if it did record the signal, the spooled \
+copy counts once more"
+                )
+            }
+            Sent::Spooled(_) => unreachable!("the HTTP transport does not spool"),
+        }
+    }
+    if args.no_spool {
+        anyhow::bail!("{why_spool}, and --no-spool forbids the spool");
+    }
     let transport = SpoolTransport::new(home.drop_zone());
     let Sent::Spooled(path) = transport
         .send(&body)
-        .context("cannot write the signal to the spool")?;
+        .context("cannot write the signal to the spool")?
+    else {
+        unreachable!("the spool transport only spools");
+    };
     eprintln!(
-        "cortex-signal: spooled {} (transport: spool; the daemon collects it)",
+        "cortex-signal: spooled {} (transport: spool, because {why_spool}; the daemon collects it)",
         path.display()
     );
     Ok(exit::OK)
+}
+
+/// The HTTP endpoint to try, and where it came from. A stale address file is noted in
+/// `why_spool` and skipped.
+fn endpoint(
+    url: Option<&str>,
+    home: &Home,
+    why_spool: &mut String,
+) -> anyhow::Result<Option<(HttpUrl, String)>> {
+    if let Some(u) = url {
+        return Ok(Some((HttpUrl::parse(u)?, "--url".into())));
+    }
+    let file = home.webhook_address_file();
+    match published_endpoint(home) {
+        Published::Up(url) => return Ok(Some((url, file.display().to_string()))),
+        Published::Stale(why) => {
+            *why_spool = format!("{} is stale: {why}", file.display());
+        }
+        Published::Absent => {}
+    }
+    Ok(super::webhook_port_env()?.map(|p| (HttpUrl::loopback(p), "WEBHOOK_PORT".into())))
 }

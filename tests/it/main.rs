@@ -4,6 +4,7 @@
 mod helpers;
 
 mod foundation;
+mod http;
 mod layouts;
 mod recovery;
 mod refusals;
