@@ -115,7 +115,7 @@ fn run(args: SignalArgs) -> anyhow::Result<u8> {
 
     let home = super::resolve_home(None);
     let mut why_spool = "no HTTP shim is published for this home".to_owned();
-    if let Some((url, found)) = endpoint(args.url.as_deref(), &home, &mut why_spool)? {
+    if let Some((url, found, guessed)) = endpoint(args.url.as_deref(), &home, &mut why_spool)? {
         let http = HttpTransport {
             url: url.clone(),
             idempotency_key: format!("cs-{}", crate::secret::random_hex(16)),
@@ -138,6 +138,14 @@ fn run(args: SignalArgs) -> anyhow::Result<u8> {
                         reply.summary()
                     );
                     return Ok(exit::OK);
+                }
+                // A port taken from WEBHOOK_PORT may be another home's daemon, which knows
+                // none of our ids: the spool of this home is the safe place then.
+                404 if guessed => {
+                    why_spool = format!(
+                        "the shim at {url} (from WEBHOOK_PORT) does not know this id; it may \
+belong to another home"
+                    );
                 }
                 429 | 500 | 503 => {
                     why_spool = format!(
@@ -181,23 +189,24 @@ copy counts once more"
     Ok(exit::OK)
 }
 
-/// The HTTP endpoint to try, and where it came from. A stale address file is noted in
-/// `why_spool` and skipped.
+/// The HTTP endpoint to try, where it came from, and whether it is only a guess (from
+/// `WEBHOOK_PORT`, not named by `--url` or published by this home's daemon). A stale address
+/// file is noted in `why_spool` and skipped.
 fn endpoint(
     url: Option<&str>,
     home: &Home,
     why_spool: &mut String,
-) -> anyhow::Result<Option<(HttpUrl, String)>> {
+) -> anyhow::Result<Option<(HttpUrl, String, bool)>> {
     if let Some(u) = url {
-        return Ok(Some((HttpUrl::parse(u)?, "--url".into())));
+        return Ok(Some((HttpUrl::parse(u)?, "--url".into(), false)));
     }
     let file = home.webhook_address_file();
     match published_endpoint(home) {
-        Published::Up(url) => return Ok(Some((url, file.display().to_string()))),
+        Published::Up(url) => return Ok(Some((url, file.display().to_string(), false))),
         Published::Stale(why) => {
             *why_spool = format!("{} is stale: {why}", file.display());
         }
         Published::Absent => {}
     }
-    Ok(super::webhook_port_env()?.map(|p| (HttpUrl::loopback(p), "WEBHOOK_PORT".into())))
+    Ok(super::webhook_port_env()?.map(|p| (HttpUrl::loopback(p), "WEBHOOK_PORT".into(), true)))
 }

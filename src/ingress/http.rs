@@ -513,13 +513,12 @@ impl Reactor {
                     let _ = write_reply(&mut c.stream, &r, true, false);
                 }
             }
+            // With nothing to time out, sleep until woken (a connection, a worker, or stop).
             let wait = self
                 .conns
                 .iter()
                 .map(|c| c.deadline().saturating_duration_since(now))
-                .min()
-                .unwrap_or(IDLE_TIMEOUT)
-                .min(Duration::from_secs(1));
+                .min();
             let mut fds: Vec<libc::pollfd> = [self.wake_rx.as_raw_fd(), self.listener.as_raw_fd()]
                 .into_iter()
                 .chain(self.conns.iter().map(|c| c.stream.as_raw_fd()))
@@ -535,7 +534,11 @@ impl Reactor {
                     fds.as_mut_ptr(),
                     fds.len() as libc::nfds_t,
                     // Rounded up, so a deadline is not polled for in a busy loop of 0 ms waits.
-                    (wait.as_millis() as libc::c_int).saturating_add(1),
+                    wait.map_or(-1, |w| {
+                        libc::c_int::try_from(w.as_millis())
+                            .unwrap_or(libc::c_int::MAX - 1)
+                            .saturating_add(1)
+                    }),
                 )
             };
             if n < 0 {

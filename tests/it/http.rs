@@ -443,6 +443,36 @@ fn cortex_signal_falls_back_when_nothing_listens_at_the_url_or_port() {
 }
 
 #[test]
+fn a_shim_found_only_through_webhook_port_that_knows_not_the_id_leaves_it_to_the_spool() {
+    // Another home's daemon owns the port; ours runs without the shim.
+    let other = Env::new();
+    let (_other_daemon, port) = http_daemon(&other);
+    let env = Env::new();
+    let _d = env.daemon();
+    let (id, secret) = id_secret(&env.create(&["--label", "ours", "--intent", "i"]));
+    let out = env
+        .command(CORTEX_SIGNAL)
+        .args(["--id", &id, "--secret", &secret, "--exit-code", "0"])
+        .env("WEBHOOK_PORT", port.to_string())
+        .output()
+        .unwrap();
+    env.ok("guessed port", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("transport: spool") && stderr.contains("another home"),
+        "{stderr}"
+    );
+    env.ok(
+        "collected",
+        &env.waitpoint(&["wait", &id, "--timeout", "30"]),
+    );
+    // Named explicitly, the same answer is a refusal.
+    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    let out = env.signal(&["--id", &id, "--secret", &secret, "--url", &url]);
+    env.expect_code("explicit url", &out, 1);
+}
+
+#[test]
 fn no_spool_with_nothing_listening_exits_one_and_writes_nothing() {
     let env = Env::new();
     let port = free_port();
