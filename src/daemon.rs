@@ -1,8 +1,8 @@
 //! The daemon: one loop that owns every state transition while it runs.
 //!
 //! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
-//! `notify`), and requests from whoever holds the [`DaemonControl`] (shutdown, a nudge to
-//! re-check the clock). Timers are the loop's own: the periodic sweep of the drop zone, which is
+//! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
+//! holds the [`DaemonControl`] (shutdown, a nudge to re-check the clock). Timers are the loop's own: the periodic sweep of the drop zone, which is
 //! the source of truth (inotify is only a hint and may overflow), and a deadline queue, so a
 //! deadline fires on time without scanning every waitpoint.
 //!
@@ -29,7 +29,9 @@ use crate::delivery::{self, hook, hook::HookRun};
 use crate::engine::{self, Engine, HookJob, Verdict};
 use crate::error::{Error, Result};
 use crate::home::Home;
+use crate::ingress::Source;
 use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
+use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
 use crate::settings::{DAY_MS, Settings};
 use crate::store::FileLock;
@@ -52,6 +54,9 @@ pub enum Event {
         wake_id: String,
         result: std::result::Result<(), String>,
     },
+    /// A signal that came in over the HTTP shim. The loop applies it like a spool file and
+    /// sends the verdict back once it is durable; the shim answers only then.
+    HttpSignal(Submission),
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
     /// A device collector or the watcher of `devices/` has news (files landed, a record
@@ -80,6 +85,8 @@ const BACKLOG_LOG_EVERY: usize = 500;
 pub struct DaemonConfig {
     pub home: Home,
     pub settings: Settings,
+    /// Serve the loopback HTTP shim too (off by default).
+    pub http: Option<HttpConfig>,
 }
 
 /// A handle to a running (or about to run) daemon.
@@ -122,6 +129,8 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     progress: Option<Box<dyn DrainProgress>>,
     devices: Fleet,
+    /// The shim's listener, bound in `new` so a port in use fails the start.
+    http: Option<http::Bound>,
     lock: FileLock,
 }
 
@@ -212,6 +221,7 @@ impl Daemon {
     pub fn new(config: DaemonConfig, clock: Arc<dyn Clock>) -> Result<(Daemon, DaemonControl)> {
         config.home.ensure()?;
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
+        let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
         let spool = Spool::new(config.home.drop_zone());
         let hooks = config
@@ -250,6 +260,7 @@ impl Daemon {
                 stop,
                 progress: None,
                 devices,
+                http,
                 lock,
             },
             control,
@@ -277,6 +288,7 @@ impl Daemon {
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
         self.devices.reconcile();
+        let shim = self.start_shim()?;
         tracing::info!(
             drained,
             devices = self.devices.names().len(),
@@ -316,6 +328,9 @@ impl Daemon {
             if self.engine.now() >= self.next_gc {
                 self.gc_read_wakes();
             }
+        }
+        if let Some(shim) = shim {
+            shim.stop();
         }
         // A clean stop leaves the lock file empty, so a pid left in it later means a crash.
         self.lock.clear();
@@ -430,8 +445,28 @@ impl Daemon {
             }
             Event::Reload(settings) => self.reload(settings),
             Event::Device(e) => self.on_device(e),
+            Event::HttpSignal(s) => {
+                let verdict = self.engine.apply_signal(&s.request, &Source::Http(s.key));
+                if let Ok(v) = &verdict {
+                    self.after_verdict(v);
+                }
+                let _ = s.reply.send(verdict);
+            }
             Event::Nudge | Event::Shutdown => {}
         }
+    }
+
+    /// Starts the HTTP shim when configured (publishing its address), and otherwise removes an
+    /// address file a daemon that did not stop cleanly left behind.
+    fn start_shim(&mut self) -> Result<Option<Shim>> {
+        let file = self.engine.home().webhook_address_file();
+        let Some(bound) = self.http.take() else {
+            http::remove_stale_address(&file)?;
+            return Ok(None);
+        };
+        let tx = self.tx.clone();
+        let submit: http::Submit = Box::new(move |s| tx.send(Event::HttpSignal(s)).is_ok());
+        Shim::start(bound, self.clock.clone(), submit, file).map(Some)
     }
 
     fn time_to_next(&self, next_sweep: Option<Instant>) -> Duration {

@@ -77,8 +77,6 @@ fn bad(
     }
 }
 
-/// Where the HTTP shim publishes its bound address, relative to the home.
-pub const SHIM_ADDRESS_FILE: &str = "webhook.addr";
 /// Device definitions: `devices/<name>.json`.
 pub const DEVICES_DIR: &str = "devices";
 /// Temp files older than this are leftovers of interrupted writes, not writes in flight.
@@ -464,7 +462,7 @@ fn parse_address(text: &str) -> Option<SocketAddr> {
 }
 
 fn check_shim(home: &Home) -> Check {
-    let path = home.root().join(SHIM_ADDRESS_FILE);
+    let path = home.webhook_address_file();
     let Ok(text) = fs::read_to_string(&path) else {
         return ok("http-shim", "no address published (signals use the spool)");
     };
@@ -676,16 +674,12 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        fs::write(
-            home.root().join(SHIM_ADDRESS_FILE),
-            format!("127.0.0.1:{port}\n"),
-        )
-        .unwrap();
+        fs::write(home.webhook_address_file(), format!("127.0.0.1:{port}\n")).unwrap();
         assert_eq!(check_shim(&home).level, Level::Fail);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         fs::write(
-            home.root().join(SHIM_ADDRESS_FILE),
+            home.webhook_address_file(),
             format!(r#"{{"addr":"{addr}"}}"#),
         )
         .unwrap();

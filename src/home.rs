@@ -5,6 +5,7 @@
 //! $CORTEX_HOME/
 //!   settings.json                      optional settings (see settings.rs)
 //!   daemon.lock                        held by the running daemon (pid inside)
+//!   webhook.json                       where the optional HTTP shim listens, while it is up
 //!   log/daemon.log                     the daemon's log
 //!   tmp/signals/                       the drop zone: *.json signal files
 //!   tmp/signals/bad/                   refused files, each with a .reason beside it
@@ -74,6 +75,11 @@ impl Home {
 
     pub fn daemon_lock(&self) -> PathBuf {
         self.root.join("daemon.lock")
+    }
+
+    /// `webhook.json`: the address the daemon's HTTP shim is bound to, present while it is up.
+    pub fn webhook_address_file(&self) -> PathBuf {
+        self.root.join("webhook.json")
     }
 
     pub fn log_dir(&self) -> PathBuf {

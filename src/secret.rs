@@ -6,7 +6,13 @@ use sha2::{Digest, Sha256};
 
 /// A fresh secret: 32 random bytes as 64 lowercase hex characters.
 pub fn generate() -> String {
-    let mut bytes = [0u8; 32];
+    random_hex(32)
+}
+
+/// `n` random bytes as lowercase hex (also used for idempotency keys, which need no secrecy
+/// but must not collide).
+pub fn random_hex(n: usize) -> String {
+    let mut bytes = vec![0u8; n];
     rand::rng().fill_bytes(&mut bytes);
     hex::encode(bytes)
 }

@@ -27,6 +27,17 @@ pub struct Settings {
     pub on_wake: Option<Vec<String>>,
     /// `onWakeTimeoutMs`: how long one hook run may take before it is killed and retried.
     pub on_wake_timeout_ms: u64,
+    /// The optional loopback HTTP shim (`"webhook": {"enabled": …, "port": …}`).
+    pub webhook: WebhookSettings,
+}
+
+/// `"webhook"` in settings.json. Off unless enabled; the port falls back (in the CLI) to
+/// `WEBHOOK_PORT`, then 3001. Other keys in the object are left to other tools.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WebhookSettings {
+    pub enabled: bool,
+    /// 0 asks the system for a free port (the daemon publishes the one it got).
+    pub port: Option<u16>,
 }
 
 impl Default for Settings {
@@ -37,6 +48,7 @@ impl Default for Settings {
             max_wakes_per_hour: 12,
             on_wake: None,
             on_wake_timeout_ms: 10_000,
+            webhook: WebhookSettings::default(),
         }
     }
 }
@@ -144,8 +156,35 @@ impl Settings {
                 }
             },
         };
+        let webhook = match object.get("webhook") {
+            None => WebhookSettings::default(),
+            Some(Value::Object(w)) => WebhookSettings {
+                enabled: match w.get("enabled") {
+                    None => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(v) => {
+                        return Err(bad(format!(
+                            "key `webhook.enabled` must be true or false, not {v}"
+                        )));
+                    }
+                },
+                port: match w.get("port") {
+                    None => None,
+                    Some(v) => match v.as_u64().and_then(|n| u16::try_from(n).ok()) {
+                        Some(p) => Some(p),
+                        None => {
+                            return Err(bad(format!(
+                                "key `webhook.port` must be an integer from 0 to 65535, not {v}"
+                            )));
+                        }
+                    },
+                },
+            },
+            Some(v) => return Err(bad(format!("key `webhook` must be an object, not {v}"))),
+        };
         let d = Settings::default();
         Ok(Settings {
+            webhook,
             on_wake,
             on_wake_timeout_ms: on_wake_timeout_ms.unwrap_or(d.on_wake_timeout_ms),
             ttl_ms: get(&TTL)?.unwrap_or(d.ttl_ms),
@@ -224,6 +263,29 @@ mod tests {
         ] {
             let err = Settings::resolve(Path::new("s"), Some(bad), no_env).unwrap_err();
             assert!(err.to_string().contains("onWake"), "{err}");
+        }
+    }
+
+    #[test]
+    fn webhook_is_off_by_default_and_read_from_its_object() {
+        let s = Settings::resolve(Path::new("s"), None, no_env).unwrap();
+        assert_eq!(s.webhook, WebhookSettings::default());
+        let text = r#"{"webhook": {"enabled": true, "port": 4100, "token": "other tool's"}}"#;
+        let s = Settings::resolve(Path::new("s"), Some(text), no_env).unwrap();
+        assert_eq!(
+            s.webhook,
+            WebhookSettings {
+                enabled: true,
+                port: Some(4100)
+            }
+        );
+        for bad in [
+            r#"{"webhook": true}"#,
+            r#"{"webhook": {"enabled": "yes"}}"#,
+            r#"{"webhook": {"port": 70000}}"#,
+        ] {
+            let err = Settings::resolve(Path::new("s"), Some(bad), no_env).unwrap_err();
+            assert!(err.to_string().contains("webhook"), "{bad}: {err}");
         }
     }
 

@@ -1,18 +1,27 @@
 //! The sending side (`cortex-signal`): build a signal body within the caps and hand it to a
-//! [`Transport`]. The spool transport is the file-drop form of the spec; other transports (the
-//! HTTP shim) plug in behind the same trait.
+//! [`Transport`]. The spool transport is the file-drop form of the spec; [`HttpTransport`] posts
+//! to the daemon's loopback shim, found through the address file the daemon publishes
+//! ([`published_endpoint`]).
+//!
+//! The HTTP client is a minimal HTTP/1.1 POST over `std::net::TcpStream` with connect and read
+//! timeouts rather than an HTTP client crate: `cortex-signal` runs once per job, so its start-up
+//! cost matters more than features, and the shim speaks one route on loopback.
 
-use std::io::Read;
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::ingress::http::SIGNAL_PATH;
 use crate::ingress::{MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MESSAGE_CHARS, check_member_name};
-use crate::model::SignalStatus;
-use crate::store;
+use crate::model::{SignalStatus, WebhookAddress};
+use crate::store::{self, FileLock};
 
 /// The JSON body every transport sends: the spec's fields, nulls omitted.
 #[derive(Debug, Clone, Serialize)]
@@ -131,6 +140,38 @@ impl SignalBody {
 pub enum Sent {
     /// Written durably into a spool for the daemon to collect.
     Spooled(PathBuf),
+    /// The daemon answered over HTTP.
+    Answered(HttpReply),
+    /// No connection could be made, so nothing reached the daemon.
+    Unreachable(String),
+    /// The connection broke before an answer came: the daemon may or may not have the signal.
+    NoAnswer(String),
+}
+
+/// The shim's answer: status code and its short JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpReply {
+    pub code: u16,
+    pub body: String,
+}
+
+impl HttpReply {
+    /// What the body says happened (`error`, else `message`, else `result`), for stderr. A
+    /// member refusal's error already lists the expected members.
+    pub fn summary(&self) -> String {
+        let v: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_default();
+        ["error", "message", "result"]
+            .iter()
+            .find_map(|k| v.get(k).and_then(|x| x.as_str()))
+            .unwrap_or("no explanation")
+            .to_owned()
+    }
+
+    /// `result` of the body (`accepted`, `duplicate`, `closed`, `refused`, …).
+    pub fn result(&self) -> Option<String> {
+        let v: serde_json::Value = serde_json::from_str(&self.body).ok()?;
+        v.get("result").and_then(|r| r.as_str()).map(str::to_owned)
+    }
 }
 
 /// A way of getting a signal body to the daemon.
@@ -166,5 +207,228 @@ impl Transport for SpoolTransport {
         let path = self.dir.join(Self::fresh_name());
         store::commit(&path, body)?;
         Ok(Sent::Spooled(path))
+    }
+}
+
+/// An `http://host:port/path` endpoint (no TLS: the shim is loopback only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+impl HttpUrl {
+    /// The shim's signal route on 127.0.0.1 at `port`.
+    pub fn loopback(port: u16) -> Self {
+        HttpUrl {
+            host: "127.0.0.1".into(),
+            port,
+            path: SIGNAL_PATH.into(),
+        }
+    }
+
+    /// Parses `--url`. Only `http://`; the port defaults to 80 and the path to `/`.
+    pub fn parse(url: &str) -> Result<Self> {
+        let bad = |why: &str| Error::Usage(format!("--url {url:?}: {why}"));
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| bad("only http:// URLs are supported"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if path.bytes().any(|b| b <= b' ' || b == 0x7f) {
+            return Err(bad("the path has spaces or control characters"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (inside, after) = v6
+                .split_once(']')
+                .ok_or_else(|| bad("unclosed [ in the host"))?;
+            (format!("[{inside}]"), after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_owned(), Some(p)),
+                None => (authority.to_owned(), None),
+            }
+        };
+        if host.is_empty() || host == "[]" || host.contains('@') {
+            return Err(bad("it names no host"));
+        }
+        let port = match port {
+            None => 80,
+            Some(p) => p.parse().map_err(|_| bad("the port is not a number"))?,
+        };
+        Ok(HttpUrl {
+            host,
+            port,
+            path: path.to_owned(),
+        })
+    }
+}
+
+impl fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "http://{}:{}{}", self.host, self.port, self.path)
+    }
+}
+
+/// Where the daemon says its shim listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// A daemon holds the home and published this endpoint.
+    Up(HttpUrl),
+    /// An address file is there but cannot be trusted (the daemon that wrote it is gone).
+    Stale(String),
+    /// No address file: the shim is not running for this home.
+    Absent,
+}
+
+/// Reads `webhook.json`. The file counts only while some daemon holds the home's lock, so a
+/// file left by a daemon that was killed is recognised as stale without trusting its pid.
+pub fn published_endpoint(home: &Home) -> Published {
+    let file = home.webhook_address_file();
+    let record: WebhookAddress = match store::read_json(&file) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Published::Absent,
+        Err(e) => return Published::Stale(format!("cannot use it: {e}")),
+    };
+    if !FileLock::is_held(&home.daemon_lock()) {
+        return Published::Stale(format!(
+            "no daemon is running for this home (pid {} is gone)",
+            record.pid
+        ));
+    }
+    match HttpUrl::parse(&record.url) {
+        Ok(url) => Published::Up(url),
+        Err(e) => Published::Stale(format!("it holds no usable URL: {e}")),
+    }
+}
+
+/// How long to wait for a connection to the shim.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long to wait for the shim's answer, which comes once the signal is durable.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of an answer read.
+const MAX_REPLY_BYTES: u64 = 64 * 1024;
+
+/// The HTTP transport: one `POST` with an `Idempotency-Key`, so a retry with the same key is
+/// counted once.
+#[derive(Debug, Clone)]
+pub struct HttpTransport {
+    pub url: HttpUrl,
+    pub idempotency_key: String,
+}
+
+impl HttpTransport {
+    fn connect(&self) -> std::result::Result<TcpStream, String> {
+        let host = self.url.host.trim_start_matches('[').trim_end_matches(']');
+        let addrs = (host, self.url.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {}: {e}", self.url.host))?;
+        let mut last = format!("{} resolves to no address", self.url.host);
+        for addr in addrs {
+            match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = format!("cannot connect to {addr}: {e}"),
+            }
+        }
+        Err(last)
+    }
+}
+
+impl Transport for HttpTransport {
+    fn send(&self, body: &[u8]) -> Result<Sent> {
+        let mut stream = match self.connect() {
+            Ok(s) => s,
+            Err(why) => return Ok(Sent::Unreachable(why)),
+        };
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n\
+Content-Length: {len}\r\nIdempotency-Key: {key}\r\nConnection: close\r\n\r\n",
+            path = self.url.path,
+            host = self.url.host,
+            port = self.url.port,
+            len = body.len(),
+            key = self.idempotency_key,
+        );
+        let exchange = (|| -> std::io::Result<Vec<u8>> {
+            stream.set_read_timeout(Some(READ_TIMEOUT))?;
+            stream.set_write_timeout(Some(READ_TIMEOUT))?;
+            stream.write_all(head.as_bytes())?;
+            stream.write_all(body)?;
+            stream.flush()?;
+            let mut answer = Vec::new();
+            (&mut stream)
+                .take(MAX_REPLY_BYTES)
+                .read_to_end(&mut answer)?;
+            Ok(answer)
+        })();
+        let answer = match exchange {
+            Ok(a) => a,
+            Err(e) => return Ok(Sent::NoAnswer(format!("{}: {e}", self.url))),
+        };
+        match parse_reply(&answer) {
+            Some(reply) => Ok(Sent::Answered(reply)),
+            None => Ok(Sent::NoAnswer(format!(
+                "{} sent no HTTP answer ({} bytes)",
+                self.url,
+                answer.len()
+            ))),
+        }
+    }
+}
+
+/// Status code and body of an HTTP/1.x response read to its end.
+fn parse_reply(bytes: &[u8]) -> Option<HttpReply> {
+    let text = String::from_utf8_lossy(bytes);
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status_line = head.lines().next()?;
+    let mut parts = status_line.split(' ');
+    if !parts.next()?.starts_with("HTTP/1.") {
+        return None;
+    }
+    let code = parts.next()?.parse().ok()?;
+    Some(HttpReply {
+        code,
+        body: body.trim().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_with_defaults_and_refuse_what_we_cannot_speak() {
+        assert_eq!(
+            HttpUrl::parse("http://127.0.0.1:3001/webhook/signal").unwrap(),
+            HttpUrl::loopback(3001)
+        );
+        let u = HttpUrl::parse("http://localhost").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("localhost", 80, "/")
+        );
+        let u = HttpUrl::parse("http://[::1]:9/x").unwrap();
+        assert_eq!(u.to_string(), "http://[::1]:9/x");
+        for bad in [
+            "https://127.0.0.1/",
+            "127.0.0.1:3001",
+            "http://:80/",
+            "http://h:port/",
+            "http://h/a b",
+        ] {
+            assert!(HttpUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn replies_are_read_for_code_and_body() {
+        let r = parse_reply(b"HTTP/1.1 410 Gone\r\nContent-Length: 3\r\n\r\n{\"result\":\"closed\",\"message\":\"already resolved\"}\n").unwrap();
+        assert_eq!(r.code, 410);
+        assert_eq!(r.result().as_deref(), Some("closed"));
+        assert_eq!(r.summary(), "already resolved");
+        assert!(parse_reply(b"garbage").is_none());
     }
 }

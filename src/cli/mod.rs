@@ -90,6 +90,18 @@ pub fn load_settings(home: &Home) -> crate::error::Result<Settings> {
     Settings::load(&home.settings_file(), |k| std::env::var(k).ok())
 }
 
+/// `WEBHOOK_PORT`, when set: the port the HTTP shim uses unless told otherwise.
+pub fn webhook_port_env() -> crate::error::Result<Option<u16>> {
+    match std::env::var("WEBHOOK_PORT") {
+        Ok(raw) if !raw.trim().is_empty() => raw.trim().parse().map(Some).map_err(|_| {
+            crate::error::Error::Usage(format!(
+                "environment variable WEBHOOK_PORT must be a port number, not {raw:?}"
+            ))
+        }),
+        _ => Ok(None),
+    }
+}
+
 /// How log lines are written (`waitpoint daemon --log-format`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

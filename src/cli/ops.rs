@@ -195,13 +195,18 @@ pub fn completions(a: CompletionsArgs) -> anyhow::Result<u8> {
 /// Runs the daemon in the foreground as a service: SIGTERM and SIGINT stop it cleanly (the
 /// file in hand is finished, the lock released), SIGHUP re-reads the settings, and a large
 /// startup backlog shows a progress bar when stderr is a terminal.
-pub fn run_daemon(home: Home, settings: Settings) -> anyhow::Result<u8> {
+pub fn run_daemon(
+    home: Home,
+    settings: Settings,
+    http: Option<crate::ingress::http::HttpConfig>,
+) -> anyhow::Result<u8> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (daemon, control) = Daemon::new(
         DaemonConfig {
             home: home.clone(),
             settings,
+            http,
         },
         clock,
     )?;

@@ -1,4 +1,7 @@
-//! `cortex-signal`: the spec's flags, their environment defaults, and the choice of transport.
+//! `cortex-signal`: the spec's flags, their environment defaults, and the choice of transport:
+//! `--url` if given, else the shim address the daemon published, else `WEBHOOK_PORT` if set,
+//! else the spool. An HTTP attempt that reaches no daemon, or one the daemon answers with "not
+//! recorded" (429, 500, 503), falls back to the spool unless `--no-spool`.
 
 use std::process::ExitCode;
 
@@ -8,7 +11,10 @@ use clap::{Args, Parser};
 use crate::error::{Error, exit};
 use crate::home::Home;
 use crate::model::SignalStatus;
-use crate::signal::{DataSource, Sent, SignalBody, SpoolTransport, Transport};
+use crate::signal::{
+    DataSource, HttpTransport, HttpUrl, Published, Sent, SignalBody, SpoolTransport, Transport,
+    published_endpoint,
+};
 
 /// Report a job's result to a waitpoint.
 ///
@@ -140,22 +146,99 @@ pub fn send(
     no_spool: bool,
     program: &str,
 ) -> anyhow::Result<u8> {
-    if no_spool {
-        anyhow::bail!(
-            "the daemon cannot be reached: this build sends signals through the spool only, \
-and --no-spool forbids that"
-        );
+    let mut why_spool = "no HTTP shim is published for this home".to_owned();
+    if let Some((url, found, guessed)) = endpoint(url, home, &mut why_spool)? {
+        let http = HttpTransport {
+            url: url.clone(),
+            idempotency_key: format!("cs-{}", crate::secret::random_hex(16)),
+        };
+        let via = format!("transport: http, {url} from {found}");
+        match http.send(body)? {
+            Sent::Answered(reply) => match reply.code {
+                202 => {
+                    let what = if reply.result().as_deref() == Some("duplicate") {
+                        "already recorded (duplicate)"
+                    } else {
+                        "accepted"
+                    };
+                    eprintln!("{program}: {what} ({via})");
+                    return Ok(exit::OK);
+                }
+                410 => {
+                    eprintln!(
+                        "{program}: the waitpoint {}; nothing to do ({via})",
+                        reply.summary()
+                    );
+                    return Ok(exit::OK);
+                }
+                // A port taken from WEBHOOK_PORT may be another home's daemon, which knows
+                // none of our ids: the spool of this home is the safe place then.
+                404 if guessed => {
+                    why_spool = format!(
+                        "the shim at {url} (from WEBHOOK_PORT) does not know this id; it may \
+belong to another home"
+                    );
+                }
+                429 | 500 | 503 => {
+                    why_spool = format!(
+                        "the daemon answered HTTP {} ({}); nothing was recorded",
+                        reply.code,
+                        reply.summary()
+                    );
+                }
+                code => {
+                    eprintln!(
+                        "{program}: refused with HTTP {code}: {} ({via})",
+                        reply.summary()
+                    );
+                    return Ok(exit::FAILURE);
+                }
+            },
+            Sent::Unreachable(why) => why_spool = format!("the daemon is unreachable: {why}"),
+            Sent::NoAnswer(why) => {
+                why_spool = format!(
+                    "the daemon did not answer ({why}); if it did record the signal, the spooled \
+copy counts once more"
+                )
+            }
+            Sent::Spooled(_) => unreachable!("the HTTP transport does not spool"),
+        }
     }
-    if url.is_some() {
-        eprintln!("{program}: this build has no HTTP transport; using the spool instead");
+    if no_spool {
+        anyhow::bail!("{why_spool}, and --no-spool forbids the spool");
     }
     let transport = SpoolTransport::new(home.drop_zone());
     let Sent::Spooled(path) = transport
         .send(body)
-        .context("cannot write the signal to the spool")?;
+        .context("cannot write the signal to the spool")?
+    else {
+        unreachable!("the spool transport only spools");
+    };
     eprintln!(
-        "{program}: spooled {} (transport: spool; the daemon collects it)",
+        "{program}: spooled {} (transport: spool, because {why_spool}; the daemon collects it)",
         path.display()
     );
     Ok(exit::OK)
+}
+
+/// The HTTP endpoint to try, where it came from, and whether it is only a guess (from
+/// `WEBHOOK_PORT`, not named by `--url` or published by this home's daemon). A stale address
+/// file is noted in `why_spool` and skipped.
+fn endpoint(
+    url: Option<&str>,
+    home: &Home,
+    why_spool: &mut String,
+) -> anyhow::Result<Option<(HttpUrl, String, bool)>> {
+    if let Some(u) = url {
+        return Ok(Some((HttpUrl::parse(u)?, "--url".into(), false)));
+    }
+    let file = home.webhook_address_file();
+    match published_endpoint(home) {
+        Published::Up(url) => return Ok(Some((url, file.display().to_string(), false))),
+        Published::Stale(why) => {
+            *why_spool = format!("{} is stale: {why}", file.display());
+        }
+        Published::Absent => {}
+    }
+    Ok(super::webhook_port_env()?.map(|p| (HttpUrl::loopback(p), "WEBHOOK_PORT".into(), true)))
 }

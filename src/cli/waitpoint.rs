@@ -18,7 +18,9 @@ use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
 use crate::home::Home;
 use crate::howto;
+use crate::ingress::http::{self, HttpConfig};
 use crate::model::{Outcome, Status, Waitpoint, Wake};
+use crate::settings::Settings;
 
 use super::render;
 
@@ -282,6 +284,17 @@ pub struct DaemonArgs {
     /// How log lines are written, on stderr and in log/daemon.log
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = super::LogFormat::Text)]
     pub log_format: super::LogFormat,
+    /// Also serve the loopback HTTP shim (POST /webhook/signal, GET /healthz); also turned on
+    /// by "webhook": {"enabled": true} in settings.json
+    #[arg(long)]
+    pub http: bool,
+    /// The shim's port; 0 picks a free one [default: settings webhook.port, else
+    /// $WEBHOOK_PORT, else 3001]
+    #[arg(long, value_name = "P")]
+    pub port: Option<u16>,
+    /// The shim's address; loopback only [default: 127.0.0.1]
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
 }
 
 /// Entry point of the `waitpoint` binary.
@@ -313,8 +326,9 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
     };
     let settings = super::load_settings(&home)?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    if let Command::Daemon(_) = command {
-        return super::ops::run_daemon(home, settings);
+    if let Command::Daemon(a) = command {
+        let http = http_config(&a, &settings)?;
+        return super::ops::run_daemon(home, settings, http);
     }
     home.ensure()?;
     let engine = Engine::new(home, settings, clock);
@@ -334,7 +348,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         }
         Command::Timer(cmd) => super::timer::run_timer(&engine, cmd, &mut out),
         Command::Callback(cmd) => {
-            super::timer::run_callback(&engine, cmd, webhook_port(), &mut out)
+            super::timer::run_callback(&engine, cmd, webhook_port()?, &mut out)
         }
         Command::Device(a) => super::device::run(
             &engine,
@@ -350,6 +364,27 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         | Command::Doctor(_)
         | Command::Completions(_) => unreachable!("handled above"),
     }
+}
+
+/// The shim's address from `--http/--port/--bind`, settings and `WEBHOOK_PORT`, in that order.
+fn http_config(a: &DaemonArgs, settings: &Settings) -> anyhow::Result<Option<HttpConfig>> {
+    if !a.http && !settings.webhook.enabled {
+        if a.port.is_some() || a.bind.is_some() {
+            return Err(Error::Usage(
+                "--port and --bind configure the HTTP shim; add --http (or set \"webhook\": \
+{\"enabled\": true} in settings.json)"
+                    .into(),
+            )
+            .into());
+        }
+        return Ok(None);
+    }
+    let port = match a.port.or(settings.webhook.port) {
+        Some(p) => p,
+        None => super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
+    };
+    let bind = a.bind.as_deref().unwrap_or("127.0.0.1");
+    Ok(Some(HttpConfig::new(bind, port)?))
 }
 
 pub(crate) fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -392,11 +427,8 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
 }
 
 /// The port printed lines use: `WEBHOOK_PORT`, else the spec's 3001.
-fn webhook_port() -> u16 {
-    std::env::var("WEBHOOK_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(3001)
+fn webhook_port() -> anyhow::Result<u16> {
+    Ok(super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT))
 }
 
 /// Prints a `wait_create` reply (also used by `reset-secret`, whose reply has the same shape).
@@ -416,7 +448,7 @@ fn print_created(
         .transpose()?;
     let root = home.root().to_string_lossy().into_owned();
     let drop_zone = home.drop_zone().to_string_lossy().into_owned();
-    let port = webhook_port();
+    let port = webhook_port()?;
     let lines = howto::build(
         &created.waitpoint,
         &created.secret,

@@ -320,10 +320,10 @@ impl Engine {
     /// (an I/O failure) and the source must be kept for another attempt.
     pub fn apply_signal(&self, req: &SignalRequest, source: &Source) -> Result<Verdict> {
         let Some(_lock) = self.lock(&req.id)? else {
-            return Ok(Verdict::Refused(Refusal::Unauthorized));
+            return Ok(Verdict::Refused(Refusal::UnknownId));
         };
         let Some(mut wp) = self.load(&req.id)? else {
-            return Ok(Verdict::Refused(Refusal::Unauthorized));
+            return Ok(Verdict::Refused(Refusal::UnknownId));
         };
         if !secret::verify(&req.secret, &wp.secret_sha256) {
             return Ok(Verdict::Refused(Refusal::Unauthorized));

@@ -12,8 +12,15 @@ use crate::model::{
 /// Why a well-formed signal was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
-    /// Unknown id or wrong secret; deliberately one case, so a refusal never tells which.
+    /// A wrong secret. Its [`reason`](Refusal::reason) is the same as [`UnknownId`]'s, so a
+    /// refusal that reaches a `.reason` file or a log never tells which of the two it was.
+    ///
+    /// [`UnknownId`]: Refusal::UnknownId
     Unauthorized,
+    /// No such waitpoint. Kept apart from [`Unauthorized`](Refusal::Unauthorized) only because
+    /// the HTTP route's contract answers 404 here and 401 there; everywhere else the two read
+    /// alike.
+    UnknownId,
     /// The waitpoint names members and the signal names none.
     MemberMissing { expected: Vec<String> },
     /// The signal names a member that is not on the list.
@@ -27,7 +34,9 @@ impl Refusal {
     /// A reason fit for a `.reason` file, a log line or an HTTP body.
     pub fn reason(&self) -> String {
         match self {
-            Refusal::Unauthorized => "unknown waitpoint id or wrong secret".to_owned(),
+            Refusal::Unauthorized | Refusal::UnknownId => {
+                "unknown waitpoint id or wrong secret".to_owned()
+            }
             Refusal::MemberMissing { expected } => format!(
                 "this waitpoint names its members; the signal must carry \"member\", one of: {}",
                 expected.join(", ")

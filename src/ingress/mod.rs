@@ -1,10 +1,12 @@
 //! Ingress: everything that turns outside input into a [`SignalRequest`] for the engine.
 //!
-//! Every route (the drop zone in [`spool`], device mirrors filled by [`device`], later the HTTP shim) parses
-//! with [`parse_signal`], so one set of size and shape rules applies no matter how a signal came
-//! in. Parsing checks shape and caps only; who may signal what is the engine's business.
+//! Every route (the drop zone in [`spool`], device mirrors filled by [`device`], the optional
+//! loopback shim in [`http`]) parses with [`parse_signal`], so one set of size and shape rules
+//! applies no matter how a signal came in. Parsing checks shape and caps only; who may signal
+//! what is the engine's business.
 
 pub mod device;
+pub mod http;
 pub mod spool;
 
 use serde::Deserialize;
@@ -37,8 +39,9 @@ struct WireSignal {
     data: Option<Value>,
 }
 
-/// A well-formed signal, not yet authenticated.
-#[derive(Debug, Clone, PartialEq)]
+/// A well-formed signal, not yet authenticated. Its `Debug` leaves the secret out, so a request
+/// that ends up in a log line or a panic message never carries it.
+#[derive(Clone, PartialEq)]
 pub struct SignalRequest {
     pub id: String,
     /// The plaintext secret as sent. Never logged, never written; the engine hashes it.
@@ -49,6 +52,19 @@ pub struct SignalRequest {
     pub data: Option<Value>,
 }
 
+impl std::fmt::Debug for SignalRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignalRequest")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .field("status", &self.status)
+            .field("message", &self.message)
+            .field("member", &self.member)
+            .field("data", &self.data)
+            .finish()
+    }
+}
+
 /// Where a signal came from. Its [`identity`](Source::identity) is what de-duplicates it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -56,14 +72,19 @@ pub enum Source {
     Spool(String),
     /// A file collected from a device's spool over SSH, by device and file name.
     Device { device: String, file: String },
+    /// A request to the HTTP shim, by its `Idempotency-Key` (one the shim made up when the
+    /// request carried none).
+    Http(String),
 }
 
 impl Source {
-    /// The signal's identity: the same file name is the same signal.
+    /// The signal's identity: the same file name, or the same idempotency key, is the same
+    /// signal.
     pub fn identity(&self) -> String {
         match self {
             Source::Spool(name) => format!("spool:{name}"),
             Source::Device { device, file } => format!("device:{device}:{file}"),
+            Source::Http(key) => format!("http:{key}"),
         }
     }
 }

@@ -190,6 +190,11 @@ impl Env {
     }
 
     pub fn daemon_with_env(&self, env: &[(&str, &str)]) -> DaemonGuard {
+        self.daemon_with(&[], env)
+    }
+
+    /// Starts `waitpoint daemon ARGS…` with extra environment and waits until it is ready.
+    pub fn daemon_with(&self, args: &[&str], env: &[(&str, &str)]) -> DaemonGuard {
         let log = self.home.join("log/daemon.log");
         let before = fs::read_to_string(&log)
             .map(|s| s.matches("daemon ready").count())
@@ -200,7 +205,10 @@ impl Env {
             .join(format!("daemon-stderr-{}.txt", rand_tag()));
         let stderr = fs::File::create(&stderr_path).unwrap();
         let mut cmd = self.command(WAITPOINT);
-        cmd.arg("daemon").stdout(Stdio::null()).stderr(stderr);
+        cmd.arg("daemon")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(stderr);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -212,6 +220,15 @@ impl Env {
                 .unwrap_or(false)
         });
         guard
+    }
+
+    /// The port of the HTTP shim, from the address file the daemon publishes.
+    pub fn webhook_port(&self) -> u16 {
+        let file = self.home.join("webhook.json");
+        self.wait_until("the webhook address file", || file.exists());
+        let v: Value = serde_json::from_slice(&fs::read(&file).unwrap()).unwrap();
+        let addr: std::net::SocketAddr = v["addr"].as_str().unwrap().parse().unwrap();
+        addr.port()
     }
 
     /// Polls `check` until it holds, at most [`PATIENCE`]; panics with the home tree otherwise.
@@ -311,6 +328,20 @@ impl DaemonGuard {
 // ---- end daemons driven by signals ----
 
 impl DaemonGuard {
+    /// Stops the daemon the way an operator does (SIGTERM) and returns how it exited.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child, which `wait` below reaps.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < PATIENCE, "the daemon ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Kills the daemon (SIGKILL: the engine must survive that) and returns its stderr.
     pub fn kill(mut self) -> String {
         let _ = self.child.kill();
@@ -411,6 +442,7 @@ impl Live {
             DaemonConfig {
                 home: home.clone(),
                 settings: settings.clone(),
+                http: None,
             },
             clock.clone(),
         )

@@ -81,6 +81,7 @@ pub fn kind_of(rel: &Path) -> Option<&'static str> {
     let p: Vec<&str> = parts.iter().map(String::as_str).collect();
     match p.as_slice() {
         ["settings.json"] => Some("settings"),
+        ["webhook.json"] => Some("webhook-address"),
         ["waitpoints", _, "waitpoint.json"] => Some("waitpoint"),
         ["waitpoints", _, "signals", _] => Some("signal-record"),
         ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),
@@ -94,6 +95,24 @@ pub fn kind_of(rel: &Path) -> Option<&'static str> {
         ["devices", _, "spool", _] => Some("spool-signal"),
         _ => None,
     }
+}
+
+/// Validates every JSON file under the home against its layout; returns how many of each kind.
+fn check_home(env: &Env) -> std::collections::BTreeMap<&'static str, usize> {
+    let schemas = Schemas::load();
+    let mut checked = std::collections::BTreeMap::new();
+    for path in env.files() {
+        let rel = path.strip_prefix(&env.home).unwrap();
+        let name = rel.file_name().unwrap().to_string_lossy();
+        if name.starts_with('.') || !name.ends_with(".json") {
+            continue;
+        }
+        if let Some(kind) = kind_of(rel) {
+            schemas.check(kind, &path);
+            *checked.entry(kind).or_default() += 1;
+        }
+    }
+    checked
 }
 
 #[test]
@@ -174,19 +193,7 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
         &env.signal(&["--id", &mid, "--secret", "not-the-secret"]),
     );
 
-    let schemas = Schemas::load();
-    let mut checked = std::collections::BTreeMap::<&str, usize>::new();
-    for path in env.files() {
-        let rel = path.strip_prefix(&env.home).unwrap();
-        let name = rel.file_name().unwrap().to_string_lossy();
-        if name.starts_with('.') || !name.ends_with(".json") {
-            continue;
-        }
-        if let Some(kind) = kind_of(rel) {
-            schemas.check(kind, &path);
-            *checked.entry(kind).or_default() += 1;
-        }
-    }
+    let checked = check_home(&env);
     for kind in [
         "settings",
         "waitpoint",
@@ -262,4 +269,28 @@ fn device_record_and_collector_state_match_their_layouts() {
     }
     kinds.sort();
     assert_eq!(kinds, ["device", "device-status"], "{}", env.tree());
+}
+
+#[test]
+fn the_webhook_address_and_http_signal_records_match_their_layouts() {
+    let env = Env::new();
+    let _d = env.daemon_with(&["--http", "--port", "0"], &[]);
+    env.webhook_port();
+    let (id, secret) = id_secret(&env.create(&["--label", "h", "--intent", "i"]));
+    env.ok(
+        "over http",
+        &env.signal(&["--id", &id, "--secret", &secret, "--no-spool"]),
+    );
+    let checked = check_home(&env);
+    for kind in ["webhook-address", "signal-record"] {
+        assert_eq!(checked.get(kind), Some(&1), "{checked:?}");
+    }
+    let signals = env.home.join("waitpoints").join(&id).join("signals");
+    let record = fs::read_dir(signals).unwrap().flatten().next().unwrap();
+    assert!(
+        load(&record.path())["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("http:")
+    );
 }

@@ -5,6 +5,7 @@ mod helpers;
 
 mod devices;
 mod foundation;
+mod http;
 mod layouts;
 mod man_pages;
 mod ops;

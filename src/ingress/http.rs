@@ -1,0 +1,1185 @@
+//! The optional loopback HTTP shim: `POST /webhook/signal` and `GET /healthz`, nothing else.
+//!
+//! This is the only code that speaks HTTP on the server side. It turns a request into a
+//! [`SignalRequest`] with the same [`parse_signal`] the drop zone uses, hands it to whoever
+//! applies signals (the daemon loop, through a [`Submit`] callback) and answers with the status
+//! code the spec gives the verdict, only after the verdict is durable.
+//!
+//! It is written on `std::net` with `httparse` for the request head rather than on tiny_http,
+//! because every hardening point the shim needs fights tiny_http 0.12's design: it spawns one
+//! thread per open connection with no limit, sets no socket timeouts, grows a header line
+//! without bound, and on dropping a request whose body was not read it allocates a buffer of the
+//! *declared* `Content-Length` (`vec![0; remaining]`), so a single request declaring an absurd
+//! length aborts the process. Here instead:
+//!
+//! - One reactor thread owns the listener and every waiting connection, waits on them with
+//!   `poll(2)` and reads whatever arrives without blocking. A connection goes to one of the
+//!   [`WORKERS`] only once a whole request is buffered, so idle or slow clients never hold a
+//!   thread; workers never read from a socket. At most [`MAX_CONNECTIONS`] are open (the least
+//!   active waiting one is closed to make room); an idle one is closed after [`IDLE_TIMEOUT`].
+//! - A request must arrive whole within [`REQUEST_TIMEOUT`] of its first byte (a deadline, not a
+//!   per-read timeout, so dripping a byte at a time buys nothing). The head is capped at
+//!   [`MAX_HEAD_BYTES`]. `Content-Length` is checked before a byte of the body is read: over
+//!   [`MAX_BODY_BYTES`] is answered 413 at once, and the rest of what the client sends is read
+//!   into a fixed buffer and dropped for at most a second before closing, so it sees the answer.
+//!   Nothing is ever sized from a number the client sent; a connection buffers at most one head
+//!   and one body.
+//! - The `Host` header must name a loopback address or `localhost` (DNS rebinding), and any
+//!   request carrying an `Origin` header is refused: a web page must not be able to spend the
+//!   miss budget. Both are checked before the budget.
+//! - Unknown ids and wrong secrets share one budget of [`MISS_BUDGET`] per [`MISS_WINDOW_MS`],
+//!   read from the daemon's clock; while it is spent, signal requests get 429.
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::clock::{Clock, Timestamp};
+use crate::engine::{Refusal, Verdict};
+use crate::error::{Error, Result};
+use crate::ingress::{MAX_BODY_BYTES, SignalRequest, parse_signal};
+use crate::model::WebhookAddress;
+use crate::store;
+
+/// The port used when neither `--port`, settings nor `WEBHOOK_PORT` name one.
+pub const DEFAULT_PORT: u16 = 3001;
+/// The signal route.
+pub const SIGNAL_PATH: &str = "/webhook/signal";
+/// The liveness route.
+pub const HEALTH_PATH: &str = "/healthz";
+/// Misses (unknown ids and wrong secrets) allowed per window before the route answers 429.
+pub const MISS_BUDGET: usize = 60;
+/// The miss budget's sliding window.
+pub const MISS_WINDOW_MS: i64 = 60_000;
+/// Worker threads; the reactor is one more.
+pub const WORKERS: usize = 4;
+/// Open connections at most, idle or busy.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// An idle keep-alive connection is closed after this long.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A request's head and body must have arrived within this long of its first byte being read.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest request head (request line and headers).
+pub const MAX_HEAD_BYTES: usize = 8 * 1024;
+/// The longest `Idempotency-Key`.
+pub const MAX_KEY_CHARS: usize = 128;
+const MAX_HEADERS: usize = 32;
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// After answering a request whose body was left unread, how long and how much of it is read
+/// and thrown away before closing, so the client sees the answer rather than a reset.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 1024 * 1024;
+const CHUNK: usize = 8 * 1024;
+
+/// Where the shim listens: a loopback address only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpConfig {
+    pub addr: SocketAddr,
+}
+
+impl HttpConfig {
+    /// `bind` is an IP literal or `localhost`; anything that is not loopback is refused, since
+    /// the shim has no authentication beyond each waitpoint's secret and is meant for jobs on
+    /// this machine only.
+    pub fn new(bind: &str, port: u16) -> Result<Self> {
+        let ip: IpAddr = if bind.eq_ignore_ascii_case("localhost") {
+            IpAddr::V4(Ipv4Addr::LOCALHOST)
+        } else {
+            let literal = bind.trim_start_matches('[').trim_end_matches(']');
+            literal.parse().map_err(|_| {
+                Error::Usage(format!(
+                    "--bind {bind:?} is not an IP address; the webhook binds a loopback address \
+such as 127.0.0.1 or ::1"
+                ))
+            })?
+        };
+        if !ip.is_loopback() {
+            return Err(Error::Usage(format!(
+                "refusing to bind the webhook to {ip}: it listens on loopback only (127.0.0.0/8 \
+or ::1). A job on another machine should drop a signal file instead (create with --device)"
+            )));
+        }
+        Ok(HttpConfig {
+            addr: SocketAddr::new(ip, port),
+        })
+    }
+
+    /// Binds the listener (port 0 picks a free one), so a port in use is reported when the
+    /// daemon starts rather than later.
+    pub fn bind(&self) -> Result<Bound> {
+        if !self.addr.ip().is_loopback() {
+            return Err(Error::Usage(format!(
+                "refusing to bind the webhook to {}: loopback only",
+                self.addr
+            )));
+        }
+        let listener = TcpListener::bind(self.addr)
+            .map_err(|e| Error::io("cannot listen on", self.addr.to_string(), e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io("cannot read the address of", self.addr.to_string(), e))?;
+        Ok(Bound { listener, addr })
+    }
+}
+
+/// A bound, not yet serving, listener.
+#[derive(Debug)]
+pub struct Bound {
+    listener: TcpListener,
+    addr: SocketAddr,
+}
+
+impl Bound {
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// A signal handed to whoever applies signals, with where to send the verdict. The verdict must
+/// be sent only once it is durable; dropping `reply` unanswered means nothing was recorded.
+pub struct Submission {
+    pub request: SignalRequest,
+    /// The idempotency key; the signal's identity is [`Source::Http`](super::Source::Http) of it.
+    pub key: String,
+    pub reply: Sender<Result<Verdict>>,
+}
+
+impl std::fmt::Debug for Submission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Submission")
+            .field("request", &self.request)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Hands a submission over; false when nobody is taking them any more (shutting down).
+pub type Submit = Box<dyn Fn(Submission) -> bool + Send + Sync>;
+
+/// The miss budget: timestamps of the misses inside the sliding window.
+#[derive(Debug, Default)]
+pub struct MissBudget {
+    misses: VecDeque<Timestamp>,
+}
+
+impl MissBudget {
+    fn forget_before(&mut self, now: Timestamp) {
+        while let Some(first) = self.misses.front() {
+            if now.millis_since(*first) >= MISS_WINDOW_MS {
+                self.misses.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Whether the window already holds [`MISS_BUDGET`] misses.
+    pub fn spent(&mut self, now: Timestamp) -> bool {
+        self.forget_before(now);
+        self.misses.len() >= MISS_BUDGET
+    }
+
+    pub fn record(&mut self, now: Timestamp) {
+        self.forget_before(now);
+        self.misses.push_back(now);
+    }
+}
+
+struct Shared {
+    submit: Submit,
+    clock: Arc<dyn Clock>,
+    budget: Mutex<MissBudget>,
+    /// Connections handed to workers and not yet handed back or closed.
+    busy: AtomicUsize,
+    stop: AtomicBool,
+}
+
+/// The running shim. Stopping it (or dropping it) closes the listener and every connection the
+/// reactor holds, and removes the address file.
+pub struct Shim {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    waker: UnixStream,
+    reactor: Option<JoinHandle<()>>,
+    address_file: PathBuf,
+}
+
+impl Shim {
+    /// Starts serving on `bound`, then publishes the address in `address_file`.
+    pub fn start(
+        bound: Bound,
+        clock: Arc<dyn Clock>,
+        submit: Submit,
+        address_file: PathBuf,
+    ) -> Result<Shim> {
+        let Bound { listener, addr } = bound;
+        let what = addr.to_string();
+        let io_err = |context: &'static str| {
+            let what = what.clone();
+            move |e| Error::io(context, what, e)
+        };
+        listener
+            .set_nonblocking(true)
+            .map_err(io_err("cannot set up"))?;
+        let (waker, wake_rx) = UnixStream::pair().map_err(io_err("cannot make a waker for"))?;
+        for end in [&waker, &wake_rx] {
+            end.set_nonblocking(true).map_err(io_err("cannot set up"))?;
+        }
+        let shared = Arc::new(Shared {
+            submit,
+            clock,
+            budget: Mutex::new(MissBudget::default()),
+            busy: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        });
+        let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(WORKERS);
+        let (back_tx, back_rx) = mpsc::channel::<Conn>();
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        for n in 0..WORKERS {
+            let worker = Worker {
+                shared: shared.clone(),
+                jobs: jobs_rx.clone(),
+                back: back_tx.clone(),
+                waker: waker.try_clone().map_err(io_err("cannot set up"))?,
+            };
+            std::thread::Builder::new()
+                .name(format!("webhook-{n}"))
+                .spawn(move || worker.run())
+                .map_err(io_err("cannot start a worker for"))?;
+        }
+        let reactor = Reactor {
+            listener,
+            shared: shared.clone(),
+            wake_rx,
+            back: back_rx,
+            jobs: jobs_tx,
+            conns: Vec::new(),
+            queued: VecDeque::new(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("webhook".into())
+            .spawn(move || reactor.run())
+            .map_err(io_err("cannot start the reactor for"))?;
+        let shim = Shim {
+            addr,
+            shared,
+            waker,
+            reactor: Some(handle),
+            address_file,
+        };
+        let record = WebhookAddress {
+            url: format!("http://{addr}{SIGNAL_PATH}"),
+            addr: addr.to_string(),
+            pid: std::process::id(),
+            started_at: shim.shared.clock.now(),
+        };
+        store::commit_json(&shim.address_file, &record)?;
+        tracing::info!(%addr, "webhook listening on http://{addr}{SIGNAL_PATH}");
+        Ok(shim)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, closes the connections the reactor holds and removes the address file.
+    /// A worker busy with a request finishes it (its verdict is sent if the loop still runs).
+    pub fn stop(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        let Some(reactor) = self.reactor.take() else {
+            return;
+        };
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = (&self.waker).write(&[1]);
+        let _ = reactor.join();
+        if let Err(e) = store::remove_durably(&self.address_file) {
+            tracing::error!("cannot remove the webhook address file: {e}");
+        }
+        tracing::info!(addr = %self.addr, "webhook stopped");
+    }
+}
+
+impl Drop for Shim {
+    fn drop(&mut self) {
+        self.stop_now();
+    }
+}
+
+/// Removes an address file a daemon that did not shut down cleanly left behind.
+pub fn remove_stale_address(address_file: &std::path::Path) -> Result<()> {
+    store::remove_durably(address_file)
+}
+
+/// An open connection and the bytes of its next request so far.
+struct Conn {
+    /// Non-blocking while the reactor holds it, blocking while a worker does.
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// When the first byte of the request in `buf` arrived; `None` while idle.
+    started: Option<Instant>,
+    idle_since: Instant,
+    continue_sent: bool,
+    /// Set once an answer was sent without reading the body: the rest of what the client
+    /// sends is read and thrown away until then (or `LINGER_BYTES`), and the connection closed.
+    draining: Option<(Instant, usize)>,
+}
+
+impl Conn {
+    fn new(stream: TcpStream) -> Self {
+        Conn {
+            stream,
+            buf: Vec::new(),
+            started: None,
+            idle_since: Instant::now(),
+            continue_sent: false,
+            draining: None,
+        }
+    }
+
+    /// When the reactor gives up on this connection.
+    fn deadline(&self) -> Instant {
+        match (self.draining, self.started) {
+            (Some((until, _)), _) => until,
+            (None, Some(started)) => started + REQUEST_TIMEOUT,
+            (None, None) => self.idle_since + IDLE_TIMEOUT,
+        }
+    }
+
+    /// When it last showed a sign of life, for choosing whom to close when full.
+    fn activity(&self) -> Instant {
+        self.started.unwrap_or(self.idle_since)
+    }
+
+    /// Reads what is there without blocking, up to the most one request may take. `false`
+    /// when the connection is finished (closed by the peer, failed, or drained enough).
+    fn read_available(&mut self) -> bool {
+        let mut chunk = [0u8; CHUNK];
+        loop {
+            if let Some((_, left)) = &mut self.draining {
+                match (&self.stream).read(&mut chunk) {
+                    Ok(0) => return false,
+                    Ok(n) if n >= *left => return false,
+                    Ok(n) => *left -= n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+                continue;
+            }
+            let room = MAX_REQUEST_BYTES.saturating_sub(self.buf.len()).min(CHUNK);
+            if room == 0 {
+                return true;
+            }
+            match (&self.stream).read(&mut chunk[..room]) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    self.started.get_or_insert_with(Instant::now);
+                    self.buf.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+/// The most bytes one request may take: a full head and a full body.
+const MAX_REQUEST_BYTES: usize = MAX_HEAD_BYTES + MAX_BODY_BYTES;
+
+/// A connection whose request is ready, and what it is.
+struct Job {
+    conn: Conn,
+    ready: Ready,
+}
+
+/// A request that can be answered now.
+#[derive(Debug, PartialEq, Eq)]
+enum Ready {
+    /// No end of head within [`MAX_HEAD_BYTES`].
+    HeadTooLarge,
+    /// The head does not parse.
+    BadHead(String),
+    /// The head alone decides (the body is absent, too large, or not framed by a length);
+    /// the connection closes after the answer.
+    HeadOnly(Head),
+    /// Head and body are all in the buffer: `total` bytes, the body starting at `head_len`.
+    Whole {
+        head: Head,
+        head_len: usize,
+        total: usize,
+    },
+}
+
+/// Whether the request at the front of `buf` can be answered yet. `None`: wait for more bytes
+/// (the `bool` says whether the client is waiting for `100 Continue` first).
+fn framing(buf: &[u8]) -> std::result::Result<Ready, bool> {
+    let Some(head_len) = buf.windows(4).position(|w| w == b"\r\n\r\n").map(|i| i + 4) else {
+        return if buf.len() >= MAX_HEAD_BYTES {
+            Ok(Ready::HeadTooLarge)
+        } else {
+            Err(false)
+        };
+    };
+    if head_len > MAX_HEAD_BYTES {
+        return Ok(Ready::HeadTooLarge);
+    }
+    let head = match parse_head(&buf[..head_len]) {
+        Ok(h) => h,
+        Err(HeadError::TooLarge) => return Ok(Ready::HeadTooLarge),
+        Err(HeadError::Bad(why)) => return Ok(Ready::BadHead(why)),
+    };
+    match body_length(&head) {
+        Err(_) => Ok(Ready::HeadOnly(head)),
+        Ok(n) if buf.len() >= head_len + n => Ok(Ready::Whole {
+            head,
+            head_len,
+            total: head_len + n,
+        }),
+        Ok(_) => Err(head.expect_continue),
+    }
+}
+
+/// The body's length from `Content-Length`, checked before a byte of it is read; or the answer
+/// to give without reading it.
+fn body_length(head: &Head) -> std::result::Result<usize, Reply> {
+    if head.transfer_encoding {
+        return Err(refused(
+            411,
+            "send the body with a Content-Length, not a Transfer-Encoding",
+        ));
+    }
+    let length = match head.content_length.as_slice() {
+        [] => return Ok(0),
+        // Too many digits for a u64 is simply too large.
+        [one] if !one.is_empty() && one.bytes().all(|b| b.is_ascii_digit()) => {
+            one.parse::<u64>().unwrap_or(u64::MAX)
+        }
+        _ => return Err(refused(400, "Content-Length must be one decimal number")),
+    };
+    if length > MAX_BODY_BYTES as u64 {
+        return Err(refused(
+            413,
+            format!("the body is over the {MAX_BODY_BYTES}-byte limit"),
+        ));
+    }
+    Ok(length as usize)
+}
+
+struct Reactor {
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    wake_rx: UnixStream,
+    back: Receiver<Conn>,
+    jobs: SyncSender<Job>,
+    /// Connections waiting for bytes (idle, mid-request, or draining).
+    conns: Vec<Conn>,
+    /// Ready requests no worker was free for yet.
+    queued: VecDeque<Job>,
+}
+
+impl Reactor {
+    fn run(mut self) {
+        while !self.shared.stop.load(Ordering::SeqCst) {
+            while let Ok(conn) = self.back.try_recv() {
+                // Bytes of a pipelined next request may be here already.
+                self.settle(conn);
+            }
+            if !self.dispatch_queued() {
+                return;
+            }
+            let now = Instant::now();
+            let (live, expired): (Vec<Conn>, Vec<Conn>) = std::mem::take(&mut self.conns)
+                .into_iter()
+                .partition(|c| c.deadline() > now);
+            self.conns = live;
+            for mut c in expired {
+                if c.started.is_some() && c.draining.is_none() {
+                    // Best effort: the socket is non-blocking and the answer tiny.
+                    let r = refused(408, "the request did not arrive in time");
+                    let _ = write_reply(&mut c.stream, &r, true, false);
+                }
+            }
+            // With nothing to time out, sleep until woken (a connection, a worker, or stop).
+            let wait = self
+                .conns
+                .iter()
+                .map(|c| c.deadline().saturating_duration_since(now))
+                .min();
+            let mut fds: Vec<libc::pollfd> = [self.wake_rx.as_raw_fd(), self.listener.as_raw_fd()]
+                .into_iter()
+                .chain(self.conns.iter().map(|c| c.stream.as_raw_fd()))
+                .map(|fd| libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
+            let n = unsafe {
+                libc::poll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    // Rounded up, so a deadline is not polled for in a busy loop of 0 ms waits.
+                    wait.map_or(-1, |w| {
+                        libc::c_int::try_from(w.as_millis())
+                            .unwrap_or(libc::c_int::MAX - 1)
+                            .saturating_add(1)
+                    }),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    tracing::error!("webhook poll failed: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                continue;
+            }
+            if fds[0].revents != 0 {
+                let mut sink = [0u8; 64];
+                while matches!((&self.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
+            }
+            // Highest index first, so `swap_remove` leaves the lower ones where `fds` says.
+            let readable: Vec<usize> = (0..self.conns.len())
+                .rev()
+                .filter(|i| fds[i + 2].revents != 0)
+                .collect();
+            let mut touched = Vec::with_capacity(readable.len());
+            for i in readable {
+                let mut conn = self.conns.swap_remove(i);
+                if conn.read_available() {
+                    touched.push(conn);
+                }
+            }
+            for conn in touched {
+                self.settle(conn);
+            }
+            if fds[1].revents != 0 {
+                self.accept_all();
+            }
+        }
+    }
+
+    /// Queues the connection's request for a worker when it is complete; otherwise keeps
+    /// watching it.
+    fn settle(&mut self, mut conn: Conn) {
+        if conn.draining.is_some() || conn.buf.is_empty() {
+            self.conns.push(conn);
+            return;
+        }
+        match framing(&conn.buf) {
+            Ok(ready) => self.queued.push_back(Job { conn, ready }),
+            Err(wants_continue) => {
+                if wants_continue && !conn.continue_sent {
+                    // curl and others wait for this before sending a larger body.
+                    conn.continue_sent = true;
+                    let _ = (&conn.stream).write(b"HTTP/1.1 100 Continue\r\n\r\n");
+                }
+                self.conns.push(conn);
+            }
+        }
+    }
+
+    /// Hands queued requests to free workers; false when the workers are gone.
+    fn dispatch_queued(&mut self) -> bool {
+        while let Some(job) = self.queued.pop_front() {
+            match self.jobs.try_send(job) {
+                Ok(()) => {
+                    self.shared.busy.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(mpsc::TrySendError::Full(job)) => {
+                    self.queued.push_front(job);
+                    return true;
+                }
+                Err(mpsc::TrySendError::Disconnected(_)) => return false,
+            }
+        }
+        true
+    }
+
+    fn open(&self) -> usize {
+        self.conns.len() + self.queued.len() + self.shared.busy.load(Ordering::SeqCst)
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => {
+                    if self.open() >= MAX_CONNECTIONS && !self.close_least_active() {
+                        // Every connection is in a worker's hands: refuse this one outright.
+                        drop(stream);
+                        continue;
+                    }
+                    if stream.set_nonblocking(true).is_err() {
+                        continue;
+                    }
+                    let _ = stream.set_nodelay(true);
+                    self.conns.push(Conn::new(stream));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Out of descriptors or the like: make room if we can, and do not spin.
+                    tracing::warn!("webhook cannot accept a connection: {e}");
+                    if !self.close_least_active() {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Closes the waiting connection that has been quiet longest, to make room.
+    fn close_least_active(&mut self) -> bool {
+        let oldest = self
+            .conns
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, c)| c.activity())
+            .map(|(i, _)| i);
+        match oldest {
+            Some(i) => {
+                self.conns.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    jobs: Arc<Mutex<Receiver<Job>>>,
+    back: Sender<Conn>,
+    waker: UnixStream,
+}
+
+impl Worker {
+    fn run(self) {
+        loop {
+            let next = self.jobs.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            let Ok(job) = next else { return };
+            if let Some(conn) = answer(&self.shared, job) {
+                let _ = self.back.send(conn);
+            }
+            self.shared.busy.fetch_sub(1, Ordering::SeqCst);
+            // Tell the reactor a worker is free (and maybe a connection came back).
+            let _ = (&self.waker).write(&[1]);
+        }
+    }
+}
+
+/// Answers a ready request. Returns the connection when it stays open (for the next request,
+/// or to drain a body that was not read).
+fn answer(shared: &Shared, job: Job) -> Option<Conn> {
+    let Job { mut conn, ready } = job;
+    conn.stream.set_nonblocking(false).ok()?;
+    conn.stream.set_write_timeout(Some(WRITE_TIMEOUT)).ok()?;
+    let peer = conn.stream.peer_addr().ok();
+    let (reply, head_only, keep_alive, consumed) = match ready {
+        Ready::HeadTooLarge => (
+            refused(
+                431,
+                format!("the request head is over {MAX_HEAD_BYTES} bytes"),
+            ),
+            false,
+            false,
+            None,
+        ),
+        Ready::BadHead(why) => (refused(400, why), false, false, None),
+        Ready::HeadOnly(head) => (
+            route(shared, &head, None, peer),
+            head.method == "HEAD",
+            false,
+            None,
+        ),
+        Ready::Whole {
+            head,
+            head_len,
+            total,
+        } => (
+            route(shared, &head, Some(&conn.buf[head_len..total]), peer),
+            head.method == "HEAD",
+            head.keep_alive(),
+            Some(total),
+        ),
+    };
+    let written = write_reply(&mut conn.stream, &reply, !keep_alive, head_only).is_ok();
+    let now = Instant::now();
+    match consumed {
+        Some(total) if written && keep_alive => {
+            conn.buf.drain(..total);
+            conn.started = (!conn.buf.is_empty()).then_some(now);
+            conn.idle_since = now;
+            conn.continue_sent = false;
+        }
+        // Everything was read: a plain close.
+        Some(_) => return None,
+        None if !written => return None,
+        None => {
+            let _ = conn.stream.shutdown(Shutdown::Write);
+            conn.buf = Vec::new();
+            conn.draining = Some((now + LINGER, LINGER_BYTES));
+        }
+    }
+    conn.stream.set_nonblocking(true).ok()?;
+    Some(conn)
+}
+
+/// The parts of a request head the shim looks at.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Head {
+    method: String,
+    path: String,
+    http10: bool,
+    host: Option<String>,
+    origin: bool,
+    content_length: Vec<String>,
+    transfer_encoding: bool,
+    expect_continue: bool,
+    connection_close: bool,
+    connection_keep_alive: bool,
+    idempotency_key: Option<Vec<u8>>,
+}
+
+impl Head {
+    fn keep_alive(&self) -> bool {
+        if self.http10 {
+            self.connection_keep_alive
+        } else {
+            !self.connection_close
+        }
+    }
+}
+
+enum HeadError {
+    TooLarge,
+    Bad(String),
+}
+
+/// Parses a complete head (`bytes` ends at its blank line).
+fn parse_head(bytes: &[u8]) -> std::result::Result<Head, HeadError> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(bytes) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(HeadError::Bad("incomplete request".into())),
+        Err(httparse::Error::TooManyHeaders) => return Err(HeadError::TooLarge),
+        Err(e) => return Err(HeadError::Bad(format!("malformed request: {e}"))),
+    }
+    let mut head = Head {
+        method: req.method.unwrap_or_default().to_owned(),
+        path: req.path.unwrap_or_default().to_owned(),
+        http10: req.version == Some(0),
+        ..Head::default()
+    };
+    for h in req.headers.iter() {
+        let value = || String::from_utf8_lossy(h.value).trim().to_owned();
+        let name = h.name;
+        if name.eq_ignore_ascii_case("host") {
+            if head.host.is_some() {
+                return Err(HeadError::Bad("more than one Host header".into()));
+            }
+            head.host = Some(value());
+        } else if name.eq_ignore_ascii_case("origin") {
+            head.origin = true;
+        } else if name.eq_ignore_ascii_case("content-length") {
+            head.content_length.push(value());
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            head.transfer_encoding = true;
+        } else if name.eq_ignore_ascii_case("expect") {
+            head.expect_continue = value().eq_ignore_ascii_case("100-continue");
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value().split(',') {
+                let token = token.trim();
+                head.connection_close |= token.eq_ignore_ascii_case("close");
+                head.connection_keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+            }
+        } else if name.eq_ignore_ascii_case("idempotency-key") {
+            head.idempotency_key = Some(h.value.to_vec());
+        }
+    }
+    Ok(head)
+}
+
+/// Whether a `Host` header names this machine: a loopback IP literal or `localhost`, with an
+/// optional port. Anything else is a name some DNS answered with 127.0.0.1 (rebinding).
+fn is_loopback_host(host: &str) -> bool {
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let Some((inside, after)) = rest.split_once(']') else {
+            return false;
+        };
+        match after {
+            "" => (inside, None),
+            _ => match after.strip_prefix(':') {
+                Some(p) => (inside, Some(p)),
+                None => return false,
+            },
+        }
+    } else {
+        match host.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (host, None),
+        }
+    };
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    port_ok
+        && (name.eq_ignore_ascii_case("localhost")
+            || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()))
+}
+
+/// A response: status and a short JSON body saying what happened.
+struct Reply {
+    code: u16,
+    body: Value,
+    allow: Option<&'static str>,
+}
+
+fn reply(code: u16, body: Value) -> Reply {
+    Reply {
+        code,
+        body,
+        allow: None,
+    }
+}
+
+fn refused(code: u16, error: impl Into<String>) -> Reply {
+    reply(code, json!({ "result": "refused", "error": error.into() }))
+}
+
+fn reason_phrase(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        202 => "Accepted",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        410 => "Gone",
+        411 => "Length Required",
+        413 => "Content Too Large",
+        422 => "Unprocessable Content",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Unknown",
+    }
+}
+
+fn write_reply(stream: &mut TcpStream, r: &Reply, close: bool, head_only: bool) -> io::Result<()> {
+    let body = format!("{}\n", r.body);
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nCache-Control: no-store\r\n",
+        r.code,
+        reason_phrase(r.code),
+        body.len()
+    );
+    if let Some(allow) = r.allow {
+        out.push_str(&format!("Allow: {allow}\r\n"));
+    }
+    if close {
+        out.push_str("Connection: close\r\n");
+    }
+    out.push_str("\r\n");
+    if !head_only {
+        out.push_str(&body);
+    }
+    stream.write_all(out.as_bytes())?;
+    stream.flush()
+}
+
+/// Decides the answer to a request; `body` is `None` when it was not read.
+fn route(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+    match &head.host {
+        None => return refused(400, "a Host header is required"),
+        Some(h) if !is_loopback_host(h) => {
+            return refused(
+                403,
+                "the Host header must name a loopback address or localhost",
+            );
+        }
+        Some(_) => {}
+    }
+    if head.origin {
+        return refused(
+            403,
+            "requests from web pages (with an Origin header) are not served",
+        );
+    }
+    match (head.method.as_str(), head.path.as_str()) {
+        ("GET" | "HEAD", HEALTH_PATH) => reply(200, json!({ "result": "ok" })),
+        (_, HEALTH_PATH) => Reply {
+            allow: Some("GET, HEAD"),
+            ..refused(405, "use GET on /healthz")
+        },
+        ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
+        (_, SIGNAL_PATH) => Reply {
+            allow: Some("POST"),
+            ..refused(405, "use POST on /webhook/signal")
+        },
+        _ => reply(
+            404,
+            json!({ "result": "not_found", "error": "this shim serves only POST /webhook/signal and GET /healthz" }),
+        ),
+    }
+}
+
+fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+    let body = match body {
+        Some(b) => b,
+        None => {
+            return body_length(head)
+                .err()
+                .unwrap_or_else(|| refused(400, "the body was not read"));
+        }
+    };
+    if head.content_length.is_empty() {
+        return refused(411, "a Content-Length header is required");
+    }
+    let key = match &head.idempotency_key {
+        None => format!("gen-{}", crate::secret::random_hex(16)),
+        Some(k)
+            if !k.is_empty()
+                && k.len() <= MAX_KEY_CHARS
+                && k.iter().all(|b| (0x21..=0x7e).contains(b)) =>
+        {
+            String::from_utf8_lossy(k).into_owned()
+        }
+        Some(_) => {
+            return refused(
+                400,
+                format!("Idempotency-Key must be 1-{MAX_KEY_CHARS} visible ASCII characters"),
+            );
+        }
+    };
+    if shared
+        .budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .spent(shared.clock.now())
+    {
+        return refused(
+            429,
+            "too many unknown ids or wrong secrets in the last minute; try again later",
+        );
+    }
+    match parse_signal(body) {
+        Err(reason) => refused(400, reason),
+        Ok(request) => apply(shared, request, key, peer),
+    }
+}
+
+/// Hands the signal to the engine loop, waits for the durable verdict, and maps it.
+fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<SocketAddr>) -> Reply {
+    let id = request.id.clone();
+    let (tx, rx) = mpsc::channel();
+    let submitted = (shared.submit)(Submission {
+        request,
+        key,
+        reply: tx,
+    });
+    let verdict = match rx.recv() {
+        Ok(v) if submitted => v,
+        _ => {
+            return refused(503, "the daemon is shutting down; nothing was recorded");
+        }
+    };
+    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let miss = |what: &str| {
+        shared
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(shared.clock.now());
+        tracing::warn!(waitpoint = %id, %peer, "webhook signal refused: {what}");
+    };
+    match verdict {
+        Ok(Verdict::Accepted {
+            id,
+            seq,
+            wake,
+            status,
+            ..
+        }) => reply(
+            202,
+            json!({ "result": "accepted", "id": id, "seq": seq, "woke": wake.is_some(), "status": status.as_str() }),
+        ),
+        Ok(Verdict::Duplicate { id }) => reply(
+            202,
+            json!({ "result": "duplicate", "id": id, "message": "already recorded under this Idempotency-Key; not counted again" }),
+        ),
+        Ok(Verdict::Closed { id, status }) => reply(
+            410,
+            json!({ "result": "closed", "id": id, "status": status.as_str(), "message": format!("already {}", status.as_str()) }),
+        ),
+        Ok(Verdict::Refused(Refusal::UnknownId)) => {
+            miss("unknown waitpoint id");
+            refused(404, "unknown waitpoint id")
+        }
+        Ok(Verdict::Refused(Refusal::Unauthorized)) => {
+            miss("wrong secret");
+            refused(401, "wrong secret")
+        }
+        Ok(Verdict::Refused(r)) => {
+            let expected = match &r {
+                Refusal::MemberMissing { expected } | Refusal::MemberUnknown { expected, .. } => {
+                    expected.clone()
+                }
+                Refusal::Unauthorized | Refusal::UnknownId => Vec::new(),
+            };
+            reply(
+                422,
+                json!({ "result": "refused", "error": r.reason(), "expected": expected }),
+            )
+        }
+        Err(e) => {
+            tracing::error!(waitpoint = %id, "cannot record a webhook signal: {e}");
+            reply(
+                500,
+                json!({ "result": "error", "error": "the daemon could not record the signal; nothing was recorded (see its log)" }),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_binds_are_accepted() {
+        for ok in ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"] {
+            assert!(HttpConfig::new(ok, 0).is_ok(), "{ok}");
+        }
+        for bad in [
+            "0.0.0.0",
+            "192.168.1.10",
+            "::",
+            "example.com",
+            "::ffff:127.0.0.1",
+        ] {
+            let err = HttpConfig::new(bad, 0).unwrap_err();
+            assert_eq!(err.kind(), crate::error::ErrorKind::Usage, "{bad}");
+        }
+        let msg = HttpConfig::new("0.0.0.0", 3001).unwrap_err().to_string();
+        assert!(msg.contains("loopback"), "{msg}");
+    }
+
+    #[test]
+    fn host_must_be_loopback_or_localhost() {
+        for ok in [
+            "127.0.0.1",
+            "127.0.0.1:3001",
+            "localhost",
+            "LOCALHOST:80",
+            "[::1]",
+            "[::1]:3001",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "evil.example:3001",
+            "localhost.evil.example",
+            "10.0.0.1:3001",
+            "127.0.0.1:",
+            "127.0.0.1:x",
+            "[::1",
+            "",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_budget_is_sixty_misses_in_a_sliding_minute() {
+        let mut b = MissBudget::default();
+        let t0 = Timestamp::from_millis(1_000_000);
+        for i in 0..MISS_BUDGET {
+            assert!(!b.spent(t0.plus_ms(i as i64)));
+            b.record(t0.plus_ms(i as i64));
+        }
+        assert!(b.spent(t0.plus_ms(100)));
+        // The first miss leaves the window one minute after it happened.
+        assert!(b.spent(t0.plus_ms(MISS_WINDOW_MS - 1)));
+        assert!(!b.spent(t0.plus_ms(MISS_WINDOW_MS)));
+    }
+
+    #[test]
+    fn a_request_is_ready_only_when_whole_and_never_sized_by_its_claim() {
+        let head = "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\n";
+        assert_eq!(framing(head.as_bytes()), Err(false));
+        assert_eq!(framing(&[b'a'; MAX_HEAD_BYTES]), Ok(Ready::HeadTooLarge));
+        for claim in [
+            "1000000000",
+            "1000000000000000000",
+            "99999999999999999999999",
+        ] {
+            let req = format!("{head}Content-Length: {claim}\r\n\r\nabc");
+            let Ok(Ready::HeadOnly(h)) = framing(req.as_bytes()) else {
+                panic!("{claim} is not answered from the head")
+            };
+            assert_eq!(body_length(&h).err().map(|r| r.code), Some(413));
+        }
+        let partial = format!("{head}Content-Length: 5\r\n\r\nabc");
+        assert_eq!(framing(partial.as_bytes()), Err(false));
+        let expecting = format!("{head}Content-Length: 5\r\nExpect: 100-continue\r\n\r\nabc");
+        assert_eq!(framing(expecting.as_bytes()), Err(true));
+        // Two pipelined requests: the first is ready, and only its bytes are taken.
+        let first = format!("{head}Content-Length: 5\r\n\r\nabcde");
+        let both = format!("{first}{first}");
+        let Ok(Ready::Whole {
+            head_len, total, ..
+        }) = framing(both.as_bytes())
+        else {
+            panic!("not ready")
+        };
+        assert_eq!((total, total - head_len), (first.len(), 5));
+        let chunked = format!("{head}Transfer-Encoding: chunked\r\n\r\n");
+        assert!(matches!(
+            framing(chunked.as_bytes()),
+            Ok(Ready::HeadOnly(_))
+        ));
+    }
+
+    #[test]
+    fn heads_are_parsed_for_what_the_shim_checks() {
+        let raw =
+            b"POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1:3001\r\nContent-Length: 12\r\n\
+Idempotency-Key: abc\r\nConnection: close\r\nExpect: 100-continue\r\n\r\n";
+        let Ok(h) = parse_head(raw) else {
+            panic!("does not parse")
+        };
+        assert_eq!((h.method.as_str(), h.path.as_str()), ("POST", SIGNAL_PATH));
+        assert_eq!(h.content_length, vec!["12".to_owned()]);
+        assert_eq!(h.idempotency_key.as_deref(), Some(&b"abc"[..]));
+        assert!(h.expect_continue && h.connection_close && !h.keep_alive());
+        let old = parse_head(b"GET /healthz HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .ok()
+            .unwrap();
+        assert!(!old.keep_alive());
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"),
+            Err(HeadError::Bad(_))
+        ));
+    }
+}

@@ -1,0 +1,754 @@
+//! The loopback HTTP shim and `cortex-signal`'s HTTP path: every status code from curl and from a
+//! plain Rust client, the miss budget on the daemon's clock, idempotency keys, the spool
+//! fallback, the printed curl line, and the hardening (huge declared lengths, idle connections,
+//! Host and Origin checks, loopback-only binds).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use waitpoint::clock::{Clock, ManualClock, SystemClock};
+use waitpoint::daemon::{Daemon, DaemonConfig};
+use waitpoint::home::Home;
+use waitpoint::ingress::http::{HttpConfig, MISS_BUDGET, MISS_WINDOW_MS};
+use waitpoint::settings::Settings;
+
+use crate::helpers::*;
+
+const UNKNOWN: &str = "wp_000000000000";
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A port nothing listens on (bound once and released; the kernel does not hand it out again
+/// straight away).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Sends `request` as is and reads the answer to its end: status code and body.
+fn raw(port: u16, request: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the shim");
+    s.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+    s.set_write_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+    // The shim may answer before reading all of a body it refuses; that is not our failure.
+    let _ = s.write_all(request);
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).expect("an answer");
+    split_answer(&answer)
+}
+
+fn split_answer(answer: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(answer);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let code = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (code, body.to_owned())
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {body:?}"))
+}
+
+fn request(port: u16, method: &str, path: &str, headers: &[&str], body: &str) -> Vec<u8> {
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
+Content-Length: {}\r\n",
+        body.len()
+    );
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(body.as_bytes());
+    bytes
+}
+
+fn get(port: u16, path: &str) -> (u16, String) {
+    raw(
+        port,
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Client {
+    Curl,
+    Rust,
+}
+
+impl Client {
+    /// POSTs a signal body, with an `Idempotency-Key` when given.
+    fn post(self, port: u16, key: Option<&str>, body: &str) -> (u16, Value) {
+        let key_header = key.map(|k| format!("Idempotency-Key: {k}"));
+        match self {
+            Client::Rust => {
+                let headers: Vec<&str> = key_header.iter().map(String::as_str).collect();
+                let (code, body) = raw(
+                    port,
+                    &request(port, "POST", "/webhook/signal", &headers, body),
+                );
+                (code, json_of(&body))
+            }
+            Client::Curl => {
+                let mut cmd = Command::new("curl");
+                cmd.args(["-sS", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"])
+                    .args(["-XPOST", "-H", "content-type: application/json"])
+                    .args(["--data-binary", "@-"]);
+                if let Some(h) = &key_header {
+                    cmd.args(["-H", h]);
+                }
+                cmd.arg(format!("http://127.0.0.1:{port}/webhook/signal"));
+                let (code, body) = run_curl(cmd, body);
+                (code, json_of(&body))
+            }
+        }
+    }
+}
+
+/// Runs a curl command (`-w '\n%{http_code}'`) with `stdin`, returning code and body.
+fn run_curl(mut cmd: Command, stdin: &str) -> (u16, String) {
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("curl must be installed (.ci/run installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or_else(|| {
+        panic!(
+            "curl printed no status: {text:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (code.trim().parse().unwrap(), body.to_owned())
+}
+
+fn progress(id: &str, secret: &str) -> String {
+    body(id, secret, r#","status":"progress""#)
+}
+
+/// `field` of a line of `/proc/<pid>/status`, as a number (kB for memory, a count for Threads).
+fn proc_status(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+fn http_daemon(env: &Env) -> (DaemonGuard, u16) {
+    let d = env.daemon_with(&["--http", "--port", "0"], &[]);
+    let port = env.webhook_port();
+    (d, port)
+}
+
+#[test]
+fn every_status_code_from_curl_and_from_rust() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let barrier = env.create(&[
+        "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
+    ]);
+    let monitor = env.create(&["--label", "m", "--intent", "i", "--max-signals", "10"]);
+    let (bid, bsec) = id_secret(&barrier);
+    let (mid, msec) = id_secret(&monitor);
+    let mut misses = 0;
+    for client in [Client::Curl, Client::Rust] {
+        let expect = |what: &str, (code, body): (u16, Value), want: u16| {
+            assert_eq!(code, want, "{client:?}, {what}: {body}");
+            body
+        };
+        let key = format!("{client:?}-1");
+        let b = expect(
+            "accepted",
+            client.post(port, Some(&key), &progress(&mid, &msec)),
+            202,
+        );
+        assert_eq!(b["result"], "accepted");
+        let b = expect(
+            "duplicate",
+            client.post(port, Some(&key), &progress(&mid, &msec)),
+            202,
+        );
+        assert_eq!(b["result"], "duplicate");
+
+        let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
+        expect(
+            "resolve",
+            client.post(port, None, &body(&oid, &osec, "")),
+            202,
+        );
+        let b = expect(
+            "resolved",
+            client.post(port, None, &body(&oid, &osec, "")),
+            410,
+        );
+        assert_eq!(b["status"], "resolved");
+
+        let b = expect(
+            "wrong secret",
+            client.post(port, None, &body(&mid, "not-the-secret", "")),
+            401,
+        );
+        assert_eq!(b["error"], "wrong secret");
+        let b = expect(
+            "unknown id",
+            client.post(port, None, &body(UNKNOWN, &msec, "")),
+            404,
+        );
+        assert_eq!(b["error"], "unknown waitpoint id");
+        misses += 2;
+
+        for extra in ["", r#","member":"z""#] {
+            let b = expect(
+                "member",
+                client.post(port, None, &body(&bid, &bsec, extra)),
+                422,
+            );
+            assert_eq!(b["expected"], json!(["a", "b"]), "{b}");
+        }
+        let huge = body(
+            &mid,
+            &msec,
+            &format!(r#","message":"{}""#, "x".repeat(70_000)),
+        );
+        let b = expect("too large", client.post(port, None, &huge), 413);
+        assert!(b["error"].as_str().unwrap().contains("65536"), "{b}");
+    }
+    // Each client's key was counted once.
+    assert_eq!(env.state(&mid)["counters"]["signals"], 2);
+
+    // Spend the rest of the miss budget; then even a good signal gets 429, from either client.
+    for _ in misses..MISS_BUDGET {
+        assert_eq!(
+            Client::Rust.post(port, None, &body(UNKNOWN, "x", "")).0,
+            404
+        );
+    }
+    for client in [Client::Curl, Client::Rust] {
+        let (code, b) = client.post(port, None, &progress(&mid, &msec));
+        assert_eq!(code, 429, "{client:?}: {b}");
+    }
+    assert_eq!(env.state(&mid)["counters"]["signals"], 2);
+}
+
+#[test]
+fn the_miss_budget_answers_429_until_a_minute_has_passed_on_the_daemon_clock() {
+    let env = Env::new();
+    let home = Home::new(&env.home);
+    let settings = Settings::load(&home.settings_file(), |_| None).unwrap();
+    let clock = Arc::new(ManualClock::new(SystemClock.now()));
+    let (daemon, control) = Daemon::new(
+        DaemonConfig {
+            home,
+            settings,
+            http: Some(HttpConfig::new("127.0.0.1", 0).unwrap()),
+        },
+        clock.clone(),
+    )
+    .unwrap();
+    let runner = std::thread::spawn(move || daemon.run());
+    let port = env.webhook_port();
+    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let good = progress(&mid, &msec);
+    for i in 0..MISS_BUDGET {
+        let (code, b) = if i % 2 == 0 {
+            Client::Rust.post(port, None, &body(&mid, "wrong", ""))
+        } else {
+            Client::Rust.post(port, None, &body(UNKNOWN, "wrong", ""))
+        };
+        assert_eq!(code, if i % 2 == 0 { 401 } else { 404 }, "miss {i}: {b}");
+    }
+    assert_eq!(Client::Rust.post(port, None, &good).0, 429);
+    assert_eq!(
+        Client::Rust.post(port, None, &body(UNKNOWN, "x", "")).0,
+        429
+    );
+    clock.advance_ms(MISS_WINDOW_MS - 1);
+    assert_eq!(Client::Rust.post(port, None, &good).0, 429);
+    clock.advance_ms(1);
+    let (code, b) = Client::Rust.post(port, None, &good);
+    assert_eq!(code, 202, "{b}");
+    assert_eq!(env.state(&mid)["counters"]["signals"], 1);
+
+    // A clean shutdown takes the published address away.
+    control.shutdown();
+    runner.join().unwrap().unwrap();
+    assert!(!env.home.join("webhook.json").exists(), "{}", env.tree());
+}
+
+#[test]
+fn a_retried_post_with_the_same_idempotency_key_is_counted_once() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let (mid, msec) =
+        id_secret(&env.create(&["--label", "m", "--intent", "i", "--max-signals", "5"]));
+    let ok = body(&mid, &msec, r#","status":"ok","message":"round 1""#);
+    let (code, first) = Client::Rust.post(port, Some("job-7-attempt"), &ok);
+    assert_eq!((code, first["result"].as_str()), (202, Some("accepted")));
+    assert_eq!(first["woke"], true);
+    let (code, again) = Client::Curl.post(port, Some("job-7-attempt"), &ok);
+    assert_eq!((code, again["result"].as_str()), (202, Some("duplicate")));
+    let state = env.state(&mid);
+    assert_eq!(
+        (
+            state["counters"]["signals"].as_u64(),
+            state["counters"]["wakes"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(env.inbox("default", "new").len(), 1);
+
+    // Another key is another signal; no key at all makes every request its own.
+    assert_eq!(
+        Client::Rust
+            .post(port, Some("job-8"), &progress(&mid, &msec))
+            .0,
+        202
+    );
+    for _ in 0..2 {
+        assert_eq!(Client::Rust.post(port, None, &progress(&mid, &msec)).0, 202);
+    }
+    assert_eq!(env.state(&mid)["counters"]["signals"], 4);
+    let shown: Value =
+        serde_json::from_str(&env.ok("show", &env.waitpoint(&["show", &mid, "--json"]))).unwrap();
+    assert_eq!(shown["signals"][0]["source"], "http:job-7-attempt");
+}
+
+#[test]
+fn cortex_signal_posts_to_the_shim_the_daemon_published() {
+    let env = Env::new();
+    let (_d, _port) = http_daemon(&env);
+    let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
+    let signal = |args: &[&str]| {
+        let mut all = vec!["--id", &oid, "--secret", &osec];
+        all.extend_from_slice(args);
+        env.signal(&all)
+    };
+    let out = signal(&["--exit-code", "0", "--no-spool"]);
+    env.ok("over http", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("accepted (transport: http"), "{stderr}");
+    assert!(stderr.contains("webhook.json"), "{stderr}");
+    let state = env.state(&oid);
+    assert_eq!(
+        (state["status"].as_str(), state["outcome"].as_str()),
+        (Some("resolved"), Some("ok"))
+    );
+    let shown: Value =
+        serde_json::from_str(&env.ok("show", &env.waitpoint(&["show", &oid, "--json"]))).unwrap();
+    assert!(
+        shown["signals"][0]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("http:cs-"),
+        "{shown}"
+    );
+
+    let out = signal(&["--exit-code", "0"]);
+    env.ok("already resolved", &out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already resolved"));
+
+    let out = env.signal(&["--id", &oid, "--secret", "wrong", "--exit-code", "0"]);
+    env.expect_code("wrong secret", &out, 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"));
+
+    let (bid, bsec) = id_secret(&env.create(&[
+        "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
+    ]));
+    let out = env.signal(&["--id", &bid, "--secret", &bsec]);
+    env.expect_code("no member", &out, 1);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("HTTP 422") && stderr.contains("a, b"),
+        "{stderr}"
+    );
+    assert!(env.spooled().is_empty(), "{}", env.tree());
+}
+
+#[test]
+fn cortex_signal_falls_back_to_the_spool_when_the_daemon_is_gone_and_it_is_collected_later() {
+    let env = Env::new();
+    let (d, _port) = http_daemon(&env);
+    let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
+    d.kill();
+    let address = env.home.join("webhook.json");
+    assert!(
+        address.exists(),
+        "a killed daemon leaves its address behind"
+    );
+
+    let out = env.signal(&["--id", &oid, "--secret", &osec, "--exit-code", "0"]);
+    env.ok("fallback", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("transport: spool") && stderr.contains("stale"),
+        "{stderr}"
+    );
+    assert_eq!(env.spooled().len(), 1);
+
+    let _d = env.daemon();
+    env.ok(
+        "collected",
+        &env.waitpoint(&["wait", &oid, "--timeout", "30"]),
+    );
+    assert!(
+        !address.exists(),
+        "a daemon without --http removes a stale address"
+    );
+    assert!(env.spooled().is_empty());
+}
+
+#[test]
+fn cortex_signal_falls_back_when_nothing_listens_at_the_url_or_port() {
+    let env = Env::new();
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    let out = env.signal(&["--id", UNKNOWN, "--secret", "s", "--url", &url]);
+    env.ok("--url", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("unreachable") && stderr.contains("transport: spool"),
+        "{stderr}"
+    );
+    let out = env
+        .command(CORTEX_SIGNAL)
+        .args(["--id", UNKNOWN, "--secret", "s"])
+        .env("WEBHOOK_PORT", port.to_string())
+        .output()
+        .unwrap();
+    env.ok("WEBHOOK_PORT", &out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unreachable"));
+    assert_eq!(env.spooled().len(), 2);
+}
+
+#[test]
+fn a_shim_found_only_through_webhook_port_that_knows_not_the_id_leaves_it_to_the_spool() {
+    // Another home's daemon owns the port; ours runs without the shim.
+    let other = Env::new();
+    let (_other_daemon, port) = http_daemon(&other);
+    let env = Env::new();
+    let _d = env.daemon();
+    let (id, secret) = id_secret(&env.create(&["--label", "ours", "--intent", "i"]));
+    let out = env
+        .command(CORTEX_SIGNAL)
+        .args(["--id", &id, "--secret", &secret, "--exit-code", "0"])
+        .env("WEBHOOK_PORT", port.to_string())
+        .output()
+        .unwrap();
+    env.ok("guessed port", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("transport: spool") && stderr.contains("another home"),
+        "{stderr}"
+    );
+    env.ok(
+        "collected",
+        &env.waitpoint(&["wait", &id, "--timeout", "30"]),
+    );
+    // Named explicitly, the same answer is a refusal.
+    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    let out = env.signal(&["--id", &id, "--secret", &secret, "--url", &url]);
+    env.expect_code("explicit url", &out, 1);
+}
+
+#[test]
+fn no_spool_with_nothing_listening_exits_one_and_writes_nothing() {
+    let env = Env::new();
+    let port = free_port();
+    let out = env
+        .command(CORTEX_SIGNAL)
+        .args(["--id", UNKNOWN, "--secret", "s", "--no-spool"])
+        .env("WEBHOOK_PORT", port.to_string())
+        .output()
+        .unwrap();
+    env.expect_code("WEBHOOK_PORT", &out, 1);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--no-spool"));
+    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    let out = env.signal(&[
+        "--id",
+        UNKNOWN,
+        "--secret",
+        "s",
+        "--url",
+        &url,
+        "--no-spool",
+    ]);
+    env.expect_code("--url", &out, 1);
+    assert!(env.spooled().is_empty(), "{}", env.tree());
+}
+
+#[test]
+fn a_huge_declared_content_length_is_413_without_the_daemon_allocating_it() {
+    let env = Env::new();
+    let (d, port) = http_daemon(&env);
+    let pid = d.pid();
+    // Nine clients at once, each declaring `claim(i)` bytes and sending a first 64 KB slice.
+    let flood = |claim: fn(usize) -> &'static str| -> Vec<(u16, String)> {
+        let clients: Vec<_> = (0..9)
+            .map(|i| {
+                let head = format!(
+                    "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
+                    claim(i)
+                );
+                std::thread::spawn(move || {
+                    let mut req = head.into_bytes();
+                    req.extend(std::iter::repeat_n(b'x', 64 * 1024));
+                    raw(port, &req)
+                })
+            })
+            .collect();
+        clients.into_iter().map(|c| c.join().unwrap()).collect()
+    };
+    // A warm-up with small claims, so every worker has made its allocator arena before the
+    // baseline is taken.
+    for (code, body) in flood(|_| "10") {
+        assert_eq!(code, 400, "{body}");
+    }
+    let (peak_rss, peak_vm) = (proc_status(pid, "VmHWM"), proc_status(pid, "VmPeak"));
+    let claims = |i: usize| {
+        [
+            "1000000000",
+            "1000000000000000000",
+            "99999999999999999999999",
+        ][i % 3]
+    };
+    for (code, body) in flood(claims) {
+        assert_eq!(code, 413, "{body}");
+    }
+    assert_eq!(get(port, "/healthz").0, 200);
+    let (rss, vm) = (proc_status(pid, "VmHWM"), proc_status(pid, "VmPeak"));
+    // Declaring a gigabyte must cost nothing like it: neither resident nor reserved memory.
+    assert!(
+        rss < peak_rss + 16 * 1024,
+        "peak RSS went from {peak_rss} kB to {rss} kB"
+    );
+    assert!(
+        vm < peak_vm + 512 * 1024,
+        "peak virtual memory went from {peak_vm} kB to {vm} kB"
+    );
+}
+
+#[test]
+fn five_hundred_idle_connections_leave_healthz_answering_on_the_same_threads() {
+    raise_open_file_limit();
+    let env = Env::new();
+    let (d, port) = http_daemon(&env);
+    let pid = d.pid();
+    let threads = proc_status(pid, "Threads");
+    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let mut idle = Vec::new();
+    for i in 0..500 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        if i % 2 == 1 {
+            // Half of them stall in the middle of a request head.
+            s.write_all(b"POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
+                .unwrap();
+        }
+        idle.push(s);
+    }
+    let (code, body) = get(port, "/healthz");
+    assert_eq!((code, json_of(&body)["result"].as_str()), (200, Some("ok")));
+    assert_eq!(Client::Rust.post(port, None, &progress(&mid, &msec)).0, 202);
+    assert_eq!(
+        proc_status(pid, "Threads"),
+        threads,
+        "the thread count moved with the connections"
+    );
+    // They are still open, held without a thread each.
+    for s in [&idle[0], &idle[499]] {
+        s.set_nonblocking(true).unwrap();
+        let mut byte = [0u8; 1];
+        let e = (&*s).read(&mut byte).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
+    }
+}
+
+/// 500 client sockets here plus 500 in the daemon (which inherits the limit) need more than a
+/// common soft limit of 1024 once other tests run alongside.
+fn raise_open_file_limit() {
+    // SAFETY: getrlimit/setrlimit on a struct we own.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+#[test]
+fn binding_the_shim_anywhere_but_loopback_is_refused() {
+    let env = Env::new();
+    for addr in ["0.0.0.0", "192.0.2.1", "::", "example.com"] {
+        let out = env.waitpoint(&["daemon", "--http", "--bind", addr]);
+        env.expect_code(addr, &out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("loopback"), "{addr}: {stderr}");
+    }
+    let out = env.waitpoint(&["daemon", "--port", "4000"]);
+    env.expect_code("--port without --http", &out, 2);
+    assert!(!env.home.join("webhook.json").exists());
+}
+
+#[test]
+fn the_curl_line_of_how_to_signal_works_as_printed() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let create = |extra: &[&str]| -> Value {
+        let out = env
+            .command(WAITPOINT)
+            .args(["create", "--json", "--label", "c", "--intent", "i"])
+            .args(extra)
+            .env("WEBHOOK_PORT", port.to_string())
+            .output()
+            .unwrap();
+        serde_json::from_str(&env.ok("create", &out)).unwrap()
+    };
+    for (before, outcome) in [("true", "ok"), ("false", "fail")] {
+        let reply = create(&[]);
+        let curl = line(&reply, "curl");
+        assert!(curl.contains(&format!("127.0.0.1:{port}/")), "{curl}");
+        let out = env.sh(&format!("{before}; {curl}"));
+        let printed = env.ok("curl line", &out);
+        assert!(printed.contains("accepted"), "{printed}");
+        let id = id_secret(&reply).0;
+        let state = env.state(&id);
+        assert_eq!(
+            (state["status"].as_str(), state["outcome"].as_str()),
+            (Some("resolved"), Some(outcome))
+        );
+    }
+    let barrier = create(&["--member", "a"]);
+    let curl = line(&barrier, "curl").replace("MEMBER", "a");
+    env.ok("member curl line", &env.sh(&format!("true; {curl}")));
+    assert_eq!(env.state(&id_secret(&barrier).0)["status"], "resolved");
+}
+
+#[test]
+fn host_origin_and_unserved_routes_are_refused_without_spending_the_budget() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let miss = body(UNKNOWN, "x", "");
+    let post_with = |header: &str| {
+        raw(
+            port,
+            &request(port, "POST", "/webhook/signal", &[header], &miss),
+        )
+        .0
+    };
+    for _ in 0..MISS_BUDGET + 5 {
+        let rebound = format!(
+            "POST /webhook/signal HTTP/1.1\r\nHost: evil.example:{port}\r\nConnection: close\r\n\
+Content-Length: {}\r\n\r\n{miss}",
+            miss.len()
+        );
+        assert_eq!(raw(port, rebound.as_bytes()).0, 403);
+        assert_eq!(post_with("Origin: http://127.0.0.1"), 403);
+    }
+    let mut cmd = Command::new("curl");
+    cmd.args(["-sS", "--max-time", "30", "-o", "-", "-w", "\n%{http_code}"])
+        .args(["-H", "Origin: http://evil.example", "--data-binary", "@-"])
+        .arg(format!("http://127.0.0.1:{port}/webhook/signal"));
+    assert_eq!(run_curl(cmd, &miss).0, 403);
+
+    assert_eq!(get(port, "/webhook/signal").0, 405);
+    assert_eq!(get(port, "/").0, 404);
+    assert_eq!(get(port, "/webhook/signal/../healthz").0, 404);
+    assert_eq!(
+        raw(port, &request(port, "POST", "/healthz", &[], "")).0,
+        405
+    );
+    let chunked = format!(
+        "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n\
+{:x}\r\n{miss}\r\n0\r\n\r\n",
+        miss.len()
+    );
+    assert_eq!(raw(port, chunked.as_bytes()).0, 411);
+    let no_length = "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(port, no_length.as_bytes()).0, 411);
+    assert_eq!(post_with("Idempotency-Key: a b"), 400);
+    let (code, b) = raw(
+        port,
+        &request(port, "POST", "/webhook/signal", &[], "{not json"),
+    );
+    assert_eq!(code, 400, "{b}");
+
+    // None of that was a miss.
+    let (code, b) = Client::Rust.post(port, None, &progress(&mid, &msec));
+    assert_eq!(code, 202, "{b}");
+}
+
+#[test]
+fn keep_alive_and_pipelined_requests_are_answered_in_order() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let signal = progress(&mid, &msec);
+    let one = |key: &str| {
+        format!(
+            "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: {key}\r\n\
+Content-Length: {}\r\n\r\n{signal}",
+            signal.len()
+        )
+    };
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+    // Two in one write, then a third after the first answers came back.
+    s.write_all(format!("{}{}", one("p1"), one("p1")).as_bytes())
+        .unwrap();
+    let mut seen = String::new();
+    let mut chunk = [0u8; 4096];
+    while seen.matches("HTTP/1.1 ").count() < 2 {
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0, "closed early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+    }
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    s.read_to_string(&mut seen).unwrap();
+    let results: Vec<&str> = ["\"accepted\"", "\"duplicate\"", "\"ok\""]
+        .into_iter()
+        .filter(|r| seen.contains(r))
+        .collect();
+    assert_eq!(results.len(), 3, "{seen}");
+    assert!(
+        seen.find("\"accepted\"") < seen.find("\"duplicate\""),
+        "{seen}"
+    );
+    assert_eq!(env.state(&mid)["counters"]["signals"], 1);
+}
+
+#[test]
+fn settings_turn_the_shim_on_and_sigterm_takes_its_address_away() {
+    let env =
+        Env::with_settings(r#"{"waitpointSweepMs": 300, "webhook": {"enabled": true, "port": 0}}"#);
+    let d = env.daemon();
+    let port = env.webhook_port();
+    assert_eq!(get(port, "/healthz").0, 200);
+    let status = d.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(!env.home.join("webhook.json").exists(), "{}", env.tree());
+    assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
+}
