@@ -445,12 +445,25 @@ impl Daemon {
             }
             Event::Reload(settings) => self.reload(settings),
             Event::Device(e) => self.on_device(e),
-            Event::HttpSignal(s) => {
-                let verdict = self.engine.apply_signal(&s.request, &Source::Http(s.key));
+            Event::HttpSignal(Submission::Signal {
+                request,
+                key,
+                reply,
+            }) => {
+                let verdict = self.engine.apply_signal(&request, &Source::Http(key));
                 if let Ok(v) = &verdict {
                     self.after_verdict(v);
                 }
-                let _ = s.reply.send(verdict);
+                let _ = reply.send(verdict);
+            }
+            Event::HttpSignal(Submission::Callback { request, reply }) => {
+                let outcome =
+                    self.engine
+                        .trigger_callback(&request.token, request.mode, request.text, None);
+                if let Ok(engine::callbacks::Trigger::Delivered { id, .. }) = &outcome {
+                    self.after_trigger(id);
+                }
+                let _ = reply.send(outcome);
             }
             Event::Nudge | Event::Shutdown => {}
         }

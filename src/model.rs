@@ -211,7 +211,7 @@ pub struct SignalRecord {
 
 /// Why a wake was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum WakeKind {
     /// The waitpoint resolved.
     Resolved,

@@ -348,7 +348,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         }
         Command::Timer(cmd) => super::timer::run_timer(&engine, cmd, &mut out),
         Command::Callback(cmd) => {
-            super::timer::run_callback(&engine, cmd, webhook_port()?, &mut out)
+            super::timer::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
         }
         Command::Device(a) => super::device::run(
             &engine,
@@ -426,8 +426,12 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     print_created(engine, &created, a.print, a.json, out)
 }
 
-/// The port printed lines use: `WEBHOOK_PORT`, else the spec's 3001.
-fn webhook_port() -> anyhow::Result<u16> {
+/// The port printed lines use: the shim's, when this home's daemon published one; else
+/// `WEBHOOK_PORT`; else the spec's 3001.
+fn webhook_port(home: &Home) -> anyhow::Result<u16> {
+    if let crate::signal::Published::Up(url) = crate::signal::published_endpoint(home) {
+        return Ok(url.port);
+    }
     Ok(super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT))
 }
 
@@ -448,7 +452,7 @@ fn print_created(
         .transpose()?;
     let root = home.root().to_string_lossy().into_owned();
     let drop_zone = home.drop_zone().to_string_lossy().into_owned();
-    let port = webhook_port()?;
+    let port = webhook_port(home)?;
     let lines = howto::build(
         &created.waitpoint,
         &created.secret,

@@ -1,4 +1,6 @@
-//! The optional loopback HTTP shim: `POST /webhook/signal` and `GET /healthz`, nothing else.
+//! The optional loopback HTTP shim: `POST /webhook/signal`, the callback routes
+//! `POST /callbacks/wake/<token>` and `POST /callbacks/enqueue/<token>`, and `GET /healthz`;
+//! nothing else.
 //!
 //! This is the only code that speaks HTTP on the server side. It turns a request into a
 //! [`SignalRequest`] with the same [`parse_signal`] the drop zone uses, hands it to whoever
@@ -45,9 +47,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::clock::{Clock, Timestamp};
+use crate::engine::callbacks::{self, Trigger};
 use crate::engine::{Refusal, Verdict};
 use crate::error::{Error, Result};
-use crate::ingress::{MAX_BODY_BYTES, SignalRequest, parse_signal};
+use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, SignalRequest, parse_signal};
+use crate::model::CallbackMode;
 use crate::model::WebhookAddress;
 use crate::store;
 
@@ -145,21 +149,38 @@ impl Bound {
     }
 }
 
-/// A signal handed to whoever applies signals, with where to send the verdict. The verdict must
-/// be sent only once it is durable; dropping `reply` unanswered means nothing was recorded.
-pub struct Submission {
-    pub request: SignalRequest,
-    /// The idempotency key; the signal's identity is [`Source::Http`](super::Source::Http) of it.
-    pub key: String,
-    pub reply: Sender<Result<Verdict>>,
+/// Work handed to whoever applies it (the daemon's loop), with where to send the outcome. The
+/// outcome must be sent only once it is durable; dropping the sender unanswered means nothing
+/// was recorded.
+pub enum Submission {
+    /// `POST /webhook/signal`.
+    Signal {
+        request: SignalRequest,
+        /// The idempotency key; the signal's identity is [`Source::Http`](super::Source::Http)
+        /// of it.
+        key: String,
+        reply: Sender<Result<Verdict>>,
+    },
+    /// `POST /callbacks/<mode>/<token>`.
+    Callback {
+        request: CallbackRequest,
+        reply: Sender<Result<Trigger>>,
+    },
 }
 
 impl std::fmt::Debug for Submission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Submission")
-            .field("request", &self.request)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
+        match self {
+            Submission::Signal { request, key, .. } => f
+                .debug_struct("Submission::Signal")
+                .field("request", request)
+                .field("key", key)
+                .finish_non_exhaustive(),
+            Submission::Callback { request, .. } => f
+                .debug_struct("Submission::Callback")
+                .field("request", request)
+                .finish_non_exhaustive(),
+        }
     }
 }
 
@@ -397,8 +418,20 @@ impl Conn {
     }
 }
 
-/// The most bytes one request may take: a full head and a full body.
-const MAX_REQUEST_BYTES: usize = MAX_HEAD_BYTES + MAX_BODY_BYTES;
+/// The most bytes one request may take: a full head and the largest body of any route.
+const MAX_REQUEST_BYTES: usize = MAX_HEAD_BYTES + callbacks::MAX_BODY_BYTES;
+
+/// The callback routes' prefix: `POST /callbacks/<wake|enqueue>/<token>`.
+pub const CALLBACK_PREFIX: &str = "/callbacks/";
+
+/// The body limit of the route `path` names: 256 KB for callbacks, 64 KB for signals.
+fn body_limit(path: &str) -> usize {
+    if path.starts_with(CALLBACK_PREFIX) {
+        callbacks::MAX_BODY_BYTES
+    } else {
+        MAX_BODY_BYTES
+    }
+}
 
 /// A connection whose request is ready, and what it is.
 struct Job {
@@ -470,10 +503,11 @@ fn body_length(head: &Head) -> std::result::Result<usize, Reply> {
         }
         _ => return Err(refused(400, "Content-Length must be one decimal number")),
     };
-    if length > MAX_BODY_BYTES as u64 {
+    let limit = body_limit(&head.path);
+    if length > limit as u64 {
         return Err(refused(
             413,
-            format!("the body is over the {MAX_BODY_BYTES}-byte limit"),
+            format!("the body is over the {limit}-byte limit"),
         ));
     }
     Ok(length as usize)
@@ -932,13 +966,14 @@ fn route(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketA
             ..refused(405, "use GET on /healthz")
         },
         ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
+        ("POST", p) if p.starts_with(CALLBACK_PREFIX) => callback(shared, head, body, peer),
         (_, SIGNAL_PATH) => Reply {
             allow: Some("POST"),
             ..refused(405, "use POST on /webhook/signal")
         },
         _ => reply(
             404,
-            json!({ "result": "not_found", "error": "this shim serves only POST /webhook/signal and GET /healthz" }),
+            json!({ "result": "not_found", "error": "this shim serves only POST /webhook/signal, POST /callbacks/<mode>/<token> and GET /healthz" }),
         ),
     }
 }
@@ -988,11 +1023,112 @@ fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Socket
     }
 }
 
+/// `POST /callbacks/<mode>/<token>`: an empty body is enough for `wake`; `enqueue` takes an
+/// optional `{"text": ...}`. Unknown, revoked and wrong-mode tokens spend the miss budget like
+/// unknown ids, so the routes cannot be used to guess tokens.
+fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+    let Some(body) = body else {
+        return body_length(head)
+            .err()
+            .unwrap_or_else(|| refused(400, "the body was not read"));
+    };
+    let rest = &head.path[CALLBACK_PREFIX.len()..];
+    let Some((mode, token)) = rest
+        .split_once('/')
+        .and_then(|(m, t)| CallbackMode::parse(m).map(|m| (m, t)))
+    else {
+        return reply(
+            404,
+            json!({ "result": "not_found", "error": "callback routes are /callbacks/wake/<token> and /callbacks/enqueue/<token>" }),
+        );
+    };
+    if shared
+        .budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .spent(shared.clock.now())
+    {
+        return refused(
+            429,
+            "too many unknown tokens, ids or wrong secrets in the last minute; try again later",
+        );
+    }
+    let text = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        #[derive(serde::Deserialize)]
+        struct EnqueueBody {
+            #[serde(default)]
+            text: Option<String>,
+        }
+        match serde_json::from_slice::<EnqueueBody>(body) {
+            Ok(b) => b.text,
+            Err(e) => {
+                return refused(
+                    400,
+                    format!("the body must be JSON like {{\"text\": \"...\"}}: {e}"),
+                );
+            }
+        }
+    };
+    let (tx, rx) = mpsc::channel();
+    let submitted = (shared.submit)(Submission::Callback {
+        request: CallbackRequest {
+            token: token.to_owned(),
+            mode,
+            text,
+        },
+        reply: tx,
+    });
+    let outcome = match rx.recv() {
+        Ok(v) if submitted => v,
+        _ => return refused(503, "the daemon is shutting down; nothing was delivered"),
+    };
+    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let miss = |what: &str| {
+        shared
+            .budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(shared.clock.now());
+        tracing::warn!(%peer, "callback refused: {what}");
+    };
+    match outcome {
+        Ok(Trigger::Delivered { id, wake_id }) => reply(
+            202,
+            json!({ "result": "accepted", "id": id, "wake_id": wake_id, "message": "delivered; an accepted callback does not prove that work completed" }),
+        ),
+        Ok(Trigger::Duplicate { id }) => reply(202, json!({ "result": "duplicate", "id": id })),
+        Ok(Trigger::Invalid) => {
+            miss("unknown, revoked or malformed token");
+            refused(404, "unknown, revoked or malformed callback token")
+        }
+        Ok(Trigger::WrongMode { expected }) => {
+            miss("token used on the other mode's route");
+            refused(
+                409,
+                format!(
+                    "this callback's mode is {}; use /callbacks/{}/<token>",
+                    expected.as_str(),
+                    expected.as_str()
+                ),
+            )
+        }
+        Err(e) => {
+            tracing::error!("cannot deliver a callback: {e}");
+            reply(
+                500,
+                json!({ "result": "error", "error": "the daemon could not deliver the callback (see its log)" }),
+            )
+        }
+    }
+}
+
 /// Hands the signal to the engine loop, waits for the durable verdict, and maps it.
 fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<SocketAddr>) -> Reply {
     let id = request.id.clone();
     let (tx, rx) = mpsc::channel();
-    let submitted = (shared.submit)(Submission {
+    let submitted = (shared.submit)(Submission::Signal {
         request,
         key,
         reply: tx,

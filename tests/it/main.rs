@@ -4,6 +4,7 @@
 mod helpers;
 
 mod devices;
+mod events;
 mod foundation;
 mod http;
 mod layouts;
