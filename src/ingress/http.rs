@@ -1006,21 +1006,38 @@ fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Socket
             );
         }
     };
-    if shared
-        .budget
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .spent(shared.clock.now())
-    {
-        return refused(
-            429,
-            "too many unknown ids or wrong secrets in the last minute; try again later",
-        );
+    if let Some(r) = budget_spent(shared) {
+        return r;
     }
     match parse_signal(body) {
         Err(reason) => refused(400, reason),
         Ok(request) => apply(shared, request, key, peer),
     }
+}
+
+/// The 429 answer while the shared miss budget is spent (unknown ids, wrong secrets and bad
+/// callback tokens all draw on it).
+fn budget_spent(shared: &Shared) -> Option<Reply> {
+    let spent = shared
+        .budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .spent(shared.clock.now());
+    spent.then(|| {
+        refused(
+            429,
+            "too many unknown ids, wrong secrets or bad tokens in the last minute; try again later",
+        )
+    })
+}
+
+/// Counts one miss against the budget.
+fn record_miss(shared: &Shared) {
+    shared
+        .budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .record(shared.clock.now());
 }
 
 /// `POST /callbacks/<mode>/<token>`: an empty body is enough for `wake`; `enqueue` takes an
@@ -1042,16 +1059,8 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             json!({ "result": "not_found", "error": "callback routes are /callbacks/wake/<token> and /callbacks/enqueue/<token>" }),
         );
     };
-    if shared
-        .budget
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .spent(shared.clock.now())
-    {
-        return refused(
-            429,
-            "too many unknown tokens, ids or wrong secrets in the last minute; try again later",
-        );
+    if let Some(r) = budget_spent(shared) {
+        return r;
     }
     let text = if body.iter().all(u8::is_ascii_whitespace) {
         None
@@ -1086,11 +1095,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     };
     let peer = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
-        shared
-            .budget
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(shared.clock.now());
+        record_miss(shared);
         tracing::warn!(%peer, "callback refused: {what}");
     };
     match outcome {
@@ -1141,11 +1146,7 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
     };
     let peer = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
-        shared
-            .budget
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record(shared.clock.now());
+        record_miss(shared);
         tracing::warn!(waitpoint = %id, %peer, "webhook signal refused: {what}");
     };
     match verdict {
