@@ -200,6 +200,21 @@ pub fn trigger_url(port: u16, mode: CallbackMode, token: &str) -> String {
     )
 }
 
+fn callback_line(cb: &Callback) -> String {
+    let status = match cb.status {
+        crate::model::CallbackStatus::Active => "active",
+        crate::model::CallbackStatus::Revoked => "revoked",
+    };
+    format!(
+        "{}  {:<7} {:<7} triggered {}  {}",
+        cb.id,
+        cb.mode.as_str(),
+        status,
+        cb.trigger_count,
+        cb.label.as_deref().unwrap_or("")
+    )
+}
+
 /// A callback as `list` and `show` print it: never the token (only its hash is stored anyway).
 fn callback_view(cb: &Callback) -> serde_json::Value {
     let mut v = serde_json::to_value(cb).expect("callbacks serialise");
@@ -270,21 +285,32 @@ pub fn run_callback(
                 print_json(out, &v)?;
             } else {
                 for cb in &list {
-                    writeln!(
-                        out,
-                        "{}  {:<7} {:<7} triggered {}  {}",
-                        cb.id,
-                        cb.mode.as_str(),
-                        format!("{:?}", cb.status).to_lowercase(),
-                        cb.trigger_count,
-                        cb.label.as_deref().unwrap_or("")
-                    )?;
+                    writeln!(out, "{}", callback_line(cb))?;
                 }
             }
         }
         CallbackCommand::Show(a) => {
             let cb = engine.callback_for(&a.id, &a.session.session)?;
-            print_json(out, &callback_view(&cb))?;
+            if a.json {
+                print_json(out, &callback_view(&cb))?;
+            } else {
+                writeln!(out, "{}", callback_line(&cb))?;
+                writeln!(
+                    out,
+                    "  created {} · last triggered {}{}",
+                    cb.created_at,
+                    cb.last_triggered_at
+                        .map(|t| t.to_string())
+                        .unwrap_or_else(|| "never".into()),
+                    cb.revoked_at
+                        .map(|t| format!(" · revoked {t}"))
+                        .unwrap_or_default()
+                )?;
+                writeln!(
+                    out,
+                    "  (the token was shown once at creation; `callback reset` issues a new one)"
+                )?;
+            }
         }
         CallbackCommand::Cancel(a) => {
             let cb = engine.cancel_callback(&a.id, &a.session.session)?;
