@@ -135,6 +135,11 @@ impl Spool {
                 tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
             }
         }
+        crate::failpoint!(
+            crate::failpoint::SPOOL_BEFORE_REMOVE,
+            "cannot remove",
+            &path
+        );
         store::remove_durably(&path)?;
         Ok(FileOutcome::Consumed(verdict))
     }

@@ -3,8 +3,14 @@
 
 mod helpers;
 
+#[cfg(feature = "failpoints")]
+mod crash_points;
 mod devices;
+#[cfg(feature = "failpoints")]
+mod faults;
 mod foundation;
+mod invariants;
+mod kill_loop;
 mod layouts;
 mod man_pages;
 mod ops;
