@@ -213,13 +213,22 @@ pub fn check(env: &Env, dropped: &[Dropped]) -> Findings {
     let mut identities: HashMap<String, Vec<String>> = HashMap::new();
     let mut states: BTreeMap<String, Value> = BTreeMap::new();
     let mut closed_by: HashMap<String, String> = HashMap::new();
+    // Every wake in every inbox, by waitpoint, read once.
+    let mut wakes_of: HashMap<String, Vec<Value>> = HashMap::new();
+    for channel in list_names(&env.home.join("sessions")) {
+        for w in [env.inbox(&channel, "new"), env.inbox(&channel, "cur")].concat() {
+            let id = w["waitpoint"]["id"].as_str().unwrap_or_default().to_owned();
+            wakes_of.entry(id).or_default().push(w);
+        }
+    }
     for id in list_names(&env.home.join("waitpoints")) {
         if !id.starts_with("wp_") {
             continue;
         }
         let state = env.state(&id);
         let records = records_of(&env.home, &id);
-        if let Some(closer) = check_waitpoint(env, &id, &state, &records, &mut f) {
+        let wakes = wakes_of.remove(&id).unwrap_or_default();
+        if let Some(closer) = check_waitpoint(&id, &state, &records, &wakes, &mut f) {
             closed_by.insert(id.clone(), closer);
         }
         for r in &records {
@@ -272,10 +281,10 @@ pub fn check(env: &Env, dropped: &[Dropped]) -> Findings {
 
 /// Checks one waitpoint; returns the name of the spool file whose signal closed it, if one did.
 fn check_waitpoint(
-    env: &Env,
     id: &str,
     state: &Value,
     records: &[Value],
+    wakes: &[Value],
     f: &mut Findings,
 ) -> Option<String> {
     let rules = Rules::from_state(state);
@@ -304,12 +313,6 @@ fn check_waitpoint(
         f.wake_errors
             .push(format!("{id}: a wake is still pending or in the outbox"));
     }
-    let channel = state["channel"].as_str().unwrap();
-    let wakes: Vec<Value> = [env.inbox(channel, "new"), env.inbox(channel, "cur")]
-        .concat()
-        .into_iter()
-        .filter(|w| w["waitpoint"]["id"] == id)
-        .collect();
     f.wakes += wakes.len();
     let counted = state["counters"]["wakes"].as_u64().unwrap();
     let mut ids: Vec<&str> = wakes

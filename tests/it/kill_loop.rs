@@ -293,3 +293,62 @@ fn kill_loop_loses_nothing_and_counts_nothing_twice() {
         ],
     );
 }
+
+/// The checks themselves can fail: a home with a lost, a doubled and a torn file, and a wake
+/// gone missing, is reported on every count.
+#[test]
+fn the_checks_catch_lost_doubled_and_torn_files_and_missing_wakes() {
+    let env = Env::new();
+    let (id, secret) =
+        id_secret(&env.create(&["--label", "t", "--intent", "i", "--max-signals", "5"]));
+    let mut dropped = Vec::new();
+    for n in 0..3 {
+        let name = format!("{n:03}");
+        env.drop_file(&name, &body(&id, &secret, r#","status":"ok""#));
+        dropped.push(Dropped {
+            name: format!("{name}.json"),
+            waitpoint: id.clone(),
+        });
+    }
+    let d = env.daemon();
+    env.wait_until("settled", || settled(&env));
+    d.kill();
+    let clean = invariants::check(&env, &dropped);
+    clean.assert_kept("the untouched home");
+    assert_eq!(clean.recorded, 3);
+
+    let signals = env.home.join("waitpoints").join(&id).join("signals");
+    let first = invariants::records_of(&env.home, &id).remove(0);
+    let mut doubled = first.clone();
+    doubled["seq"] = 4.into();
+    let name = format!("000004-{}.json", first["source"].as_str().unwrap());
+    std::fs::write(signals.join(name), doubled.to_string()).unwrap();
+    std::fs::write(
+        env.home.join("waitpoints").join(&id).join("torn.json"),
+        "{\"id\":",
+    )
+    .unwrap();
+    dropped.push(Dropped {
+        name: "never-recorded.json".into(),
+        waitpoint: id.clone(),
+    });
+    let wake = env
+        .home
+        .join("sessions/default/wakes/new")
+        .join(format!("wk_{}_0002.json", &id[3..]));
+    std::fs::remove_file(wake).unwrap();
+    let f = invariants::check(&env, &dropped);
+    assert_eq!(f.lost.len(), 1, "{f:?}");
+    assert_eq!(f.duplicates.len(), 1, "{f:?}");
+    assert_eq!(f.torn.len(), 1, "{f:?}");
+    assert!(
+        !f.mismatches.is_empty(),
+        "the counters no longer match: {f:?}"
+    );
+    assert!(
+        !f.wake_errors.is_empty(),
+        "a counted wake is missing: {f:?}"
+    );
+    let broken = std::panic::catch_unwind(|| f.assert_kept("fabricated"));
+    assert!(broken.is_err(), "assert_kept fails on broken promises");
+}

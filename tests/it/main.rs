@@ -9,6 +9,8 @@ mod devices;
 #[cfg(feature = "failpoints")]
 mod faults;
 mod foundation;
+mod fuzz;
+mod hostile;
 mod invariants;
 mod kill_loop;
 mod layouts;
@@ -17,6 +19,8 @@ mod ops;
 mod policy;
 mod recovery;
 mod refusals;
+mod security;
 mod signal_cli;
 mod snapshots;
 mod sshd;
+mod state_machine;
