@@ -34,7 +34,7 @@ use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
 use crate::settings::{DAY_MS, Settings};
-use crate::store::FileLock;
+use crate::store::{self, FileLock};
 
 /// Everything the engine loop reacts to.
 #[derive(Debug)]
@@ -220,6 +220,7 @@ impl Daemon {
     /// Takes the home's daemon lock (a second daemon gets [`Error::Locked`]).
     pub fn new(config: DaemonConfig, clock: Arc<dyn Clock>) -> Result<(Daemon, DaemonControl)> {
         config.home.ensure()?;
+        config.home.check_private()?;
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
@@ -842,6 +843,14 @@ impl Daemon {
             .remove_stale_temps(self.engine.now(), STALE_TEMP_MS)
         {
             tracing::error!("cannot clean stale temp files: {e}");
+        }
+        // A commit killed mid-way leaves its temp file beside the target; nothing else ever
+        // writes one, so a day-old temp under the engine's directories is such a leftover.
+        let home = self.engine.home();
+        for dir in [home.waitpoints_dir(), home.sessions_dir()] {
+            if let Err(e) = store::remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS) {
+                tracing::error!("cannot clean stale temp files: {e}");
+            }
         }
     }
 }

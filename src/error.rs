@@ -22,6 +22,8 @@ pub enum ErrorKind {
     Io,
     /// State on disk does not parse; an operator has to look.
     Corrupt,
+    /// The home is open to other users (writable by them, or theirs); the daemon will not run.
+    Insecure,
 }
 
 /// Exit codes of the `waitpoint` binary. `wait` and `next` add outcome codes on top of these.
@@ -77,6 +79,8 @@ pub enum Error {
     },
     #[error("{path}: does not parse: {message}")]
     Corrupt { path: PathBuf, message: String },
+    #[error("{path}: {message}; refusing to run on a home other users can change")]
+    Insecure { path: PathBuf, message: String },
 }
 
 impl Error {
@@ -89,6 +93,7 @@ impl Error {
             Error::Locked { .. } => ErrorKind::Locked,
             Error::Io { .. } => ErrorKind::Io,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::Insecure { .. } => ErrorKind::Insecure,
         }
     }
 
@@ -107,9 +112,11 @@ pub fn exit_code(kind: ErrorKind) -> u8 {
     match kind {
         ErrorKind::Usage => exit::USAGE,
         ErrorKind::NotFound => exit::NOT_FOUND,
-        ErrorKind::Conflict | ErrorKind::Locked | ErrorKind::Io | ErrorKind::Corrupt => {
-            exit::FAILURE
-        }
+        ErrorKind::Conflict
+        | ErrorKind::Locked
+        | ErrorKind::Io
+        | ErrorKind::Corrupt
+        | ErrorKind::Insecure => exit::FAILURE,
     }
 }
 

@@ -21,9 +21,11 @@
 //!   devices/<name>/spool/              the local mirror of the device's spool, swept like tmp/signals/
 //! ```
 
+use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::store::create_dir_private;
 
 /// A home directory and its layout.
@@ -47,10 +49,10 @@ impl Home {
         Home { root }
     }
 
-    /// Creates the home and its fixed directories (mode 0700) when missing.
-    pub fn ensure(&self) -> Result<()> {
-        for dir in [
+    fn fixed_dirs(&self) -> [PathBuf; 10] {
+        [
             self.root.clone(),
+            self.root.join("tmp"),
             self.drop_zone(),
             self.bad_dir(),
             self.waitpoints_dir(),
@@ -59,8 +61,47 @@ impl Home {
             self.sessions_dir(),
             self.log_dir(),
             self.devices_dir(),
-        ] {
+        ]
+    }
+
+    /// Creates the home and its fixed directories (mode 0700) when missing.
+    pub fn ensure(&self) -> Result<()> {
+        for dir in self.fixed_dirs() {
             create_dir_private(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a home that another user could change: the root and its fixed directories must
+    /// be ours and writable by nobody else. Anyone who can write there could plant or swap
+    /// state files, read secrets' effects, or redirect wakes, so the daemon does not start.
+    pub fn check_private(&self) -> Result<()> {
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        let euid = unsafe { libc::geteuid() };
+        for dir in self.fixed_dirs() {
+            let meta = match fs::metadata(&dir) {
+                Ok(m) => m,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io("cannot inspect", &dir, e)),
+            };
+            let insecure = |message: String| Error::Insecure {
+                path: dir.clone(),
+                message,
+            };
+            if meta.uid() != euid {
+                return Err(insecure(format!(
+                    "owned by uid {}, not by this user (uid {euid}); fix: chown -R {euid} {}",
+                    meta.uid(),
+                    self.root.display()
+                )));
+            }
+            let mode = meta.mode() & 0o7777;
+            if mode & 0o022 != 0 {
+                return Err(insecure(format!(
+                    "mode {mode:04o} lets other users write here; fix: chmod go-w {}",
+                    dir.display()
+                )));
+            }
         }
         Ok(())
     }

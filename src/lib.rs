@@ -14,6 +14,7 @@ pub mod delivery;
 pub mod doctor;
 pub mod engine;
 pub mod error;
+pub mod failpoint;
 pub mod home;
 pub mod howto;
 pub mod ingress;

@@ -8,7 +8,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use fs2::FileExt;
@@ -16,6 +16,7 @@ use rand::Rng;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
 /// Mode of every directory the engine creates.
@@ -64,8 +65,15 @@ fn temp_path_for(target: &Path) -> PathBuf {
 pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
     let temp = temp_path_for(target);
     let result = write_synced(&temp, bytes)
-        .and_then(|()| fs::rename(&temp, target).map_err(|e| Error::io("cannot rename", target, e)))
-        .and_then(|()| fsync_dir(parent_of(target)));
+        .and_then(|()| rename_into_place(&temp, target))
+        .and_then(|()| {
+            crate::failpoint!(
+                crate::failpoint::STORE_DIR_FSYNC,
+                "cannot fsync directory",
+                parent_of(target)
+            );
+            fsync_dir(parent_of(target))
+        });
     if result.is_err() {
         // The commit is void; do not leave half-made files behind. The rename may already have
         // happened (then the directory fsync failed), in which case the temp name is gone.
@@ -81,10 +89,17 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
         .mode(FILE_MODE)
         .open(path)
         .map_err(|e| Error::io("cannot create", path, e))?;
+    crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", path);
     file.write_all(bytes)
         .map_err(|e| Error::io("cannot write", path, e))?;
+    crate::failpoint!(crate::failpoint::STORE_FSYNC, "cannot fsync", path);
     file.sync_all()
         .map_err(|e| Error::io("cannot fsync", path, e))
+}
+
+fn rename_into_place(temp: &Path, target: &Path) -> Result<()> {
+    crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", target);
+    fs::rename(temp, target).map_err(|e| Error::io("cannot rename", target, e))
 }
 
 /// Pretty JSON with a trailing newline: stable key order (struct order), pleasant for `jq`/`diff`.
@@ -151,6 +166,28 @@ pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         ));
     }
     Ok(out)
+}
+
+/// Removes `*.tmp` files older than `max_age_ms` anywhere under `dir` (commits a crash cut
+/// short). Symlinks are never followed. Returns how many were removed.
+pub fn remove_stale_temps(dir: &Path, now: Timestamp, max_age_ms: i64) -> Result<usize> {
+    let mut removed = 0;
+    for (name, path) in list_dir(dir)? {
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            removed += remove_stale_temps(&path, now, max_age_ms)?;
+        } else if meta.is_file() && name.ends_with(TEMP_SUFFIX) {
+            let mtime = Timestamp::from_millis(meta.mtime() * 1000);
+            if now.millis_since(mtime) > max_age_ms {
+                remove_durably(&path)?;
+                tracing::info!(file = %path.display(), "removed a stale temp file");
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
 }
 
 /// True for names the engine treats as in-flight temp files.

@@ -186,6 +186,13 @@ pub fn parse_args<T: clap::Parser>(argv: Vec<OsString>) -> Result<T, ExitCode> {
     })
 }
 
+/// Arms the failpoints named in `FAILPOINTS` (builds with the `failpoints` feature only; see
+/// `crate::failpoint`). They stay armed for the life of the process.
+pub fn setup_failpoints() {
+    #[cfg(feature = "failpoints")]
+    std::mem::forget(fail::FailScenario::setup());
+}
+
 /// argv as clap sees it (kept here so tests could inject it).
 pub fn args() -> Vec<OsString> {
     std::env::args_os().collect()

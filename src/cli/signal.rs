@@ -75,6 +75,7 @@ pub struct SignalTarget {
 
 /// Entry point of the `cortex-signal` binary.
 pub fn main() -> ExitCode {
+    super::setup_failpoints();
     let argv = super::args();
     // The spec: with no arguments it prints its help and sends nothing, even when the
     // environment would supply an id and secret.

@@ -299,6 +299,7 @@ pub struct DaemonArgs {
 
 /// Entry point of the `waitpoint` binary.
 pub fn main() -> ExitCode {
+    super::setup_failpoints();
     let cli: Cli = match super::parse_args(super::args()) {
         Ok(a) => a,
         Err(code) => return code,

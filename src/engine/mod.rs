@@ -354,17 +354,19 @@ impl Engine {
             data: req.data.clone(),
             received_at: now,
         };
-        let signals_dir = self.home.signals_dir(&wp.id);
-        create_dir_private(&signals_dir)?;
-        commit_json(
-            &signals_dir.join(signal_file_name(record.seq, &key)),
-            &record,
-        )?;
-        self.seen_insert(&wp.id, key);
         let seq = record.seq;
-        let wake = self.step(&mut wp, &record)?;
-        self.save(&wp)?;
-        self.flush_outbox(&mut wp)?;
+        let wake = match self.record_signal(&mut wp, &record, key) {
+            Ok(wake) => wake,
+            Err(e) => {
+                // A failed commit may still have left its file in place (the rename done, the
+                // directory fsync failed), so neither the record nor the state is known: forget
+                // what this process believes about the waitpoint, and the retry recovers from
+                // disk (replaying a record that landed) instead of recording it a second time
+                // under the next seq, or taking the file for an already-counted duplicate.
+                self.forget(&wp.id);
+                return Err(e);
+            }
+        };
         if wp.status != Status::Armed && wp.pending_wake.is_none() {
             self.forget(&wp.id);
         }
@@ -375,6 +377,37 @@ impl Engine {
             wake,
             status: wp.status,
         })
+    }
+
+    /// Records the signal, replaces the state (with any new wake in its outbox), then delivers
+    /// the outbox. Returns the kind of wake the signal completed.
+    fn record_signal(
+        &self,
+        wp: &mut Waitpoint,
+        record: &SignalRecord,
+        key: String,
+    ) -> Result<Option<WakeKind>> {
+        let signals_dir = self.home.signals_dir(&wp.id);
+        create_dir_private(&signals_dir)?;
+        commit_json(
+            &signals_dir.join(signal_file_name(record.seq, &key)),
+            record,
+        )?;
+        self.seen_insert(&wp.id, key);
+        crate::failpoint!(
+            crate::failpoint::ENGINE_AFTER_RECORD,
+            "cannot replace",
+            &self.home.waitpoint_file(&wp.id)
+        );
+        let wake = self.step(wp, record)?;
+        self.save(wp)?;
+        crate::failpoint!(
+            crate::failpoint::ENGINE_AFTER_STATE,
+            "cannot deliver",
+            &self.home.waitpoint_file(&wp.id)
+        );
+        self.flush_outbox(wp)?;
+        Ok(wake)
     }
 
     /// Applies a recorded signal to the in-memory state. A completed round's wake goes into the
@@ -472,6 +505,11 @@ impl Engine {
             delivery::deliver(&self.home, wake)?;
             tracing::info!(waitpoint = %wp.id, wake = %wake.wake_id, channel = %wake.channel, "{}", wake.summary);
         }
+        crate::failpoint!(
+            crate::failpoint::ENGINE_AFTER_DELIVERY,
+            "cannot replace",
+            &self.home.waitpoint_file(&wp.id)
+        );
         let delivered: Vec<Wake> = std::mem::take(&mut wp.outbox);
         if self.settings.on_wake.is_some() {
             // The inbox file is durable first; the hook only ever adds a second way to hear it.

@@ -139,6 +139,11 @@ impl Spool {
                 tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
             }
         }
+        crate::failpoint!(
+            crate::failpoint::SPOOL_BEFORE_REMOVE,
+            "cannot remove",
+            &path
+        );
         store::remove_durably(&path)?;
         Ok(FileOutcome::Consumed(verdict))
     }
@@ -215,7 +220,15 @@ impl Spool {
         let stem = safe_stem(&path.file_name().unwrap_or_default().to_string_lossy());
         let (target, reason_file) = self.free_bad_names(&stem);
         store::commit(&reason_file, format!("refused: {reason}\n").as_bytes())?;
-        store::rename_durably(path, &target)
+        // The content may be a well-formed signal under a bad name: its secret must not rest
+        // in the parked copy either.
+        match read_regular(path).ok().and_then(|b| redact_secret(&b)) {
+            Some((copy, _)) => {
+                store::commit(&target, &copy)?;
+                store::remove_durably(path)
+            }
+            None => store::rename_durably(path, &target),
+        }
     }
 
     fn free_bad_names(&self, stem: &str) -> (PathBuf, PathBuf) {
@@ -286,6 +299,17 @@ enum ReadError {
 
 /// Reads a spool file only if it is safe to: a regular file with one link, at most the cap.
 fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
+    const NOT_REGULAR: &str = "is not a regular file (directory, FIFO, socket or device)";
+    const SYMLINK: &str = "is a symbolic link; only regular files are read";
+    // Look before opening: opening a device or a socket can have effects of its own, so only
+    // what is a regular file now is opened at all (and checked again once open, for races).
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_symlink() => return Err(ReadError::Refused(SYMLINK.into())),
+        Ok(m) if !m.is_file() => return Err(ReadError::Refused(NOT_REGULAR.into())),
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Gone),
+        Err(e) => return Err(ReadError::Io(e)),
+    }
     let file: File = match OpenOptions::new()
         .read(true)
         .custom_flags(libc_flags())
@@ -298,8 +322,10 @@ fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
                 io::ErrorKind::PermissionDenied => {
                     ReadError::Refused("cannot be read (permission denied)".into())
                 }
-                _ if e.raw_os_error() == Some(libc::ELOOP) => {
-                    ReadError::Refused("is a symbolic link; only regular files are read".into())
+                _ if e.raw_os_error() == Some(libc::ELOOP) => ReadError::Refused(SYMLINK.into()),
+                // Swapped for a socket (ENXIO) or a device (ENODEV) since the look.
+                _ if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
+                    ReadError::Refused(NOT_REGULAR.into())
                 }
                 _ => ReadError::Io(e),
             });
@@ -307,9 +333,7 @@ fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
     };
     let meta = file.metadata().map_err(ReadError::Io)?;
     if !meta.is_file() {
-        return Err(ReadError::Refused(
-            "is not a regular file (directory, FIFO, socket or device)".into(),
-        ));
+        return Err(ReadError::Refused(NOT_REGULAR.into()));
     }
     if meta.nlink() > 1 {
         return Err(ReadError::Refused(
@@ -340,8 +364,9 @@ fn libc_flags() -> i32 {
     libc::O_NOFOLLOW | libc::O_NONBLOCK
 }
 
-/// A file-name stem safe to show and store: control characters and odd bytes become `_`.
-fn safe_stem(name: &str) -> String {
+/// The stem a refused file is parked under in `bad/` (before any `.1`, `.2` for clashes): control
+/// characters and `/` become `_`, and a leading dot gets a `_` before it.
+pub fn safe_stem(name: &str) -> String {
     let stem = name.strip_suffix(".json").unwrap_or(name);
     let mut s: String = stem
         .chars()
@@ -353,10 +378,14 @@ fn safe_stem(name: &str) -> String {
     s.chars().take(120).collect()
 }
 
-/// For a body that parses as a JSON object with a string `secret`: the body with the secret
-/// replaced, and the secret's fingerprint.
+/// For a body with a `secret`: the body with the secret replaced, and the secret's fingerprint.
+/// A body that parses as a JSON object is rewritten as JSON; one that does not (broken JSON,
+/// too deep, a stray byte) still has every `"secret": "…"` value blanked out in its text, so no
+/// parked copy keeps a plaintext secret.
 fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
-    let mut value: Value = serde_json::from_slice(bytes).ok()?;
+    let Ok(mut value) = serde_json::from_slice::<Value>(bytes) else {
+        return redact_secret_text(bytes);
+    };
     let obj = value.as_object_mut()?;
     // A signal's secret, or a callback trigger's token: both are capabilities.
     let key = ["secret", "callback"]
@@ -369,4 +398,79 @@ fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
         Value::String(format!("[redacted; sha256 starts {fp}]")),
     );
     Some((store::to_pretty_json(&value), fp))
+}
+
+/// The textual fallback of [`redact_secret`]: replaces the string after each `"secret"` key.
+/// Returns the fingerprint of the first secret found, or `None` when there is none.
+fn redact_secret_text(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
+    const KEY: &[u8] = b"\"secret\"";
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut first_fp = None;
+    let mut rest = bytes;
+    while let Some(at) = find(rest, KEY) {
+        let after_key = at + KEY.len();
+        out.extend_from_slice(&rest[..after_key]);
+        rest = &rest[after_key..];
+        // `"secret"`, optional blanks, `:`, optional blanks, then the quoted value.
+        let colon = skip_blanks(rest);
+        if rest.get(colon) != Some(&b':') {
+            continue;
+        }
+        let quote = colon + 1 + skip_blanks(&rest[colon + 1..]);
+        if rest.get(quote) != Some(&b'"') {
+            continue;
+        }
+        let start = quote + 1;
+        let mut end = start;
+        while end < rest.len() && rest[end] != b'"' {
+            end += if rest[end] == b'\\' { 2 } else { 1 };
+        }
+        let end = end.min(rest.len());
+        let fp = secret::fingerprint(&String::from_utf8_lossy(&rest[start..end]));
+        out.extend_from_slice(&rest[..start]);
+        out.extend_from_slice(format!("[redacted; sha256 starts {fp}]").as_bytes());
+        first_fp.get_or_insert(fp);
+        rest = &rest[end..];
+    }
+    out.extend_from_slice(rest);
+    first_fp.map(|fp| (out, fp))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn skip_blanks(b: &[u8]) -> usize {
+    b.iter()
+        .take_while(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_in_broken_json_are_redacted_too() {
+        let body =
+            b"\xef\xbb\xbf{\"id\":\"wp_0123456789ab\", \"secret\" : \"s3cr\\\"et\",\"x\":[[[";
+        let (copy, fp) = redact_secret(body).unwrap();
+        let copy = String::from_utf8_lossy(&copy);
+        assert!(!copy.contains("s3cr"), "{copy}");
+        assert!(
+            copy.contains(&format!("[redacted; sha256 starts {fp}]")),
+            "{copy}"
+        );
+        assert!(copy.contains("wp_0123456789ab"), "the rest is kept: {copy}");
+        assert_eq!(redact_secret(b"no secret here"), None);
+        // A key with no value after it, at the very end, is left as it is.
+        assert_eq!(redact_secret(b"{\"secret\""), None);
+    }
+
+    #[test]
+    fn secrets_in_valid_json_are_redacted() {
+        let (copy, _) =
+            redact_secret(br#"{"id":"wp_0123456789ab","secret":"abc","memebr":1}"#).unwrap();
+        assert!(!String::from_utf8_lossy(&copy).contains("\"abc\""));
+    }
 }

@@ -342,6 +342,11 @@ impl DaemonGuard {
         }
     }
 
+    /// Whether the daemon is still running (it has not exited or been killed).
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Kills the daemon (SIGKILL: the engine must survive that) and returns its stderr.
     pub fn kill(mut self) -> String {
         let _ = self.child.kill();

@@ -3,16 +3,26 @@
 
 mod helpers;
 
+#[cfg(feature = "failpoints")]
+mod crash_points;
 mod devices;
 mod events;
+#[cfg(feature = "failpoints")]
+mod faults;
 mod foundation;
+mod fuzz;
+mod hostile;
 mod http;
+mod invariants;
+mod kill_loop;
 mod layouts;
 mod man_pages;
 mod ops;
 mod policy;
 mod recovery;
 mod refusals;
+mod security;
 mod signal_cli;
 mod snapshots;
 mod sshd;
+mod state_machine;

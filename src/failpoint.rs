@@ -1,0 +1,91 @@
+//! Failpoints at each step of each commit, for the crash-point matrix and the fault-injection
+//! tests. Compiled in only with the `failpoints` cargo feature (`cargo test --features
+//! failpoints`); without it every [`failpoint!`](crate::failpoint!) expands to nothing, so release
+//! builds carry none.
+//!
+//! The binaries read the `FAILPOINTS` environment variable at start (the `fail` crate's syntax,
+//! `name=[cnt*]return(action)` joined by `;`, where `2*off->return(crash)` fires on the third
+//! hit). An action is one of:
+//!
+//! - `crash`: the process SIGKILLs itself on the spot, exactly like a power cut or `kill -9`
+//!   (no unwinding, no destructors, no buffered writes flushed);
+//! - `eio` / `enospc`: the step fails with that errno, as a failing disk or a full one would.
+//!
+//! The points, in the order a signal passes them (see `ARCHITECTURE.md`, "Commit order"):
+//! every `store::commit` passes [`STORE_WRITE`], [`STORE_FSYNC`], [`STORE_RENAME`] and
+//! [`STORE_DIR_FSYNC`]; the engine adds [`ENGINE_AFTER_RECORD`], [`ENGINE_AFTER_STATE`] and
+//! [`ENGINE_AFTER_DELIVERY`]; the drop zone adds [`SPOOL_BEFORE_REMOVE`].
+
+use std::io;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// `store::commit`: the temp file exists, nothing written to it yet (an error here is a failed
+/// `write`).
+pub const STORE_WRITE: &str = "store-write";
+/// `store::commit`: the temp file is written, not yet fsynced (an error is a failed `fsync`).
+pub const STORE_FSYNC: &str = "store-fsync";
+/// `store::commit`: the temp file is durable, not yet renamed over the target.
+pub const STORE_RENAME: &str = "store-rename";
+/// `store::commit`: renamed over the target, the directory not yet fsynced.
+pub const STORE_DIR_FSYNC: &str = "store-dir-fsync";
+/// Engine: the signal record is durable, the waitpoint state not yet replaced.
+pub const ENGINE_AFTER_RECORD: &str = "engine-after-record";
+/// Engine: the state (with any new wake in its outbox) is durable, the inbox not yet written.
+pub const ENGINE_AFTER_STATE: &str = "engine-after-state";
+/// Engine: the outbox is in the inbox, the state not yet replaced with the outbox cleared.
+pub const ENGINE_AFTER_DELIVERY: &str = "engine-after-delivery";
+/// Drop zone: the signal's effect is durable, the spool file not yet removed.
+pub const SPOOL_BEFORE_REMOVE: &str = "spool-before-remove";
+
+/// Every point, for tests that walk them all.
+pub const ALL: [&str; 8] = [
+    STORE_WRITE,
+    STORE_FSYNC,
+    STORE_RENAME,
+    STORE_DIR_FSYNC,
+    ENGINE_AFTER_RECORD,
+    ENGINE_AFTER_STATE,
+    ENGINE_AFTER_DELIVERY,
+    SPOOL_BEFORE_REMOVE,
+];
+
+/// A failpoint: `failpoint!(NAME, "cannot fsync", path)` returns the error a real failure of
+/// that step would (`Error::io(context, path, errno)`) from the enclosing function, or kills the
+/// process, as `FAILPOINTS` says. Nothing at all without the `failpoints` feature.
+#[macro_export]
+macro_rules! failpoint {
+    ($name:expr, $context:expr, $path:expr) => {
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!($name, |action: Option<String>| {
+            $crate::failpoint::act($name, action.as_deref(), $context, $path)
+        });
+    };
+}
+
+/// Carries out a failpoint's action (called by [`failpoint!`]).
+pub fn act<T>(name: &str, action: Option<&str>, context: &'static str, path: &Path) -> Result<T> {
+    let errno = match action {
+        Some("crash") => crash(),
+        Some("eio") => libc::EIO,
+        Some("enospc") => libc::ENOSPC,
+        other => panic!("failpoint {name}: unknown action {other:?}; use crash, eio or enospc"),
+    };
+    // A warning, so tests can match each injected fault with the failure the daemon reported.
+    tracing::warn!(failpoint = name, path = %path.display(), errno, "failpoint fired");
+    Err(Error::io(
+        context,
+        path,
+        io::Error::from_raw_os_error(errno),
+    ))
+}
+
+fn crash() -> ! {
+    // SAFETY: kill(2) on our own pid with SIGKILL; it does not return once delivered.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    // SIGKILL cannot be caught; this is only reached if kill(2) itself failed.
+    std::process::abort()
+}

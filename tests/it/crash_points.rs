@@ -1,0 +1,182 @@
+//! The crash-point matrix (`--features failpoints`): for every failpoint on a signal's way
+//! through the engine, crash the daemon there on its first, second, third... pass, restart it,
+//! and check every promise in `invariants`. A point is walked until the daemon gets through a
+//! whole run without reaching it again, so every commit of every signal is cut once.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Stdio};
+use std::time::Instant;
+
+use waitpoint::failpoint;
+
+use crate::helpers::*;
+use crate::invariants::{self, Dropped, settled};
+
+/// A daemon started with `FAILPOINTS` set, not waited on: it may die during its first drain.
+pub struct Faulty {
+    pub child: Child,
+}
+
+impl Faulty {
+    pub fn start(env: &Env, failpoints: &str) -> Faulty {
+        let child = env
+            .command(WAITPOINT)
+            .arg("daemon")
+            .env("FAILPOINTS", failpoints)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn daemon");
+        Faulty { child }
+    }
+
+    /// Waits until the daemon dies or `done` holds while it still runs. `Some(signal)` when it
+    /// died (the signal that killed it, if one did).
+    pub fn wait(&mut self, env: &Env, mut done: impl FnMut() -> bool) -> Option<Option<i32>> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return Some(status.signal());
+            }
+            if done() {
+                // Done while running, unless it died in between.
+                return self.child.try_wait().unwrap().map(|s| s.signal());
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the daemon neither crashed nor finished\n{}",
+                env.tree()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Faulty {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A monitor for two reports, and three signals for it: a heartbeat (record and state), a
+/// report (record, state with the wake in the outbox, inbox, state with the outbox cleared), and
+/// the resolving one (the same again). Returns the dropped files.
+pub fn scenario(env: &Env) -> Vec<Dropped> {
+    let reply = env.create(&["--label", "crash", "--intent", "i", "--max-signals", "2"]);
+    let (id, secret) = id_secret(&reply);
+    let mut dropped = Vec::new();
+    for (n, status) in ["progress", "ok", "fail"].iter().enumerate() {
+        let name = format!("{n:03}-{status}");
+        env.drop_file(
+            &name,
+            &body(
+                &id,
+                &secret,
+                &format!(r#","status":"{status}","message":"m{n}""#),
+            ),
+        );
+        dropped.push(Dropped {
+            name: format!("{name}.json"),
+            waitpoint: id.clone(),
+        });
+    }
+    dropped
+}
+
+/// Crashes at `point` on each of its passes in turn; returns how many crashes there were.
+fn walk(point: &str) -> usize {
+    let mut crashes = 0;
+    for hit in 0.. {
+        assert!(hit < 64, "{point}: still crashing after 64 passes");
+        let env = Env::new();
+        let dropped = scenario(&env);
+        let spec = format!("{point}={hit}*off->return(crash)");
+        let mut d = Faulty::start(&env, &spec);
+        match d.wait(&env, || settled(&env)) {
+            None => {
+                // This pass was never reached: the daemon finished the whole run.
+                drop(d);
+                let f = invariants::check(&env, &dropped);
+                f.assert_kept(&format!("{spec}: the run without a crash"));
+                return crashes;
+            }
+            Some(signal) => {
+                assert_eq!(
+                    signal,
+                    Some(libc::SIGKILL),
+                    "{spec}: the daemon died, but not by the failpoint\n{}",
+                    env.tree()
+                );
+                crashes += 1;
+            }
+        }
+        let mut after = env.daemon();
+        env.wait_until("the restarted daemon to settle", || settled(&env));
+        after.send(libc::SIGTERM);
+        let (code, stderr) = after.wait_exit();
+        assert_eq!(code, Some(0), "{spec}: {stderr}");
+        let f = invariants::check(&env, &dropped);
+        f.assert_kept(&format!("crash at {spec}, then a restart"));
+        assert_eq!(f.recorded, 3, "{spec}: all three signals recorded once");
+    }
+    unreachable!()
+}
+
+/// Walks one point, checks it was crossed at least `min` times, and adds its row to the report.
+fn matrix_row(point: &str, min: usize) {
+    let crashes = walk(point);
+    assert!(
+        crashes >= min,
+        "{point}: crashed {crashes} times; every signal that passes it should have crashed there"
+    );
+    invariants::report(
+        &format!("2-crash-{point}"),
+        &[(
+            &format!("crash point `{point}`: crashes, restarts with every promise kept"),
+            crashes.to_string(),
+        )],
+    );
+}
+
+// One test per point, so they run in parallel. Each commit of the three signals passes the four
+// `store` points: 2 + 4 + 4 commits.
+#[test]
+fn crash_after_write_before_fsync() {
+    matrix_row(failpoint::STORE_FSYNC, 10);
+}
+
+#[test]
+fn crash_before_writing_the_temp_file() {
+    matrix_row(failpoint::STORE_WRITE, 10);
+}
+
+#[test]
+fn crash_after_fsync_before_rename() {
+    matrix_row(failpoint::STORE_RENAME, 10);
+}
+
+#[test]
+fn crash_after_rename_before_the_directory_fsync() {
+    matrix_row(failpoint::STORE_DIR_FSYNC, 10);
+}
+
+#[test]
+fn crash_between_the_signal_record_and_the_state_replace() {
+    matrix_row(failpoint::ENGINE_AFTER_RECORD, 3);
+}
+
+#[test]
+fn crash_between_the_wake_commit_and_inbox_delivery() {
+    matrix_row(failpoint::ENGINE_AFTER_STATE, 3);
+}
+
+#[test]
+fn crash_between_inbox_delivery_and_clearing_the_outbox() {
+    matrix_row(failpoint::ENGINE_AFTER_DELIVERY, 2);
+}
+
+#[test]
+fn crash_between_the_state_replace_and_the_spool_removal() {
+    matrix_row(failpoint::SPOOL_BEFORE_REMOVE, 3);
+}

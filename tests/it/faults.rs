@@ -1,0 +1,229 @@
+//! Failing disks (`--features failpoints`): EIO and ENOSPC injected at each step of each commit.
+//! The commit is aborted and reported, the spool file stays, the daemon logs it and tries again
+//! at its next sweep, and once the fault clears the signal lands exactly once. Nothing reports
+//! success for a write that failed: not the daemon's log, not `cortex-signal`, not `create`.
+
+use std::fs;
+
+use waitpoint::failpoint;
+
+use crate::crash_points::{Faulty, scenario};
+use crate::helpers::*;
+use crate::invariants::{self, settled};
+
+const ERRNO_TEXT: [(&str, &str); 2] = [
+    ("eio", "Input/output error"),
+    ("enospc", "No space left on device"),
+];
+
+fn log(env: &Env) -> String {
+    fs::read_to_string(env.home.join("log/daemon.log")).unwrap_or_default()
+}
+
+/// Lines of the daemon's log that report a failed attempt (at a signal file, or at servicing a
+/// waitpoint) with this error.
+fn failed_attempts(log: &str, errno_text: &str) -> usize {
+    log.lines()
+        .filter(|l| {
+            (l.contains("kept for retry") || l.contains("will retry")) && l.contains(errno_text)
+        })
+        .count()
+}
+
+/// How many times the failpoints fired (each logs a warning).
+fn fired(log: &str) -> usize {
+    log.matches("failpoint fired").count()
+}
+
+/// The pass of `point` numbered `hit` fails with `errno`, three times in a row, then the fault
+/// clears. Returns how many failed attempts the daemon logged, or `None` when the run never got
+/// to that pass.
+fn fault_then_clear(point: &str, errno: &str, hit: usize) -> Option<usize> {
+    const FAULTS: usize = 3;
+    let text = ERRNO_TEXT.iter().find(|(e, _)| *e == errno).unwrap().1;
+    let env = Env::new();
+    let dropped = scenario(&env);
+    let spec = format!("{point}={hit}*off->{FAULTS}*return({errno})");
+    let mut d = Faulty::start(&env, &spec);
+    let outcome = d.wait(&env, || settled(&env));
+    assert_eq!(outcome, None, "{spec}: the daemon died\n{}", log(&env));
+    drop(d);
+    let log = log(&env);
+    let failures = failed_attempts(&log, text);
+    let f = invariants::check(&env, &dropped);
+    f.assert_kept(&format!("{spec}\n{log}"));
+    assert_eq!(f.recorded, 3, "{spec}: each signal recorded once\n{log}");
+    if failures == 0 {
+        assert!(
+            !log.contains(text),
+            "{spec}: a fault nobody reported as a failed attempt\n{log}"
+        );
+        return None;
+    }
+    assert_eq!(
+        failures,
+        fired(&log),
+        "{spec}: every injected fault is reported as a failed attempt, then tried again\n{log}"
+    );
+    assert!(failures <= FAULTS, "{spec}\n{log}");
+    // Per file: success is logged at most once, and never before a failed attempt at recording
+    // the same file (which would mean an attempt was called a success and then undone). A
+    // failure to remove the spool file afterwards does not undo anything: the signal was
+    // durable when it was reported accepted, and the retry finds it recorded.
+    for d in &dropped {
+        let tag = format!("file={:?}", d.name);
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(&tag)).collect();
+        let accepted: Vec<usize> = (0..lines.len())
+            .filter(|&i| lines[i].contains("signal accepted"))
+            .collect();
+        assert!(
+            accepted.len() <= 1,
+            "{spec}: {} accepted twice\n{log}",
+            d.name
+        );
+        if let (Some(&ok), Some(last_failure)) = (
+            accepted.first(),
+            lines
+                .iter()
+                .rposition(|l| l.contains("kept for retry") && !l.contains("cannot remove")),
+        ) {
+            assert!(
+                ok > last_failure,
+                "{spec}: {} was reported accepted by an attempt that failed\n{log}",
+                d.name
+            );
+        }
+    }
+    Some(failures)
+}
+
+/// Walks every pass of `point` with `errno`, and reports how many faults were survived.
+fn walk(point: &str, errno: &str, min: usize) {
+    let mut faulted = 0;
+    for hit in 0.. {
+        assert!(hit < 64, "{point}: still failing after 64 passes");
+        match fault_then_clear(point, errno, hit) {
+            Some(_) => faulted += 1,
+            None => break,
+        }
+    }
+    assert!(
+        faulted >= min,
+        "{point}: {faulted} passes faulted; expected at least {min}"
+    );
+    invariants::report(
+        &format!("3-fault-{point}-{errno}"),
+        &[(
+            &format!(
+                "{} at `{point}`: passes faulted 3 times each, then recovered",
+                errno.to_uppercase()
+            ),
+            faulted.to_string(),
+        )],
+    );
+}
+
+#[test]
+fn enospc_writing_any_commit_is_retried_until_space_returns() {
+    walk(failpoint::STORE_WRITE, "enospc", 10);
+}
+
+#[test]
+fn eio_on_fsync_of_any_commit_is_retried_until_the_disk_recovers() {
+    walk(failpoint::STORE_FSYNC, "eio", 10);
+}
+
+#[test]
+fn eio_on_rename_of_any_commit_is_retried() {
+    walk(failpoint::STORE_RENAME, "eio", 10);
+}
+
+#[test]
+fn eio_on_the_directory_fsync_of_any_commit_is_retried() {
+    walk(failpoint::STORE_DIR_FSYNC, "eio", 10);
+}
+
+#[test]
+fn eio_after_the_signal_record_is_replayed_not_lost() {
+    walk(failpoint::ENGINE_AFTER_RECORD, "eio", 3);
+}
+
+#[test]
+fn eio_before_inbox_delivery_delivers_on_the_retry() {
+    walk(failpoint::ENGINE_AFTER_STATE, "eio", 3);
+}
+
+#[test]
+fn eio_removing_the_spool_file_keeps_it_for_the_retry() {
+    walk(failpoint::SPOOL_BEFORE_REMOVE, "eio", 3);
+}
+
+#[test]
+fn a_full_disk_that_stays_full_keeps_every_file_and_the_daemon_up() {
+    let env = Env::new();
+    let dropped = scenario(&env);
+    let before = env.state(&dropped[0].waitpoint);
+    let mut d = Faulty::start(&env, &format!("{}=return(enospc)", failpoint::STORE_WRITE));
+    env.wait_until("several failed sweeps", || {
+        failed_attempts(&log(&env), "No space left on device") >= 6
+    });
+    assert!(d.child.try_wait().unwrap().is_none(), "the daemon stays up");
+    assert_eq!(env.spooled().len(), 3, "every file is kept");
+    assert_eq!(
+        env.state(&dropped[0].waitpoint),
+        before,
+        "the state is untouched"
+    );
+    assert!(!log(&env).contains("signal accepted"));
+    drop(d);
+    // Space is back (a daemon without the fault): everything lands once.
+    let _d = env.daemon();
+    env.wait_until("settled", || settled(&env));
+    let f = invariants::check(&env, &dropped);
+    f.assert_kept("after the disk had room again");
+    assert_eq!(f.recorded, 3);
+}
+
+#[test]
+fn cortex_signal_on_a_full_disk_fails_and_leaves_nothing() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, secret) = id_secret(&reply);
+    let out = env
+        .command(CORTEX_SIGNAL)
+        .args(["--id", &id, "--secret", &secret])
+        .env(
+            "FAILPOINTS",
+            format!("{}=return(enospc)", failpoint::STORE_WRITE),
+        )
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0), "{}", env.report(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(env.spooled().is_empty(), "no half-written spool file");
+    assert!(invariants::temp_files(&env.drop_zone()).is_empty());
+}
+
+#[test]
+fn create_on_a_failing_disk_fails_and_arms_nothing() {
+    let env = Env::new();
+    let out = env
+        .command(WAITPOINT)
+        .args(["create", "--label", "t", "--intent", "i"])
+        .env(
+            "FAILPOINTS",
+            format!("{}=return(eio)", failpoint::STORE_FSYNC),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", env.report(&out));
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("wp_"),
+        "no id or secret handed out for a waitpoint that was not stored"
+    );
+    let left: Vec<_> = fs::read_dir(env.home.join("waitpoints"))
+        .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "nothing armed, no staging left: {left:?}");
+}
