@@ -201,6 +201,9 @@ pub fn run_daemon(
     http: Option<crate::ingress::http::HttpConfig>,
 ) -> anyhow::Result<u8> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    // Registered before the daemon takes its lock, so a signal at any moment after that (even
+    // during start-up) takes the clean path instead of killing the process like a crash.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (daemon, control) = Daemon::new(
         DaemonConfig {
@@ -216,8 +219,6 @@ pub fn run_daemon(
     } else {
         daemon
     };
-    // Registered before the loop starts, so a signal at any moment takes this path.
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let handle = signals.handle();
     let listener = std::thread::spawn(move || {
         for sig in signals.forever() {

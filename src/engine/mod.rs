@@ -459,12 +459,11 @@ impl Engine {
         }
         let listing = self.list_signal_files(&wp.id)?;
         let newest = listing.iter().map(|(seq, _)| *seq).max().unwrap_or(0);
-        if newest > wp.counters.signals && wp.status == Status::Armed {
+        // A record can be newer than the state whatever the status: one that landed in a
+        // resolved waitpoint's grace window counts too (the rules only count it then).
+        if newest > wp.counters.signals {
             let pending = self.read_signals(&wp.id, wp.counters.signals + 1)?;
             for record in &pending {
-                if wp.status != Status::Armed {
-                    break;
-                }
                 tracing::warn!(waitpoint = %wp.id, seq = record.seq, "replaying a signal recorded before a crash");
                 self.step(wp, record)?;
             }

@@ -180,3 +180,50 @@ fn crash_between_inbox_delivery_and_clearing_the_outbox() {
 fn crash_between_the_state_replace_and_the_spool_removal() {
     matrix_row(failpoint::SPOOL_BEFORE_REMOVE, 3);
 }
+
+/// A report that lands inside a barrier's grace window (after the quorum resolved it) and a
+/// crash right after its record: the restart must still count it, and the held wake carry it.
+#[test]
+fn crash_recording_a_report_inside_the_grace_window() {
+    let env = Env::new();
+    let reply = env.create(&[
+        "--label", "grace", "--intent", "i", "--member", "a", "--member", "b", "--member", "c",
+        "--quorum", "2",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    let mut dropped = Vec::new();
+    for (n, m) in ["a", "b", "c"].iter().enumerate() {
+        let name = format!("{n:03}-{m}");
+        env.drop_file(&name, &body(&id, &secret, &format!(r#","member":"{m}""#)));
+        dropped.push(Dropped {
+            name: format!("{name}.json"),
+            waitpoint: id.clone(),
+        });
+    }
+    // The third record is c's, made while the waitpoint is resolved and holding its wake.
+    let spec = format!("{}=2*off->return(crash)", failpoint::ENGINE_AFTER_RECORD);
+    let mut d = Faulty::start(&env, &spec);
+    assert_eq!(
+        d.wait(&env, || settled(&env)),
+        Some(Some(libc::SIGKILL)),
+        "{spec}: crashed on c's record"
+    );
+    assert_eq!(env.state(&id)["status"], "resolved");
+    let _after = env.daemon();
+    env.wait_until("the held wake to go out", || settled(&env));
+    let f = invariants::check(&env, &dropped);
+    f.assert_kept(&spec);
+    assert_eq!(
+        f.recorded, 3,
+        "c's report, recorded in the grace window, counts"
+    );
+    let wake = env.inbox("default", "new").remove(0);
+    assert_eq!(wake["reports"].as_array().unwrap().len(), 3, "{wake}");
+    invariants::report(
+        "2-crash-grace",
+        &[(
+            "crash after recording a report inside a grace window: counted, carried by the wake",
+            "1 of 1".into(),
+        )],
+    );
+}

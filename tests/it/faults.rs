@@ -115,7 +115,7 @@ fn walk(point: &str, errno: &str, min: usize) {
         &format!("3-fault-{point}-{errno}"),
         &[(
             &format!(
-                "{} at `{point}`: passes faulted 3 times each, then recovered",
+                "{} at `{point}`: passes faulted (up to 3 failed attempts each), all recovered",
                 errno.to_uppercase()
             ),
             faulted.to_string(),

@@ -296,10 +296,15 @@ fn hostile_drop_zone_input_is_parked_or_recorded_and_nothing_outside_is_touched(
     let pending = || -> Vec<String> {
         cases
             .iter()
-            .filter(|c| match c.expect {
-                Parked(_) => reason(&c.name).is_err(),
-                Recorded => !recorded(&c.name),
-                Ignored => false,
+            .filter(|c| {
+                // Parking writes the reason first and removes the source last.
+                let gone =
+                    fs::symlink_metadata(dz.join(std::ffi::OsStr::from_bytes(&c.name))).is_err();
+                match c.expect {
+                    Parked(_) => reason(&c.name).is_err() || !gone,
+                    Recorded => !recorded(&c.name) || !gone,
+                    Ignored => false,
+                }
             })
             .map(|c| {
                 format!(

@@ -523,3 +523,21 @@ fn a_large_backlog_shows_progress_on_a_terminal_only() {
     assert!(!log.contains("draining backlog "), "no bar in the log file");
     assert!(log.contains(&format!("draining a backlog of {FILES} signal files")));
 }
+
+#[test]
+fn sigterm_the_moment_the_lock_is_taken_is_still_a_clean_stop() {
+    let env = Env::new();
+    // The window between taking the lock and the loop is short; several tries make a
+    // regression (SIGTERM killing the process like a crash) show up.
+    for round in 0..5 {
+        let mut d = env.daemon_started(&[]);
+        d.send(libc::SIGTERM);
+        let (code, stderr) = d.wait_exit();
+        assert_eq!(code, Some(0), "round {round}: {stderr}");
+        assert_eq!(
+            fs::read_to_string(env.home.join("daemon.lock")).unwrap(),
+            "",
+            "round {round}: a clean stop empties the lock"
+        );
+    }
+}

@@ -135,9 +135,10 @@ fn the_plaintext_secret_is_in_no_file_and_no_log_line_even_at_trace_level() {
     let out = stop_daemon(daemon);
     let log = fs::read(home.join("log/daemon.log")).unwrap();
     assert!(contains(&log, "TRACE"), "the daemon logged at trace level");
+    let files = all_files(&home);
     for secret in &secrets {
-        for path in all_files(&home) {
-            let bytes = fs::read(&path).unwrap();
+        for path in &files {
+            let bytes = fs::read(path).unwrap();
             assert!(
                 !contains(&bytes, secret),
                 "the secret is in {}",
@@ -152,6 +153,17 @@ fn the_plaintext_secret_is_in_no_file_and_no_log_line_even_at_trace_level() {
             assert!(!contains(bytes, secret), "the secret is in the {what}");
         }
     }
+    let lines = [&log, &out.stderr, &cli_stderr]
+        .iter()
+        .map(|b| b.split(|&c| c == b'\n').count())
+        .sum::<usize>();
+    invariants::report(
+        "7-security-secret",
+        &[(
+            "security: plaintext secrets found in files under the home / log lines at trace level",
+            format!("0 of {} files / 0 of {lines} lines", files.len()),
+        )],
+    );
 }
 
 #[test]
@@ -186,6 +198,14 @@ fn secrets_are_compared_in_constant_time_on_their_hashes() {
             );
         }
     }
+    invariants::report(
+        "7-security-ct",
+        &[(
+            "security: secret comparison",
+            "SHA-256 of the candidate vs. the stored hash with constant_time_eq (inspected and run)"
+                .into(),
+        )],
+    );
     // And it behaves: the right secret, nothing else, malformed hashes refused.
     let s = waitpoint::secret::generate();
     let h = waitpoint::secret::hash(&s);
@@ -258,7 +278,9 @@ fn the_daemon_refuses_to_run_on_a_home_other_users_can_write() {
     );
     let chmod =
         |p: &Path, mode: u32| fs::set_permissions(p, fs::Permissions::from_mode(mode)).unwrap();
+    let refusals = std::cell::Cell::new(0);
     let refused = |what: &str, path: &Path| {
+        refusals.set(refusals.get() + 1);
         let out = env.waitpoint(&["daemon"]);
         assert_eq!(out.status.code(), Some(1), "{what}\n{}", env.report(&out));
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -289,6 +311,16 @@ fn the_daemon_refuses_to_run_on_a_home_other_users_can_write() {
     let mut d = env.daemon_started(&[]);
     d.send(libc::SIGTERM);
     assert_eq!(d.wait_exit().0, Some(0));
+    invariants::report(
+        "7-security-home",
+        &[(
+            "security: daemon started on a home others can write or own",
+            format!(
+                "refused {0} of {0} (exit 1, naming the path and the fix)",
+                refusals.get()
+            ),
+        )],
+    );
 }
 
 #[test]
@@ -351,4 +383,11 @@ fn payload_text_reaches_a_wake_only_as_framed_data() {
         "the data itself is kept exactly"
     );
     assert_eq!(report["data"], data);
+    invariants::report(
+        "7-security-payload",
+        &[(
+            "security: job text in wakes",
+            "only inside the external-payload frame, quoted line by line".into(),
+        )],
+    );
 }
