@@ -87,8 +87,8 @@ pub struct DaemonControl {
 }
 
 impl DaemonControl {
-    /// Asks the loop to stop after the file or event in hand (a sweep in progress stops
-    /// between files; the rest stay spooled for the next start).
+    /// Asks the loop to stop after the batch or event in hand (a sweep in progress stops
+    /// between batches; the rest stay spooled for the next start).
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.tx.send(Event::Shutdown);
@@ -273,6 +273,8 @@ impl Daemon {
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
+        // After the drain: readers scan until the index is complete, signals should not wait.
+        self.ensure_index();
         self.devices.reconcile();
         tracing::info!(
             drained,
@@ -359,16 +361,17 @@ impl Daemon {
             p.start(total);
         }
         let mut done = 0;
-        for name in &names {
+        for chunk in names.chunks(engine::MAX_BATCH) {
             if self.stopping() {
                 break;
             }
-            self.collect(name);
-            done += 1;
+            let before = done;
+            self.collect_batch(chunk);
+            done += chunk.len();
             if let Some(p) = progress.as_mut() {
                 p.advance(done);
             }
-            if done % BACKLOG_LOG_EVERY == 0 && done < total {
+            if done / BACKLOG_LOG_EVERY > before / BACKLOG_LOG_EVERY && done < total {
                 tracing::info!(done, total, "drained {done} of {total} backlog files");
             }
         }
@@ -392,7 +395,7 @@ impl Daemon {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::SpoolFile(name) => self.collect(&name),
+            Event::SpoolFile(name) => self.collect_hinted(name),
             Event::WaitpointAppeared(id) => match self.engine.load(&id) {
                 Ok(Some(wp)) => self.due.set(&wp.id, engine::next_due(&wp)),
                 Ok(None) => {}
@@ -498,6 +501,44 @@ impl Daemon {
 
     fn collect(&mut self, name: &str) {
         let outcome = self.spool.collect(&self.engine, name);
+        self.after_collect(name, outcome);
+    }
+
+    /// Collects the hinted file together with every other file already hinted (up to a
+    /// batch), so a burst of signals shares its fsyncs. Other events met on the way go back on
+    /// the channel in their order; a shutdown needs nothing, its flag is already set.
+    fn collect_hinted(&mut self, first: String) {
+        let mut names = vec![first];
+        let mut others = Vec::new();
+        while names.len() < engine::MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(Event::SpoolFile(name)) => {
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+                Ok(Event::Shutdown) => break,
+                Ok(other) => others.push(other),
+                Err(_) => break,
+            }
+        }
+        for event in others {
+            let _ = self.tx.send(event);
+        }
+        self.collect_batch(&names);
+    }
+
+    /// Collects `names` (at most a batch) as one group commit.
+    fn collect_batch(&mut self, names: &[String]) {
+        if let [name] = names {
+            return self.collect(name);
+        }
+        for (name, outcome) in self.spool.collect_batch(&self.engine, names) {
+            self.after_collect(&name, outcome);
+        }
+    }
+
+    fn after_collect(&mut self, name: &str, outcome: Result<FileOutcome>) {
         match outcome {
             Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
             Ok(FileOutcome::Deferred) => {
@@ -537,15 +578,16 @@ impl Daemon {
         })
     }
 
-    /// Collects `names` in order, stopping early (between files) on shutdown.
+    /// Collects `names` in order, a batch at a time, stopping early (between batches) on
+    /// shutdown.
     fn collect_all(&mut self, names: &[String]) -> usize {
         let mut done = 0;
-        for name in names {
+        for chunk in names.chunks(engine::MAX_BATCH) {
             if self.stopping() {
                 break;
             }
-            self.collect(name);
-            done += 1;
+            self.collect_batch(chunk);
+            done += chunk.len();
         }
         done
     }
@@ -613,21 +655,39 @@ impl Daemon {
     /// Rebuilds the due queue from disk. On start this also finishes whatever a restart
     /// interrupted: each waitpoint is serviced once, so missed deadlines fire once, not once per
     /// missed sweep, and interrupted deliveries complete.
+    /// The scan streams (one waitpoint in memory at a time), so memory grows with the due
+    /// queue, not with the size of every waitpoint.
     fn rescan_waitpoints(&mut self) {
-        let all = match self.engine.list() {
-            Ok(all) => all,
-            Err(e) => {
-                tracing::error!("cannot scan waitpoints: {e}");
-                return;
-            }
-        };
         self.due.clear();
         let now = self.engine.now();
-        for wp in all {
-            let due = engine::next_due(&wp);
+        let due = &mut self.due;
+        let scanned = self.engine.for_each_waitpoint(|wp| {
+            let at = engine::next_due(&wp);
             // Finish interrupted deliveries at once; everything else waits its turn in the queue.
-            let due = if wp.outbox.is_empty() { due } else { Some(now) };
-            self.due.set(&wp.id, due);
+            let at = if wp.outbox.is_empty() { at } else { Some(now) };
+            due.set(&wp.id, at);
+            Ok(())
+        });
+        if let Err(e) = scanned {
+            tracing::error!("cannot scan waitpoints: {e}");
+        }
+    }
+
+    /// Builds the session index when the home has none yet (made before it existed).
+    fn ensure_index(&self) {
+        if self.engine.index_is_complete() {
+            return;
+        }
+        let started = Instant::now();
+        match self.engine.rebuild_index() {
+            Ok(added) => tracing::info!(
+                added,
+                ms = started.elapsed().as_millis() as u64,
+                "session index rebuilt"
+            ),
+            Err(e) => {
+                tracing::error!("cannot rebuild the session index (readers scan instead): {e}")
+            }
         }
     }
 

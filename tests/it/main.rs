@@ -8,6 +8,7 @@ mod foundation;
 mod layouts;
 mod man_pages;
 mod ops;
+mod perf;
 mod policy;
 mod recovery;
 mod refusals;
