@@ -97,8 +97,8 @@ pub struct DaemonControl {
 }
 
 impl DaemonControl {
-    /// Asks the loop to stop after the file or event in hand (a sweep in progress stops
-    /// between files; the rest stay spooled for the next start).
+    /// Asks the loop to stop after the batch or event in hand (a sweep in progress stops
+    /// between batches; the rest stay spooled for the next start).
     pub fn shutdown(&self) {
         self.stop.store(true, Ordering::SeqCst);
         let _ = self.tx.send(Event::Shutdown);
@@ -288,6 +288,8 @@ impl Daemon {
         tracing::info!(home = %home.root().display(), "daemon starting");
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
+        // After the drain: readers scan until the index is complete, signals should not wait.
+        self.ensure_index();
         self.devices.reconcile();
         let shim = self.start_shim()?;
         tracing::info!(
@@ -321,6 +323,7 @@ impl Daemon {
                 self.sweep_spool();
                 self.sweep_devices();
                 self.devices.reconcile();
+                self.ensure_index();
                 self.gc();
                 next_sweep = Some(Instant::now() + Duration::from_millis(sweep));
             }
@@ -378,16 +381,17 @@ impl Daemon {
             p.start(total);
         }
         let mut done = 0;
-        for name in &names {
+        for chunk in names.chunks(engine::MAX_BATCH) {
             if self.stopping() {
                 break;
             }
-            self.collect(name);
-            done += 1;
+            let before = done;
+            self.collect_batch(chunk);
+            done += chunk.len();
             if let Some(p) = progress.as_mut() {
                 p.advance(done);
             }
-            if done % BACKLOG_LOG_EVERY == 0 && done < total {
+            if done / BACKLOG_LOG_EVERY > before / BACKLOG_LOG_EVERY && done < total {
                 tracing::info!(done, total, "drained {done} of {total} backlog files");
             }
         }
@@ -411,7 +415,7 @@ impl Daemon {
 
     fn handle(&mut self, event: Event) {
         match event {
-            Event::SpoolFile(name) => self.collect(&name),
+            Event::SpoolFile(name) => self.collect_hinted(name),
             Event::WaitpointAppeared(id) => match self.engine.load(&id) {
                 Ok(Some(wp)) => self.due.set(&wp.id, engine::next_due(&wp)),
                 Ok(None) => {}
@@ -563,6 +567,44 @@ impl Daemon {
 
     fn collect(&mut self, name: &str) {
         let outcome = self.spool.collect(&self.engine, name);
+        self.after_collect(name, outcome);
+    }
+
+    /// Collects the hinted file together with every other file already hinted (up to a
+    /// batch), so a burst of signals shares its fsyncs. Other events met on the way go back on
+    /// the channel in their order; a shutdown needs nothing, its flag is already set.
+    fn collect_hinted(&mut self, first: String) {
+        let mut names = vec![first];
+        let mut others = Vec::new();
+        while names.len() < engine::MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(Event::SpoolFile(name)) => {
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+                Ok(Event::Shutdown) => break,
+                Ok(other) => others.push(other),
+                Err(_) => break,
+            }
+        }
+        for event in others {
+            let _ = self.tx.send(event);
+        }
+        self.collect_batch(&names);
+    }
+
+    /// Collects `names` (at most a batch) as one group commit.
+    fn collect_batch(&mut self, names: &[String]) {
+        if let [name] = names {
+            return self.collect(name);
+        }
+        for (name, outcome) in self.spool.collect_batch(&self.engine, names) {
+            self.after_collect(&name, outcome);
+        }
+    }
+
+    fn after_collect(&mut self, name: &str, outcome: Result<FileOutcome>) {
         match outcome {
             Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
             Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
@@ -603,15 +645,16 @@ impl Daemon {
         })
     }
 
-    /// Collects `names` in order, stopping early (between files) on shutdown.
+    /// Collects `names` in order, a batch at a time, stopping early (between batches) on
+    /// shutdown.
     fn collect_all(&mut self, names: &[String]) -> usize {
         let mut done = 0;
-        for name in names {
+        for chunk in names.chunks(engine::MAX_BATCH) {
             if self.stopping() {
                 break;
             }
-            self.collect(name);
-            done += 1;
+            self.collect_batch(chunk);
+            done += chunk.len();
         }
         done
     }
@@ -632,12 +675,20 @@ impl Daemon {
     /// Every route's accepted signal ends here: its waitpoint's next due time joins the queue
     /// (a grace window, a hook delivery), so no ingress path can skip the wake rules.
     fn after_verdict(&mut self, verdict: &Verdict) {
-        if let Verdict::Accepted { id, next_due, .. } = verdict {
-            self.due.set(id, *next_due);
-            // Anything due right now (a wake for the hook) is handled on this same turn.
-            if next_due.is_some_and(|t| t <= self.engine.now()) {
-                self.run_due();
-            }
+        let (id, next_due) = match verdict {
+            Verdict::Accepted { id, next_due, .. } => (id, *next_due),
+            // A duplicate or late file can still have changed the state: the engine replays
+            // records a crash left unapplied before it answers, which may open a grace window.
+            Verdict::Duplicate { id } | Verdict::Closed { id, .. } => match self.engine.load(id) {
+                Ok(Some(wp)) => (id, engine::next_due(&wp)),
+                _ => return,
+            },
+            Verdict::Refused(_) => return,
+        };
+        self.due.set(id, next_due);
+        // Anything due right now (a wake for the hook) is handled on this same turn.
+        if next_due.is_some_and(|t| t <= self.engine.now()) {
+            self.run_due();
         }
     }
 
@@ -688,21 +739,21 @@ impl Daemon {
     /// Rebuilds the due queue from disk. On start this also finishes whatever a restart
     /// interrupted: each waitpoint is serviced once, so missed deadlines fire once, not once per
     /// missed sweep, and interrupted deliveries complete.
+    /// The scan streams (one waitpoint in memory at a time), so memory grows with the due
+    /// queue, not with the size of every waitpoint.
     fn rescan_waitpoints(&mut self) {
-        let all = match self.engine.list() {
-            Ok(all) => all,
-            Err(e) => {
-                tracing::error!("cannot scan waitpoints: {e}");
-                return;
-            }
-        };
         self.due.clear();
         let now = self.engine.now();
-        for wp in all {
-            let due = engine::next_due(&wp);
+        let due = &mut self.due;
+        let scanned = self.engine.for_each_waitpoint(|wp| {
+            let at = engine::next_due(&wp);
             // Finish interrupted deliveries at once; everything else waits its turn in the queue.
-            let due = if wp.outbox.is_empty() { due } else { Some(now) };
-            self.due.set(&wp.id, due);
+            let at = if wp.outbox.is_empty() { at } else { Some(now) };
+            due.set(&wp.id, at);
+            Ok(())
+        });
+        if let Err(e) = scanned {
+            tracing::error!("cannot scan waitpoints: {e}");
         }
         match self.engine.all_timers() {
             Ok(timers) => {
@@ -723,6 +774,24 @@ impl Daemon {
                 }
             }
             Err(e) => tracing::error!("cannot scan callbacks: {e}"),
+        }
+    }
+
+    /// Builds the session index when the home has none yet (made before it existed).
+    fn ensure_index(&self) {
+        if self.engine.index_is_complete() {
+            return;
+        }
+        let started = Instant::now();
+        match self.engine.rebuild_index() {
+            Ok(added) => tracing::info!(
+                added,
+                ms = started.elapsed().as_millis() as u64,
+                "session index rebuilt"
+            ),
+            Err(e) => tracing::error!(
+                "cannot rebuild the session index (readers scan instead; will retry at the next sweep): {e}"
+            ),
         }
     }
 

@@ -19,6 +19,8 @@
 //!   devices/<name>.poll                a request to collect now (`device poll`), removed when done
 //!   devices/<name>/status.json         the collector's state: last success, last error, backoff
 //!   devices/<name>/spool/              the local mirror of the device's spool, swept like tmp/signals/
+//!   index/sessions/<name>/<id>         empty marker: waitpoint <id> has session or channel <name>
+//!   index/sessions.complete            present once every waitpoint has its markers
 //! ```
 
 use std::fs;
@@ -190,6 +192,23 @@ impl Home {
 
     pub fn inbox_cur(&self, channel: &str) -> PathBuf {
         self.sessions_dir().join(channel).join("wakes").join("cur")
+    }
+
+    /// `index/sessions/<name>/`: an empty marker file per waitpoint whose session or channel is
+    /// `name`, so a session's waitpoints are found without reading every waitpoint.
+    pub fn session_index(&self, name: &str) -> PathBuf {
+        self.session_index_root().join(name)
+    }
+
+    /// `index/sessions/`.
+    pub fn session_index_root(&self) -> PathBuf {
+        self.root.join("index").join("sessions")
+    }
+
+    /// `index/sessions.complete`: written after a full rebuild; without it the index is not
+    /// trusted (a home made before the index existed) and readers scan every waitpoint.
+    pub fn session_index_complete(&self) -> PathBuf {
+        self.root.join("index").join("sessions.complete")
     }
 
     /// `devices/`: device records and, per device, its collector state and local mirror.

@@ -102,6 +102,154 @@ fn rename_into_place(temp: &Path, target: &Path) -> Result<()> {
     fs::rename(temp, target).map_err(|e| Error::io("cannot rename", target, e))
 }
 
+/// Files written together and made durable together (group commit).
+///
+/// [`stage`](Batch::stage) writes each file's temp file; [`commit`](Batch::commit) fsyncs every
+/// temp file, renames each over its target, then fsyncs each distinct directory once. Every file
+/// is still fsynced before its rename and every rename is durable before `commit` returns, as
+/// with [`commit`]; what is shared is the waiting: the fsyncs of a phase are issued
+/// concurrently (the device merges their cache flushes) and a directory holding many of the
+/// batch's files is fsynced once. A failure anywhere voids the whole batch: temp files not yet
+/// renamed are removed and the error is returned, so callers keep every source.
+#[derive(Debug, Default)]
+pub struct Batch {
+    staged: Vec<Staged>,
+}
+
+#[derive(Debug)]
+struct Staged {
+    temp: PathBuf,
+    target: PathBuf,
+    file: Option<File>,
+}
+
+/// The most fsyncs a batch issues at once.
+const SYNC_THREADS: usize = 8;
+
+impl Batch {
+    pub fn new() -> Self {
+        Batch::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.staged.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.staged.is_empty()
+    }
+
+    /// Writes `bytes` to a temp file beside `target` (not yet synced or renamed).
+    pub fn stage(&mut self, target: &Path, bytes: &[u8]) -> Result<()> {
+        let temp = temp_path_for(target);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&temp)
+            .map_err(|e| Error::io("cannot create", &temp, e))?;
+        // Registered before writing, so a failed write still has its temp file removed.
+        self.staged.push(Staged {
+            temp: temp.clone(),
+            target: target.to_owned(),
+            file: None,
+        });
+        crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &temp);
+        file.write_all(bytes)
+            .map_err(|e| Error::io("cannot write", &temp, e))?;
+        self.staged.last_mut().expect("just pushed").file = Some(file);
+        Ok(())
+    }
+
+    /// Stages `value` as pretty JSON.
+    pub fn stage_json<T: Serialize>(&mut self, target: &Path, value: &T) -> Result<()> {
+        self.stage(target, &to_pretty_json(value))
+    }
+
+    /// Makes every staged file durable under its target name (see the type's docs).
+    pub fn commit(mut self) -> Result<()> {
+        let files: Vec<(&File, &Path)> = self
+            .staged
+            .iter()
+            .filter_map(|s| s.file.as_ref().map(|f| (f, s.temp.as_path())))
+            .collect();
+        each_concurrently(&files, |(f, path)| {
+            crate::failpoint!(crate::failpoint::STORE_FSYNC, "cannot fsync", path);
+            f.sync_all().map_err(|e| Error::io("cannot fsync", path, e))
+        })?;
+        for s in &mut self.staged {
+            s.file = None;
+            rename_into_place(&s.temp, &s.target)?;
+            // Renamed: nothing left to clean up for this one.
+            s.temp = PathBuf::new();
+        }
+        let dirs = distinct_parents(self.staged.iter().map(|s| s.target.as_path()));
+        each_concurrently(&dirs, |d| {
+            crate::failpoint!(
+                crate::failpoint::STORE_DIR_FSYNC,
+                "cannot fsync directory",
+                d
+            );
+            fsync_dir(d)
+        })
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        for s in &self.staged {
+            if !s.temp.as_os_str().is_empty() {
+                let _ = fs::remove_file(&s.temp);
+            }
+        }
+    }
+}
+
+/// Removes files and makes the removals durable, fsyncing each directory once. Files already
+/// gone are not an error. On error, some files may be removed and others not.
+pub fn remove_all_durably(paths: &[PathBuf]) -> Result<()> {
+    let mut removed = Vec::new();
+    for path in paths {
+        match fs::remove_file(path) {
+            Ok(()) => removed.push(path.as_path()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("cannot remove", path, e)),
+        }
+    }
+    let dirs = distinct_parents(removed.into_iter());
+    each_concurrently(&dirs, |d| fsync_dir(d))
+}
+
+fn distinct_parents<'a>(paths: impl Iterator<Item = &'a Path>) -> Vec<&'a Path> {
+    let mut dirs: Vec<&Path> = paths.map(parent_of).collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
+/// Runs `f` on every item, up to [`SYNC_THREADS`] at a time, and returns the first error.
+/// fsyncs issued together wait for the device together, which is the point of a batch; one or
+/// two items are done inline, since a thread would cost more than it saves.
+fn each_concurrently<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+    if items.len() <= 2 {
+        return items.iter().try_for_each(&f);
+    }
+    let threads = items.len().min(SYNC_THREADS);
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let f = &f;
+                scope.spawn(move || items.iter().skip(t).step_by(threads).try_for_each(f))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("an fsync thread panicked"))
+            .collect()
+    });
+    results.into_iter().collect()
+}
+
 /// Pretty JSON with a trailing newline: stable key order (struct order), pleasant for `jq`/`diff`.
 pub fn to_pretty_json<T: Serialize>(value: &T) -> Vec<u8> {
     let mut out = serde_json::to_vec_pretty(value).expect("our records always serialise");
@@ -288,6 +436,60 @@ mod tests {
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "only the target remains");
         assert_eq!(fs::metadata(&target).unwrap().mode() & 0o777, FILE_MODE);
+    }
+
+    #[test]
+    fn batch_commits_every_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        create_dir_private(&a).unwrap();
+        create_dir_private(&b).unwrap();
+        commit(&a.join("0.json"), b"old").unwrap();
+        let mut batch = Batch::new();
+        for i in 0..20 {
+            let d = if i % 2 == 0 { &a } else { &b };
+            batch
+                .stage(&d.join(format!("{i}.json")), format!("{i}").as_bytes())
+                .unwrap();
+        }
+        assert_eq!(batch.len(), 20);
+        batch.commit().unwrap();
+        for i in 0..20 {
+            let d = if i % 2 == 0 { &a } else { &b };
+            assert_eq!(
+                fs::read(d.join(format!("{i}.json"))).unwrap(),
+                format!("{i}").as_bytes()
+            );
+        }
+        for d in [&a, &b] {
+            let names = list_dir(d).unwrap();
+            assert_eq!(names.len(), 10, "only targets remain in {}", d.display());
+            assert!(names.iter().all(|(n, _)| !is_temp_name(n)));
+        }
+    }
+
+    #[test]
+    fn a_failed_batch_renames_nothing_and_removes_its_temps() {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = dir.path().join("ok");
+        create_dir_private(&ok).unwrap();
+        let mut batch = Batch::new();
+        batch.stage(&ok.join("1.json"), b"1").unwrap();
+        // Staging into a missing directory fails; the batch is dropped without a commit.
+        assert!(batch.stage(&dir.path().join("gone/2.json"), b"2").is_err());
+        drop(batch);
+        assert!(list_dir(&ok).unwrap().is_empty(), "no temp, no target");
+    }
+
+    #[test]
+    fn remove_all_durably_removes_and_tolerates_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths: Vec<PathBuf> = (0..5).map(|i| dir.path().join(format!("{i}"))).collect();
+        for p in &paths[..4] {
+            commit(p, b"x").unwrap();
+        }
+        remove_all_durably(&paths).unwrap();
+        assert!(list_dir(dir.path()).unwrap().is_empty());
     }
 
     #[test]

@@ -536,9 +536,8 @@ fn waiting_for(engine: &Engine, session: &str) -> anyhow::Result<Vec<Waitpoint>>
     engine::check_name("session", session)?;
     let home = engine.home();
     Ok(engine
-        .list()?
+        .list_visible(session)?
         .into_iter()
-        .filter(|wp| wp.visible_to(session))
         .filter(|wp| {
             wp.status == Status::Armed
                 || (wp.status != Status::Cancelled && engine::has_undelivered_wake(home, wp))

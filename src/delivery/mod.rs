@@ -21,14 +21,30 @@ fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
 
 /// Makes `wake` durable in its channel's `new/` unless a reader already moved it to `cur/`.
 pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
+    match inbox_target(home, wake)? {
+        Some(target) => commit_json(&target, wake),
+        None => Ok(()),
+    }
+}
+
+/// Like [`deliver`], into a batch: the wake is durable once `batch` commits.
+pub fn stage(home: &Home, wake: &Wake, batch: &mut store::Batch) -> Result<()> {
+    match inbox_target(home, wake)? {
+        Some(target) => batch.stage_json(&target, wake),
+        None => Ok(()),
+    }
+}
+
+/// Where `wake` goes in `new/` (its directories made), or `None` when a reader took it already.
+fn inbox_target(home: &Home, wake: &Wake) -> Result<Option<PathBuf>> {
     let new = home.inbox_new(&wake.channel);
     let cur = home.inbox_cur(&wake.channel);
     if wake_file(&cur, &wake.wake_id).exists() {
-        return Ok(());
+        return Ok(None);
     }
     create_dir_private(&new)?;
     create_dir_private(&cur)?;
-    commit_json(&wake_file(&new, &wake.wake_id), wake)
+    Ok(Some(wake_file(&new, &wake.wake_id)))
 }
 
 /// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk.

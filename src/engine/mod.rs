@@ -7,7 +7,9 @@
 //! file is removed by the caller only after all of that is durable; a crash anywhere before then
 //! leaves the file in place and the next attempt finishes the job without counting twice.
 
+mod batch;
 pub mod callbacks;
+mod index;
 pub mod rules;
 pub mod timers;
 
@@ -31,6 +33,7 @@ use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
 
+pub use batch::MAX_BATCH;
 pub use rules::Refusal;
 
 /// The largest `max_signals` a monitor may ask for.
@@ -269,9 +272,12 @@ impl Engine {
     fn commit_new(&self, wp: &Waitpoint) -> Result<()> {
         let parent = self.home.waitpoints_dir();
         create_dir_private(&parent)?;
-        let staging = parent.join(format!(".new-{}", wp.id));
+        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
         create_dir_private(&staging.join("signals"))?;
-        let result = commit_json(&staging.join("waitpoint.json"), wp)
+        // The index markers first: a waitpoint never exists without them (engine/index.rs).
+        let result = self
+            .index_add(wp)
+            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
             .and_then(|()| store::fsync_dir(&staging))
             .and_then(|()| {
                 fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
@@ -345,15 +351,7 @@ impl Engine {
         if let Err(r) = rules::check_member(&wp, req.member.as_deref()) {
             return Ok(Verdict::Refused(r));
         }
-        let record = SignalRecord {
-            seq: wp.counters.signals + 1,
-            source: identity,
-            status: req.status,
-            member: req.member.clone(),
-            message: req.message.clone(),
-            data: req.data.clone(),
-            received_at: now,
-        };
+        let record = next_record(&wp, req, identity, now);
         let seq = record.seq;
         let wake = match self.record_signal(&mut wp, &record, key) {
             Ok(wake) => wake,
@@ -414,20 +412,48 @@ impl Engine {
     /// outbox now, or waits as the pending wake (grace window, hourly cap). Returns the kind of
     /// wake the signal completed, if any.
     fn step(&self, wp: &mut Waitpoint, record: &SignalRecord) -> Result<Option<WakeKind>> {
+        self.step_with(wp, record, &[])
+    }
+
+    /// [`step`](Self::step) where `fresh` holds records decided but not yet on disk (a batch).
+    fn step_with(
+        &self,
+        wp: &mut Waitpoint,
+        record: &SignalRecord,
+        fresh: &[SignalRecord],
+    ) -> Result<Option<WakeKind>> {
         let Some(done) = rules::apply_signal(wp, record) else {
             return Ok(None);
         };
         let cap = self.settings.max_wakes_per_hour;
         if let Some(now_round) = rules::schedule_wake(wp, done, self.clock.now(), cap) {
-            self.emit(
+            self.emit_with(
                 wp,
-                now_round.kind,
-                now_round.outcome,
+                (now_round.kind, now_round.outcome),
                 now_round.first_seq,
                 1,
+                fresh,
             )?;
         }
         Ok(Some(done.kind))
+    }
+
+    /// The recorded signals from `first_seq` on, with `fresh` (not yet on disk) appended.
+    fn signals_with(
+        &self,
+        id: &str,
+        first_seq: u64,
+        fresh: &[SignalRecord],
+    ) -> Result<Vec<SignalRecord>> {
+        let mut signals = self.read_signals(id, first_seq)?;
+        let on_disk = signals.last().map_or(0, |s| s.seq);
+        signals.extend(
+            fresh
+                .iter()
+                .filter(|r| r.seq >= first_seq && r.seq > on_disk)
+                .cloned(),
+        );
+        Ok(signals)
     }
 
     /// Composes a wake carrying every signal from `first_seq` on and puts it in the outbox.
@@ -439,7 +465,19 @@ impl Engine {
         first_seq: u64,
         rounds: u64,
     ) -> Result<()> {
-        let signals = self.read_signals(&wp.id, first_seq)?;
+        self.emit_with(wp, (kind, outcome), first_seq, rounds, &[])
+    }
+
+    /// [`emit`](Self::emit) where `fresh` holds records decided but not yet on disk (a batch).
+    fn emit_with(
+        &self,
+        wp: &mut Waitpoint,
+        (kind, outcome): (WakeKind, Outcome),
+        first_seq: u64,
+        rounds: u64,
+        fresh: &[SignalRecord],
+    ) -> Result<()> {
+        let signals = self.signals_with(&wp.id, first_seq, fresh)?;
         let now = self.clock.now();
         let wake = rules::compose_wake(wp, kind, Some(outcome), &signals, None, rounds, now);
         wp.outbox.push(wake);
@@ -499,16 +537,25 @@ impl Engine {
         if wp.outbox.is_empty() {
             return Ok(());
         }
-        let now = self.clock.now();
         for wake in &wp.outbox {
             delivery::deliver(&self.home, wake)?;
-            tracing::info!(waitpoint = %wp.id, wake = %wake.wake_id, channel = %wake.channel, "{}", wake.summary);
         }
         crate::failpoint!(
             crate::failpoint::ENGINE_AFTER_DELIVERY,
             "cannot replace",
             &self.home.waitpoint_file(&wp.id)
         );
+        self.mark_delivered(wp);
+        self.save(wp)
+    }
+
+    /// After the outbox's wakes are durable in the inbox: logs them, empties the outbox and
+    /// queues the `onWake` hook for each. The caller saves the state.
+    fn mark_delivered(&self, wp: &mut Waitpoint) {
+        let now = self.clock.now();
+        for wake in &wp.outbox {
+            tracing::info!(waitpoint = %wp.id, wake = %wake.wake_id, channel = %wake.channel, "{}", wake.summary);
+        }
         let delivered: Vec<Wake> = std::mem::take(&mut wp.outbox);
         if self.settings.on_wake.is_some() {
             // The inbox file is durable first; the hook only ever adds a second way to hear it.
@@ -522,7 +569,6 @@ impl Engine {
                     delivered_at: None,
                 }));
         }
-        self.save(wp)
     }
 
     /// Re-delivers a waitpoint's outbox (used by the daemon at start for interrupted deliveries).
@@ -674,7 +720,7 @@ impl Engine {
         if let Some(at) = retention_ends(&wp)
             && now >= at
         {
-            self.remove(&wp.id)?;
+            self.remove(&wp)?;
             return Ok(Service::default());
         }
         if wp.status != Status::Armed && wp.pending_wake.is_none() {
@@ -742,7 +788,8 @@ impl Engine {
     }
 
     /// Removes a waitpoint whose retention has passed: its id is unknown from then on.
-    fn remove(&self, id: &str) -> Result<()> {
+    fn remove(&self, wp: &Waitpoint) -> Result<()> {
+        let id = wp.id.as_str();
         let dir = self.home.waitpoint_dir(id);
         let parent = self.home.waitpoints_dir();
         // Rename first so a crash mid-delete never leaves a half-removed waitpoint that parses.
@@ -750,6 +797,7 @@ impl Engine {
         fs::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
         store::fsync_dir(&parent)?;
         fs::remove_dir_all(&grave).map_err(|e| Error::io("cannot remove", &grave, e))?;
+        self.index_remove(wp)?;
         self.forget(id);
         tracing::info!(waitpoint = %id, "retention over; removed");
         Ok(())
@@ -760,8 +808,8 @@ impl Engine {
     pub fn delete_session(&self, session: &str) -> Result<Vec<String>> {
         check_name("session", session)?;
         let mut cancelled = Vec::new();
-        for wp in self.list()? {
-            if wp.visible_to(session) && wp.status == Status::Armed {
+        for wp in self.list_visible(session)? {
+            if wp.status == Status::Armed {
                 match self.cancel(&wp.id, session) {
                     Ok(_) => cancelled.push(wp.id),
                     Err(Error::NotFound(_) | Error::Conflict(_)) => {}
@@ -867,6 +915,27 @@ fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
     }
     Some((seq.parse().ok()?, key.to_owned()))
 }
+
+/// The record a well-formed, accepted signal becomes: the waitpoint's next seq.
+fn next_record(
+    wp: &Waitpoint,
+    req: &SignalRequest,
+    identity: String,
+    now: Timestamp,
+) -> SignalRecord {
+    SignalRecord {
+        seq: wp.counters.signals + 1,
+        source: identity,
+        status: req.status,
+        member: req.member.clone(),
+        message: req.message.clone(),
+        data: req.data.clone(),
+        received_at: now,
+    }
+}
+
+/// A waitpoint's directory is built under this prefix and renamed into place.
+const STAGING_PREFIX: &str = ".new-";
 
 /// How long a closed waitpoint is kept, so a late signal is told "already resolved".
 pub const RETAIN_MS: i64 = 3 * 86_400_000;

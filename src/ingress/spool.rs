@@ -17,7 +17,9 @@ use crate::clock::Timestamp;
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
-use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, Source, SpoolBody, parse_spool_body};
+use crate::ingress::{
+    CallbackRequest, MAX_BODY_BYTES, SignalRequest, Source, SpoolBody, parse_spool_body,
+};
 use crate::secret;
 use crate::store;
 
@@ -101,33 +103,147 @@ impl Spool {
 
     /// Collects one file: read, parse, apply, then remove it or park it.
     pub fn collect(&self, engine: &Engine, name: &str) -> Result<FileOutcome> {
+        let (request, bytes) = match self.read_request(engine, name)? {
+            Ok(r) => r,
+            Err(outcome) => return Ok(outcome),
+        };
+        let verdict = engine.apply_signal(&request, &self.source_of(name))?;
+        if let Some(parked) = self.settle(engine, name, &request, &bytes, &verdict)? {
+            return Ok(parked);
+        }
+        let path = self.dir.join(name);
+        crate::failpoint!(
+            crate::failpoint::SPOOL_BEFORE_REMOVE,
+            "cannot remove",
+            &path
+        );
+        store::remove_durably(&path)?;
+        Ok(FileOutcome::Consumed(verdict))
+    }
+
+    /// Collects several files as one group commit ([`Engine::apply_batch`]): the same outcome
+    /// for each as [`collect`](Self::collect) in order, with the fsyncs shared and the consumed
+    /// files removed together once every signal is durable. One result per name, in order; an
+    /// `Err` leaves that file in the spool for the next attempt.
+    pub fn collect_batch(
+        &self,
+        engine: &Engine,
+        names: &[String],
+    ) -> Vec<(String, Result<FileOutcome>)> {
+        let mut results: Vec<Option<Result<FileOutcome>>> = Vec::with_capacity(names.len());
+        let mut readable = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            match self.read_request(engine, name) {
+                Ok(Ok((request, bytes))) => {
+                    readable.push((i, request, bytes));
+                    results.push(None);
+                }
+                Ok(Err(outcome)) => results.push(Some(Ok(outcome))),
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        let items: Vec<_> = readable
+            .iter()
+            .map(|(i, request, _)| (request.clone(), self.source_of(&names[*i])))
+            .collect();
+        let verdicts = engine.apply_batch(&items);
+        let mut consumed = Vec::new();
+        for ((i, request, bytes), verdict) in readable.iter().zip(verdicts) {
+            let name = &names[*i];
+            results[*i] = Some(match verdict {
+                Err(e) => Err(e),
+                Ok(v) => match self.settle(engine, name, request, bytes, &v) {
+                    Ok(Some(parked)) => Ok(parked),
+                    Ok(None) => {
+                        consumed.push(*i);
+                        Ok(FileOutcome::Consumed(v))
+                    }
+                    Err(e) => Err(e),
+                },
+            });
+        }
+        let paths: Vec<PathBuf> = consumed.iter().map(|i| self.dir.join(&names[*i])).collect();
+        let removed = self.remove_consumed(&paths);
+        if let Err(e) = removed {
+            // Recorded but maybe not removed: the next attempt finds each a duplicate.
+            let message = e.to_string();
+            for i in consumed {
+                results[i] = Some(Err(Error::io(
+                    "cannot remove",
+                    self.dir.join(&names[i]),
+                    io::Error::other(message.clone()),
+                )));
+            }
+        }
+        names
+            .iter()
+            .cloned()
+            .zip(
+                results
+                    .into_iter()
+                    .map(|r| r.expect("every name has a result")),
+            )
+            .collect()
+    }
+
+    /// Removes the batch's consumed files once every signal of theirs is durable.
+    fn remove_consumed(&self, paths: &[PathBuf]) -> Result<()> {
+        #[cfg(feature = "failpoints")]
+        if let Some(first) = paths.first() {
+            crate::failpoint!(
+                crate::failpoint::SPOOL_BEFORE_REMOVE,
+                "cannot remove",
+                first
+            );
+        }
+        store::remove_all_durably(paths)
+    }
+
+    /// Reads and parses one file. `Ok(Err(outcome))` when it is not a signal to apply (gone,
+    /// parked, or deferred while its writer may still be writing).
+    #[allow(clippy::type_complexity)]
+    fn read_request(
+        &self,
+        engine: &Engine,
+        name: &str,
+    ) -> Result<std::result::Result<(SignalRequest, Vec<u8>), FileOutcome>> {
         let path = self.dir.join(name);
         let bytes = match read_regular(&path) {
             Ok(b) => b,
-            Err(ReadError::Gone) => return Ok(FileOutcome::Vanished),
+            Err(ReadError::Gone) => return Ok(Err(FileOutcome::Vanished)),
             Err(ReadError::Refused(reason)) => {
                 self.park(name, &reason, None, None, engine.now())?;
-                return Ok(FileOutcome::Parked(reason));
+                return Ok(Err(FileOutcome::Parked(reason)));
             }
             Err(ReadError::Io(e)) => return Err(Error::io("cannot read", &path, e)),
         };
-        let request = match parse_spool_body(&bytes) {
-            Ok(SpoolBody::Signal(r)) => r,
-            Ok(SpoolBody::Callback(c)) => return self.trigger(engine, name, &path, &bytes, c),
-            Err(_) if self.device.is_none() && is_fresh(&path) => return Ok(FileOutcome::Deferred),
+        match parse_spool_body(&bytes) {
+            Ok(SpoolBody::Signal(r)) => Ok(Ok((r, bytes))),
+            Ok(SpoolBody::Callback(c)) => Ok(Err(self.trigger(engine, name, &path, &bytes, c)?)),
+            Err(_) if self.device.is_none() && is_fresh(&path) => Ok(Err(FileOutcome::Deferred)),
             Err(reason) => {
                 self.park(name, &reason, Some(&bytes), None, engine.now())?;
-                return Ok(FileOutcome::Parked(reason));
+                Ok(Err(FileOutcome::Parked(reason)))
             }
-        };
-        let source = self.source_of(name);
-        let verdict = engine.apply_signal(&request, &source)?;
-        match &verdict {
+        }
+    }
+
+    /// Logs the engine's verdict on a file and parks it when refused (`Some(Parked)`); `None`
+    /// means the file is consumed and the caller removes it.
+    fn settle(
+        &self,
+        engine: &Engine,
+        name: &str,
+        request: &SignalRequest,
+        bytes: &[u8],
+        verdict: &Verdict,
+    ) -> Result<Option<FileOutcome>> {
+        match verdict {
             Verdict::Refused(refusal) => {
                 let reason = refusal.reason();
                 tracing::warn!(waitpoint = %request.id, file = ?name, secret_fp = %secret::fingerprint(&request.secret), "refused signal file: {reason}");
-                self.park(name, &reason, Some(&bytes), Some(&request.id), engine.now())?;
-                return Ok(FileOutcome::Parked(reason));
+                self.park(name, &reason, Some(bytes), Some(&request.id), engine.now())?;
+                return Ok(Some(FileOutcome::Parked(reason)));
             }
             Verdict::Accepted { id, seq, wake, .. } => {
                 tracing::info!(waitpoint = %id, seq, file = ?name, woke = wake.is_some(), "signal accepted");
@@ -139,13 +255,7 @@ impl Spool {
                 tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
             }
         }
-        crate::failpoint!(
-            crate::failpoint::SPOOL_BEFORE_REMOVE,
-            "cannot remove",
-            &path
-        );
-        store::remove_durably(&path)?;
-        Ok(FileOutcome::Consumed(verdict))
+        Ok(None)
     }
 
     /// The spool form of a callback: the token's capability, checked by the engine.

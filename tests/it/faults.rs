@@ -60,12 +60,15 @@ fn fault_then_clear(point: &str, errno: &str, hit: usize) -> Option<usize> {
         );
         return None;
     }
-    assert_eq!(
-        failures,
-        fired(&log),
-        "{spec}: every injected fault is reported as a failed attempt, then tried again\n{log}"
+    // A fault inside a group commit fails every file of the batch, so each fault is reported
+    // once per file it held back: at least once, and never more often than the batch was big.
+    let injected = fired(&log);
+    assert!(
+        failures >= injected && failures <= injected * 3,
+        "{spec}: every injected fault is reported as a failed attempt, then tried again \
+({failures} reports for {injected} faults)\n{log}"
     );
-    assert!(failures <= FAULTS, "{spec}\n{log}");
+    assert!(injected <= FAULTS, "{spec}\n{log}");
     // Per file: success is logged at most once, and never before a failed attempt at recording
     // the same file (which would mean an attempt was called a success and then undone). A
     // failure to remove the spool file afterwards does not undo anything: the signal was
@@ -97,7 +100,8 @@ fn fault_then_clear(point: &str, errno: &str, hit: usize) -> Option<usize> {
     Some(failures)
 }
 
-/// Walks every pass of `point` with `errno`, and reports how many faults were survived.
+/// Walks every pass of `point` with `errno`, and reports how many faults were survived. The
+/// minimums are the passes the scenario's three signals make when collected as one group commit.
 fn walk(point: &str, errno: &str, min: usize) {
     let mut faulted = 0;
     for hit in 0.. {
@@ -125,37 +129,37 @@ fn walk(point: &str, errno: &str, min: usize) {
 
 #[test]
 fn enospc_writing_any_commit_is_retried_until_space_returns() {
-    walk(failpoint::STORE_WRITE, "enospc", 10);
+    walk(failpoint::STORE_WRITE, "enospc", 4);
 }
 
 #[test]
 fn eio_on_fsync_of_any_commit_is_retried_until_the_disk_recovers() {
-    walk(failpoint::STORE_FSYNC, "eio", 10);
+    walk(failpoint::STORE_FSYNC, "eio", 4);
 }
 
 #[test]
 fn eio_on_rename_of_any_commit_is_retried() {
-    walk(failpoint::STORE_RENAME, "eio", 10);
+    walk(failpoint::STORE_RENAME, "eio", 4);
 }
 
 #[test]
 fn eio_on_the_directory_fsync_of_any_commit_is_retried() {
-    walk(failpoint::STORE_DIR_FSYNC, "eio", 10);
+    walk(failpoint::STORE_DIR_FSYNC, "eio", 4);
 }
 
 #[test]
 fn eio_after_the_signal_record_is_replayed_not_lost() {
-    walk(failpoint::ENGINE_AFTER_RECORD, "eio", 3);
+    walk(failpoint::ENGINE_AFTER_RECORD, "eio", 1);
 }
 
 #[test]
 fn eio_before_inbox_delivery_delivers_on_the_retry() {
-    walk(failpoint::ENGINE_AFTER_STATE, "eio", 3);
+    walk(failpoint::ENGINE_AFTER_STATE, "eio", 1);
 }
 
 #[test]
 fn eio_removing_the_spool_file_keeps_it_for_the_retry() {
-    walk(failpoint::SPOOL_BEFORE_REMOVE, "eio", 3);
+    walk(failpoint::SPOOL_BEFORE_REMOVE, "eio", 1);
 }
 
 #[test]

@@ -18,6 +18,7 @@ mod kill_loop;
 mod layouts;
 mod man_pages;
 mod ops;
+mod perf;
 mod policy;
 mod recovery;
 mod refusals;

@@ -80,7 +80,9 @@ fn crash_between_the_signal_record_and_the_state_replace_is_replayed_once() {
     // Fabricate the crash: the signal file is recorded, the state never replaced.
     let record = serde_json::json!({
         "seq": 1, "source": "spool:half.json", "status": "ok", "member": null,
-        "message": null, "data": null, "received_at": "2026-01-01T00:00:00.000Z"
+        "message": null, "data": null,
+        // Made just now, as a crashed daemon would have (an old time would be past retention).
+        "received_at": waitpoint::clock::Clock::now(&SystemClock).to_string()
     });
     env.write(
         &format!("waitpoints/{id}/signals/000001-spool:half.json.json"),

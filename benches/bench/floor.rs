@@ -1,0 +1,216 @@
+//! The baselines: minimal programs that do only the physical minimum each row is compared with.
+//!
+//! - the durable per-file floor: one write + fsync + rename + directory fsync per file;
+//! - the no-sync floor: the same without either fsync;
+//! - one fsync of a small file (the "plus one fsync" of the latency target);
+//! - the notification floor: a child process that watches a directory with inotify and renames
+//!   every file it sees into a second directory;
+//! - a trivial loopback HTTP server for `curl` to post to.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Files per second for `n` files of `body` written into `dir` the durable way (`sync` on) or
+/// the fast way (`sync` off).
+pub fn file_floor(dir: &Path, n: usize, body: &[u8], sync: bool) -> f64 {
+    fs::create_dir_all(dir).unwrap();
+    let d = File::open(dir).unwrap();
+    let start = Instant::now();
+    for i in 0..n {
+        let tmp = dir.join(format!(".{i}.tmp"));
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
+            .unwrap();
+        f.write_all(body).unwrap();
+        if sync {
+            f.sync_all().unwrap();
+        }
+        fs::rename(&tmp, dir.join(format!("{i}.json"))).unwrap();
+        if sync {
+            d.sync_all().unwrap();
+        }
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The median time of one fsync of a freshly written small file, in milliseconds.
+pub fn fsync_ms(dir: &Path, n: usize) -> f64 {
+    fs::create_dir_all(dir).unwrap();
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut f = File::create(dir.join(format!("f{i}"))).unwrap();
+        f.write_all(b"{\"x\":1}\n").unwrap();
+        let t = Instant::now();
+        f.sync_all().unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    percentile(&mut times, 50.0)
+}
+
+/// The `p`th percentile (nearest rank) of `values`, which it sorts.
+pub fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p / 100.0) * values.len() as f64).ceil() as usize;
+    values[rank.clamp(1, values.len()) - 1]
+}
+
+/// A blocking inotify watch on one directory for files renamed into it.
+pub struct Inotify {
+    fd: i32,
+    buf: Vec<u8>,
+    pending: Vec<Vec<u8>>,
+}
+
+impl Inotify {
+    pub fn watch(dir: &Path) -> Self {
+        fs::create_dir_all(dir).unwrap();
+        // SAFETY: plain syscalls on a descriptor this value owns; the path is NUL-terminated.
+        unsafe {
+            let fd = libc::inotify_init1(libc::IN_CLOEXEC);
+            assert!(fd >= 0, "inotify_init1");
+            let mut c = dir.as_os_str().as_bytes().to_vec();
+            c.push(0);
+            let wd = libc::inotify_add_watch(fd, c.as_ptr().cast(), libc::IN_MOVED_TO);
+            assert!(wd >= 0, "inotify_add_watch {}", dir.display());
+            Inotify {
+                fd,
+                buf: vec![0; 64 * 1024],
+                pending: Vec::new(),
+            }
+        }
+    }
+
+    /// The next name renamed into the directory (blocks).
+    pub fn next(&mut self) -> Vec<u8> {
+        loop {
+            if !self.pending.is_empty() {
+                return self.pending.remove(0);
+            }
+            // SAFETY: reads into a buffer we own, within its length.
+            let n = unsafe { libc::read(self.fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
+            assert!(n > 0, "inotify read");
+            let mut at = 0usize;
+            while at + 16 <= n as usize {
+                let len = u32::from_ne_bytes(self.buf[at + 12..at + 16].try_into().unwrap());
+                let name = &self.buf[at + 16..at + 16 + len as usize];
+                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                self.pending.push(name[..end].to_vec());
+                at += 16 + len as usize;
+            }
+        }
+    }
+
+    /// Blocks until `name` is renamed into the directory.
+    pub fn wait_for(&mut self, name: &str) {
+        while self.next() != name.as_bytes() {}
+    }
+}
+
+impl Drop for Inotify {
+    fn drop(&mut self) {
+        // SAFETY: closes the descriptor this value owns.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+/// The body of the notification-floor child: watch `from`, rename each file into `to`.
+pub fn run_watcher(from: &Path, to: &Path) -> ! {
+    let mut w = Inotify::watch(from);
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    loop {
+        let name = w.next();
+        let name = std::ffi::OsStr::from_bytes(&name);
+        let _ = fs::rename(from.join(name), to.join(name));
+    }
+}
+
+/// Starts the notification-floor child (this same program with `--floor-watcher`).
+pub fn spawn_watcher(from: &Path, to: &Path) -> Child {
+    fs::create_dir_all(from).unwrap();
+    fs::create_dir_all(to).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .arg("--floor-watcher")
+        .arg(from)
+        .arg(to)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    child
+}
+
+/// Latencies in ms from a rename into `from` to the file's arrival in `to` via the watcher.
+pub fn notification_floor(dir: &Path, n: usize) -> Vec<f64> {
+    let (from, to) = (dir.join("in"), dir.join("out"));
+    let mut child = spawn_watcher(&from, &to);
+    let mut seen = Inotify::watch(&to);
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        let tmp = from.join(format!(".{i}.tmp"));
+        fs::write(&tmp, b"{\"x\":1}\n").unwrap();
+        let name = format!("{i}.json");
+        let t = Instant::now();
+        fs::rename(&tmp, from.join(&name)).unwrap();
+        seen.wait_for(&name);
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    times
+}
+
+/// A loopback HTTP server that answers every request with 200; returns its port. The thread
+/// lives as long as the benchmark.
+pub fn spawn_http_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let _ = answer(stream);
+        }
+    });
+    port
+}
+
+fn answer(stream: TcpStream) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let lower = line.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    let mut out = stream;
+    out.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+}
+
+/// A fresh scratch directory under `base`.
+pub fn scratch(base: &Path, name: &str) -> PathBuf {
+    let dir = base.join(name);
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -1,0 +1,357 @@
+//! Our side of each row: homes filled through the library, the real release binaries run as
+//! child processes, and what they cost measured from outside (wall time, /proc).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use waitpoint::clock::SystemClock;
+use waitpoint::engine::{CreateRequest, Engine};
+use waitpoint::home::Home;
+use waitpoint::model::Waitpoint;
+use waitpoint::settings::Settings;
+use waitpoint::store;
+
+use crate::floor::{Inotify, percentile};
+
+/// The release binaries under test.
+pub struct Bins {
+    pub waitpoint: PathBuf,
+    pub cortex_signal: PathBuf,
+}
+
+/// A home for one row, with `settings.json`.
+pub fn new_home(dir: &Path, settings: &str) -> Home {
+    let _ = fs::remove_dir_all(dir);
+    fs::create_dir_all(dir).unwrap();
+    fs::write(dir.join("settings.json"), settings).unwrap();
+    let home = Home::new(dir);
+    home.ensure().unwrap();
+    home
+}
+
+fn engine(home: &Home) -> Engine {
+    let settings = Settings::load(&home.settings_file(), |_| None).unwrap();
+    Engine::new(home.clone(), settings, Arc::new(SystemClock))
+}
+
+fn request(session: &str, max_signals: u32) -> CreateRequest {
+    CreateRequest {
+        label: "bench".into(),
+        intent: "measure the engine".into(),
+        members: Vec::new(),
+        quorum: None,
+        fail_fast: false,
+        max_signals,
+        expires_in_hours: Some(24.0),
+        device: None,
+        session: session.into(),
+        channel: session.into(),
+        recheck_after_ms: None,
+    }
+}
+
+/// An armed waitpoint and the secret to signal it with.
+pub struct Armed {
+    pub wp: Waitpoint,
+    pub secret: String,
+}
+
+/// Arms `n` waitpoints through the engine (every write fsynced, as in real use).
+pub fn arm(home: &Home, n: usize, session: &str, max_signals: u32) -> Vec<Armed> {
+    let e = engine(home);
+    (0..n)
+        .map(|_| {
+            let c = e.create(request(session, max_signals)).unwrap();
+            Armed {
+                wp: c.waitpoint,
+                secret: c.secret,
+            }
+        })
+        .collect()
+}
+
+/// Arms `n` waitpoints fast: one through the engine, the rest copies of it with fresh ids
+/// written without fsync (setting up a benchmark need not survive a power cut). `session_of`
+/// names each copy's session (which is also its channel).
+pub fn arm_fast(home: &Home, n: usize, session_of: impl Fn(usize) -> String) -> Armed {
+    let template = arm(home, 1, &session_of(0), 1).pop().unwrap();
+    for i in 1..n {
+        let mut wp = template.wp.clone();
+        wp.id = format!("wp_{:012x}", 0x0b00_0000_0000u64 + i as u64);
+        wp.session = session_of(i);
+        wp.channel = wp.session.clone();
+        let dir = home.waitpoint_dir(&wp.id);
+        fs::create_dir_all(dir.join("signals")).unwrap();
+        fs::write(dir.join("waitpoint.json"), store::to_pretty_json(&wp)).unwrap();
+    }
+    template
+}
+
+pub fn body(a: &Armed, status: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "id": a.wp.id, "secret": a.secret, "status": status, "message": "exit=0",
+    }))
+    .unwrap()
+}
+
+/// A running `waitpoint daemon`, stopped (SIGTERM) on drop.
+pub struct Daemon {
+    pub child: Child,
+    stderr: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(bins: &Bins, home: &Home) -> Daemon {
+        let stderr = home.root().join("daemon.stderr");
+        let child = Command::new(&bins.waitpoint)
+            .arg("daemon")
+            .env("CORTEX_HOME", home.root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon { child, stderr }
+    }
+
+    /// Waits for the "daemon ready" line (bounded).
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let log = self.stderr.with_file_name("log").join("daemon.log");
+        while Instant::now() < deadline {
+            for f in [&self.stderr, &log] {
+                if fs::read_to_string(f).is_ok_and(|t| t.contains("daemon ready")) {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        panic!("daemon never became ready");
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak resident set (VmHWM) in MB.
+    pub fn peak_rss_mb(&self) -> f64 {
+        let status = fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kb: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        kb / 1024.0
+    }
+
+    /// User + system CPU seconds used so far.
+    pub fn cpu_secs(&self) -> f64 {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: signals our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+fn pending_json(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.ends_with(".json") && !n.starts_with('.')
+        })
+        .count()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Row 1: signals/s from the drop zone to committed state, `per_wp` `ok` signals to each of
+/// `n_wp` armed monitors, all renamed into the drop zone at once while the daemon runs.
+pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> f64 {
+    let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
+    let armed = arm(&home, n_wp, "bench", 10_000);
+    let stage = home.root().join("tmp").join("stage");
+    fs::create_dir_all(&stage).unwrap();
+    let mut names = Vec::new();
+    for round in 0..per_wp {
+        for (i, a) in armed.iter().enumerate() {
+            let name = format!("{round:03}-{i:06}.json");
+            fs::write(stage.join(&name), body(a, "ok")).unwrap();
+            names.push(name);
+        }
+    }
+    let daemon = Daemon::start(bins, &home);
+    daemon.wait_ready();
+    let drop_zone = home.drop_zone();
+    let t = Instant::now();
+    for name in &names {
+        fs::rename(stage.join(name), drop_zone.join(name)).unwrap();
+    }
+    wait_until("the drop zone to empty", || pending_json(&drop_zone) == 0);
+    let rate = names.len() as f64 / t.elapsed().as_secs_f64();
+    drop(daemon);
+    // Never lose or double-count: every signal is recorded exactly once.
+    let e = engine(&home);
+    let recorded: u64 = e.list().unwrap().iter().map(|w| w.counters.signals).sum();
+    assert_eq!(recorded as usize, names.len(), "recorded signals");
+    rate
+}
+
+/// Row 2: ms from a signal file's rename into the drop zone to its wake in the inbox, over `n`
+/// sequential signals to `n` one-shot waitpoints.
+pub fn latency(bins: &Bins, dir: &Path, n: usize) -> Vec<f64> {
+    let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
+    let armed = arm(&home, n, "lat", 1);
+    let daemon = Daemon::start(bins, &home);
+    daemon.wait_ready();
+    let mut inbox = Inotify::watch(&home.inbox_new("lat"));
+    let drop_zone = home.drop_zone();
+    let mut times = Vec::with_capacity(n);
+    for (i, a) in armed.iter().enumerate() {
+        let tmp = drop_zone.join(format!(".lat-{i}.tmp"));
+        fs::write(&tmp, body(a, "ok")).unwrap();
+        let t = Instant::now();
+        fs::rename(&tmp, drop_zone.join(format!("lat-{i:06}.json"))).unwrap();
+        inbox.wait_for(&format!("{}.json", a.wp.wake_id(1)));
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    drop(daemon);
+    times
+}
+
+/// Mean wall ms per run of `cmd` over `n` runs (after one warm-up run).
+pub fn per_invocation(n: usize, mut cmd: impl FnMut() -> Command) -> f64 {
+    let run = |c: &mut Command| {
+        let st = c
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "{c:?} failed");
+    };
+    run(&mut cmd());
+    let t = Instant::now();
+    for _ in 0..n {
+        run(&mut cmd());
+    }
+    t.elapsed().as_secs_f64() * 1e3 / n as f64
+}
+
+/// Row 3: `cortex-signal` (spool path), `curl` to a loopback server, `/bin/true`; ms each.
+pub fn invocations(bins: &Bins, dir: &Path, n: usize, port: u16) -> (f64, f64, f64) {
+    let home = new_home(dir, "{}");
+    let a = arm(&home, 1, "inv", 10_000).pop().unwrap();
+    let ours = per_invocation(n, || {
+        let mut c = Command::new(&bins.cortex_signal);
+        c.args(["--status", "progress", "--message", "tick"])
+            .env_clear()
+            .env("CORTEX_HOME", home.root())
+            .env("CORTEX_SIGNAL_ID", &a.wp.id)
+            .env("CORTEX_SIGNAL_SECRET", &a.secret);
+        c
+    });
+    let json = String::from_utf8(body(&a, "progress")).unwrap();
+    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    let curl = per_invocation(n, || {
+        let mut c = Command::new("curl");
+        c.args([
+            "-sS",
+            "-XPOST",
+            &url,
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["-d", &json]);
+        c
+    });
+    let truth = per_invocation(n, || Command::new("/bin/true"));
+    (ours, curl, truth)
+}
+
+/// One point of row 4.
+pub struct ScalePoint {
+    pub first_start_ms: f64,
+    pub start_ms: f64,
+    pub rss_mb: f64,
+    pub check_ms: f64,
+    pub idle_cpu_s_per_min: f64,
+}
+
+/// Row 4 at one size: `n` armed waitpoints, 10 of them in the session that is checked.
+pub fn scale(bins: &Bins, dir: &Path, n: usize, idle: Duration) -> ScalePoint {
+    let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
+    let mine = 10;
+    let template = arm_fast(&home, n, |i| {
+        if i < mine {
+            "me".to_owned()
+        } else {
+            format!("s{}", i / 100)
+        }
+    });
+    let first_start_ms = start_to_first_signal(bins, &home, &template).0;
+    let (start_ms, daemon) = start_to_first_signal(bins, &home, &template);
+    let rss_mb = daemon.peak_rss_mb();
+    let cpu0 = daemon.cpu_secs();
+    std::thread::sleep(idle);
+    let idle_cpu_s_per_min = (daemon.cpu_secs() - cpu0) * 60.0 / idle.as_secs_f64();
+    drop(daemon);
+    let check_ms = per_invocation(20, || {
+        let mut c = Command::new(&bins.waitpoint);
+        c.args(["check", "--session", "me", "--json"])
+            .env_clear()
+            .env("CORTEX_HOME", home.root());
+        c
+    });
+    ScalePoint {
+        first_start_ms,
+        start_ms,
+        rss_mb,
+        check_ms,
+        idle_cpu_s_per_min,
+    }
+}
+
+/// Starts the daemon with one signal file waiting and times start to that file's collection.
+fn start_to_first_signal(bins: &Bins, home: &Home, a: &Armed) -> (f64, Daemon) {
+    let drop_zone = home.drop_zone();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let name = format!("first-{nanos}.json");
+    let path = drop_zone.join(&name);
+    fs::write(&path, body(a, "progress")).unwrap();
+    let t = Instant::now();
+    let daemon = Daemon::start(bins, home);
+    wait_until("the first signal to be collected", || !path.exists());
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    daemon.wait_ready();
+    (ms, daemon)
+}
+
+pub fn p(values: &[f64], q: f64) -> f64 {
+    percentile(&mut values.to_vec(), q)
+}

@@ -1,0 +1,163 @@
+//! The session index: which waitpoints a session or channel may see, without reading them all.
+//!
+//! `index/sessions/<name>/<id>` is an empty marker for each waitpoint whose session or channel
+//! is `name` (the two halves of [`Waitpoint::visible_to`]). The waitpoint files stay the source
+//! of truth and the index only ever over-approximates them:
+//!
+//! - a new waitpoint's markers are durable before its directory is renamed into place, so a
+//!   waitpoint never exists without them;
+//! - a removed waitpoint's markers go after its directory, so a crash between leaves a marker
+//!   without a waitpoint, which readers skip and the next rebuild prunes;
+//! - session and channel never change, so nothing else touches the index.
+//!
+//! A home made before the index existed has waitpoints without markers. Readers trust the index
+//! only once `index/sessions.complete` exists, which [`Engine::rebuild_index`] writes after a
+//! full scan (the daemon runs it at start when the file is missing); until then they scan.
+
+use std::fs;
+use std::io;
+
+use crate::error::{Error, Result};
+use crate::model::Waitpoint;
+use crate::store::{self, Batch, create_dir_private};
+
+use super::Engine;
+
+impl Engine {
+    /// The names a waitpoint is indexed under: its session, and its channel when different.
+    fn index_names(wp: &Waitpoint) -> Vec<&str> {
+        let mut names = vec![wp.session.as_str()];
+        if wp.channel != wp.session {
+            names.push(wp.channel.as_str());
+        }
+        names
+    }
+
+    /// Makes `wp`'s markers durable (before the waitpoint itself appears).
+    pub(super) fn index_add(&self, wp: &Waitpoint) -> Result<()> {
+        let mut batch = Batch::new();
+        for name in Self::index_names(wp) {
+            let dir = self.home.session_index(name);
+            create_dir_private(&dir)?;
+            batch.stage(&dir.join(&wp.id), b"")?;
+        }
+        batch.commit()
+    }
+
+    /// Removes `wp`'s markers (after the waitpoint itself is gone).
+    pub(super) fn index_remove(&self, wp: &Waitpoint) -> Result<()> {
+        let paths: Vec<_> = Self::index_names(wp)
+            .into_iter()
+            .map(|name| self.home.session_index(name).join(&wp.id))
+            .collect();
+        store::remove_all_durably(&paths)
+    }
+
+    /// Whether readers may trust the index (see the module docs).
+    pub fn index_is_complete(&self) -> bool {
+        self.home.session_index_complete().exists()
+    }
+
+    /// Brings the index in line with the waitpoints: adds missing markers, prunes markers of
+    /// waitpoints that no longer exist, then marks the index complete. Returns how many markers
+    /// it added. Safe to run while CLI commands create waitpoints (they add their own markers).
+    pub fn rebuild_index(&self) -> Result<usize> {
+        create_dir_private(&self.home.session_index_root())?;
+        let mut added = 0;
+        let mut batch = Batch::new();
+        let mut expected = std::collections::HashSet::new();
+        self.for_each_waitpoint(|wp| {
+            for name in Self::index_names(&wp) {
+                let dir = self.home.session_index(name);
+                let marker = dir.join(&wp.id);
+                expected.insert(marker.clone());
+                if fs::symlink_metadata(&marker).is_err() {
+                    create_dir_private(&dir)?;
+                    batch.stage(&marker, b"")?;
+                    added += 1;
+                }
+            }
+            if batch.len() >= super::MAX_BATCH {
+                std::mem::take(&mut batch).commit()?;
+            }
+            Ok(())
+        })?;
+        batch.commit()?;
+        let mut dangling = Vec::new();
+        for (name, dir) in store::list_dir(&self.home.session_index_root())? {
+            if store::is_temp_name(&name) {
+                continue;
+            }
+            for (id, marker) in store::list_dir(&dir)? {
+                if !store::is_temp_name(&id)
+                    && !expected.contains(&marker)
+                    && !self.being_created(&id)
+                    && !self.home.waitpoint_dir(&id).is_dir()
+                {
+                    dangling.push(marker);
+                }
+            }
+        }
+        store::remove_all_durably(&dangling)?;
+        store::commit(&self.home.session_index_complete(), b"")?;
+        Ok(added)
+    }
+
+    /// Whether `create` is building this waitpoint right now (its markers exist, its directory
+    /// is not in place yet). Asked before looking for the directory: the staging directory is
+    /// renamed into place, so one of the two is seen whichever moment the rename happens.
+    fn being_created(&self, id: &str) -> bool {
+        self.home
+            .waitpoints_dir()
+            .join(format!("{}{id}", super::STAGING_PREFIX))
+            .exists()
+    }
+
+    /// The waitpoints `session` may see, oldest first: through the index when it is complete,
+    /// by a full scan otherwise. Cost grows with the session's waitpoints, not with the home's.
+    pub fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
+        if !self.index_is_complete() {
+            let mut all = self.list()?;
+            all.retain(|wp| wp.visible_to(session));
+            return Ok(all);
+        }
+        let mut out = Vec::new();
+        for (id, _) in store::list_dir(&self.home.session_index(session))? {
+            if store::is_temp_name(&id) {
+                continue;
+            }
+            // A marker may outlive its waitpoint (see the module docs); skip it.
+            if let Some(wp) = self.load(&id)?
+                && wp.visible_to(session)
+            {
+                out.push(wp);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
+    }
+
+    /// Calls `f` with every waitpoint in the home, one at a time, so a scan of a large home
+    /// holds one waitpoint in memory, not all of them. A waitpoint removed during the scan is
+    /// skipped.
+    pub fn for_each_waitpoint(&self, mut f: impl FnMut(Waitpoint) -> Result<()>) -> Result<()> {
+        let dir = self.home.waitpoints_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("cannot list", &dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str() else { continue };
+            if !crate::ingress::is_waitpoint_id(id) {
+                continue;
+            }
+            if let Some(wp) = store::read_json::<Waitpoint>(&entry.path().join("waitpoint.json"))? {
+                f(wp)?;
+            }
+        }
+        Ok(())
+    }
+}

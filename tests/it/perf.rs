@@ -1,0 +1,391 @@
+//! What the performance work must not break: a group commit decides exactly what one-by-one
+//! collection decides and loses or double-counts nothing when a phase fails; the session index
+//! stays consistent with the waitpoint files across creates, removals, crashes and rebuilds.
+
+use std::fs;
+use std::sync::Arc;
+
+use serde_json::Value;
+use waitpoint::clock::SystemClock;
+use waitpoint::engine::{CreateRequest, Engine, Verdict};
+use waitpoint::home::Home;
+use waitpoint::ingress::spool::{FileOutcome, Spool};
+use waitpoint::ingress::{Source, parse_signal};
+use waitpoint::settings::Settings;
+
+use crate::helpers::*;
+
+fn engine(env: &Env) -> Engine {
+    let home = Home::new(&env.home);
+    home.ensure().unwrap();
+    Engine::new(home, Settings::default(), Arc::new(SystemClock))
+}
+
+fn armed(e: &Engine, session: &str, max_signals: u32, members: &[&str]) -> (String, String) {
+    labelled(e, "t", session, max_signals, members)
+}
+
+fn labelled(
+    e: &Engine,
+    label: &str,
+    session: &str,
+    max_signals: u32,
+    members: &[&str],
+) -> (String, String) {
+    let c = e
+        .create(CreateRequest {
+            label: label.into(),
+            intent: "i".into(),
+            members: members.iter().map(|m| m.to_string()).collect(),
+            quorum: None,
+            fail_fast: false,
+            max_signals,
+            expires_in_hours: None,
+            device: None,
+            session: session.into(),
+            channel: session.into(),
+            recheck_after_ms: None,
+        })
+        .unwrap();
+    (c.waitpoint.id, c.secret)
+}
+
+/// The same mix of signals for a home: one-shots hit twice (the second is "already
+/// resolved"), a monitor hit several times, a barrier with a missing and an unknown member,
+/// a wrong secret, an unknown id, and a file name repeated (a duplicate).
+fn mixed_batch(e: &Engine) -> Vec<(String, String)> {
+    let one = labelled(e, "one", "s", 1, &[]);
+    let two = labelled(e, "two", "s", 1, &[]);
+    let monitor = labelled(e, "monitor", "s", 50, &[]);
+    let barrier = labelled(e, "barrier", "s", 1, &["a", "b"]);
+    let sig = |(id, secret): &(String, String), extra: &str| body(id, secret, extra);
+    let ok = r#","status":"ok""#;
+    vec![
+        ("01-one".into(), sig(&one, ok)),
+        ("02-mon".into(), sig(&monitor, ok)),
+        ("03-one-again".into(), sig(&one, ok)),
+        (
+            "04-bar-a".into(),
+            sig(&barrier, r#","status":"ok","member":"a""#),
+        ),
+        ("05-bar-none".into(), sig(&barrier, ok)),
+        (
+            "06-bar-zed".into(),
+            sig(&barrier, r#","status":"ok","member":"zed""#),
+        ),
+        ("07-mon".into(), sig(&monitor, r#","status":"progress""#)),
+        (
+            "08-bad-secret".into(),
+            sig(&(two.0.clone(), "0".repeat(64)), ok),
+        ),
+        (
+            "09-unknown".into(),
+            sig(&("wp_000000000000".into(), "x".into()), ok),
+        ),
+        ("10-mon".into(), sig(&monitor, r#","status":"fail""#)),
+        ("11-two".into(), sig(&two, ok)),
+        (
+            "12-bar-b".into(),
+            sig(&barrier, r#","status":"ok","member":"b""#),
+        ),
+        ("13-mon".into(), sig(&monitor, ok)),
+    ]
+}
+
+/// A verdict with the random ids taken out, so two homes can be compared.
+fn shape(v: &Verdict) -> String {
+    match v {
+        Verdict::Accepted {
+            seq, wake, status, ..
+        } => format!("accepted seq={seq} wake={wake:?} status={status:?}"),
+        Verdict::Duplicate { .. } => "duplicate".into(),
+        Verdict::Closed { status, .. } => format!("closed {status:?}"),
+        Verdict::Refused(r) => format!("refused {}", r.reason()),
+    }
+}
+
+fn outcome_shape(o: &FileOutcome) -> String {
+    match o {
+        FileOutcome::Consumed(v) => shape(v),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Counters, status and wake count of every waitpoint, by label.
+fn summary(e: &Engine) -> Vec<String> {
+    let mut all: Vec<String> = e
+        .list()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {:?} signals={} rounds={} wakes={} outbox={}",
+                w.label,
+                w.status,
+                w.counters.signals,
+                w.counters.rounds,
+                w.counters.wakes,
+                w.outbox.len()
+            )
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn a_group_commit_decides_what_one_by_one_collection_decides() {
+    let (single, batched) = (Env::new(), Env::new());
+    let (es, eb) = (engine(&single), engine(&batched));
+    let files_s = mixed_batch(&es);
+    let files_b = mixed_batch(&eb);
+    for ((name_s, text_s), (name_b, text_b)) in files_s.iter().zip(&files_b) {
+        single.drop_file(name_s, text_s);
+        batched.drop_file(name_b, text_b);
+    }
+    let spool_s = Spool::new(single.drop_zone());
+    let one_by_one: Vec<String> = spool_s
+        .pending()
+        .unwrap()
+        .iter()
+        .map(|n| outcome_shape(&spool_s.collect(&es, n).unwrap()))
+        .collect();
+    let spool_b = Spool::new(batched.drop_zone());
+    let names = spool_b.pending().unwrap();
+    let together: Vec<String> = spool_b
+        .collect_batch(&eb, &names)
+        .iter()
+        .map(|(_, o)| outcome_shape(o.as_ref().unwrap()))
+        .collect();
+    assert_eq!(together, one_by_one);
+    assert_eq!(summary(&eb), summary(&es));
+    assert!(
+        together.iter().any(|v| v.starts_with("closed")),
+        "{together:#?}"
+    );
+    assert!(
+        together.iter().any(|v| v.starts_with("Parked")),
+        "{together:#?}"
+    );
+    assert_eq!(
+        batched.spooled(),
+        Vec::<String>::new(),
+        "all consumed or parked"
+    );
+    let wakes = |env: &Env| env.inbox("s", "new").len();
+    assert_eq!(wakes(&batched), wakes(&single));
+    assert!(
+        wakes(&batched) >= 4,
+        "one-shots, monitor rounds and the barrier woke"
+    );
+    // Re-collecting the same names (a crash before the removals) counts nothing twice.
+    for (name, text) in &files_b {
+        batched.drop_file(name, text);
+    }
+    let again = spool_b.collect_batch(&eb, &spool_b.pending().unwrap());
+    for (name, o) in &again {
+        let o = outcome_shape(o.as_ref().unwrap());
+        assert!(
+            !o.starts_with("accepted"),
+            "{name} counted twice after a replay: {o}"
+        );
+    }
+    assert_eq!(summary(&eb), summary(&es));
+}
+
+#[test]
+fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
+    let env = Env::new();
+    let e = engine(&env);
+    let ids: Vec<(String, String)> = (0..5).map(|_| armed(&e, "s", 1, &[])).collect();
+    for (i, (id, secret)) in ids.iter().enumerate() {
+        env.drop_file(&format!("f{i}"), &body(id, secret, r#","status":"ok""#));
+    }
+    // The inbox cannot be written (its `new` is a file): records and states become durable,
+    // delivery fails, so the whole batch must fail and keep its files.
+    let wakes = env.home.join("sessions/s/wakes");
+    fs::create_dir_all(&wakes).unwrap();
+    fs::write(wakes.join("new"), b"in the way").unwrap();
+    let spool = Spool::new(env.drop_zone());
+    let names = spool.pending().unwrap();
+    let first = spool.collect_batch(&e, &names);
+    assert!(first.iter().all(|(_, o)| o.is_err()), "{first:?}");
+    assert_eq!(env.spooled().len(), 5, "every file kept");
+
+    fs::remove_file(wakes.join("new")).unwrap();
+    // A new engine, as after a restart, and the same engine (the daemon retrying) must both
+    // finish the job with each signal counted once and every wake delivered.
+    let retry = spool.collect_batch(&e, &spool.pending().unwrap());
+    assert!(retry.iter().all(|(_, o)| o.is_ok()), "{retry:?}");
+    assert!(env.spooled().is_empty());
+    for (id, _) in &ids {
+        let state = env.state(id);
+        assert_eq!(state["counters"]["signals"], 1, "{id}");
+        assert_eq!(state["status"], "resolved", "{id}");
+        assert_eq!(state["outbox"], Value::Array(vec![]), "{id}");
+    }
+    assert_eq!(env.inbox("s", "new").len(), 5);
+}
+
+#[test]
+fn a_burst_of_files_through_the_daemon_is_recorded_exactly_once() {
+    let env = Env::new();
+    let e = engine(&env);
+    let ids: Vec<(String, String)> = (0..40).map(|_| armed(&e, "s", 1000, &[])).collect();
+    let _d = env.daemon();
+    let mut n = 0;
+    for round in 0..5 {
+        for (i, (id, secret)) in ids.iter().enumerate() {
+            env.drop_file(
+                &format!("r{round}-{i:03}"),
+                &body(id, secret, r#","status":"ok""#),
+            );
+            n += 1;
+        }
+    }
+    env.wait_until("the burst to be collected", || {
+        env.spooled().is_empty()
+            && ids
+                .iter()
+                .map(|(id, _)| env.state(id)["counters"]["signals"].as_u64().unwrap())
+                .sum::<u64>()
+                == n
+    });
+    for (id, _) in &ids {
+        let state = env.state(id);
+        assert_eq!(state["counters"]["signals"], 5, "{id}");
+        let records = fs::read_dir(env.home.join("waitpoints").join(id).join("signals"))
+            .unwrap()
+            .count();
+        assert_eq!(records, 5, "{id}: one record per signal");
+    }
+}
+
+fn check_ids(env: &Env, session: &str) -> Vec<String> {
+    let out = env.waitpoint(&["check", "--session", session, "--json"]);
+    let reply: Value = serde_json::from_str(&env.ok("check", &out)).unwrap();
+    let mut ids: Vec<String> = reply["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn markers(env: &Env, name: &str) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(env.home.join("index/sessions").join(name))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn the_session_index_follows_creates_and_check_uses_it() {
+    let env = Env::new();
+    let mine = id_secret(&env.create(&["--label", "a", "--intent", "i", "--session", "me"])).0;
+    let routed = id_secret(&env.create(&[
+        "--label",
+        "b",
+        "--intent",
+        "i",
+        "--session",
+        "other",
+        "--channel",
+        "me",
+    ]))
+    .0;
+    let theirs = id_secret(&env.create(&["--label", "c", "--intent", "i", "--session", "x"])).0;
+    assert_eq!(markers(&env, "me"), {
+        let mut v = vec![mine.clone(), routed.clone()];
+        v.sort();
+        v
+    });
+    assert_eq!(markers(&env, "other"), vec![routed.clone()]);
+    assert_eq!(markers(&env, "x"), vec![theirs.clone()]);
+
+    // Before any daemon ran the index is not known to be complete: check scans.
+    assert!(!env.home.join("index/sessions.complete").exists());
+    let scanned = check_ids(&env, "me");
+    {
+        let _d = env.daemon();
+        env.wait_until("the index to be marked complete", || {
+            env.home.join("index/sessions.complete").exists()
+        });
+    }
+    let indexed = check_ids(&env, "me");
+    assert_eq!(indexed, scanned);
+    assert_eq!(indexed.len(), 2);
+
+    // Proof that check reads the index once complete: a waitpoint whose markers are gone
+    // (something only a bug could do) is invisible to it.
+    fs::remove_file(env.home.join("index/sessions/x").join(&theirs)).unwrap();
+    assert!(check_ids(&env, "x").is_empty());
+}
+
+#[test]
+fn the_daemon_rebuilds_a_missing_or_damaged_index_from_the_files() {
+    let env = Env::new();
+    let e = engine(&env);
+    let a = armed(&e, "s1", 1, &[]).0;
+    let b = armed(&e, "s2", 1, &[]).0;
+    // A home from before the index (or a damaged one): markers missing, one dangling marker
+    // left by a crash between a removal and its marker's removal.
+    fs::remove_dir_all(env.home.join("index")).unwrap();
+    fs::create_dir_all(env.home.join("index/sessions/s1")).unwrap();
+    fs::write(env.home.join("index/sessions/s1/wp_0123456789ab"), b"").unwrap();
+    assert_eq!(
+        check_ids(&env, "s1"),
+        vec![a.clone()],
+        "scan while incomplete"
+    );
+    {
+        let _d = env.daemon();
+        env.wait_until("the rebuild", || {
+            env.home.join("index/sessions.complete").exists()
+        });
+    }
+    assert_eq!(
+        markers(&env, "s1"),
+        vec![a.clone()],
+        "missing added, dangling pruned"
+    );
+    assert_eq!(markers(&env, "s2"), vec![b.clone()]);
+    assert_eq!(check_ids(&env, "s2"), [b]);
+    // Rebuilding again changes nothing.
+    assert_eq!(e.rebuild_index().unwrap(), 0);
+}
+
+#[test]
+fn a_removed_waitpoint_leaves_the_index_and_session_delete_uses_it() {
+    let env = Env::new();
+    let e = engine(&env);
+    e.rebuild_index().unwrap();
+    let (id, secret) = armed(&e, "gone", 1, &[]);
+    let keep = armed(&e, "gone", 1, &[]).0;
+    let verdict = e
+        .apply_signal(
+            &parse_signal(body(&id, &secret, r#","status":"ok""#).as_bytes()).unwrap(),
+            &Source::Spool("x.json".into()),
+        )
+        .unwrap();
+    assert!(matches!(verdict, Verdict::Accepted { .. }), "{verdict:?}");
+    // Past retention (three days after it resolved), servicing removes it and its marker.
+    let later = Engine::new(
+        Home::new(&env.home),
+        Settings::default(),
+        Arc::new(waitpoint::clock::ManualClock::new(
+            e.now().plus_ms(waitpoint::engine::RETAIN_MS + 60_000),
+        )),
+    );
+    later.service(&id).unwrap();
+    assert!(!env.home.join("waitpoints").join(&id).exists());
+    assert_eq!(markers(&env, "gone"), vec![keep.clone()]);
+    assert_eq!(e.delete_session("gone").unwrap(), [keep]);
+}
