@@ -39,17 +39,10 @@ fn engine(home: &Home) -> Engine {
 
 fn request(session: &str, max_signals: u32) -> CreateRequest {
     CreateRequest {
-        label: "bench".into(),
-        intent: "measure the engine".into(),
-        members: Vec::new(),
-        quorum: None,
         fail_fast: false,
         max_signals,
         expires_in_hours: Some(24.0),
-        device: None,
-        session: session.into(),
-        channel: session.into(),
-        recheck_after_ms: None,
+        ..CreateRequest::new("bench", "measure the engine", session)
     }
 }
 

@@ -70,6 +70,27 @@ pub struct CreateRequest {
     pub recheck_after_ms: Option<u64>,
 }
 
+impl CreateRequest {
+    /// A request with the spec's defaults: no members, quorum by default, fail-fast on, one
+    /// wake, the settings' lifetime, no device, the channel named after the session, no recheck.
+    /// Set other fields with struct update syntax.
+    pub fn new(label: impl Into<String>, intent: impl Into<String>, session: &str) -> Self {
+        CreateRequest {
+            label: label.into(),
+            intent: intent.into(),
+            members: Vec::new(),
+            quorum: None,
+            fail_fast: true,
+            max_signals: 1,
+            expires_in_hours: None,
+            device: None,
+            session: session.to_owned(),
+            channel: session.to_owned(),
+            recheck_after_ms: None,
+        }
+    }
+}
+
 /// A new waitpoint and its secret, which is never stored and exists only in this value.
 #[derive(Debug, Clone)]
 pub struct Created {

@@ -180,17 +180,9 @@ fn recheck_wakes_once_when_nothing_terminal_arrived_and_the_waitpoint_stays_arme
     let quiet = live
         .engine
         .create(waitpoint::engine::CreateRequest {
-            label: "quiet".into(),
-            intent: "i".into(),
-            members: vec![],
-            quorum: None,
-            fail_fast: true,
-            max_signals: 1,
             expires_in_hours: Some(10.0),
-            device: None,
-            session: "default".into(),
-            channel: "default".into(),
             recheck_after_ms: Some(60_000),
+            ..waitpoint::engine::CreateRequest::new("quiet", "i", "default")
         })
         .unwrap();
     let id = quiet.waitpoint.id.clone();

@@ -292,17 +292,9 @@ fn the_drop_zone_read_path_takes_any_file_without_panicking_or_losing_it() {
     let engine = Engine::new(home.clone(), Settings::default(), Arc::new(SystemClock));
     let created = engine
         .create(CreateRequest {
-            label: "fuzz".into(),
-            intent: "i".into(),
-            members: Vec::new(),
-            quorum: None,
             fail_fast: false,
             max_signals: 10_000,
-            expires_in_hours: None,
-            device: None,
-            session: "default".into(),
-            channel: "default".into(),
-            recheck_after_ms: None,
+            ..CreateRequest::new("fuzz", "i", "default")
         })
         .unwrap();
     let (id, secret) = (created.waitpoint.id, created.secret);

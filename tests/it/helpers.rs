@@ -481,17 +481,11 @@ impl Live {
         let c = self
             .engine
             .create(CreateRequest {
-                label: label.into(),
-                intent: format!("intent of {label}"),
                 members: members.iter().map(|m| m.to_string()).collect(),
                 quorum: quorum.map(Quorum::Count),
-                fail_fast: true,
                 max_signals,
                 expires_in_hours: hours,
-                device: None,
-                session: "default".into(),
-                channel: "default".into(),
-                recheck_after_ms: None,
+                ..CreateRequest::new(label, format!("intent of {label}"), "default")
             })
             .unwrap();
         (c.waitpoint.id, c.secret)

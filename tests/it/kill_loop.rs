@@ -72,17 +72,11 @@ fn plan(env: &Env, rng: &mut StdRng, n: usize, per: usize) -> (Vec<Armed>, Vec<V
         };
         let created = engine
             .create(CreateRequest {
-                label: format!("kill-loop {i}"),
-                intent: "survive the kill loop".into(),
                 members: members.clone(),
                 quorum,
                 fail_fast: rng.random_bool(0.5),
                 max_signals,
-                expires_in_hours: None,
-                device: None,
-                session: "default".into(),
-                channel: "default".into(),
-                recheck_after_ms: None,
+                ..CreateRequest::new(format!("kill-loop {i}"), "survive the kill loop", "default")
             })
             .unwrap();
         let terminal = |rng: &mut StdRng| if rng.random_bool(0.8) { "ok" } else { "fail" };

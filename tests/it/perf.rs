@@ -34,17 +34,10 @@ fn labelled(
 ) -> (String, String) {
     let c = e
         .create(CreateRequest {
-            label: label.into(),
-            intent: "i".into(),
             members: members.iter().map(|m| m.to_string()).collect(),
-            quorum: None,
             fail_fast: false,
             max_signals,
-            expires_in_hours: None,
-            device: None,
-            session: session.into(),
-            channel: session.into(),
-            recheck_after_ms: None,
+            ..CreateRequest::new(label, "i", session)
         })
         .unwrap();
     (c.waitpoint.id, c.secret)

@@ -22,18 +22,15 @@ fn setup() -> (Env, Engine, Arc<ManualClock>) {
 fn arm(engine: &Engine, label: &str, members: &[&str], max_signals: u32) -> (String, String) {
     let c = engine
         .create(CreateRequest {
-            label: label.into(),
-            intent: "the 33k-step run; when it lands, compare the loss curve against the baseline"
-                .into(),
             members: members.iter().map(|m| m.to_string()).collect(),
             quorum: (!members.is_empty()).then_some(Quorum::All),
-            fail_fast: true,
             max_signals,
             expires_in_hours: Some(3.0),
-            device: None,
-            session: "default".into(),
-            channel: "default".into(),
-            recheck_after_ms: None,
+            ..CreateRequest::new(
+                label,
+                "the 33k-step run; when it lands, compare the loss curve against the baseline",
+                "default",
+            )
         })
         .unwrap();
     (c.waitpoint.id, c.secret)

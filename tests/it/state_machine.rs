@@ -207,17 +207,12 @@ fn run_case(specs: &[Spec], ops: &[Op]) -> Result<(), TestCaseError> {
         let members: Vec<String> = (1..=s.members).map(|m| format!("arm{m}")).collect();
         let c = engine
             .create(CreateRequest {
-                label: format!("model {i}"),
-                intent: "i".into(),
                 members: members.clone(),
                 quorum: s.quorum.map(Quorum::Count),
                 fail_fast: s.fail_fast,
                 max_signals: s.max_signals,
                 expires_in_hours: Some(s.hours),
-                device: None,
-                session: "default".into(),
-                channel: "default".into(),
-                recheck_after_ms: None,
+                ..CreateRequest::new(format!("model {i}"), "i", "default")
             })
             .unwrap();
         let quorum = s.quorum.unwrap_or(s.members.max(1) as u32);
