@@ -444,3 +444,64 @@ fn hostile_drop_zone_input_is_parked_or_recorded_and_nothing_outside_is_touched(
         ],
     );
 }
+
+/// The HTTP route's share of the corpus: each hostile request with the status the spec (or the
+/// shim's hardening) gives it, through a real socket to a real daemon; then a flood of wrong
+/// secrets spends the miss budget, after which even a correct signal is answered 429 and
+/// nothing is recorded until the minute passes.
+#[test]
+fn hostile_http_requests_get_their_status_and_a_flood_spends_the_miss_budget() {
+    use crate::http::{raw, request};
+    let env = Env::new();
+    let _d = env.daemon_with(&["--http", "--port", "0"], &[]);
+    let port = env.webhook_port();
+    let reply = env.create(&["--label", "t", "--intent", "i", "--member", "arm2"]);
+    let (id, secret) = id_secret(&reply);
+    let big = "x".repeat(64 * 1024);
+    let wrong = "0".repeat(64);
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("invalid JSON", request(port, "POST", "/webhook/signal", &[], "{not json"), 400),
+        ("unknown field", request(port, "POST", "/webhook/signal", &[], &format!(r#"{{"id":"{id}","secret":"{secret}","memebr":"arm2"}}"#)), 400),
+        ("duplicate keys", request(port, "POST", "/webhook/signal", &[], &format!(r#"{{"id":"{id}","id":"{id}","secret":"{secret}"}}"#)), 400),
+        ("id with ../", request(port, "POST", "/webhook/signal", &[], r#"{"id":"../../etc/passwd","secret":"s"}"#), 400),
+        ("huge member name", request(port, "POST", "/webhook/signal", &[], &format!(r#"{{"id":"{id}","secret":"{secret}","member":"{}"}}"#, "m".repeat(500))), 400),
+        ("over 64 KB", request(port, "POST", "/webhook/signal", &[], &format!(r#"{{"id":"{id}","secret":"{secret}","data":"{big}"}}"#)), 413),
+        ("missing member", request(port, "POST", "/webhook/signal", &[], &format!(r#"{{"id":"{id}","secret":"{secret}"}}"#)), 422),
+        ("unlisted member", request(port, "POST", "/webhook/signal", &[], &format!(r#"{{"id":"{id}","secret":"{secret}","member":"arm9"}}"#)), 422),
+        ("a web page's Origin", request(port, "POST", "/webhook/signal", &["Origin: https://evil.example"], &format!(r#"{{"id":"{id}","secret":"{secret}","member":"arm2"}}"#)), 403),
+        ("a rebinding Host", b"POST /webhook/signal HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}".to_vec(), 403),
+        ("chunked body", b"POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\n".to_vec(), 411),
+        ("GET on the signal route", request(port, "GET", "/webhook/signal", &[], ""), 405),
+        ("a route that is not served", request(port, "POST", "/api/control/agents/x/exec", &[], "{}"), 404),
+        ("CORTEX_WEBHOOK_TOKEN instead of a secret", request(port, "POST", "/webhook/signal", &["Authorization: Bearer tok"], &format!(r#"{{"id":"{id}","secret":"tok","member":"arm2"}}"#)), 401),
+    ];
+    for (what, bytes, expect) in &cases {
+        let (code, body) = raw(port, bytes);
+        assert_eq!(code, *expect, "{what}: {body}");
+    }
+    assert_eq!(
+        env.state(&id)["counters"]["signals"],
+        0,
+        "nothing hostile was counted"
+    );
+
+    // The flood: wrong secrets until the budget is spent (one miss was spent above).
+    let mut answers = Vec::new();
+    for _ in 0..70 {
+        let body = format!(r#"{{"id":"{id}","secret":"{wrong}","member":"arm2"}}"#);
+        answers.push(raw(port, &request(port, "POST", "/webhook/signal", &[], &body)).0);
+    }
+    let refused = answers.iter().filter(|c| **c == 401).count();
+    assert_eq!(refused, 59, "60 misses a minute in all: {answers:?}");
+    assert!(answers[59..].iter().all(|c| *c == 429), "{answers:?}");
+    let good = format!(r#"{{"id":"{id}","secret":"{secret}","member":"arm2"}}"#);
+    let (code, _) = raw(port, &request(port, "POST", "/webhook/signal", &[], &good));
+    assert_eq!(
+        code, 429,
+        "the route stays closed while the budget is spent"
+    );
+    assert_eq!(env.state(&id)["counters"]["signals"], 0);
+    // The spool is not the HTTP route: the same signal dropped as a file still lands.
+    env.drop_file("meanwhile", &body(&id, &secret, r#","member":"arm2""#));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+}

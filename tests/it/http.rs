@@ -32,7 +32,7 @@ fn free_port() -> u16 {
 }
 
 /// Sends `request` as is and reads the answer to its end: status code and body.
-fn raw(port: u16, request: &[u8]) -> (u16, String) {
+pub(crate) fn raw(port: u16, request: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the shim");
     s.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
     s.set_write_timeout(Some(CLIENT_TIMEOUT)).unwrap();
@@ -56,7 +56,13 @@ fn json_of(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {body:?}"))
 }
 
-fn request(port: u16, method: &str, path: &str, headers: &[&str], body: &str) -> Vec<u8> {
+pub(crate) fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &str,
+) -> Vec<u8> {
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
 Content-Length: {}\r\n",

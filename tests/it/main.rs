@@ -12,7 +12,7 @@ mod faults;
 mod foundation;
 mod fuzz;
 mod hostile;
-mod http;
+pub(crate) mod http;
 mod invariants;
 mod kill_loop;
 mod layouts;
