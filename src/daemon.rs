@@ -675,14 +675,13 @@ impl Daemon {
     /// Every route's accepted signal ends here: its waitpoint's next due time joins the queue
     /// (a grace window, a hook delivery), so no ingress path can skip the wake rules.
     fn after_verdict(&mut self, verdict: &Verdict) {
+        // A duplicate or late file can still have changed the state (the engine replays
+        // records a crash left unapplied before it answers), so every verdict that names a
+        // waitpoint carries its next due time.
         let (id, next_due) = match verdict {
-            Verdict::Accepted { id, next_due, .. } => (id, *next_due),
-            // A duplicate or late file can still have changed the state: the engine replays
-            // records a crash left unapplied before it answers, which may open a grace window.
-            Verdict::Duplicate { id } | Verdict::Closed { id, .. } => match self.engine.load(id) {
-                Ok(Some(wp)) => (id, engine::next_due(&wp)),
-                _ => return,
-            },
+            Verdict::Accepted { id, next_due, .. }
+            | Verdict::Duplicate { id, next_due }
+            | Verdict::Closed { id, next_due, .. } => (id, *next_due),
             Verdict::Refused(_) => return,
         };
         self.due.set(id, next_due);

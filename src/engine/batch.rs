@@ -168,12 +168,16 @@ impl Engine {
             return Slot::Done(Ok(Verdict::Closed {
                 id: wp.id.clone(),
                 status: wp.status,
+                next_due: next_due(wp),
             }));
         }
         let identity = source.identity();
         let key = identity_key(&identity);
         if self.seen_contains(&wp.id, &key) || group.fresh.iter().any(|(_, k)| *k == key) {
-            return Slot::Done(Ok(Verdict::Duplicate { id: wp.id.clone() }));
+            return Slot::Done(Ok(Verdict::Duplicate {
+                id: wp.id.clone(),
+                next_due: next_due(wp),
+            }));
         }
         if let Err(r) = rules::check_member(wp, req.member.as_deref()) {
             return Slot::Done(Ok(Verdict::Refused(r)));

@@ -110,10 +110,19 @@ pub enum Verdict {
         /// When the daemon must next look at this waitpoint (a grace window, a deadline, ...).
         next_due: Option<Timestamp>,
     },
-    /// This identity was already recorded for the waitpoint; not counted again.
-    Duplicate { id: String },
+    /// This identity was already recorded for the waitpoint; not counted again. Recovery may
+    /// still have changed the state (a replayed record can open a grace window), so the verdict
+    /// says when the daemon must look at the waitpoint next, like `Accepted` does.
+    Duplicate {
+        id: String,
+        next_due: Option<Timestamp>,
+    },
     /// The waitpoint is no longer armed ("already resolved").
-    Closed { id: String, status: Status },
+    Closed {
+        id: String,
+        status: Status,
+        next_due: Option<Timestamp>,
+    },
     /// Not accepted, with the reason.
     Refused(Refusal),
 }
@@ -360,6 +369,7 @@ impl Engine {
         let now = self.clock.now();
         if wp.status != Status::Armed && !in_grace_window(&wp, now) {
             return Ok(Verdict::Closed {
+                next_due: next_due(&wp),
                 id: wp.id,
                 status: wp.status,
             });
@@ -367,7 +377,10 @@ impl Engine {
         let identity = source.identity();
         let key = identity_key(&identity);
         if self.seen_contains(&wp.id, &key) {
-            return Ok(Verdict::Duplicate { id: wp.id });
+            return Ok(Verdict::Duplicate {
+                next_due: next_due(&wp),
+                id: wp.id,
+            });
         }
         if let Err(r) = rules::check_member(&wp, req.member.as_deref()) {
             return Ok(Verdict::Refused(r));

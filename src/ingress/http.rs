@@ -1160,11 +1160,11 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             202,
             json!({ "result": "accepted", "id": id, "seq": seq, "woke": wake.is_some(), "status": status.as_str() }),
         ),
-        Ok(Verdict::Duplicate { id }) => reply(
+        Ok(Verdict::Duplicate { id, .. }) => reply(
             202,
             json!({ "result": "duplicate", "id": id, "message": "already recorded under this Idempotency-Key; not counted again" }),
         ),
-        Ok(Verdict::Closed { id, status }) => reply(
+        Ok(Verdict::Closed { id, status, .. }) => reply(
             410,
             json!({ "result": "closed", "id": id, "status": status.as_str(), "message": format!("already {}", status.as_str()) }),
         ),

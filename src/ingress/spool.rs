@@ -248,10 +248,10 @@ impl Spool {
             Verdict::Accepted { id, seq, wake, .. } => {
                 tracing::info!(waitpoint = %id, seq, file = ?name, woke = wake.is_some(), "signal accepted");
             }
-            Verdict::Duplicate { id } => {
+            Verdict::Duplicate { id, .. } => {
                 tracing::info!(waitpoint = %id, file = ?name, "duplicate signal (already recorded); removing");
             }
-            Verdict::Closed { id, status } => {
+            Verdict::Closed { id, status, .. } => {
                 tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
             }
         }

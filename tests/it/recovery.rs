@@ -11,6 +11,41 @@ use waitpoint::settings::Settings;
 
 use crate::helpers::*;
 
+/// Writes the signal record a daemon killed right after recording `name` leaves behind (the
+/// state never replaced), stamped now as a real one would be.
+fn record_without_state(env: &Env, id: &str, seq: u64, name: &str, member: Option<&str>) {
+    let record = serde_json::json!({
+        "seq": seq, "source": format!("spool:{name}.json"), "status": "ok", "member": member,
+        "message": null, "data": null,
+        "received_at": waitpoint::clock::Clock::now(&SystemClock).to_string()
+    });
+    env.write(
+        &format!("waitpoints/{id}/signals/{seq:06}-spool:{name}.json.json"),
+        serde_json::to_string_pretty(&record).unwrap().as_bytes(),
+    );
+}
+
+/// Applies a signal through the library, as a daemon would, without touching the spool.
+fn apply_directly(env: &Env, id: &str, secret: &str, name: &str) {
+    let text = body(id, secret, "");
+    engine(env)
+        .apply_signal(
+            &parse_signal(text.as_bytes()).unwrap(),
+            &Source::Spool(name.into()),
+        )
+        .unwrap();
+}
+
+/// Puts `wake` back in the waitpoint's outbox: the state of a crash before the outbox cleared.
+fn put_back_in_outbox(env: &Env, id: &str, wake: serde_json::Value) {
+    let mut state = env.state(id);
+    state["outbox"] = serde_json::json!([wake]);
+    env.write(
+        &format!("waitpoints/{id}/waitpoint.json"),
+        serde_json::to_string_pretty(&state).unwrap().as_bytes(),
+    );
+}
+
 fn engine(env: &Env) -> Engine {
     Engine::new(
         Home::new(&env.home),
@@ -75,19 +110,9 @@ fn crash_between_the_signal_record_and_the_state_replace_is_replayed_once() {
     let env = Env::new();
     let reply = env.create(&["--label", "t", "--intent", "i"]);
     let (id, secret) = id_secret(&reply);
-    let text = body(&id, &secret, "");
-    env.drop_file("half", &text);
+    env.drop_file("half", &body(&id, &secret, ""));
     // Fabricate the crash: the signal file is recorded, the state never replaced.
-    let record = serde_json::json!({
-        "seq": 1, "source": "spool:half.json", "status": "ok", "member": null,
-        "message": null, "data": null,
-        // Made just now, as a crashed daemon would have (an old time would be past retention).
-        "received_at": waitpoint::clock::Clock::now(&SystemClock).to_string()
-    });
-    env.write(
-        &format!("waitpoints/{id}/signals/000001-spool:half.json.json"),
-        serde_json::to_string_pretty(&record).unwrap().as_bytes(),
-    );
+    record_without_state(&env, &id, 1, "half", None);
     assert_eq!(env.state(&id)["counters"]["signals"], 0);
 
     let _d = env.daemon();
@@ -110,13 +135,7 @@ fn a_wake_committed_but_not_delivered_is_delivered_on_start() {
     let env = Env::new();
     let reply = env.create(&["--label", "t", "--intent", "i"]);
     let (id, secret) = id_secret(&reply);
-    let text = body(&id, &secret, "");
-    engine(&env)
-        .apply_signal(
-            &parse_signal(text.as_bytes()).unwrap(),
-            &Source::Spool("x.json".into()),
-        )
-        .unwrap();
+    apply_directly(&env, &id, &secret, "x.json");
     // Fabricate the crash after the state commit and before the inbox write: put the wake back
     // in the outbox and remove it from the inbox.
     let wake_path = env
@@ -125,12 +144,7 @@ fn a_wake_committed_but_not_delivered_is_delivered_on_start() {
         .join(format!("wk_{}_0001.json", &id[3..]));
     let wake: serde_json::Value = serde_json::from_slice(&fs::read(&wake_path).unwrap()).unwrap();
     fs::remove_file(&wake_path).unwrap();
-    let mut state = env.state(&id);
-    state["outbox"] = serde_json::json!([wake]);
-    env.write(
-        &format!("waitpoints/{id}/waitpoint.json"),
-        serde_json::to_string_pretty(&state).unwrap().as_bytes(),
-    );
+    put_back_in_outbox(&env, &id, wake);
 
     let _d = env.daemon();
     env.wait_until("re-delivered", || wake_path.exists());
@@ -145,22 +159,11 @@ fn a_wake_already_read_is_not_delivered_again() {
     let env = Env::new();
     let reply = env.create(&["--label", "t", "--intent", "i"]);
     let (id, secret) = id_secret(&reply);
-    let text = body(&id, &secret, "");
-    engine(&env)
-        .apply_signal(
-            &parse_signal(text.as_bytes()).unwrap(),
-            &Source::Spool("x.json".into()),
-        )
-        .unwrap();
+    apply_directly(&env, &id, &secret, "x.json");
     env.ok("read it", &env.waitpoint(&["next", "--timeout", "1"]));
     // Crash state: the wake is still in the outbox although the reader already took it.
     let wake = env.inbox("default", "cur").remove(0);
-    let mut state = env.state(&id);
-    state["outbox"] = serde_json::json!([wake]);
-    env.write(
-        &format!("waitpoints/{id}/waitpoint.json"),
-        serde_json::to_string_pretty(&state).unwrap().as_bytes(),
-    );
+    put_back_in_outbox(&env, &id, wake);
     let _d = env.daemon();
     env.wait_until("outbox cleared", || {
         env.state(&id)["outbox"].as_array().unwrap().is_empty()
@@ -211,4 +214,26 @@ fn sigkill_while_signals_flow_loses_and_doubles_nothing() {
         })
         .count();
     assert_eq!(recorded, total as usize);
+}
+
+#[test]
+fn records_replayed_through_duplicate_files_still_send_the_grace_wake() {
+    // Regression: replaying a crash's records from a duplicate file opens the barrier's grace
+    // window, and the daemon must schedule its wake then, not only after an accepted signal.
+    let env = Env::new();
+    let reply = env.create(&[
+        "--label", "ladder", "--intent", "i", "--member", "a", "--member", "b",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    for (seq, m) in [(1, "a"), (2, "b")] {
+        env.drop_file(m, &body(&id, &secret, &format!(r#","member":"{m}""#)));
+        record_without_state(&env, &id, seq, m, Some(m));
+    }
+    let _d = env.daemon();
+    env.wait_drained();
+    env.wait_until("the grace wake", || env.inbox("default", "new").len() == 1);
+    let wake = &env.inbox("default", "new")[0];
+    assert_eq!(wake["kind"], "resolved");
+    assert_eq!(wake["reports"].as_array().unwrap().len(), 2);
+    assert_eq!(env.state(&id)["counters"]["signals"], 2);
 }
