@@ -794,11 +794,12 @@ impl Daemon {
         }
     }
 
+    /// A timer file changed: read that one timer (not the whole directory) and requeue it.
     fn reschedule_timer(&mut self, id: &str) {
-        match self.engine.all_timers() {
-            Ok(timers) => {
-                let due = timers.iter().find(|t| t.id == id).and_then(|t| {
-                    engine::timers::timer_next_due(t, Timestamp::from_millis(i64::MIN))
+        match self.engine.load_timer(id) {
+            Ok(t) => {
+                let due = t.and_then(|t| {
+                    engine::timers::timer_next_due(&t, Timestamp::from_millis(i64::MIN))
                 });
                 self.due.set(id, due);
             }

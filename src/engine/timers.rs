@@ -41,7 +41,8 @@ impl Engine {
         FileLock::acquire(&dir.join(".lock"))
     }
 
-    fn load_timer(&self, id: &str) -> Result<Option<Timer>> {
+    /// Reads one timer; `None` when there is no such id.
+    pub fn load_timer(&self, id: &str) -> Result<Option<Timer>> {
         if !is_timer_id(id) {
             return Ok(None);
         }
