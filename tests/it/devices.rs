@@ -252,7 +252,7 @@ fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
     let _d = env.daemon();
     let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
     let (id, _) = id_secret(&reply);
-    env.ok("job", &env.sh(&format!("true; {}", line(&reply, "shell"))));
+    env.ok("job", &env.job_then(true, &line(&reply, "shell"), None));
     env.wait_until("two failed attempts", || {
         status(&env, "gpu")["failures"].as_u64().unwrap_or(0) >= 2
     });
@@ -291,7 +291,7 @@ fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
     // Everything else keeps working meanwhile.
     let local = env.create(&["--label", "l", "--intent", "i"]);
     let (lid, _) = id_secret(&local);
-    env.ok("local", &env.sh(&format!("true; {}", line(&local, "cli"))));
+    env.ok("local", &env.job_then(true, &line(&local, "cli"), None));
     env.ok(
         "local wait",
         &env.waitpoint(&["wait", &lid, "--timeout", "30"]),

@@ -225,7 +225,7 @@ fn reset_secret_refuses_the_old_secret_and_prints_fresh_lines() {
     );
     env.ok(
         "new secret",
-        &env.sh(&format!("true; {}", line(&reset, "cli"))),
+        &env.job_then(true, &line(&reset, "cli"), None),
     );
     env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
     env.expect_code(

@@ -17,10 +17,7 @@ fn round_trip_cli_line_then_wait_exits_zero_and_next_prints_the_wake() {
     ]);
     let (id, _) = id_secret(&reply);
     assert_eq!(reply["how_to_signal"]["recommended"], "cli");
-    env.ok(
-        "cli line",
-        &env.sh(&format!("true; {}", line(&reply, "cli"))),
-    );
+    env.ok("cli line", &env.job_then(true, &line(&reply, "cli"), None));
     let out = env.waitpoint(&["wait", &id, "--timeout", "30"]);
     assert!(env.ok("wait", &out).contains("resolved ok"));
 
@@ -53,7 +50,7 @@ fn spec_shell_file_drop_line_works_pasted_into_sh() {
     let (id, _) = id_secret(&reply);
     env.ok(
         "shell line",
-        &env.sh(&format!("false; {}", line(&reply, "shell"))),
+        &env.job_then(false, &line(&reply, "shell"), None),
     );
     let out = env.waitpoint(&["wait", &id, "--timeout", "30"]);
     env.expect_code("wait on a failed job", &out, 4);
@@ -143,18 +140,12 @@ fn members_quorum_two_of_three_resolves_on_the_second_and_refuses_late_arms() {
         );
     }
 
-    env.ok(
-        "arm2",
-        &env.sh(&format!("true; {}", cli.replace("MEMBER", "arm2"))),
-    );
+    env.ok("arm2", &env.job_then(true, &cli, Some("arm2")));
     env.wait_until("arm2 recorded", || {
         env.state(&id)["counters"]["signals"] == 1
     });
     // The same member again does not count twice toward the quorum.
-    env.ok(
-        "arm2 again",
-        &env.sh(&format!("true; {}", cli.replace("MEMBER", "arm2"))),
-    );
+    env.ok("arm2 again", &env.job_then(true, &cli, Some("arm2")));
     env.wait_until("arm2 twice recorded", || {
         env.state(&id)["counters"]["signals"] == 2
     });
@@ -164,10 +155,7 @@ fn members_quorum_two_of_three_resolves_on_the_second_and_refuses_late_arms() {
         "no wake before the quorum"
     );
 
-    env.ok(
-        "arm6",
-        &env.sh(&format!("true; {}", cli.replace("MEMBER", "arm6"))),
-    );
+    env.ok("arm6", &env.job_then(true, &cli, Some("arm6")));
     env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
     let wakes = env.inbox("default", "new");
     assert_eq!(wakes.len(), 1);
@@ -184,10 +172,7 @@ fn members_quorum_two_of_three_resolves_on_the_second_and_refuses_late_arms() {
     );
 
     // A late arm is "already resolved": removed from the spool, not parked, not counted.
-    env.ok(
-        "arm8",
-        &env.sh(&format!("true; {}", cli.replace("MEMBER", "arm8"))),
-    );
+    env.ok("arm8", &env.job_then(true, &cli, Some("arm8")));
     env.wait_drained();
     assert_eq!(env.state(&id)["counters"]["signals"], 3);
     assert!(
@@ -207,10 +192,7 @@ fn fail_fast_on_wakes_on_the_first_failure() {
     ]);
     let (id, _) = id_secret(&reply);
     let cli = line(&reply, "cli");
-    env.ok(
-        "a fails",
-        &env.sh(&format!("false; {}", cli.replace("MEMBER", "a"))),
-    );
+    env.ok("a fails", &env.job_then(false, &cli, Some("a")));
     env.expect_code("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]), 4);
     assert_eq!(env.state(&id)["counters"]["signals"], 1);
 }
@@ -232,16 +214,10 @@ fn fail_fast_off_waits_for_the_quorum_even_after_a_failure() {
     ]);
     let (id, _) = id_secret(&reply);
     let cli = line(&reply, "cli");
-    env.ok(
-        "a fails",
-        &env.sh(&format!("false; {}", cli.replace("MEMBER", "a"))),
-    );
+    env.ok("a fails", &env.job_then(false, &cli, Some("a")));
     env.wait_until("a recorded", || env.state(&id)["counters"]["signals"] == 1);
     assert_eq!(env.state(&id)["status"], "armed");
-    env.ok(
-        "b ok",
-        &env.sh(&format!("true; {}", cli.replace("MEMBER", "b"))),
-    );
+    env.ok("b ok", &env.job_then(true, &cli, Some("b")));
     // Resolved, and the outcome remembers the failure.
     env.expect_code("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]), 4);
     assert_eq!(env.state(&id)["counters"]["signals"], 2);

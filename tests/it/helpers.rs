@@ -79,6 +79,17 @@ impl Env {
             .expect("spawn sh")
     }
 
+    /// Runs a job that succeeds (`true`) or fails (`false`) with a `how_to_signal` line appended,
+    /// exactly as a user pastes it, its `MEMBER` placeholder replaced by `member`.
+    pub fn job_then(&self, job_ok: bool, line: &str, member: Option<&str>) -> Output {
+        let job = if job_ok { "true" } else { "false" };
+        let line = match member {
+            Some(m) => line.replace("MEMBER", m),
+            None => line.to_owned(),
+        };
+        self.sh(&format!("{job}; {line}"))
+    }
+
     /// Asserts the exit code, printing everything useful when it is not the expected one.
     pub fn expect_code(&self, what: &str, out: &Output, code: i32) -> String {
         if out.status.code() != Some(code) {

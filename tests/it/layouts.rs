@@ -150,14 +150,8 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
         secrets.push(id_secret(r).1);
     }
     let cli = line(&barrier, "cli");
-    env.ok(
-        "a",
-        &env.sh(&format!("true; {}", cli.replace("MEMBER", "a"))),
-    );
-    env.ok(
-        "b",
-        &env.sh(&format!("false; {}", cli.replace("MEMBER", "b"))),
-    );
+    env.ok("a", &env.job_then(true, &cli, Some("a")));
+    env.ok("b", &env.job_then(false, &cli, Some("b")));
     env.ok(
         "forgot member",
         &env.sh(&format!("true; {}", cli.replace(" --member MEMBER", ""))),
