@@ -33,6 +33,7 @@ use crate::ingress::Source;
 use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
+use crate::journal;
 use crate::settings::{DAY_MS, Settings};
 use crate::store::{self, FileLock};
 
@@ -286,6 +287,10 @@ impl Daemon {
         let _watcher = self.watch()?;
         let home = self.engine.home().clone();
         tracing::info!(home = %home.root().display(), "daemon starting");
+        // Before any state is read: a crash may have left committed batches whose files are
+        // not all written. Dropped at the end of `run`, the checkpointer empties the journal.
+        let (journal, _replayed) = self.engine.replay_journal()?;
+        let _checkpointer = journal::Checkpointer::start(journal);
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
         // After the drain: readers scan until the index is complete, signals should not wait.
@@ -363,7 +368,8 @@ impl Daemon {
             self.hooks = Some(HookRunner::start(self.tx.clone()));
         }
         let home = self.engine.home().clone();
-        self.engine = Engine::new(home, settings, Arc::clone(&self.clock));
+        self.engine =
+            Engine::new(home, settings, Arc::clone(&self.clock)).with_journal_of(&self.engine);
     }
 
     /// The first sweep at start: like any sweep, plus progress and summary lines when the

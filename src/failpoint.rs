@@ -11,44 +11,55 @@
 //!   (no unwinding, no destructors, no buffered writes flushed);
 //! - `eio` / `enospc`: the step fails with that errno, as a failing disk or a full one would.
 //!
-//! The points, in the order a signal passes them (see `ARCHITECTURE.md`, "Commit order"):
-//! every `store::commit` passes [`STORE_WRITE`], [`STORE_FSYNC`], [`STORE_RENAME`] and
-//! [`STORE_DIR_FSYNC`]; the engine adds [`ENGINE_AFTER_RECORD`], [`ENGINE_AFTER_STATE`] and
-//! [`ENGINE_AFTER_DELIVERY`]; the drop zone adds [`SPOOL_BEFORE_REMOVE`].
+//! The points, in the order a signal passes them (see `ARCHITECTURE.md`, "Commit order"): the
+//! journal append passes [`JOURNAL_WRITE`] and [`JOURNAL_FSYNC`]; the engine then passes
+//! [`ENGINE_AFTER_JOURNAL`] and writes the batch's files, each passing [`STORE_WRITE`] and
+//! [`STORE_RENAME`]; the drop zone adds [`SPOOL_BEFORE_REMOVE`]; the checkpointer passes
+//! [`JOURNAL_CHECKPOINT`]. Every durable `store::commit` (creating a waitpoint, a held wake
+//! delivered later, timers) passes [`STORE_WRITE`], [`STORE_FSYNC`], [`STORE_RENAME`] and
+//! [`STORE_DIR_FSYNC`], and the outbox flush [`ENGINE_AFTER_DELIVERY`].
 
 use std::io;
 use std::path::Path;
 
 use crate::error::{Error, Result};
 
-/// `store::commit`: the temp file exists, nothing written to it yet (an error here is a failed
+/// `store`: the temp file exists, nothing written to it yet (an error here is a failed
 /// `write`).
 pub const STORE_WRITE: &str = "store-write";
 /// `store::commit`: the temp file is written, not yet fsynced (an error is a failed `fsync`).
 pub const STORE_FSYNC: &str = "store-fsync";
-/// `store::commit`: the temp file is durable, not yet renamed over the target.
+/// `store`: the temp file is written (and fsynced, for a durable commit), not yet renamed over
+/// the target.
 pub const STORE_RENAME: &str = "store-rename";
 /// `store::commit`: renamed over the target, the directory not yet fsynced.
 pub const STORE_DIR_FSYNC: &str = "store-dir-fsync";
-/// Engine: the signal record is durable, the waitpoint state not yet replaced.
-pub const ENGINE_AFTER_RECORD: &str = "engine-after-record";
-/// Engine: the state (with any new wake in its outbox) is durable, the inbox not yet written.
-pub const ENGINE_AFTER_STATE: &str = "engine-after-state";
+/// Journal: the batch's line is not yet written to the active segment.
+pub const JOURNAL_WRITE: &str = "journal-write";
+/// Journal: the batch's line is written, not yet fdatasynced (an error is a failed `fsync`).
+pub const JOURNAL_FSYNC: &str = "journal-fsync";
+/// Engine: the batch is durable in the journal, none of its files written yet: what a power cut
+/// leaves when none of the unsynced writes survived.
+pub const ENGINE_AFTER_JOURNAL: &str = "engine-after-journal";
 /// Engine: the outbox is in the inbox, the state not yet replaced with the outbox cleared.
 pub const ENGINE_AFTER_DELIVERY: &str = "engine-after-delivery";
 /// Drop zone: the signal's effect is durable, the spool file not yet removed.
 pub const SPOOL_BEFORE_REMOVE: &str = "spool-before-remove";
+/// Checkpoint: the filesystem is synced, the covered segments not yet deleted.
+pub const JOURNAL_CHECKPOINT: &str = "journal-checkpoint";
 
 /// Every point, for tests that walk them all.
-pub const ALL: [&str; 8] = [
+pub const ALL: [&str; 10] = [
     STORE_WRITE,
     STORE_FSYNC,
     STORE_RENAME,
     STORE_DIR_FSYNC,
-    ENGINE_AFTER_RECORD,
-    ENGINE_AFTER_STATE,
+    JOURNAL_WRITE,
+    JOURNAL_FSYNC,
+    ENGINE_AFTER_JOURNAL,
     ENGINE_AFTER_DELIVERY,
     SPOOL_BEFORE_REMOVE,
+    JOURNAL_CHECKPOINT,
 ];
 
 /// A failpoint: `failpoint!(NAME, "cannot fsync", path)` returns the error a real failure of

@@ -51,7 +51,7 @@ impl Home {
         Home { root }
     }
 
-    fn fixed_dirs(&self) -> [PathBuf; 10] {
+    fn fixed_dirs(&self) -> [PathBuf; 11] {
         [
             self.root.clone(),
             self.root.join("tmp"),
@@ -62,6 +62,7 @@ impl Home {
             self.callbacks_dir(),
             self.sessions_dir(),
             self.log_dir(),
+            self.journal_dir(),
             self.devices_dir(),
         ]
     }
@@ -212,6 +213,11 @@ impl Home {
     }
 
     /// `devices/`: device records and, per device, its collector state and local mirror.
+    /// `journal/`: the write-ahead journal of signal batches (`journal/<n>.jsonl`).
+    pub fn journal_dir(&self) -> PathBuf {
+        self.root.join("journal")
+    }
+
     pub fn devices_dir(&self) -> PathBuf {
         self.root.join("devices")
     }

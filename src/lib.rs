@@ -1,10 +1,10 @@
 //! `waitpoint`: a filesystem-first spool engine for waitpoints, durable "wake me when this
 //! finishes" objects.
 //!
-//! The pipeline, in module order: [`ingress`] (drop zone, device mirrors over SSH; later HTTP) turns
-//! outside input into signal requests; the [`engine`] validates, authenticates and applies them;
-//! [`store`] commits every change atomically and durably; [`delivery`] puts wakes in session
-//! inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
+//! The pipeline, in module order: [`ingress`] (drop zone, device mirrors over SSH, the loopback
+//! HTTP shim) turns outside input into signal requests; the [`engine`] validates, authenticates
+//! and applies them; the [`journal`] makes each batch of signals durable with one fsync and
+//! [`store`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
 
 pub mod cli;
@@ -18,6 +18,7 @@ pub mod failpoint;
 pub mod home;
 pub mod howto;
 pub mod ingress;
+pub mod journal;
 pub mod model;
 pub mod process;
 pub mod secret;

@@ -177,12 +177,7 @@ impl Batch {
             crate::failpoint!(crate::failpoint::STORE_FSYNC, "cannot fsync", path);
             f.sync_all().map_err(|e| Error::io("cannot fsync", path, e))
         })?;
-        for s in &mut self.staged {
-            s.file = None;
-            rename_into_place(&s.temp, &s.target)?;
-            // Renamed: nothing left to clean up for this one.
-            s.temp = PathBuf::new();
-        }
+        self.rename_all()?;
         let dirs = distinct_parents(self.staged.iter().map(|s| s.target.as_path()));
         each_concurrently(&dirs, |d| {
             crate::failpoint!(
@@ -192,6 +187,26 @@ impl Batch {
             );
             fsync_dir(d)
         })
+    }
+}
+
+impl Batch {
+    /// Renames every staged file over its target without fsyncing anything: atomic for
+    /// readers, durable only once something syncs the filesystem (the journal's checkpoint).
+    /// Only for files that a durable journal entry already describes, so a crash that loses
+    /// them loses nothing the replay cannot write again.
+    pub fn commit_unsynced(mut self) -> Result<()> {
+        self.rename_all()
+    }
+
+    fn rename_all(&mut self) -> Result<()> {
+        for s in &mut self.staged {
+            s.file = None;
+            rename_into_place(&s.temp, &s.target)?;
+            // Renamed: nothing left to clean up for this one.
+            s.temp = PathBuf::new();
+        }
+        Ok(())
     }
 }
 

@@ -59,6 +59,15 @@ pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Optio
     Ok(None)
 }
 
+/// Whether `wake` is in its inbox already: readable in `new/`, or taken into `cur/`.
+pub fn is_delivered(home: &Home, wake: &Wake) -> bool {
+    wake_file(&home.inbox_cur(&wake.channel), &wake.wake_id).exists()
+        || matches!(
+            read_json::<Wake>(&wake_file(&home.inbox_new(&wake.channel), &wake.wake_id)),
+            Ok(Some(_))
+        )
+}
+
 /// Whether the wake is still waiting in `new/` (not yet taken by a reader).
 pub fn is_unread(home: &Home, channel: &str, wake_id: &str) -> bool {
     wake_file(&home.inbox_new(channel), wake_id).exists()

@@ -15,9 +15,12 @@ use std::io;
 
 use crate::error::{Error, Result};
 use crate::ingress::{SignalRequest, Source};
-use crate::model::{SignalRecord, Status, Waitpoint, WakeKind};
+use crate::journal::{self, Journal};
+use crate::model::{
+    JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Status, Waitpoint, WakeKind,
+};
 use crate::secret;
-use crate::store::{Batch, FileLock, create_dir_private};
+use crate::store::{Batch, FileLock, create_dir_private, read_json};
 
 use super::{
     Engine, Refusal, Verdict, identity_key, in_grace_window, next_due, next_record, rules,
@@ -56,6 +59,16 @@ impl Engine {
     /// give one by one, sharing each commit phase's fsyncs (see the module docs). One result per
     /// item; an `Err` means nothing was decided for it and its source must be kept.
     pub fn apply_batch(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
+        let shared = match self.journal() {
+            Ok(j) => j,
+            Err(e) => return self.fail_all(items.len(), &e),
+        };
+        let mut journal = journal::lock(shared);
+        if journal.needs_replay()
+            && let Err(e) = self.replay_locked(&mut journal)
+        {
+            return self.fail_all(items.len(), &e);
+        }
         let mut groups: Vec<Group> = Vec::new();
         // `None`: no such waitpoint (every item naming it is refused).
         let mut by_id: HashMap<&str, Option<usize>> = HashMap::new();
@@ -79,11 +92,11 @@ impl Engine {
                 },
             };
             slots.push(match g {
-                None => Slot::Done(Ok(Verdict::Refused(Refusal::Unauthorized))),
+                None => Slot::Done(Ok(Verdict::Refused(Refusal::UnknownId))),
                 Some(g) => self.decide(g, &mut groups[g], req, source),
             });
         }
-        if let Err(e) = self.commit_groups(&mut groups) {
+        if let Err(e) = self.commit_groups(&mut journal, &mut groups) {
             let message = e.to_string();
             for (id, g) in &by_id {
                 if let Some(g) = g
@@ -123,6 +136,20 @@ impl Engine {
                         }),
                     }
                 }
+            })
+            .collect()
+    }
+
+    /// The same failure for each of `n` items (nothing was decided for any of them).
+    fn fail_all(&self, n: usize, e: &Error) -> Vec<Result<Verdict>> {
+        let message = e.to_string();
+        (0..n)
+            .map(|_| {
+                Err(Error::io(
+                    "cannot apply signals before the journal is replayed:",
+                    self.home.journal_dir(),
+                    io::Error::other(message.clone()),
+                ))
             })
             .collect()
     }
@@ -200,77 +227,132 @@ impl Engine {
         }
     }
 
-    /// The four commit phases, each durable before the next starts.
-    fn commit_groups(&self, groups: &mut [Group]) -> Result<()> {
-        let live = |g: &&mut Group| !g.fresh.is_empty() && g.failed.is_none();
-        let mut records = Batch::new();
-        for g in groups.iter_mut().filter(live) {
-            let dir = self.home.signals_dir(&g.wp.id);
-            create_dir_private(&dir)?;
-            for (record, key) in &g.fresh {
-                records.stage_json(&dir.join(signal_file_name(record.seq, key)), record)?;
-            }
+    /// Commits the batch: one journal entry with every change, fdatasynced, then the files it
+    /// describes written without their own fsync (the checkpoint syncs them). The caller holds
+    /// `journal` from before the decisions until this returns, so the checkpointer never runs
+    /// between an entry and its files.
+    fn commit_groups(&self, journal: &mut Journal, groups: &mut [Group]) -> Result<()> {
+        let mut changes = Vec::new();
+        for g in groups
+            .iter_mut()
+            .filter(|g| !g.fresh.is_empty() && g.failed.is_none())
+        {
+            let wakes = g.wp.outbox.clone();
+            self.mark_delivered(&mut g.wp);
+            changes.push(JournalChange {
+                state: g.wp.clone(),
+                records: g.fresh.iter().map(|(r, _)| r.clone()).collect(),
+                wakes,
+            });
         }
-        records.commit()?;
-        for g in groups.iter_mut().filter(live) {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let entry = JournalEntry {
+            journal: JOURNAL_FORMAT,
+            committed_at: self.clock.now(),
+            changes,
+        };
+        journal.append(&serde_json::to_vec(&entry).expect("our records always serialise"))?;
+        for g in groups
+            .iter()
+            .filter(|g| !g.fresh.is_empty() && g.failed.is_none())
+        {
             for (_, key) in &g.fresh {
                 self.seen_insert(&g.wp.id, key.clone());
             }
         }
-        // The state file of the first waitpoint committed, where a failpoint between phases
-        // reports its injected fault (the `failpoints` feature only).
-        #[cfg(feature = "failpoints")]
-        let first_state = groups
+        if let Err(e) = self.write_journaled(&entry.changes) {
+            // Committed, but not every file is written: the next batch re-applies the journal
+            // before it decides anything, and the signals of this one then count as duplicates.
+            journal.set_needs_replay(true);
+            return Err(e);
+        }
+        for g in groups
             .iter()
-            .find(|g| !g.fresh.is_empty() && g.failed.is_none())
-            .map(|g| self.home.waitpoint_file(&g.wp.id));
-        #[cfg(feature = "failpoints")]
-        if let Some(path) = &first_state {
-            crate::failpoint!(
-                crate::failpoint::ENGINE_AFTER_RECORD,
-                "cannot replace",
-                path
-            );
-        }
-        let mut states = Batch::new();
-        for g in groups.iter_mut().filter(live) {
-            states.stage_json(&self.home.waitpoint_file(&g.wp.id), &g.wp)?;
-        }
-        states.commit()?;
-        #[cfg(feature = "failpoints")]
-        if let Some(path) = &first_state {
-            crate::failpoint!(crate::failpoint::ENGINE_AFTER_STATE, "cannot deliver", path);
-        }
-        let mut inbox = Batch::new();
-        for g in groups.iter_mut().filter(live) {
-            for wake in &g.wp.outbox {
-                crate::delivery::stage(&self.home, wake, &mut inbox)?;
-            }
-        }
-        #[cfg(feature = "failpoints")]
-        let delivering = !inbox.is_empty();
-        inbox.commit()?;
-        #[cfg(feature = "failpoints")]
-        if delivering && let Some(path) = &first_state {
-            crate::failpoint!(
-                crate::failpoint::ENGINE_AFTER_DELIVERY,
-                "cannot replace",
-                path
-            );
-        }
-        let mut cleared = Batch::new();
-        for g in groups.iter_mut().filter(live) {
-            if !g.wp.outbox.is_empty() {
-                self.mark_delivered(&mut g.wp);
-                cleared.stage_json(&self.home.waitpoint_file(&g.wp.id), &g.wp)?;
-            }
-        }
-        cleared.commit()?;
-        for g in groups.iter_mut().filter(live) {
+            .filter(|g| !g.fresh.is_empty() && g.failed.is_none())
+        {
             if g.wp.status != Status::Armed && g.wp.pending_wake.is_none() {
                 self.forget(&g.wp.id);
             }
         }
         Ok(())
+    }
+
+    /// Writes a just-committed entry's files.
+    fn write_journaled(&self, changes: &[JournalChange]) -> Result<()> {
+        crate::failpoint!(
+            crate::failpoint::ENGINE_AFTER_JOURNAL,
+            "cannot write the files of",
+            &self.home.journal_dir()
+        );
+        self.write_changes(changes, false)
+    }
+
+    /// Writes the files `changes` describe, atomically but without fsync. A `replay` writes only
+    /// what is missing or older on disk: a state whose signal count is below the entry's, a
+    /// record or wake that is absent or unreadable. A waitpoint whose directory is gone
+    /// (retention, a deleted session) is skipped.
+    fn write_changes(&self, changes: &[JournalChange], replay: bool) -> Result<()> {
+        let mut files = Batch::new();
+        for change in changes {
+            let id = &change.state.id;
+            if replay && !self.home.waitpoint_dir(id).is_dir() {
+                continue;
+            }
+            let dir = self.home.signals_dir(id);
+            create_dir_private(&dir)?;
+            for record in &change.records {
+                let path = dir.join(signal_file_name(record.seq, &identity_key(&record.source)));
+                if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
+                    files.stage_json(&path, record)?;
+                }
+            }
+            let state = self.home.waitpoint_file(id);
+            let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
+            if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
+                files.stage_json(&state, &change.state)?;
+            }
+            for wake in &change.wakes {
+                if !replay || !crate::delivery::is_delivered(&self.home, wake) {
+                    crate::delivery::stage(&self.home, wake, &mut files)?;
+                }
+            }
+        }
+        files.commit_unsynced()
+    }
+
+    /// Re-applies every entry left in the journal (after a crash, or a batch whose files could
+    /// not all be written), then checkpoints it. Returns how many entries there were.
+    pub(super) fn replay_locked(&self, journal: &mut Journal) -> Result<usize> {
+        let entries = journal.entries()?;
+        for e in &entries {
+            let entry: JournalEntry =
+                serde_json::from_slice(&e.bytes).map_err(|err| Error::Corrupt {
+                    path: e.segment.clone(),
+                    message: format!("line {}: {err}", e.line),
+                })?;
+            if entry.journal != JOURNAL_FORMAT {
+                return Err(Error::Corrupt {
+                    path: e.segment.clone(),
+                    message: format!(
+                        "line {}: journal format {} (this build reads {JOURNAL_FORMAT})",
+                        e.line, entry.journal
+                    ),
+                });
+            }
+            self.write_changes(&entry.changes, true)?;
+        }
+        if !entries.is_empty() {
+            tracing::warn!(
+                entries = entries.len(),
+                "replayed the journal a crash or a failed write left"
+            );
+        }
+        // What this process believed about any waitpoint may predate the replayed records.
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        journal.set_needs_replay(false);
+        journal.checkpoint()?;
+        Ok(entries.len())
     }
 }

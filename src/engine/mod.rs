@@ -16,7 +16,7 @@ pub mod timers;
 use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::Rng;
 
@@ -25,6 +25,7 @@ use crate::delivery;
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::{SignalRequest, Source, check_member_name};
+use crate::journal::{self, Journal};
 use crate::model::{
     Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
     WakeKind,
@@ -162,6 +163,8 @@ pub struct Engine {
     // Identity keys of the signals recorded per armed waitpoint. Only the daemon records signals,
     // so once loaded from a directory listing this set stays exact for the process's lifetime.
     seen: Mutex<HashMap<String, HashSet<String>>>,
+    /// The journal signal batches commit through; opened by the first batch (see `batch.rs`).
+    journal: OnceLock<journal::Shared>,
 }
 
 impl Engine {
@@ -171,6 +174,7 @@ impl Engine {
             settings,
             clock,
             seen: Mutex::new(HashMap::new()),
+            journal: OnceLock::new(),
         }
     }
 
@@ -353,93 +357,43 @@ impl Engine {
     }
 
     /// Applies one well-formed signal. Returns the verdict; an `Err` means nothing was decided
-    /// (an I/O failure) and the source must be kept for another attempt.
+    /// (an I/O failure) and the source must be kept for another attempt. One signal is a batch
+    /// of one: the same decisions and the same journal commit.
     pub fn apply_signal(&self, req: &SignalRequest, source: &Source) -> Result<Verdict> {
-        let Some(_lock) = self.lock(&req.id)? else {
-            return Ok(Verdict::Refused(Refusal::UnknownId));
-        };
-        let Some(mut wp) = self.load(&req.id)? else {
-            return Ok(Verdict::Refused(Refusal::UnknownId));
-        };
-        if !secret::verify(&req.secret, &wp.secret_sha256) {
-            return Ok(Verdict::Refused(Refusal::Unauthorized));
-        }
-        self.recover(&mut wp)?;
-        self.flush_outbox(&mut wp)?;
-        let now = self.clock.now();
-        if wp.status != Status::Armed && !in_grace_window(&wp, now) {
-            return Ok(Verdict::Closed {
-                next_due: next_due(&wp),
-                id: wp.id,
-                status: wp.status,
-            });
-        }
-        let identity = source.identity();
-        let key = identity_key(&identity);
-        if self.seen_contains(&wp.id, &key) {
-            return Ok(Verdict::Duplicate {
-                next_due: next_due(&wp),
-                id: wp.id,
-            });
-        }
-        if let Err(r) = rules::check_member(&wp, req.member.as_deref()) {
-            return Ok(Verdict::Refused(r));
-        }
-        let record = next_record(&wp, req, identity, now);
-        let seq = record.seq;
-        let wake = match self.record_signal(&mut wp, &record, key) {
-            Ok(wake) => wake,
-            Err(e) => {
-                // A failed commit may still have left its file in place (the rename done, the
-                // directory fsync failed), so neither the record nor the state is known: forget
-                // what this process believes about the waitpoint, and the retry recovers from
-                // disk (replaying a record that landed) instead of recording it a second time
-                // under the next seq, or taking the file for an already-counted duplicate.
-                self.forget(&wp.id);
-                return Err(e);
-            }
-        };
-        if wp.status != Status::Armed && wp.pending_wake.is_none() {
-            self.forget(&wp.id);
-        }
-        Ok(Verdict::Accepted {
-            next_due: next_due(&wp),
-            id: wp.id,
-            seq,
-            wake,
-            status: wp.status,
-        })
+        let item = [(req.clone(), source.clone())];
+        self.apply_batch(&item).pop().expect("one verdict per item")
     }
 
-    /// Records the signal, replaces the state (with any new wake in its outbox), then delivers
-    /// the outbox. Returns the kind of wake the signal completed.
-    fn record_signal(
-        &self,
-        wp: &mut Waitpoint,
-        record: &SignalRecord,
-        key: String,
-    ) -> Result<Option<WakeKind>> {
-        let signals_dir = self.home.signals_dir(&wp.id);
-        create_dir_private(&signals_dir)?;
-        commit_json(
-            &signals_dir.join(signal_file_name(record.seq, &key)),
-            record,
-        )?;
-        self.seen_insert(&wp.id, key);
-        crate::failpoint!(
-            crate::failpoint::ENGINE_AFTER_RECORD,
-            "cannot replace",
-            &self.home.waitpoint_file(&wp.id)
-        );
-        let wake = self.step(wp, record)?;
-        self.save(wp)?;
-        crate::failpoint!(
-            crate::failpoint::ENGINE_AFTER_STATE,
-            "cannot deliver",
-            &self.home.waitpoint_file(&wp.id)
-        );
-        self.flush_outbox(wp)?;
-        Ok(wake)
+    /// The home's journal, opened on first use (only the daemon applies signals).
+    fn journal(&self) -> Result<&journal::Shared> {
+        if let Some(j) = self.journal.get() {
+            return Ok(j);
+        }
+        let j = Journal::open(&self.home.journal_dir(), self.home.root())?;
+        Ok(self.journal.get_or_init(|| Arc::new(Mutex::new(j))))
+    }
+
+    /// This engine, committing through `previous`'s journal (a settings reload builds a new
+    /// engine; one home has one journal).
+    pub fn with_journal_of(self, previous: &Engine) -> Engine {
+        if let Some(j) = previous.journal.get() {
+            let _ = self.journal.set(j.clone());
+        }
+        self
+    }
+
+    /// Opens the journal and re-applies whatever a crash left in it; the daemon calls this at
+    /// start, before it reads any state, and runs the returned journal's checkpointer.
+    pub fn replay_journal(&self) -> Result<(journal::Shared, usize)> {
+        let shared = self.journal()?;
+        let mut j = journal::lock(shared);
+        let replayed = if j.needs_replay() {
+            self.replay_locked(&mut j)?
+        } else {
+            0
+        };
+        drop(j);
+        Ok((shared.clone(), replayed))
     }
 
     /// Applies a recorded signal to the in-memory state. A completed round's wake goes into the

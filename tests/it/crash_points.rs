@@ -84,8 +84,33 @@ pub fn scenario(env: &Env) -> Vec<Dropped> {
     dropped
 }
 
+/// A barrier of three members with a quorum of two, and one signal from each: a and b resolve
+/// it, c's report lands in the grace window, and the held wake goes out 3 s later through the
+/// durable commits (state with the wake in its outbox, inbox file, state with the outbox
+/// cleared) rather than the journal. Returns the dropped files.
+pub fn held_wake_scenario(env: &Env) -> Vec<Dropped> {
+    let reply = env.create(&[
+        "--label", "grace", "--intent", "i", "--member", "a", "--member", "b", "--member", "c",
+        "--quorum", "2",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    let mut dropped = Vec::new();
+    for (n, m) in ["a", "b", "c"].iter().enumerate() {
+        let name = format!("{n:03}-{m}");
+        env.drop_file(&name, &body(&id, &secret, &format!(r#","member":"{m}""#)));
+        dropped.push(Dropped {
+            name: format!("{name}.json"),
+            waitpoint: id.clone(),
+        });
+    }
+    dropped
+}
+
+/// Sets up a home and returns the files its daemon must account for.
+pub type Scenario = fn(&Env) -> Vec<Dropped>;
+
 /// Crashes at `point` on each of its passes in turn; returns how many crashes there were.
-fn walk(point: &str) -> usize {
+fn walk(point: &str, scenario: Scenario) -> usize {
     let mut crashes = 0;
     for hit in 0.. {
         assert!(hit < 64, "{point}: still crashing after 64 passes");
@@ -128,7 +153,11 @@ fn walk(point: &str) -> usize {
 /// one group commit (a phase's files share the store points, and each engine point is crossed
 /// once per batch), so a point the daemon stopped crossing fails the row.
 fn matrix_row(point: &str, min: usize) {
-    let crashes = walk(point);
+    matrix_row_of(point, min, scenario);
+}
+
+fn matrix_row_of(point: &str, min: usize, scenario: Scenario) {
+    let crashes = walk(point, scenario);
     assert!(
         crashes >= min,
         "{point}: crashed {crashes} times; every signal that passes it should have crashed there"
@@ -142,11 +171,13 @@ fn matrix_row(point: &str, min: usize) {
     );
 }
 
-// One test per point, so they run in parallel. Each commit of the three signals passes the four
-// `store` points: 2 + 4 + 4 commits.
+// One test per point, so they run in parallel. The three signals of `scenario` are one batch:
+// one journal line, then its files (two records and the state, then the third record, the state
+// and the wake: each file passes `store-write` and `store-rename`). The durable `store::commit`
+// points are walked on the held wake, which goes out through three durable commits.
 #[test]
 fn crash_after_write_before_fsync() {
-    matrix_row(failpoint::STORE_FSYNC, 4);
+    matrix_row_of(failpoint::STORE_FSYNC, 3, held_wake_scenario);
 }
 
 #[test]
@@ -161,22 +192,27 @@ fn crash_after_fsync_before_rename() {
 
 #[test]
 fn crash_after_rename_before_the_directory_fsync() {
-    matrix_row(failpoint::STORE_DIR_FSYNC, 4);
+    matrix_row_of(failpoint::STORE_DIR_FSYNC, 3, held_wake_scenario);
 }
 
 #[test]
-fn crash_between_the_signal_record_and_the_state_replace() {
-    matrix_row(failpoint::ENGINE_AFTER_RECORD, 1);
+fn crash_before_the_journal_line_is_written() {
+    matrix_row(failpoint::JOURNAL_WRITE, 1);
 }
 
 #[test]
-fn crash_between_the_wake_commit_and_inbox_delivery() {
-    matrix_row(failpoint::ENGINE_AFTER_STATE, 1);
+fn crash_after_the_journal_line_is_written_before_its_fsync() {
+    matrix_row(failpoint::JOURNAL_FSYNC, 1);
+}
+
+#[test]
+fn crash_after_the_journal_commit_before_any_file_is_written() {
+    matrix_row(failpoint::ENGINE_AFTER_JOURNAL, 1);
 }
 
 #[test]
 fn crash_between_inbox_delivery_and_clearing_the_outbox() {
-    matrix_row(failpoint::ENGINE_AFTER_DELIVERY, 1);
+    matrix_row_of(failpoint::ENGINE_AFTER_DELIVERY, 1, held_wake_scenario);
 }
 
 #[test]
@@ -189,32 +225,20 @@ fn crash_between_the_state_replace_and_the_spool_removal() {
 #[test]
 fn crash_recording_a_report_inside_the_grace_window() {
     let env = Env::new();
-    let reply = env.create(&[
-        "--label", "grace", "--intent", "i", "--member", "a", "--member", "b", "--member", "c",
-        "--quorum", "2",
-    ]);
-    let (id, secret) = id_secret(&reply);
-    let mut dropped = Vec::new();
-    for (n, m) in ["a", "b", "c"].iter().enumerate() {
-        let name = format!("{n:03}-{m}");
-        env.drop_file(&name, &body(&id, &secret, &format!(r#","member":"{m}""#)));
-        dropped.push(Dropped {
-            name: format!("{name}.json"),
-            waitpoint: id.clone(),
-        });
-    }
-    // The three files are collected as one group commit: the crash comes once all three records
-    // are durable and no state is, so the restart replays c's record while the waitpoint is
-    // resolved and holding its wake (the grace window).
-    let spec = format!("{}=return(crash)", failpoint::ENGINE_AFTER_RECORD);
+    let dropped = held_wake_scenario(&env);
+    let id = dropped[0].waitpoint.clone();
+    // The three files are collected as one group commit: the crash comes once the batch is
+    // durable in the journal and none of its files is written, so the restart has to replay
+    // c's report into a waitpoint that a and b resolved (the grace window).
+    let spec = format!("{}=return(crash)", failpoint::ENGINE_AFTER_JOURNAL);
     let mut d = Faulty::start(&env, &spec);
     assert_eq!(
         d.wait(&env, || settled(&env)),
         Some(Some(libc::SIGKILL)),
-        "{spec}: crashed after the records"
+        "{spec}: crashed after the journal commit"
     );
-    // All three records are durable and no state is: the restart has to replay them, the last
-    // one (c's) inside the grace window a and b opened.
+    // Nothing but the journal line is on disk: the restart has to replay it, c's report
+    // inside the grace window a and b opened.
     assert_eq!(env.state(&id)["status"], "armed");
     assert_eq!(env.state(&id)["counters"]["signals"], 0);
     let _after = env.daemon();

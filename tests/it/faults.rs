@@ -7,7 +7,7 @@ use std::fs;
 
 use waitpoint::failpoint;
 
-use crate::crash_points::{Faulty, scenario};
+use crate::crash_points::{Faulty, Scenario, held_wake_scenario, scenario};
 use crate::helpers::*;
 use crate::invariants::{self, settled};
 
@@ -38,7 +38,7 @@ fn fired(log: &str) -> usize {
 /// The pass of `point` numbered `hit` fails with `errno`, three times in a row, then the fault
 /// clears. Returns how many failed attempts the daemon logged, or `None` when the run never got
 /// to that pass.
-fn fault_then_clear(point: &str, errno: &str, hit: usize) -> Option<usize> {
+fn fault_then_clear(point: &str, errno: &str, hit: usize, scenario: Scenario) -> Option<usize> {
     const FAULTS: usize = 3;
     let text = ERRNO_TEXT.iter().find(|(e, _)| *e == errno).unwrap().1;
     let env = Env::new();
@@ -103,10 +103,15 @@ fn fault_then_clear(point: &str, errno: &str, hit: usize) -> Option<usize> {
 /// Walks every pass of `point` with `errno`, and reports how many faults were survived. The
 /// minimums are the passes the scenario's three signals make when collected as one group commit.
 fn walk(point: &str, errno: &str, min: usize) {
+    walk_of(point, errno, min, scenario);
+}
+
+/// [`walk`] on another scenario.
+fn walk_of(point: &str, errno: &str, min: usize, scenario: Scenario) {
     let mut faulted = 0;
     for hit in 0.. {
         assert!(hit < 64, "{point}: still failing after 64 passes");
-        match fault_then_clear(point, errno, hit) {
+        match fault_then_clear(point, errno, hit, scenario) {
             Some(_) => faulted += 1,
             None => break,
         }
@@ -134,7 +139,7 @@ fn enospc_writing_any_commit_is_retried_until_space_returns() {
 
 #[test]
 fn eio_on_fsync_of_any_commit_is_retried_until_the_disk_recovers() {
-    walk(failpoint::STORE_FSYNC, "eio", 4);
+    walk_of(failpoint::STORE_FSYNC, "eio", 3, held_wake_scenario);
 }
 
 #[test]
@@ -144,17 +149,22 @@ fn eio_on_rename_of_any_commit_is_retried() {
 
 #[test]
 fn eio_on_the_directory_fsync_of_any_commit_is_retried() {
-    walk(failpoint::STORE_DIR_FSYNC, "eio", 4);
+    walk_of(failpoint::STORE_DIR_FSYNC, "eio", 3, held_wake_scenario);
 }
 
 #[test]
-fn eio_after_the_signal_record_is_replayed_not_lost() {
-    walk(failpoint::ENGINE_AFTER_RECORD, "eio", 1);
+fn enospc_appending_to_the_journal_is_retried() {
+    walk(failpoint::JOURNAL_WRITE, "enospc", 1);
 }
 
 #[test]
-fn eio_before_inbox_delivery_delivers_on_the_retry() {
-    walk(failpoint::ENGINE_AFTER_STATE, "eio", 1);
+fn eio_on_the_journal_fsync_is_cut_off_and_retried() {
+    walk(failpoint::JOURNAL_FSYNC, "eio", 1);
+}
+
+#[test]
+fn eio_writing_the_files_of_a_journaled_batch_is_replayed_not_lost() {
+    walk(failpoint::ENGINE_AFTER_JOURNAL, "eio", 1);
 }
 
 #[test]

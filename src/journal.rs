@@ -1,0 +1,455 @@
+//! The write-ahead journal: how a batch of signals becomes durable with one fsync.
+//!
+//! The daemon appends one line per batch to the active segment, `journal/<n>.jsonl`, and
+//! fdatasyncs it; from then on the batch is committed, and the files it changes (signal
+//! records, waitpoint states, inbox wakes) are written with an atomic rename but without their
+//! own fsync. A checkpoint makes those files durable with one `syncfs(2)` of the home's
+//! filesystem and then deletes the segments it covered, so the journal holds only the last
+//! second or so of work. After a crash, [`Journal::entries`] hands the surviving lines to the
+//! engine, which re-applies them; applying an entry is idempotent, so a segment replayed twice
+//! (a crash between the `syncfs` and the delete) does no harm.
+//!
+//! This module knows segments, lines and syncs; it does not know what a line means (the engine
+//! does, in `engine/batch.rs`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::store::{FILE_MODE, create_dir_private, fsync_dir};
+
+/// How often the checkpointer makes the applied files durable and drops the covered segments.
+/// It bounds how much a replay after a crash has to redo, not how long a signal waits.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// A segment is closed (and checkpointed) early once it holds this many bytes.
+const SEGMENT_BYTES: u64 = 8 << 20;
+
+/// The journal of one home, shared by the engine (appends) and the checkpointer thread.
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    /// An open handle on the home's filesystem for `syncfs`. It is opened once so that a
+    /// writeback error anywhere on the filesystem after the journal opened is reported by the
+    /// next `syncfs` (the kernel samples the error state when a file is opened).
+    fs: File,
+    active: Option<Segment>,
+    /// Segments no longer appended to whose files may not yet be durable.
+    closed: Vec<u64>,
+    next_number: u64,
+    /// Set when the journal may hold an entry whose files are not all written (an append that
+    /// could not be rolled back, a failed apply). The engine re-applies every segment before
+    /// it decides anything else, and no checkpoint runs meanwhile.
+    needs_replay: bool,
+}
+
+#[derive(Debug)]
+struct Segment {
+    number: u64,
+    file: File,
+    len: u64,
+}
+
+/// One line read back from a segment.
+#[derive(Debug)]
+pub struct Entry {
+    pub segment: PathBuf,
+    pub line: usize,
+    pub bytes: Vec<u8>,
+}
+
+fn segment_name(number: u64) -> String {
+    format!("{number:020}.jsonl")
+}
+
+fn segment_number(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(".jsonl")?;
+    (digits.len() == 20 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+impl Journal {
+    /// Opens the journal in `dir` (made when missing); `home` is any directory on the
+    /// filesystem the journaled files live on. Segments found there are kept for
+    /// [`entries`](Self::entries) and the next checkpoint.
+    pub fn open(dir: &Path, home: &Path) -> Result<Journal> {
+        create_dir_private(dir)?;
+        let fs = File::open(home).map_err(|e| Error::io("cannot open", home, e))?;
+        let closed = list_segments(dir)?;
+        let next_number = closed.last().map_or(1, |n| n + 1);
+        Ok(Journal {
+            dir: dir.to_owned(),
+            fs,
+            active: None,
+            needs_replay: !closed.is_empty(),
+            closed,
+            next_number,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether entries must be re-applied before the next batch is decided.
+    pub fn needs_replay(&self) -> bool {
+        self.needs_replay
+    }
+
+    /// Records that every entry is applied (after a replay), or that one may not be.
+    pub fn set_needs_replay(&mut self, value: bool) {
+        self.needs_replay = value;
+    }
+
+    /// Every entry of every segment, oldest first. A line that does not parse as JSON is
+    /// skipped with a warning: only the last line of a segment can be torn (an append cut by a
+    /// crash, never fsynced, so none of its files were written), and after a failed append
+    /// that could not be rolled back the segment is closed, so nothing follows a bad line.
+    pub fn entries(&self) -> Result<Vec<Entry>> {
+        let mut numbers = self.closed.clone();
+        numbers.extend(self.active.as_ref().map(|s| s.number));
+        let mut entries = Vec::new();
+        for number in numbers {
+            let path = self.dir.join(segment_name(number));
+            let file = match File::open(&path) {
+                Ok(f) => f,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io("cannot open", &path, e)),
+            };
+            for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
+                let bytes = line.map_err(|e| Error::io("cannot read", &path, e))?;
+                if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
+                    tracing::warn!(segment = %path.display(), line = i + 1, "skipping a torn journal line (an append a crash cut short)");
+                    continue;
+                }
+                entries.push(Entry {
+                    segment: path.clone(),
+                    line: i + 1,
+                    bytes,
+                });
+            }
+        }
+        Ok(entries)
+    }
+
+    /// Appends one entry (`line` without its newline) and makes it durable. On error nothing
+    /// is committed: the append is cut off again, or, when even that fails, the segment is
+    /// closed and [`needs_replay`](Self::needs_replay) set, so the entry (if it landed after
+    /// all) is applied before anything else is decided and no two decisions exist for one
+    /// signal.
+    pub fn append(&mut self, line: &[u8]) -> Result<()> {
+        let dir = self.dir.clone();
+        let segment = self.active_segment()?;
+        let path = dir.join(segment_name(segment.number));
+        let before = segment.len;
+        let written = (|| {
+            crate::failpoint!(crate::failpoint::JOURNAL_WRITE, "cannot write", &path);
+            let mut buf = Vec::with_capacity(line.len() + 1);
+            buf.extend_from_slice(line);
+            buf.push(b'\n');
+            segment
+                .file
+                .write_all(&buf)
+                .map_err(|e| Error::io("cannot write", &path, e))?;
+            crate::failpoint!(crate::failpoint::JOURNAL_FSYNC, "cannot fsync", &path);
+            segment
+                .file
+                .sync_data()
+                .map_err(|e| Error::io("cannot fsync", &path, e))?;
+            Ok(before + buf.len() as u64)
+        })();
+        match written {
+            Ok(len) => {
+                segment.len = len;
+                if len >= SEGMENT_BYTES {
+                    self.rotate();
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let rolled_back = segment
+                    .file
+                    .set_len(before)
+                    .and_then(|()| segment.file.sync_data());
+                if let Err(undo) = rolled_back {
+                    tracing::error!(segment = %path.display(), "cannot cut a failed journal append off ({undo}); closing the segment and replaying it before the next batch");
+                    self.rotate();
+                    self.needs_replay = true;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The segment appends go to, made (and its name made durable) when there is none.
+    fn active_segment(&mut self) -> Result<&mut Segment> {
+        if self.active.is_none() {
+            let number = self.next_number;
+            let path = self.dir.join(segment_name(number));
+            let file = OpenOptions::new()
+                .append(true)
+                .create_new(true)
+                .mode(FILE_MODE)
+                .open(&path)
+                .map_err(|e| Error::io("cannot create", &path, e))?;
+            // The entries' fdatasync makes their bytes durable, not the segment's name.
+            fsync_dir(&self.dir)?;
+            self.next_number += 1;
+            self.active = Some(Segment {
+                number,
+                file,
+                len: 0,
+            });
+        }
+        Ok(self.active.as_mut().expect("just made"))
+    }
+
+    /// Stops appending to the active segment (the next append starts a new one).
+    fn rotate(&mut self) {
+        if let Some(s) = self.active.take() {
+            self.closed.push(s.number);
+        }
+    }
+
+    /// Whether a checkpoint has anything to do.
+    pub fn is_empty(&self) -> bool {
+        self.closed.is_empty() && self.active.as_ref().is_none_or(|s| s.len == 0)
+    }
+
+    /// Makes every file written so far durable and deletes the segments that covered them.
+    /// Called with every entry applied (the engine holds the journal across append and
+    /// apply, so between two calls every entry is). A failure keeps the segments for the
+    /// next checkpoint, or the replay after a restart.
+    pub fn checkpoint(&mut self) -> Result<()> {
+        let covered = self.begin_checkpoint();
+        if covered.is_empty() {
+            return Ok(());
+        }
+        syncfs(&self.fs, &self.dir)?;
+        self.finish_checkpoint(&covered)
+    }
+
+    /// Closes the active segment and returns what a checkpoint now covers (nothing while a
+    /// replay is owed: those entries' files may not be written yet).
+    fn begin_checkpoint(&mut self) -> Vec<u64> {
+        if self.needs_replay {
+            return Vec::new();
+        }
+        if self.active.as_ref().is_some_and(|s| s.len == 0) {
+            // Empty: nothing to cover, and it stays the active segment.
+        } else {
+            self.rotate();
+        }
+        self.closed.clone()
+    }
+
+    fn finish_checkpoint(&mut self, covered: &[u64]) -> Result<()> {
+        crate::failpoint!(
+            crate::failpoint::JOURNAL_CHECKPOINT,
+            "cannot remove",
+            &self.dir
+        );
+        for number in covered {
+            let path = self.dir.join(segment_name(*number));
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(Error::io("cannot remove", &path, e)),
+            }
+            self.closed.retain(|n| n != number);
+        }
+        // Not needed for safety (a segment that comes back is re-applied harmlessly), but it
+        // keeps a replay after a power cut short.
+        fsync_dir(&self.dir)
+    }
+}
+
+fn list_segments(dir: &Path) -> Result<Vec<u64>> {
+    let mut numbers = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| Error::io("cannot list", dir, e))? {
+        let entry = entry.map_err(|e| Error::io("cannot list", dir, e))?;
+        if let Some(n) = entry.file_name().to_str().and_then(segment_number) {
+            numbers.push(n);
+        }
+    }
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// `syncfs(2)`: every dirty file and directory of the filesystem `fs` is on, written and
+/// flushed; fails when any writeback on it failed since `fs` was opened or last synced.
+fn syncfs(fs: &File, what: &Path) -> Result<()> {
+    // SAFETY: syncfs takes a valid open descriptor and touches no memory of ours.
+    if unsafe { libc::syncfs(fs.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(Error::io(
+            "cannot sync the filesystem of",
+            what,
+            io::Error::last_os_error(),
+        ))
+    }
+}
+
+/// The journal shared between the engine and the checkpointer thread.
+pub type Shared = Arc<Mutex<Journal>>;
+
+/// Locks the journal; a panic elsewhere cannot leave it half-changed in a way that matters
+/// (every field is updated after the I/O it describes), so a poisoned lock is taken as is.
+pub fn lock(journal: &Shared) -> MutexGuard<'_, Journal> {
+    journal.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The background thread that checkpoints every [`CHECKPOINT_EVERY`]; on drop it stops and
+/// runs a last checkpoint, so a clean stop leaves an empty journal.
+#[derive(Debug)]
+pub struct Checkpointer {
+    journal: Shared,
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    pub fn start(journal: Shared) -> Checkpointer {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let thread = {
+            let journal = journal.clone();
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("checkpoint".into())
+                .spawn(move || {
+                    let (flag, cv) = &*stop;
+                    let mut stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
+                    while !*stopped {
+                        stopped = cv
+                            .wait_timeout(stopped, CHECKPOINT_EVERY)
+                            .unwrap_or_else(|e| e.into_inner())
+                            .0;
+                        if !*stopped {
+                            checkpoint_in_background(&journal);
+                        }
+                    }
+                })
+                .expect("spawn the checkpoint thread")
+        };
+        Checkpointer {
+            journal,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+/// One checkpoint that holds the journal only to rotate and to delete, not across the
+/// `syncfs`, so batches keep committing while the filesystem is flushed.
+fn checkpoint_in_background(journal: &Shared) {
+    let (covered, fs) = {
+        let mut j = lock(journal);
+        let covered = j.begin_checkpoint();
+        if covered.is_empty() {
+            return;
+        }
+        match j.fs.try_clone() {
+            Ok(fs) => (covered, fs),
+            Err(e) => {
+                tracing::error!("cannot checkpoint the journal (kept for the next try): {e}");
+                return;
+            }
+        }
+    };
+    let dir = lock(journal).dir.clone();
+    let done = syncfs(&fs, &dir).and_then(|()| lock(journal).finish_checkpoint(&covered));
+    if let Err(e) = done {
+        tracing::error!("cannot checkpoint the journal (kept for the next try): {e}");
+    }
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        {
+            let (flag, cv) = &*self.stop;
+            *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            cv.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Err(e) = lock(&self.journal).checkpoint() {
+            tracing::error!("cannot checkpoint the journal at stop (a restart replays it): {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &Path) -> Journal {
+        Journal::open(&dir.join("journal"), dir).unwrap()
+    }
+
+    #[test]
+    fn appended_entries_read_back_in_order_and_a_torn_tail_is_skipped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut j = open(tmp.path());
+        j.append(br#"{"n":1}"#).unwrap();
+        j.append(br#"{"n":2}"#).unwrap();
+        let path = j.dir().join(segment_name(1));
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(br#"{"n":3, "cut"#).unwrap();
+        drop(j);
+        let j = open(tmp.path());
+        assert!(j.needs_replay(), "segments left behind must be replayed");
+        let lines: Vec<Vec<u8>> = j.entries().unwrap().into_iter().map(|e| e.bytes).collect();
+        assert_eq!(lines, vec![br#"{"n":1}"#.to_vec(), br#"{"n":2}"#.to_vec()]);
+    }
+
+    #[test]
+    fn a_checkpoint_deletes_the_covered_segments_and_appends_go_on_in_a_new_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut j = open(tmp.path());
+        j.append(br#"{"n":1}"#).unwrap();
+        assert!(!j.is_empty());
+        j.checkpoint().unwrap();
+        assert!(j.is_empty());
+        assert_eq!(list_segments(j.dir()).unwrap(), Vec::<u64>::new());
+        j.append(br#"{"n":2}"#).unwrap();
+        assert_eq!(list_segments(j.dir()).unwrap(), vec![2]);
+        let lines: Vec<Vec<u8>> = j.entries().unwrap().into_iter().map(|e| e.bytes).collect();
+        assert_eq!(lines, vec![br#"{"n":2}"#.to_vec()]);
+    }
+
+    #[test]
+    fn no_checkpoint_runs_while_a_replay_is_owed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut j = open(tmp.path());
+        j.append(br#"{"n":1}"#).unwrap();
+        j.set_needs_replay(true);
+        j.checkpoint().unwrap();
+        assert_eq!(list_segments(j.dir()).unwrap(), vec![1]);
+        j.set_needs_replay(false);
+        j.checkpoint().unwrap();
+        assert_eq!(list_segments(j.dir()).unwrap(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn the_checkpointer_empties_the_journal_on_drop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared: Shared = Arc::new(Mutex::new(open(tmp.path())));
+        let c = Checkpointer::start(shared.clone());
+        lock(&shared).append(br#"{"n":1}"#).unwrap();
+        drop(c);
+        assert!(lock(&shared).is_empty());
+        assert_eq!(
+            list_segments(&tmp.path().join("journal")).unwrap(),
+            Vec::<u64>::new()
+        );
+    }
+}
