@@ -5,7 +5,8 @@
 //! - one fsync of a small file (the "plus one fsync" of the latency target);
 //! - the notification floor: a child process that watches a directory with inotify and renames
 //!   every file it sees into a second directory;
-//! - a trivial loopback HTTP server for `curl` to post to.
+//! - a trivial loopback HTTP server that answers every request 202 and records nothing (row 5's
+//!   baseline for the shim).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -171,40 +172,42 @@ pub fn notification_floor(dir: &Path, n: usize) -> Vec<f64> {
     times
 }
 
-/// A loopback HTTP server that answers every request with 200; returns its port. The thread
-/// lives as long as the benchmark.
+/// A loopback HTTP server that answers every request 202 with a short JSON body, as the shim
+/// answers an accepted signal, and does nothing else; returns its port. One thread per
+/// connection and keep-alive, so it is the HTTP floor for the same client and the same number
+/// of connections. The threads live as long as the benchmark.
 pub fn spawn_http_server() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let _ = answer(stream);
+            std::thread::spawn(move || answer(stream));
         }
     });
     port
 }
 
+/// Answers requests on one connection until the client closes it.
 fn answer(stream: TcpStream) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_nodelay(true)?;
     let mut reader = BufReader::new(stream.try_clone()?);
-    let mut length = 0usize;
+    let mut out = stream;
+    let reply = b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 22\r\n\r\n{\"result\":\"accepted\"}\n";
+    let mut line = String::new();
     loop {
-        let mut line = String::new();
+        line.clear();
         if reader.read_line(&mut line)? == 0 {
             return Ok(());
         }
-        let lower = line.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-        if line == "\r\n" {
-            break;
+        let (length, close) = crate::http::headers(&mut reader)?;
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body)?;
+        out.write_all(reply)?;
+        if close {
+            return Ok(());
         }
     }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body)?;
-    let mut out = stream;
-    out.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
 }
 
 /// A fresh scratch directory under `base`.

@@ -14,7 +14,10 @@ use waitpoint::model::Waitpoint;
 use waitpoint::settings::Settings;
 use waitpoint::store;
 
+use waitpoint::signal::{Published, published_endpoint};
+
 use crate::floor::{Inotify, percentile};
+use crate::http::{Load, Request, load};
 
 /// The release binaries under test.
 pub struct Bins {
@@ -253,9 +256,39 @@ pub fn per_invocation(n: usize, mut cmd: impl FnMut() -> Command) -> f64 {
     t.elapsed().as_secs_f64() * 1e3 / n as f64
 }
 
-/// Row 3: `cortex-signal` (spool path), `curl` to a loopback server, `/bin/true`; ms each.
-pub fn invocations(bins: &Bins, dir: &Path, n: usize, port: u16) -> (f64, f64, f64) {
-    let home = new_home(dir, "{}");
+/// A daemon on `home` with the HTTP shim enabled on a free loopback port (the home's settings
+/// must say so), and that port once the shim has published it.
+pub fn start_shim(bins: &Bins, home: &Home) -> (Daemon, u16) {
+    let daemon = Daemon::start(bins, home);
+    daemon.wait_ready();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Published::Up(url) = published_endpoint(home) {
+            return (daemon, url.port);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the shim never published its address"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// How many signals `a`'s waitpoint has recorded (read once its daemon is stopped).
+fn recorded(home: &Home, a: &Armed) -> u64 {
+    let wp = engine(home).load(&a.wp.id).unwrap().expect("the waitpoint");
+    wp.counters.signals
+}
+
+/// Settings for a home whose daemon runs the shim on a port the kernel picks.
+pub const SHIM_SETTINGS: &str =
+    r#"{"waitpointSweepMs": 30000, "webhook": {"enabled": true, "port": 0}}"#;
+
+/// Row 3: `cortex-signal` on the spool path (a home with no daemon), `curl` posting the same
+/// JSON to the shim of a running daemon (so each post is a signal recorded durably before its
+/// 202), and `/bin/true`; ms each.
+pub fn invocations(bins: &Bins, dir: &Path, n: usize) -> (f64, f64, f64) {
+    let home = new_home(&dir.join("spool"), "{}");
     let a = arm(&home, 1, "inv", 10_000).pop().unwrap();
     let ours = per_invocation(n, || {
         let mut c = Command::new(&bins.cortex_signal);
@@ -266,12 +299,17 @@ pub fn invocations(bins: &Bins, dir: &Path, n: usize, port: u16) -> (f64, f64, f
             .env("CORTEX_SIGNAL_SECRET", &a.secret);
         c
     });
-    let json = String::from_utf8(body(&a, "progress")).unwrap();
+    let shim_home = new_home(&dir.join("shim"), SHIM_SETTINGS);
+    let s = arm(&shim_home, 1, "inv", 10_000).pop().unwrap();
+    let (daemon, port) = start_shim(bins, &shim_home);
+    let json = String::from_utf8(body(&s, "progress")).unwrap();
     let url = format!("http://127.0.0.1:{port}/webhook/signal");
     let curl = per_invocation(n, || {
         let mut c = Command::new("curl");
+        // --fail: an answer other than 2xx fails the run instead of being timed.
         c.args([
             "-sS",
+            "--fail",
             "-XPOST",
             &url,
             "-H",
@@ -280,8 +318,62 @@ pub fn invocations(bins: &Bins, dir: &Path, n: usize, port: u16) -> (f64, f64, f
         .args(["-d", &json]);
         c
     });
+    drop(daemon);
+    let recorded = recorded(&shim_home, &s);
+    // One warm-up run, then n timed ones: every 202 is a recorded signal.
+    assert_eq!(recorded as usize, n + 1, "signals the shim recorded");
     let truth = per_invocation(n, || Command::new("/bin/true"));
     (ours, curl, truth)
+}
+
+/// Row 5's figures: the shim under load against the static-202 server, same client.
+pub struct ShimLoad {
+    pub signals: Load,
+    pub health: Load,
+    pub floor: Load,
+}
+
+/// Row 5: `clients` keep-alive connections posting `progress` signals to the static-202 server
+/// on `floor_port` for `duration`, then the same posts to the shim (each a fresh
+/// `Idempotency-Key`, so each 202 is a new signal, durable before its answer), then
+/// `GET /healthz` on the shim. Checks that the waitpoint recorded exactly the signals answered
+/// 202.
+pub fn shim_throughput(
+    bins: &Bins,
+    dir: &Path,
+    clients: usize,
+    duration: Duration,
+    floor_port: u16,
+) -> ShimLoad {
+    let home = new_home(dir, SHIM_SETTINGS);
+    let a = arm(&home, 1, "load", 1).pop().unwrap();
+    let post = Request::Post {
+        path: "/webhook/signal".into(),
+        body: String::from_utf8(body(&a, "progress")).unwrap(),
+    };
+    let floor = load(floor_port, &post, clients, duration, 202);
+    let (daemon, port) = start_shim(bins, &home);
+    let signals = load(port, &post, clients, duration, 202);
+    let health = load(
+        port,
+        &Request::Get {
+            path: "/healthz".into(),
+        },
+        clients,
+        duration,
+        200,
+    );
+    drop(daemon);
+    let recorded = recorded(&home, &a);
+    assert_eq!(
+        recorded as usize, signals.ok,
+        "every 202 is one recorded signal"
+    );
+    ShimLoad {
+        signals,
+        health,
+        floor,
+    }
 }
 
 /// One point of row 4.

@@ -113,7 +113,9 @@ pub enum LogFormat {
 }
 
 /// Logging: warnings and up to stderr for ordinary commands; for the daemon, info and up to
-/// stderr and `log/daemon.log`, in `format`. `RUST_LOG` overrides the level.
+/// stderr and `log/daemon.log`, in `format`. `RUST_LOG` overrides the level. `cortex-signal`
+/// calls this only in builds with failpoints, since nothing else on its path logs (see
+/// `cli::signal::main`).
 pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
     let default = if daemon_log.is_some() { "info" } else { "warn" };
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));

@@ -88,6 +88,12 @@ pub fn main() -> ExitCode {
         Ok(a) => a,
         Err(code) => return code,
     };
+    // No logging subscriber: nothing on this path emits a tracing event (a unit test below
+    // holds that), and setting one up links and initialises tracing-subscriber, its regex-based
+    // `RUST_LOG` filter and the progress-bar writer, which cost more than the rest of the
+    // process's own work. The one exception is an injected fault's warning, which exists only in
+    // builds with failpoints, so those keep the daemon's logging.
+    #[cfg(feature = "failpoints")]
     super::init_logging(None, super::LogFormat::Text);
     super::finish("cortex-signal", run(args))
 }
@@ -242,4 +248,69 @@ fn endpoint(
         Published::Absent => {}
     }
     Ok(super::webhook_port_env()?.map(|p| (HttpUrl::loopback(p), "WEBHOOK_PORT".into(), true)))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::{Context, SubscriberExt};
+
+    use super::*;
+    use crate::clock::{Clock, SystemClock};
+    use crate::model::WebhookAddress;
+
+    /// Counts every event at every level.
+    struct Count(Arc<AtomicUsize>);
+
+    impl<S: tracing::Subscriber> Layer<S> for Count {
+        fn on_event(&self, _: &tracing::Event<'_>, _: Context<'_, S>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// `cortex-signal` installs no logging subscriber (that start-up cost is most of what it
+    /// would spend besides the fsyncs), which is only right while nothing it runs logs. This
+    /// walks every way `send` can go short of a live shim and fails on any event, trace level
+    /// included: if it does, give `cortex-signal` its subscriber back.
+    #[test]
+    fn sending_logs_nothing_so_cortex_signal_needs_no_subscriber() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("home"));
+        let body = br#"{"id":"wp_0123456789ab","secret":"s","status":"ok"}"#;
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let url = format!("http://127.0.0.1:{closed}/webhook/signal");
+        let events = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry().with(Count(events.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            assert_eq!(send(&home, body, None, false, "t").unwrap(), exit::OK);
+            assert_eq!(send(&home, body, Some(&url), false, "t").unwrap(), exit::OK);
+            assert!(send(&home, body, Some(&url), true, "t").is_err());
+            // An address file no running daemon stands behind, then one that does not parse.
+            let stale = WebhookAddress {
+                url: url.clone(),
+                addr: format!("127.0.0.1:{closed}"),
+                pid: 1,
+                started_at: SystemClock.now(),
+            };
+            std::fs::write(
+                home.webhook_address_file(),
+                serde_json::to_vec(&stale).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(send(&home, body, None, false, "t").unwrap(), exit::OK);
+            std::fs::write(home.webhook_address_file(), b"{").unwrap();
+            assert_eq!(send(&home, body, None, false, "t").unwrap(), exit::OK);
+        });
+        assert_eq!(
+            events.load(Ordering::SeqCst),
+            0,
+            "events logged while sending"
+        );
+    }
 }
