@@ -336,6 +336,7 @@ impl Daemon {
             self.run_due();
             if self.engine.now() >= self.next_gc {
                 self.gc_read_wakes();
+                self.gc_engine_temps();
             }
         }
         if let Some(shim) = shim {
@@ -912,6 +913,7 @@ impl Daemon {
         self.next_gc = self.engine.now().plus_ms(GC_EVERY_MS);
     }
 
+    /// The drop zone's abandoned temp files, at every sweep (the sweep lists it anyway).
     fn gc(&mut self) {
         if let Err(e) = self
             .spool
@@ -919,8 +921,13 @@ impl Daemon {
         {
             tracing::error!("cannot clean stale temp files: {e}");
         }
-        // A commit killed mid-way leaves its temp file beside the target; nothing else ever
-        // writes one, so a day-old temp under the engine's directories is such a leftover.
+    }
+
+    /// A commit killed mid-way leaves its temp file beside the target; nothing else ever
+    /// writes one, so a day-old temp under the engine's directories is such a leftover. Walking
+    /// them costs in proportion to every file of every waitpoint, so it runs with the hourly
+    /// clean-up (and at start), not at every sweep.
+    fn gc_engine_temps(&mut self) {
         let home = self.engine.home();
         for dir in [home.waitpoints_dir(), home.sessions_dir()] {
             if let Err(e) = store::remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS) {

@@ -126,6 +126,9 @@ struct Staged {
 /// The most fsyncs a batch issues at once.
 const SYNC_THREADS: usize = 8;
 
+/// An [`Unsynced`] commit of at most this many files is written inline.
+const INLINE_UNSYNCED: usize = 4;
+
 impl Batch {
     pub fn new() -> Self {
         Batch::default()
@@ -191,14 +194,6 @@ impl Batch {
 }
 
 impl Batch {
-    /// Renames every staged file over its target without fsyncing anything: atomic for
-    /// readers, durable only once something syncs the filesystem (the journal's checkpoint).
-    /// Only for files that a durable journal entry already describes, so a crash that loses
-    /// them loses nothing the replay cannot write again.
-    pub fn commit_unsynced(mut self) -> Result<()> {
-        self.rename_all()
-    }
-
     fn rename_all(&mut self) -> Result<()> {
         for s in &mut self.staged {
             s.file = None;
@@ -208,6 +203,61 @@ impl Batch {
         }
         Ok(())
     }
+}
+
+/// Files written atomically (temp file, rename) but not fsynced, all at once: durable only
+/// once something syncs the filesystem (the journal's checkpoint). Only for files a durable
+/// journal entry already describes, so a crash that loses them loses nothing the replay cannot
+/// write again.
+#[derive(Debug, Default)]
+pub struct Unsynced {
+    files: Vec<(PathBuf, Vec<u8>)>,
+}
+
+impl Unsynced {
+    pub fn new() -> Self {
+        Unsynced::default()
+    }
+
+    /// Adds `value` as pretty JSON for `target`; nothing is written before [`commit`](Self::commit).
+    pub fn add_json<T: Serialize>(&mut self, target: &Path, value: &T) {
+        self.files.push((target.to_owned(), to_pretty_json(value)));
+    }
+
+    /// Writes every file, concurrently: creating a file and replacing one (which frees the old
+    /// one's blocks, and on a filesystem mounted with `discard` waits for the device) are
+    /// mostly waiting, and issued together the waits overlap. The order does not matter, the
+    /// journal entry covers every file; the first error is returned, with every temp file of
+    /// a failed write removed.
+    pub fn commit(self) -> Result<()> {
+        let write = |(target, bytes): &(PathBuf, Vec<u8>)| write_unsynced(target, bytes);
+        // One signal's few files go inline and in order (its wake first): threads would cost
+        // more than the waits they overlap, and the wake would not be first.
+        if self.files.len() <= INLINE_UNSYNCED {
+            return self.files.iter().try_for_each(write);
+        }
+        each_concurrently(&self.files, write)
+    }
+}
+
+fn write_unsynced(target: &Path, bytes: &[u8]) -> Result<()> {
+    let temp = temp_path_for(target);
+    let result = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(&temp)
+        .map_err(|e| Error::io("cannot create", &temp, e))
+        .and_then(|mut file| {
+            crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &temp);
+            file.write_all(bytes)
+                .map_err(|e| Error::io("cannot write", &temp, e))
+        })
+        .and_then(|()| rename_into_place(&temp, target));
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
 }
 
 impl Drop for Batch {
@@ -220,18 +270,28 @@ impl Drop for Batch {
     }
 }
 
-/// Removes files and makes the removals durable, fsyncing each directory once. Files already
-/// gone are not an error. On error, some files may be removed and others not.
-pub fn remove_all_durably(paths: &[PathBuf]) -> Result<()> {
-    let mut removed = Vec::new();
-    for path in paths {
-        match fs::remove_file(path) {
-            Ok(()) => removed.push(path.as_path()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("cannot remove", path, e)),
-        }
+/// Removes files (concurrently) without making the removals durable; files already gone are
+/// not an error. For files whose content is already durable elsewhere, so that one coming back
+/// after a crash changes nothing: a consumed spool file is then a duplicate. On error, some
+/// files may be removed and others not.
+pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
+    // Concurrently: each removal frees the file's blocks, which on a filesystem mounted with
+    // `discard` waits for the device; issued together, the waits overlap.
+    let remove = |path: &PathBuf| match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("cannot remove", path, e)),
+    };
+    if paths.len() <= INLINE_UNSYNCED {
+        return paths.iter().try_for_each(remove);
     }
-    let dirs = distinct_parents(removed.into_iter());
+    each_concurrently(paths, remove)
+}
+
+/// [`remove_all`], then each directory fsynced once, so the removals are durable.
+pub fn remove_all_durably(paths: &[PathBuf]) -> Result<()> {
+    remove_all(paths)?;
+    let dirs = distinct_parents(paths.iter().map(PathBuf::as_path));
     each_concurrently(&dirs, |d| fsync_dir(d))
 }
 

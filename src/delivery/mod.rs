@@ -36,7 +36,7 @@ pub fn stage(home: &Home, wake: &Wake, batch: &mut store::Batch) -> Result<()> {
 }
 
 /// Where `wake` goes in `new/` (its directories made), or `None` when a reader took it already.
-fn inbox_target(home: &Home, wake: &Wake) -> Result<Option<PathBuf>> {
+pub fn inbox_target(home: &Home, wake: &Wake) -> Result<Option<PathBuf>> {
     let new = home.inbox_new(&wake.channel);
     let cur = home.inbox_cur(&wake.channel);
     if wake_file(&cur, &wake.wake_id).exists() {

@@ -20,7 +20,7 @@ use crate::model::{
     JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Status, Waitpoint, WakeKind,
 };
 use crate::secret;
-use crate::store::{Batch, FileLock, create_dir_private, read_json};
+use crate::store::{FileLock, Unsynced, create_dir_private, read_json};
 
 use super::{
     Engine, Refusal, Verdict, identity_key, in_grace_window, next_due, next_record, rules,
@@ -294,32 +294,36 @@ impl Engine {
     /// record or wake that is absent or unreadable. A waitpoint whose directory is gone
     /// (retention, a deleted session) is skipped.
     fn write_changes(&self, changes: &[JournalChange], replay: bool) -> Result<()> {
-        let mut files = Batch::new();
+        let mut files = Unsynced::new();
         for change in changes {
             let id = &change.state.id;
             if replay && !self.home.waitpoint_dir(id).is_dir() {
                 continue;
+            }
+            // The wakes first: a small batch is written in this order, and the wake is what a
+            // waiting reader looks for.
+            for wake in &change.wakes {
+                if (!replay || !crate::delivery::is_delivered(&self.home, wake))
+                    && let Some(target) = crate::delivery::inbox_target(&self.home, wake)?
+                {
+                    files.add_json(&target, wake);
+                }
             }
             let dir = self.home.signals_dir(id);
             create_dir_private(&dir)?;
             for record in &change.records {
                 let path = dir.join(signal_file_name(record.seq, &identity_key(&record.source)));
                 if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
-                    files.stage_json(&path, record)?;
+                    files.add_json(&path, record);
                 }
             }
             let state = self.home.waitpoint_file(id);
             let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
             if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
-                files.stage_json(&state, &change.state)?;
-            }
-            for wake in &change.wakes {
-                if !replay || !crate::delivery::is_delivered(&self.home, wake) {
-                    crate::delivery::stage(&self.home, wake, &mut files)?;
-                }
+                files.add_json(&state, &change.state);
             }
         }
-        files.commit_unsynced()
+        files.commit()
     }
 
     /// Re-applies every entry left in the journal (after a crash, or a batch whose files could

@@ -117,7 +117,7 @@ impl Spool {
             "cannot remove",
             &path
         );
-        store::remove_durably(&path)?;
+        store::remove_all(&[path])?;
         Ok(FileOutcome::Consumed(verdict))
     }
 
@@ -186,7 +186,9 @@ impl Spool {
             .collect()
     }
 
-    /// Removes the batch's consumed files once every signal of theirs is durable.
+    /// Removes the batch's consumed files once every signal of theirs is durable (in the
+    /// journal). The removals need no fsync: a file a crash brings back is found recorded and
+    /// removed again as a duplicate, and the next checkpoint makes them durable anyway.
     fn remove_consumed(&self, paths: &[PathBuf]) -> Result<()> {
         #[cfg(feature = "failpoints")]
         if let Some(first) = paths.first() {
@@ -196,7 +198,7 @@ impl Spool {
                 first
             );
         }
-        store::remove_all_durably(paths)
+        store::remove_all(paths)
     }
 
     /// Reads and parses one file. `Ok(Err(outcome))` when it is not a signal to apply (gone,

@@ -210,19 +210,20 @@ fn kill_loop_loses_nothing_and_counts_nothing_twice() {
         survived += 1;
     }
 
-    // The last start: everything left drains and every pending wake goes out.
-    let mut d = env.daemon_started(&[]);
-    let limit = Duration::from_secs(120).max(Duration::from_millis(total as u64 * 30));
-    env.wait_until_within("the backlog to drain and wakes to settle", limit, || {
-        settled(&env)
-    });
-    // Commits cut short leave temp files; a day later the daemon's sweep removes them.
+    // Commits cut short leave temp files; once they are a day old, the daemon's clean-up (at
+    // start, then hourly) removes them.
     let temps = temp_files(&env.home);
     let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 86_400);
     for t in &temps {
         let f = std::fs::File::options().write(true).open(t).unwrap();
         f.set_modified(two_days_ago).unwrap();
     }
+    // The last start: everything left drains and every pending wake goes out.
+    let mut d = env.daemon_started(&[]);
+    let limit = Duration::from_secs(120).max(Duration::from_millis(total as u64 * 30));
+    env.wait_until_within("the backlog to drain and wakes to settle", limit, || {
+        settled(&env)
+    });
     env.wait_until("stale temp files to be removed", || {
         temp_files(&env.home).is_empty()
     });

@@ -14,6 +14,7 @@ mod fuzz;
 mod hostile;
 pub(crate) mod http;
 mod invariants;
+mod journal;
 mod kill_loop;
 mod layouts;
 mod man_pages;

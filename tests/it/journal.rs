@@ -1,0 +1,202 @@
+//! The write-ahead journal: what a batch's line holds, and the replay that rebuilds the files a
+//! power cut lost. The engine is driven in-process without a checkpointer, so the journal is
+//! left on disk as a crash would leave it; the losses of a power cut (files written without
+//! fsync) are made by hand.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_json::Value;
+use waitpoint::clock::SystemClock;
+use waitpoint::engine::{CreateRequest, Engine, Verdict};
+use waitpoint::home::Home;
+use waitpoint::ingress::{Source, SpoolBody, parse_spool_body};
+use waitpoint::settings::Settings;
+
+use crate::helpers::*;
+use crate::layouts::Schemas;
+
+fn engine(home: &Home) -> Engine {
+    Engine::new(home.clone(), Settings::default(), Arc::new(SystemClock))
+}
+
+/// Arms a monitor for `max_signals` reports; returns its id and secret.
+fn arm(e: &Engine, max_signals: u32) -> (String, String) {
+    let c = e
+        .create(CreateRequest {
+            fail_fast: false,
+            max_signals,
+            ..CreateRequest::new("journal", "i", "default")
+        })
+        .unwrap();
+    (c.waitpoint.id, c.secret)
+}
+
+/// Applies one `ok` signal named `file` and checks it was accepted.
+fn signal(e: &Engine, id: &str, secret: &str, file: &str) {
+    let SpoolBody::Signal(req) = parse_spool_body(body(id, secret, "").as_bytes()).unwrap() else {
+        panic!("a signal body");
+    };
+    let verdict = e.apply_signal(&req, &Source::Spool(file.into())).unwrap();
+    assert!(matches!(verdict, Verdict::Accepted { .. }), "{verdict:?}");
+}
+
+fn segments(home: &Home) -> Vec<PathBuf> {
+    let mut s: Vec<PathBuf> = fs::read_dir(home.journal_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "jsonl"))
+        .collect();
+    s.sort();
+    s
+}
+
+fn lines(home: &Home) -> Vec<Value> {
+    segments(home)
+        .iter()
+        .flat_map(|p| {
+            fs::read_to_string(p)
+                .unwrap()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect::<Vec<Value>>()
+        })
+        .collect()
+}
+
+fn only_file(dir: &Path) -> PathBuf {
+    let files: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    files.into_iter().next().unwrap()
+}
+
+/// A home (in `dir`) with a monitor for five reports; returns the home, an engine without a
+/// checkpointer, the id and the secret.
+fn monitor(dir: &Path) -> (Home, Engine, String, String) {
+    let home = Home::new(dir);
+    home.ensure().unwrap();
+    let e = engine(&home);
+    let (id, secret) = arm(&e, 5);
+    (home, e, id, secret)
+}
+
+#[test]
+fn a_batch_is_one_journal_line_that_matches_its_layout_and_holds_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, e, id, secret) = monitor(dir.path());
+    signal(&e, &id, &secret, "a.json");
+    signal(&e, &id, &secret, "b.json");
+    let entries = lines(&home);
+    assert_eq!(entries.len(), 2, "one line per batch");
+    let change = &entries[1]["changes"][0];
+    assert_eq!(change["state"]["counters"]["signals"], 2);
+    assert_eq!(change["records"][0]["source"], "spool:b.json");
+    assert_eq!(
+        change["wakes"].as_array().unwrap().len(),
+        1,
+        "a monitor wakes per report"
+    );
+    let schemas = Schemas::load();
+    for (i, entry) in entries.iter().enumerate() {
+        let path = dir.path().join(format!("entry-{i}.json"));
+        fs::write(&path, entry.to_string()).unwrap();
+        schemas.check("journal-entry", &path);
+    }
+    for segment in segments(&home) {
+        let text = fs::read_to_string(&segment).unwrap();
+        assert!(
+            !text.contains(&secret),
+            "the plaintext secret is in {segment:?}"
+        );
+    }
+}
+
+#[test]
+fn replay_rewrites_what_a_power_cut_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, e, id, secret) = monitor(dir.path());
+    let state_before = fs::read(home.waitpoint_file(&id)).unwrap();
+    signal(&e, &id, &secret, "a.json");
+    let state_after: Value =
+        serde_json::from_slice(&fs::read(home.waitpoint_file(&id)).unwrap()).unwrap();
+    let record = only_file(&home.signals_dir(&id));
+    let wake = only_file(&home.inbox_new("default"));
+    let wake_bytes = fs::read(&wake).unwrap();
+    drop(e);
+    // None of the three files was fsynced: a power cut may lose the record, leave the wake
+    // empty (its name made it, its data did not) and keep the state from before.
+    fs::remove_file(&record).unwrap();
+    fs::write(&wake, b"").unwrap();
+    fs::write(home.waitpoint_file(&id), &state_before).unwrap();
+
+    let (_, replayed) = engine(&home).replay_journal().unwrap();
+    assert_eq!(replayed, 1);
+    assert!(record.exists(), "the record is written again");
+    assert_eq!(
+        fs::read(&wake).unwrap(),
+        wake_bytes,
+        "the wake is written again"
+    );
+    let state: Value =
+        serde_json::from_slice(&fs::read(home.waitpoint_file(&id)).unwrap()).unwrap();
+    assert_eq!(state, state_after, "the state is the batch's");
+    assert!(
+        segments(&home).is_empty(),
+        "a replay ends with a checkpoint"
+    );
+}
+
+#[test]
+fn replay_never_rolls_back_a_change_made_after_the_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, e, id, secret) = monitor(dir.path());
+    signal(&e, &id, &secret, "a.json");
+    // Cancelled (a durable commit of its own) while the batch's line is still in the journal.
+    e.cancel(&id, "default").unwrap();
+    let cancelled = fs::read(home.waitpoint_file(&id)).unwrap();
+    let wakes = fs::read_dir(home.inbox_new("default")).unwrap().count();
+    drop(e);
+    engine(&home).replay_journal().unwrap();
+    assert_eq!(
+        fs::read(home.waitpoint_file(&id)).unwrap(),
+        cancelled,
+        "the cancel stands"
+    );
+    assert_eq!(
+        fs::read_dir(home.inbox_new("default")).unwrap().count(),
+        wakes,
+        "no wake delivered twice"
+    );
+}
+
+#[test]
+fn the_daemon_replays_the_journal_before_it_reads_any_state() {
+    let env = Env::new();
+    let (home, e, id, secret) = monitor(&env.home);
+    let state_before = fs::read(home.waitpoint_file(&id)).unwrap();
+    signal(&e, &id, &secret, "a.json");
+    drop(e);
+    // The power cut lost every file of the batch; only its journal line survived.
+    fs::remove_file(only_file(&home.signals_dir(&id))).unwrap();
+    fs::remove_file(only_file(&home.inbox_new("default"))).unwrap();
+    fs::write(home.waitpoint_file(&id), &state_before).unwrap();
+    let mut d = env.daemon();
+    env.wait_until("the replayed wake", || {
+        env.inbox("default", "new").len() == 1
+    });
+    assert_eq!(env.state(&id)["counters"]["signals"], 1);
+    d.send(libc::SIGTERM);
+    let (code, stderr) = d.wait_exit();
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        segments(&home).is_empty(),
+        "a clean stop leaves the journal empty"
+    );
+    assert_eq!(fs::read_dir(home.signals_dir(&id)).unwrap().count(), 1);
+}
