@@ -461,13 +461,7 @@ impl Daemon {
                 request,
                 key,
                 reply,
-            }) => {
-                let verdict = self.engine.apply_signal(&request, &Source::Http(key));
-                if let Ok(v) = &verdict {
-                    self.after_verdict(v);
-                }
-                let _ = reply.send(verdict);
-            }
+            }) => self.apply_http(request, key, reply),
             Event::HttpSignal(Submission::Callback { request, reply }) => {
                 let outcome =
                     self.engine
@@ -582,23 +576,67 @@ impl Daemon {
     /// the channel in their order; a shutdown needs nothing, its flag is already set.
     fn collect_hinted(&mut self, first: String) {
         let mut names = vec![first];
-        let mut others = Vec::new();
-        while names.len() < engine::MAX_BATCH {
-            match self.rx.try_recv() {
-                Ok(Event::SpoolFile(name)) => {
-                    if !names.contains(&name) {
-                        names.push(name);
-                    }
+        self.gather(|event, n| match event {
+            Event::SpoolFile(name) => {
+                if !names.contains(&name) {
+                    names.push(name);
                 }
-                Ok(Event::Shutdown) => break,
-                Ok(other) => others.push(other),
-                Err(_) => break,
+                *n = names.len();
+                None
+            }
+            other => Some(other),
+        });
+        self.collect_batch(&names);
+    }
+
+    /// Takes the events already waiting on the channel, offering each to `take`, which keeps
+    /// it (returns `None`, setting the count it now holds) or hands it back. Stops at an empty
+    /// channel, a shutdown (its flag is already set) or a full batch; the events handed back
+    /// go back on the channel in their order.
+    fn gather(&mut self, mut take: impl FnMut(Event, &mut usize) -> Option<Event>) {
+        let mut held = 1;
+        let mut others = Vec::new();
+        while held < engine::MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(Event::Shutdown) | Err(_) => break,
+                Ok(event) => others.extend(take(event, &mut held)),
             }
         }
         for event in others {
             let _ = self.tx.send(event);
         }
-        self.collect_batch(&names);
+    }
+
+    /// Applies an HTTP signal together with every other one already waiting on the channel
+    /// (up to a batch), so concurrent clients share one journal commit; each answer is sent
+    /// once the batch is durable. Other events go back on the channel in their order.
+    fn apply_http(
+        &mut self,
+        request: crate::ingress::SignalRequest,
+        key: String,
+        reply: mpsc::Sender<Result<Verdict>>,
+    ) {
+        let mut items = vec![(request, Source::Http(key))];
+        let mut replies = vec![reply];
+        self.gather(|event, n| match event {
+            Event::HttpSignal(Submission::Signal {
+                request,
+                key,
+                reply,
+            }) => {
+                items.push((request, Source::Http(key)));
+                replies.push(reply);
+                *n = items.len();
+                None
+            }
+            other => Some(other),
+        });
+        for (verdict, reply) in self.engine.apply_batch(&items).into_iter().zip(replies) {
+            if let Ok(v) = &verdict {
+                self.after_verdict(v);
+            }
+            let _ = reply.send(verdict);
+        }
     }
 
     /// Collects `names` (at most a batch) as one group commit.

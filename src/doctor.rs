@@ -111,6 +111,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     checks.push(check_daemon(home));
     checks.push(check_shim(home));
     checks.push(check_devices(home));
+    checks.push(check_journal(home));
     checks.push(check_temps(&walk));
     checks.push(check_bad(home));
     checks
@@ -577,6 +578,34 @@ fn connect_any(target: &str) -> Result<(), String> {
     Err(last)
 }
 
+/// Segments a running daemon checkpoints within a second or so; left without one, they hold
+/// committed signals whose files may be incomplete until a daemon replays them.
+fn check_journal(home: &Home) -> Check {
+    let segments = store::list_dir(&home.journal_dir())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(name, _)| name.ends_with(".jsonl"))
+        .count();
+    if segments == 0 {
+        return ok("journal", "empty (every committed batch is checkpointed)");
+    }
+    if store::FileLock::is_held(&home.daemon_lock()) {
+        return ok(
+            "journal",
+            format!("{segments} segment(s); the running daemon checkpoints them"),
+        );
+    }
+    bad(
+        "journal",
+        Level::Warn,
+        format!(
+            "{segments} segment(s) of committed signals left by a daemon that did not stop \
+cleanly; their files may be incomplete until they are replayed"
+        ),
+        "start the daemon (waitpoint daemon): it replays the journal before anything else",
+    )
+}
+
 fn check_temps(walk: &Walk) -> Check {
     if walk.stale_temps.is_empty() {
         return ok("temp-files", "no stale *.tmp files");
@@ -649,6 +678,22 @@ mod tests {
         home.ensure().unwrap();
         let checks = inputs_for(&home);
         assert_ne!(worst(&checks), Level::Fail, "{checks:#?}");
+    }
+
+    #[test]
+    fn journal_segments_left_without_a_daemon_warn_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("h"));
+        home.ensure().unwrap();
+        assert_eq!(check_journal(&home).level, Level::Ok);
+        fs::write(
+            home.journal_dir().join("00000000000000000001.jsonl"),
+            "{}\n",
+        )
+        .unwrap();
+        let c = check_journal(&home);
+        assert_eq!(c.level, Level::Warn, "{c}");
+        assert!(c.fix.unwrap().contains("waitpoint daemon"));
     }
 
     #[test]

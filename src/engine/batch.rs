@@ -1,14 +1,13 @@
-//! Group commit: a batch of signals applied with their fsyncs shared.
+//! Applying signals: a batch decided in memory, committed as one journal line, then its files.
 //!
-//! [`Engine::apply_batch`] decides every signal exactly as [`Engine::apply_signal`] would, in
-//! order, and then commits the batch in the same phases the single path commits one signal in:
-//! every signal record, then every state (with its new wakes in the outbox), then every inbox
-//! file, then every state with its outbox cleared. Each phase is one [`store::Batch`] (every
-//! file fsynced, renamed, each directory fsynced once), and a phase starts only once the one
-//! before it is durable, so the order of the single path holds for each signal: a crash leaves
-//! exactly the states the single path can leave, and the same recovery finishes them. The
-//! caller removes the spool files only after `apply_batch` returns, so each signal is durable
-//! before its file goes.
+//! [`Engine::apply_batch`] decides every signal exactly as one-by-one collection would, in
+//! order, against each waitpoint's in-memory state. The batch then becomes one line of the
+//! journal (every record, state and wake it changes), fdatasynced: that is the commit. Its
+//! files are written after it, atomically but without their own fsync; the journal's
+//! checkpoint makes them durable, and after a crash the daemon re-applies the lines left
+//! ([`Engine::replay_journal`]) before it reads any state. The caller removes the spool files
+//! only after `apply_batch` returns, so each signal is durable before its file goes. See
+//! `ARCHITECTURE.md`, "Commit order".
 
 use std::collections::HashMap;
 use std::io;
