@@ -271,9 +271,19 @@ impl Journal {
     }
 }
 
+/// Whether `dir` holds any segment (a cheap look, for commands deciding whether to replay).
+pub fn has_segments(dir: &Path) -> bool {
+    list_segments(dir).is_ok_and(|s| !s.is_empty())
+}
+
 fn list_segments(dir: &Path) -> Result<Vec<u64>> {
     let mut numbers = Vec::new();
-    for entry in fs::read_dir(dir).map_err(|e| Error::io("cannot list", dir, e))? {
+    let listing = match fs::read_dir(dir) {
+        Ok(l) => l,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(numbers),
+        Err(e) => return Err(Error::io("cannot list", dir, e)),
+    };
+    for entry in listing {
         let entry = entry.map_err(|e| Error::io("cannot list", dir, e))?;
         if let Some(n) = entry.file_name().to_str().and_then(segment_number) {
             numbers.push(n);

@@ -335,6 +335,8 @@ fn poll(
                     FileOutcome::Deferred | FileOutcome::Vanished => {}
                 }
             }
+            // Leave nothing in the journal: no daemon runs to checkpoint it.
+            engine.checkpoint_journal()?;
             let _ = store::remove_durably(&home.device_poll_file(&d.name));
             report(
                 out,

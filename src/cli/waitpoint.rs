@@ -333,6 +333,8 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
     }
     home.ensure()?;
     let engine = Engine::new(home, settings, clock);
+    // Before reading or changing any state: what a dead daemon left in the journal.
+    engine.replay_left_journal()?;
     let mut out = io::stdout().lock();
     match command {
         Command::Create(a) => create(&engine, a, &mut out),

@@ -382,6 +382,34 @@ impl Engine {
         self
     }
 
+    /// For a command run while no daemon is: re-applies the journal a daemon that died left
+    /// (a power cut may have lost the files of its last batches), holding the daemon lock
+    /// meanwhile, so nothing reads or changes a state the journal is about to overwrite. A
+    /// running daemon replayed it at its start; then this does nothing. Returns how many lines
+    /// were re-applied.
+    pub fn replay_left_journal(&self) -> Result<usize> {
+        if !journal::has_segments(&self.home.journal_dir()) {
+            return Ok(0);
+        }
+        let lock = match FileLock::try_acquire_writing_pid(&self.home.daemon_lock()) {
+            Ok(l) => l,
+            Err(Error::Locked { .. }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let (_, replayed) = self.replay_journal()?;
+        lock.clear();
+        Ok(replayed)
+    }
+
+    /// Checkpoints the journal if this engine committed through it (a command that applied
+    /// signals without a daemon: `device poll`), so it leaves the journal empty.
+    pub fn checkpoint_journal(&self) -> Result<()> {
+        match self.journal.get() {
+            Some(j) => journal::lock(j).checkpoint(),
+            None => Ok(()),
+        }
+    }
+
     /// Opens the journal and re-applies whatever a crash left in it; the daemon calls this at
     /// start, before it reads any state, and runs the returned journal's checkpointer.
     pub fn replay_journal(&self) -> Result<(journal::Shared, usize)> {

@@ -200,3 +200,24 @@ fn the_daemon_replays_the_journal_before_it_reads_any_state() {
     );
     assert_eq!(fs::read_dir(home.signals_dir(&id)).unwrap().count(), 1);
 }
+
+#[test]
+fn a_command_after_a_daemon_died_replays_the_journal_first_so_neither_change_is_lost() {
+    let env = Env::new();
+    let (home, e, id, secret) = monitor(&env.home);
+    let state_before = fs::read(home.waitpoint_file(&id)).unwrap();
+    signal(&e, &id, &secret, "a.json");
+    drop(e);
+    // The power cut kept the state from before the batch; only the journal line knows better.
+    fs::write(home.waitpoint_file(&id), &state_before).unwrap();
+    // Without the replay first, the cancel would be made on the stale state, and the replay
+    // at the next start would then bring the waitpoint back (it counts more signals).
+    env.ok("cancel", &env.waitpoint(&["cancel", &id]));
+    let state = env.state(&id);
+    assert_eq!(state["status"], "cancelled");
+    assert_eq!(state["counters"]["signals"], 1, "the report still counts");
+    assert!(
+        segments(&home).is_empty(),
+        "the command replayed and checkpointed"
+    );
+}
