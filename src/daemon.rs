@@ -126,6 +126,8 @@ pub struct Daemon {
     deferred: Vec<(Instant, String)>,
     hooks: Option<HookRunner>,
     next_gc: Timestamp,
+    /// When to walk the engine's directories for stale temp files (see `gc_engine_temps`).
+    next_temp_walk: Timestamp,
     clock: Arc<dyn Clock>,
     stop: Arc<AtomicBool>,
     progress: Option<Box<dyn DrainProgress>>,
@@ -214,6 +216,8 @@ const GC_EVERY_MS: i64 = 3_600_000;
 
 /// Stale `*.tmp` files in the drop zone are removed after a day.
 const STALE_TEMP_MS: i64 = DAY_MS as i64;
+/// How often the engine's directories are walked for stale temp files without a death.
+const TEMP_WALK_EVERY_MS: i64 = DAY_MS as i64;
 /// The longest the loop sleeps without looking at the clock, so a clock step is noticed.
 const MAX_IDLE: Duration = Duration::from_secs(60);
 
@@ -222,6 +226,10 @@ impl Daemon {
     pub fn new(config: DaemonConfig, clock: Arc<dyn Clock>) -> Result<(Daemon, DaemonControl)> {
         config.home.ensure()?;
         config.home.check_private()?;
+        // A clean stop empties the lock file: a pid left in it means the last daemon died, and
+        // only a death (of the daemon or of a command) mid-commit leaves temp files behind.
+        let died = std::fs::read_to_string(config.home.daemon_lock())
+            .is_ok_and(|pid| !pid.trim().is_empty());
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
@@ -248,6 +256,11 @@ impl Daemon {
             stop: Arc::clone(&stop),
         };
         let next_gc = engine.now();
+        let next_temp_walk = if died {
+            engine.now()
+        } else {
+            engine.now().plus_ms(TEMP_WALK_EVERY_MS)
+        };
         Ok((
             Daemon {
                 engine,
@@ -258,6 +271,7 @@ impl Daemon {
                 deferred: Vec::new(),
                 hooks,
                 next_gc,
+                next_temp_walk,
                 clock,
                 stop,
                 progress: None,
@@ -336,6 +350,8 @@ impl Daemon {
             self.run_due();
             if self.engine.now() >= self.next_gc {
                 self.gc_read_wakes();
+            }
+            if self.engine.now() >= self.next_temp_walk {
                 self.gc_engine_temps();
             }
         }
@@ -963,8 +979,8 @@ impl Daemon {
 
     /// A commit killed mid-way leaves its temp file beside the target; nothing else ever
     /// writes one, so a day-old temp under the engine's directories is such a leftover. Walking
-    /// them costs in proportion to every file of every waitpoint, so it runs with the hourly
-    /// clean-up (and at start), not at every sweep.
+    /// them costs in proportion to every file of every waitpoint (seconds of CPU at 100,000
+    /// armed), so it runs at start only after a daemon died, and otherwise once a day.
     fn gc_engine_temps(&mut self) {
         let home = self.engine.home();
         for dir in [home.waitpoints_dir(), home.sessions_dir()] {
@@ -972,6 +988,7 @@ impl Daemon {
                 tracing::error!("cannot clean stale temp files: {e}");
             }
         }
+        self.next_temp_walk = self.engine.now().plus_ms(TEMP_WALK_EVERY_MS);
     }
 }
 

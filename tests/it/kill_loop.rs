@@ -210,8 +210,8 @@ fn kill_loop_loses_nothing_and_counts_nothing_twice() {
         survived += 1;
     }
 
-    // Commits cut short leave temp files; once they are a day old, the daemon's clean-up (at
-    // start, then hourly) removes them.
+    // Commits cut short leave temp files; once they are a day old, the daemon removes them: at
+    // its first start after a death (this one), then daily.
     let temps = temp_files(&env.home);
     let two_days_ago = SystemTime::now() - Duration::from_secs(2 * 86_400);
     for t in &temps {
