@@ -657,9 +657,6 @@ impl Daemon {
 
     /// Collects `names` (at most a batch) as one group commit.
     fn collect_batch(&mut self, names: &[String]) {
-        if let [name] = names {
-            return self.collect(name);
-        }
         for (name, outcome) in self.spool.collect_batch(&self.engine, names) {
             self.after_collect(&name, outcome);
         }

@@ -27,16 +27,17 @@ pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
     }
 }
 
-/// Like [`deliver`], into a batch: the wake is durable once `batch` commits.
-pub fn stage(home: &Home, wake: &Wake, batch: &mut store::Batch) -> Result<()> {
-    match inbox_target(home, wake)? {
-        Some(target) => batch.stage_json(&target, wake),
-        None => Ok(()),
+/// Like [`deliver`], into a set of journaled files: written (without fsync) when `files`
+/// commits; the journal line written before makes it durable.
+pub fn stage(home: &Home, wake: &Wake, files: &mut store::Unsynced) -> Result<()> {
+    if let Some(target) = inbox_target(home, wake)? {
+        files.add_json(&target, wake);
     }
+    Ok(())
 }
 
 /// Where `wake` goes in `new/` (its directories made), or `None` when a reader took it already.
-pub fn inbox_target(home: &Home, wake: &Wake) -> Result<Option<PathBuf>> {
+fn inbox_target(home: &Home, wake: &Wake) -> Result<Option<PathBuf>> {
     let new = home.inbox_new(&wake.channel);
     let cur = home.inbox_cur(&wake.channel);
     if wake_file(&cur, &wake.wake_id).exists() {

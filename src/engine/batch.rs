@@ -41,6 +41,13 @@ struct Group {
     failed: Option<String>,
 }
 
+impl Group {
+    /// Whether the batch commits anything for this waitpoint: signals decided, none failed.
+    fn is_live(&self) -> bool {
+        !self.fresh.is_empty() && self.failed.is_none()
+    }
+}
+
 /// Where one item of the batch stands.
 enum Slot {
     Done(Result<Verdict>),
@@ -232,10 +239,7 @@ impl Engine {
     /// between an entry and its files.
     fn commit_groups(&self, journal: &mut Journal, groups: &mut [Group]) -> Result<()> {
         let mut changes = Vec::new();
-        for g in groups
-            .iter_mut()
-            .filter(|g| !g.fresh.is_empty() && g.failed.is_none())
-        {
+        for g in groups.iter_mut().filter(|g| g.is_live()) {
             let wakes = g.wp.outbox.clone();
             self.mark_delivered(&mut g.wp);
             changes.push(JournalChange {
@@ -253,10 +257,7 @@ impl Engine {
             changes,
         };
         journal.append(&serde_json::to_vec(&entry).expect("our records always serialise"))?;
-        for g in groups
-            .iter()
-            .filter(|g| !g.fresh.is_empty() && g.failed.is_none())
-        {
+        for g in groups.iter().filter(|g| g.is_live()) {
             for (_, key) in &g.fresh {
                 self.seen_insert(&g.wp.id, key.clone());
             }
@@ -267,10 +268,7 @@ impl Engine {
             journal.set_needs_replay(true);
             return Err(e);
         }
-        for g in groups
-            .iter()
-            .filter(|g| !g.fresh.is_empty() && g.failed.is_none())
-        {
+        for g in groups.iter().filter(|g| g.is_live()) {
             if g.wp.status != Status::Armed && g.wp.pending_wake.is_none() {
                 self.forget(&g.wp.id);
             }
@@ -302,10 +300,8 @@ impl Engine {
             // The wakes first: a small batch is written in this order, and the wake is what a
             // waiting reader looks for.
             for wake in &change.wakes {
-                if (!replay || !crate::delivery::is_delivered(&self.home, wake))
-                    && let Some(target) = crate::delivery::inbox_target(&self.home, wake)?
-                {
-                    files.add_json(&target, wake);
+                if !replay || !crate::delivery::is_delivered(&self.home, wake) {
+                    crate::delivery::stage(&self.home, wake, &mut files)?;
                 }
             }
             let dir = self.home.signals_dir(id);

@@ -103,27 +103,16 @@ impl Spool {
 
     /// Collects one file: read, parse, apply, then remove it or park it.
     pub fn collect(&self, engine: &Engine, name: &str) -> Result<FileOutcome> {
-        let (request, bytes) = match self.read_request(engine, name)? {
-            Ok(r) => r,
-            Err(outcome) => return Ok(outcome),
-        };
-        let verdict = engine.apply_signal(&request, &self.source_of(name))?;
-        if let Some(parked) = self.settle(engine, name, &request, &bytes, &verdict)? {
-            return Ok(parked);
-        }
-        let path = self.dir.join(name);
-        crate::failpoint!(
-            crate::failpoint::SPOOL_BEFORE_REMOVE,
-            "cannot remove",
-            &path
-        );
-        store::remove_all(&[path])?;
-        Ok(FileOutcome::Consumed(verdict))
+        let (_, outcome) = self
+            .collect_batch(engine, &[name.to_owned()])
+            .pop()
+            .expect("one outcome per name");
+        outcome
     }
 
-    /// Collects several files as one group commit ([`Engine::apply_batch`]): the same outcome
-    /// for each as [`collect`](Self::collect) in order, with the fsyncs shared and the consumed
-    /// files removed together once every signal is durable. One result per name, in order; an
+    /// Collects several files as one journal commit ([`Engine::apply_batch`]): each decided as
+    /// if collected alone, in order, and the consumed files removed together once every signal
+    /// is durable. One result per name, in order; an
     /// `Err` leaves that file in the spool for the next attempt.
     pub fn collect_batch(
         &self,
