@@ -310,6 +310,10 @@ impl Daemon {
         // After the drain: readers scan until the index is complete, signals should not wait.
         self.ensure_index();
         self.devices.reconcile();
+        // After a death, before "ready": the temp files it left are gone by then.
+        if self.engine.now() >= self.next_temp_walk {
+            self.gc_engine_temps();
+        }
         let shim = self.start_shim()?;
         tracing::info!(
             drained,

@@ -237,3 +237,43 @@ fn records_replayed_through_duplicate_files_still_send_the_grace_wake() {
     assert_eq!(wake["reports"].as_array().unwrap().len(), 2);
     assert_eq!(env.state(&id)["counters"]["signals"], 2);
 }
+
+/// A day-old temp file under a waitpoint, as a commit killed mid-way leaves it.
+fn plant_stale_temp(env: &Env, id: &str) -> std::path::PathBuf {
+    let temp = env
+        .home
+        .join("waitpoints")
+        .join(id)
+        .join(".waitpoint.json.0123456789abcdef.tmp");
+    fs::write(&temp, b"{").unwrap();
+    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
+    fs::File::options()
+        .write(true)
+        .open(&temp)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
+    temp
+}
+
+#[test]
+fn stale_temps_under_waitpoints_are_swept_at_a_start_after_a_death_not_after_a_clean_stop() {
+    let env = Env::new();
+    let (id, _) = id_secret(&env.create(&["--label", "t", "--intent", "i"]));
+    let temp = plant_stale_temp(&env, &id);
+    // After a clean stop (an empty daemon.lock) the start does not walk every waitpoint.
+    let mut d = env.daemon();
+    assert!(
+        temp.exists(),
+        "a clean start leaves the walk to the daily clean-up"
+    );
+    d.send(libc::SIGTERM);
+    assert_eq!(d.wait_exit().0, Some(0));
+    // A pid left in the lock says the last daemon died: the walk runs before it is ready.
+    fs::write(env.home.join("daemon.lock"), "4242\n").unwrap();
+    let _d = env.daemon();
+    assert!(
+        !temp.exists(),
+        "the start after a death removes what it left"
+    );
+}
