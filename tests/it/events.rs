@@ -4,6 +4,7 @@ use std::fs;
 
 use serde_json::Value;
 use waitpoint::engine::timers::TimerRequest;
+use waitpoint::model::Timer;
 
 use crate::helpers::*;
 
@@ -20,6 +21,13 @@ fn timer_req(after: u64, every: Option<u64>, summary: &str) -> TimerRequest {
     }
 }
 
+/// A live daemon on the manual clock at [`T0`] with one timer created through its engine.
+fn live_with_timer(env: &Env, req: TimerRequest) -> (Live, Timer) {
+    let live = Live::start(env, T0);
+    let timer = live.engine.create_timer(req).unwrap();
+    (live, timer)
+}
+
 fn timer_file(env: &Env, id: &str) -> Value {
     serde_json::from_slice(&fs::read(env.home.join("timers").join(format!("{id}.json"))).unwrap())
         .unwrap()
@@ -28,11 +36,7 @@ fn timer_file(env: &Env, id: &str) -> Value {
 #[test]
 fn a_one_shot_timer_fires_once_as_a_timer_wake_and_completes() {
     let env = Env::new();
-    let live = Live::start(&env, T0);
-    let t = live
-        .engine
-        .create_timer(timer_req(60_000, None, "look at the queue"))
-        .unwrap();
+    let (live, t) = live_with_timer(&env, timer_req(60_000, None, "look at the queue"));
     live.advance_ms(59_000);
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(wakes(&env, "default").is_empty(), "not before its time");
@@ -56,11 +60,7 @@ fn a_one_shot_timer_fires_once_as_a_timer_wake_and_completes() {
 #[test]
 fn a_repeating_timer_missed_while_down_fires_once_then_keeps_its_schedule() {
     let env = Env::new();
-    let live = Live::start(&env, T0);
-    let t = live
-        .engine
-        .create_timer(timer_req(1_000, Some(1_000), "tick"))
-        .unwrap();
+    let (live, t) = live_with_timer(&env, timer_req(1_000, Some(1_000), "tick"));
     live.stop();
     // Down for 10.5 intervals.
     let live = Live::start(&env, T0.plus_ms(11_500));
@@ -82,11 +82,7 @@ fn a_repeating_timer_missed_while_down_fires_once_then_keeps_its_schedule() {
 #[test]
 fn a_legacy_scheduled_timer_reads_as_active() {
     let env = Env::new();
-    let live = Live::start(&env, T0);
-    let t = live
-        .engine
-        .create_timer(timer_req(5_000, None, "legacy"))
-        .unwrap();
+    let (live, t) = live_with_timer(&env, timer_req(5_000, None, "legacy"));
     live.stop();
     let path = env.home.join("timers").join(format!("{}.json", t.id));
     let text = fs::read_to_string(&path)
