@@ -2,7 +2,7 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5]`
+//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5] [--dir DIR] [--keep]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod floor;
@@ -18,6 +18,8 @@ struct Options {
     idle: Duration,
     rows: Vec<u32>,
     base: PathBuf,
+    /// Keep the homes (`--keep`), e.g. to read a daemon's log after a run.
+    keep: bool,
 }
 
 fn options() -> Options {
@@ -27,6 +29,7 @@ fn options() -> Options {
         idle: Duration::from_secs(60),
         rows: vec![1, 2, 3, 4, 5],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
+        keep: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -61,6 +64,7 @@ fn options() -> Options {
             }
             "--idle" => o.idle = Duration::from_secs(args.next().unwrap().parse().unwrap()),
             "--dir" => o.base = PathBuf::from(args.next().unwrap()),
+            "--keep" => o.keep = true,
             // `cargo bench` passes this to every bench target.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -106,26 +110,56 @@ fn main() {
     let body = br#"{"id":"wp_0123456789ab","secret":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","status":"ok","message":"exit=0"}"#;
 
     if o.rows.contains(&1) {
-        let (n_wp, per) = if o.quick { (1_000, 1) } else { (1_000, 2) };
-        eprintln!("row 1: ingest, {n_wp} monitors x {per} signals");
+        let (n_wp, per, rounds) = if o.quick {
+            (1_000, 1, 3)
+        } else {
+            (1_000, 2, 5)
+        };
+        eprintln!("row 1: ingest, {n_wp} monitors x {per} signals, {rounds} rounds");
         let n = n_wp * per;
-        let durable = floor::file_floor(&floor::scratch(&o.base, "floor-durable"), n, body, true);
-        let nosync = floor::file_floor(&floor::scratch(&o.base, "floor-nosync"), n, body, false);
-        let ours = ours::ingest(&b, &o.base.join("ingest"), n_wp, per);
+        // Rounds interleave ours with both floors: this disk's speed drifts several-fold within
+        // a minute, so each ratio compares figures taken seconds apart, and the medians are
+        // printed.
+        let mut runs: Vec<[f64; 3]> = Vec::new();
+        for round in 0..rounds {
+            let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
+            let d = floor::file_floor(&scratch("floor-durable"), n, body, true);
+            let f = floor::file_floor(&scratch("floor-nosync"), n, body, false);
+            let x = ours::ingest(&b, &o.base.join(format!("ingest-{round}")), n_wp, per);
+            eprintln!("  round {round}: ours {x:.0}, durable floor {d:.0}, no-sync floor {f:.0}");
+            runs.push([x, d, f]);
+        }
+        let column = |f: &dyn Fn(&[f64; 3]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let (ours, durable, nosync) = (column(&|r| r[0]), column(&|r| r[1]), column(&|r| r[2]));
+        let (r_durable, r_nosync) = (column(&|r| r[0] / r[1]), column(&|r| r[0] / r[2]));
+        let med = |v: &[f64]| ours::p(v, 50.0);
         t.row(
             &format!("1. durable ingest, {n} signals to {n_wp} armed monitors (signals/s)"),
-            format!("{ours:.0}"),
-            format!("{durable:.0} (durable per-file floor)"),
-            format!("{:.2}x", ours / durable),
+            format!("{:.0}", med(&ours)),
+            format!("{:.0} (durable per-file floor)", med(&durable)),
+            format!("{:.2}x", med(&r_durable)),
             ">= 5x",
         );
         t.row(
             "1. same, against the no-sync floor",
-            format!("{ours:.0}"),
-            format!("{nosync:.0} (no-sync floor)"),
-            format!("{:.3}x", ours / nosync),
+            format!("{:.0}", med(&ours)),
+            format!("{:.0} (no-sync floor)", med(&nosync)),
+            format!("{:.3}x", med(&r_nosync)),
             ">= 0.33x",
         );
+        let list = |v: &[f64]| {
+            v.iter()
+                .map(|r| format!("{r:.2}x"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        notes.push(format!(
+            "Row 1: medians of {rounds} rounds, each measuring both floors and then ours; the \
+             ratio is the median of the rounds' ratios. Against the durable floor: {}; against \
+             the no-sync floor: {}.",
+            list(&r_durable),
+            list(&r_nosync)
+        ));
     }
     if o.rows.contains(&2) {
         let n = if o.quick { 200 } else { 1_000 };
@@ -297,5 +331,7 @@ fn main() {
     for n in notes {
         println!("{n}");
     }
-    let _ = std::fs::remove_dir_all(&o.base);
+    if !o.keep {
+        let _ = std::fs::remove_dir_all(&o.base);
+    }
 }
