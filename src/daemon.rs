@@ -305,6 +305,8 @@ impl Daemon {
         // not all written. Dropped at the end of `run`, the checkpointer empties the journal.
         let (journal, _replayed) = self.engine.replay_journal()?;
         let _checkpointer = journal::Checkpointer::start(journal);
+        // From here on, what the engine frees goes to the trash, emptied as it fills.
+        let _reaper = crate::store::Reaper::start(self.engine.open_trash()?);
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
         // After the drain: readers scan until the index is complete, signals should not wait.

@@ -174,11 +174,6 @@ impl Home {
         self.waitpoint_dir(id).join("waitpoint.json")
     }
 
-    /// The per-waitpoint lock that serialises read-modify-write of its state.
-    pub fn waitpoint_lock(&self, id: &str) -> PathBuf {
-        self.waitpoint_dir(id).join(".lock")
-    }
-
     pub fn signals_dir(&self, id: &str) -> PathBuf {
         self.waitpoint_dir(id).join("signals")
     }
@@ -212,12 +207,18 @@ impl Home {
         self.root.join("index").join("sessions.complete")
     }
 
-    /// `devices/`: device records and, per device, its collector state and local mirror.
     /// `journal/`: the write-ahead journal of signal batches (`journal/<n>.jsonl`).
     pub fn journal_dir(&self) -> PathBuf {
         self.root.join("journal")
     }
 
+    /// `tmp/trash/`: files the daemon is done with, removed in the background (see
+    /// [`crate::store::Trash`]).
+    pub fn trash_dir(&self) -> PathBuf {
+        self.root.join("tmp").join("trash")
+    }
+
+    /// `devices/`: device records and, per device, its collector state and local mirror.
     pub fn devices_dir(&self) -> PathBuf {
         self.root.join("devices")
     }

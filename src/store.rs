@@ -10,6 +10,10 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use fs2::FileExt;
 use rand::Rng;
@@ -211,7 +215,15 @@ impl Batch {
 /// write again.
 #[derive(Debug, Default)]
 pub struct Unsynced {
-    files: Vec<(PathBuf, Vec<u8>)>,
+    files: Vec<UnsyncedFile>,
+}
+
+#[derive(Debug)]
+struct UnsyncedFile {
+    target: PathBuf,
+    bytes: Vec<u8>,
+    /// Whether `target` usually exists already (a state), so its old file goes to the trash.
+    replaces: bool,
 }
 
 impl Unsynced {
@@ -219,18 +231,35 @@ impl Unsynced {
         Unsynced::default()
     }
 
-    /// Adds `value` as pretty JSON for `target`; nothing is written before [`commit`](Self::commit).
+    /// Adds `value` as pretty JSON for a new file `target`; nothing is written before
+    /// [`commit`](Self::commit).
     pub fn add_json<T: Serialize>(&mut self, target: &Path, value: &T) {
-        self.files.push((target.to_owned(), to_pretty_json(value)));
+        self.push(target, value, false);
     }
 
-    /// Writes every file, concurrently: creating a file and replacing one (which frees the old
-    /// one's blocks, and on a filesystem mounted with `discard` waits for the device) are
-    /// mostly waiting, and issued together the waits overlap. The order does not matter, the
-    /// journal entry covers every file; the first error is returned, with every temp file of
-    /// a failed write removed.
-    pub fn commit(self) -> Result<()> {
-        let write = |(target, bytes): &(PathBuf, Vec<u8>)| write_unsynced(target, bytes);
+    /// Adds `value` as pretty JSON for `target`, which it replaces: with a trash, the old file
+    /// is kept there, so the rename frees nothing (see [`Trash`]).
+    pub fn replace_json<T: Serialize>(&mut self, target: &Path, value: &T) {
+        self.push(target, value, true);
+    }
+
+    fn push<T: Serialize>(&mut self, target: &Path, value: &T, replaces: bool) {
+        self.files.push(UnsyncedFile {
+            target: target.to_owned(),
+            bytes: to_pretty_json(value),
+            replaces,
+        });
+    }
+
+    /// Writes every file, concurrently: creating a file and renaming it are mostly waiting,
+    /// and issued together the waits overlap. The order does not matter, the journal entry
+    /// covers every file; the first error is returned, with every temp file of a failed write
+    /// removed. Replaced files go to `trash` when there is one.
+    pub fn commit(self, trash: Option<&Trash>) -> Result<()> {
+        let write = |f: &UnsyncedFile| {
+            let trash = trash.filter(|_| f.replaces);
+            write_unsynced(&f.target, &f.bytes, trash)
+        };
         // One signal's few files go inline and in order (its wake first): threads would cost
         // more than the waits they overlap, and the wake would not be first.
         if self.files.len() <= INLINE_UNSYNCED {
@@ -240,7 +269,7 @@ impl Unsynced {
     }
 }
 
-fn write_unsynced(target: &Path, bytes: &[u8]) -> Result<()> {
+fn write_unsynced(target: &Path, bytes: &[u8], trash: Option<&Trash>) -> Result<()> {
     let temp = temp_path_for(target);
     let result = OpenOptions::new()
         .write(true)
@@ -253,7 +282,12 @@ fn write_unsynced(target: &Path, bytes: &[u8]) -> Result<()> {
             file.write_all(bytes)
                 .map_err(|e| Error::io("cannot write", &temp, e))
         })
-        .and_then(|()| rename_into_place(&temp, target));
+        .and_then(|()| {
+            if let Some(trash) = trash {
+                trash.keep(target);
+            }
+            rename_into_place(&temp, target)
+        });
     if result.is_err() {
         let _ = fs::remove_file(&temp);
     }
@@ -286,6 +320,162 @@ pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
         return paths.iter().try_for_each(remove);
     }
     each_concurrently(paths, remove)
+}
+
+/// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
+/// thread removes them, moments later.
+///
+/// Freeing a file's blocks (removing it, or renaming another file over it) waits for the
+/// device on a filesystem mounted with `discard`: about 150 us a file on the VM the README's
+/// figures come from, two thirds of what a signal cost. The daemon therefore moves a consumed
+/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and links a state's
+/// old file here before it renames the new one over it (see [`Unsynced::replace_json`]).
+/// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
+/// died left here is removed as soon as the next one starts. A consumed spool file still holds
+/// its job's secret, which is why the reaper removes files as they come rather than in rounds.
+#[derive(Debug)]
+pub struct Trash {
+    dir: PathBuf,
+    /// Names are a counter from a random start, so two processes (or a leftover) rarely meet;
+    /// when they do, the link fails or the rename replaces garbage, both harmless.
+    next: AtomicU64,
+    state: Mutex<TrashState>,
+    arrived: Condvar,
+}
+
+#[derive(Debug)]
+struct TrashState {
+    /// Whether anything may have arrived since the last emptying (true at first: a daemon
+    /// that died may have left files).
+    pending: bool,
+    stopped: bool,
+}
+
+impl Trash {
+    /// The trash in `dir`, made if missing.
+    pub fn open(dir: &Path) -> Result<Trash> {
+        create_dir_private(dir)?;
+        Ok(Trash {
+            dir: dir.to_owned(),
+            next: AtomicU64::new(rand::rng().next_u64() >> 1),
+            state: Mutex::new(TrashState {
+                pending: true,
+                stopped: false,
+            }),
+            arrived: Condvar::new(),
+        })
+    }
+
+    fn fresh_name(&self) -> PathBuf {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.dir.join(format!("{n:016x}"))
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, TrashState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note_arrival(&self) {
+        let mut s = self.lock_state();
+        if !s.pending {
+            s.pending = true;
+            self.arrived.notify_one();
+        }
+    }
+
+    /// Gives `target`'s current file a second name here, so that replacing it frees nothing.
+    /// Nothing to do for a target that does not exist; a link that fails for any other reason
+    /// (another filesystem, a name taken) only means the replacement frees the blocks itself.
+    fn keep(&self, target: &Path) {
+        if fs::hard_link(target, self.fresh_name()).is_ok() {
+            self.note_arrival();
+        }
+    }
+
+    /// Moves each of `paths` here, concurrently, without making the moves durable (the
+    /// files' contents must be durable elsewhere, as with [`remove_all`]). A file that cannot
+    /// be moved here is removed instead; files already gone are not an error.
+    pub fn take_all(&self, paths: &[PathBuf]) -> Result<()> {
+        let take = |path: &PathBuf| match fs::rename(path, self.fresh_name()) {
+            Ok(()) => {
+                self.note_arrival();
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(_) => remove_all(std::slice::from_ref(path)),
+        };
+        if paths.len() <= INLINE_UNSYNCED {
+            return paths.iter().try_for_each(take);
+        }
+        each_concurrently(paths, take)
+    }
+
+    /// Removes every file here. Returns how many.
+    fn empty(&self) -> Result<usize> {
+        let paths: Vec<PathBuf> = list_dir(&self.dir)?.into_iter().map(|(_, p)| p).collect();
+        remove_all(&paths)?;
+        Ok(paths.len())
+    }
+}
+
+/// The thread that empties a [`Trash`] whenever something arrives; on drop it stops and
+/// empties it a last time, so a clean stop leaves the trash empty.
+#[derive(Debug)]
+pub struct Reaper {
+    trash: Arc<Trash>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// How long the reaper waits before it tries again after failing to empty the trash.
+const REAPER_RETRY: Duration = Duration::from_secs(1);
+
+impl Reaper {
+    pub fn start(trash: Arc<Trash>) -> Reaper {
+        let t = trash.clone();
+        let thread = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || {
+                loop {
+                    {
+                        let mut s = t.lock_state();
+                        while !s.pending && !s.stopped {
+                            s = t.arrived.wait(s).unwrap_or_else(|e| e.into_inner());
+                        }
+                        if s.stopped {
+                            return;
+                        }
+                        s.pending = false;
+                    }
+                    if let Err(e) = t.empty() {
+                        tracing::error!("cannot empty the trash (trying again): {e}");
+                        let mut s = t.lock_state();
+                        s.pending = true;
+                        let _ = t.arrived.wait_timeout(s, REAPER_RETRY);
+                    }
+                }
+            })
+            .expect("spawn the reaper thread");
+        Reaper {
+            trash,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        {
+            let mut s = self.trash.lock_state();
+            s.stopped = true;
+            self.trash.arrived.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Err(e) = self.trash.empty() {
+            tracing::error!("cannot empty the trash at stop (the next start does): {e}");
+        }
+    }
 }
 
 /// [`remove_all`], then each directory fsynced once, so the removals are durable.
@@ -434,6 +624,16 @@ impl FileLock {
             .mode(FILE_MODE)
             .open(path)
             .map_err(|e| Error::io("cannot open lock", path, e))
+    }
+
+    /// Blocks until the lock on the directory `dir` itself is ours: a lock that needs no file
+    /// of its own, so taking it for the first time creates nothing (a waitpoint's lock is
+    /// taken by every signal's commit).
+    pub fn acquire_dir(dir: &Path) -> Result<Self> {
+        let file = File::open(dir).map_err(|e| Error::io("cannot open lock", dir, e))?;
+        file.lock_exclusive()
+            .map_err(|e| Error::io("cannot lock", dir, e))?;
+        Ok(FileLock { file })
     }
 
     /// Blocks until the lock is ours. Used for short read-modify-write sections.

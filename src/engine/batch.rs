@@ -315,10 +315,10 @@ impl Engine {
             let state = self.home.waitpoint_file(id);
             let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
             if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
-                files.add_json(&state, &change.state);
+                files.replace_json(&state, &change.state);
             }
         }
-        files.commit()
+        files.commit(self.trash())
     }
 
     /// Re-applies every entry left in the journal (after a crash, or a batch whose files could

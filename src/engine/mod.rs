@@ -1,8 +1,8 @@
 //! The engine: the only code that creates or changes waitpoint state.
 //!
-//! Every change runs under the waitpoint's lock (`waitpoints/<id>/.lock`) as a read-modify-write
-//! of `waitpoint.json`, so the daemon and CLI commands such as `cancel` never lose each other's
-//! updates. A signal goes: authenticate -> recover -> de-duplicate -> member rules -> record the
+//! Every change runs under the waitpoint's lock (an `flock` of the `waitpoints/<id>/` directory)
+//! as a read-modify-write of `waitpoint.json`, so the daemon and CLI commands such as `cancel`
+//! never lose each other's updates. A signal goes: authenticate -> recover -> de-duplicate -> member rules -> record the
 //! signal -> replace the state (with any new wake in its outbox) -> deliver the outbox. The spool
 //! file is removed by the caller only after all of that is durable; a crash anywhere before then
 //! leaves the file in place and the next attempt finishes the job without counting twice.
@@ -32,7 +32,7 @@ use crate::model::{
 };
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
-use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
+use crate::store::{self, FileLock, Trash, commit_json, create_dir_private, read_json};
 
 pub use batch::MAX_BATCH;
 pub use rules::Refusal;
@@ -165,6 +165,9 @@ pub struct Engine {
     seen: Mutex<HashMap<String, HashSet<String>>>,
     /// The journal signal batches commit through; opened by the first batch (see `batch.rs`).
     journal: OnceLock<journal::Shared>,
+    /// Where replaced states and consumed spool files go, when the daemon empties it in the
+    /// background; without one (a command), they are freed in place.
+    trash: OnceLock<Arc<Trash>>,
 }
 
 impl Engine {
@@ -175,6 +178,7 @@ impl Engine {
             clock,
             seen: Mutex::new(HashMap::new()),
             journal: OnceLock::new(),
+            trash: OnceLock::new(),
         }
     }
 
@@ -344,7 +348,7 @@ impl Engine {
         if !crate::ingress::is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
             return Ok(None);
         }
-        match FileLock::acquire(&self.home.waitpoint_lock(id)) {
+        match FileLock::acquire_dir(&self.home.waitpoint_dir(id)) {
             Ok(l) => Ok(Some(l)),
             // Removed between the check and the open (retention): it is unknown now.
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -373,13 +377,31 @@ impl Engine {
         Ok(self.journal.get_or_init(|| Arc::new(Mutex::new(j))))
     }
 
-    /// This engine, committing through `previous`'s journal (a settings reload builds a new
-    /// engine; one home has one journal).
+    /// This engine, committing through `previous`'s journal and trash (a settings reload
+    /// builds a new engine; one home has one journal).
     pub fn with_journal_of(self, previous: &Engine) -> Engine {
         if let Some(j) = previous.journal.get() {
             let _ = self.journal.set(j.clone());
         }
+        if let Some(t) = previous.trash.get() {
+            let _ = self.trash.set(t.clone());
+        }
         self
+    }
+
+    /// Opens the home's trash and puts what this engine frees there from now on; the caller
+    /// (the daemon) has it emptied in the background.
+    pub fn open_trash(&self) -> Result<Arc<Trash>> {
+        if let Some(t) = self.trash.get() {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(Trash::open(&self.home.trash_dir())?);
+        Ok(self.trash.get_or_init(|| t).clone())
+    }
+
+    /// The trash, when a daemon empties one.
+    pub fn trash(&self) -> Option<&Trash> {
+        self.trash.get().map(|t| t.as_ref())
     }
 
     /// For a command run while no daemon is: re-applies the journal a daemon that died left

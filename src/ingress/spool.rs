@@ -152,7 +152,7 @@ impl Spool {
             });
         }
         let paths: Vec<PathBuf> = consumed.iter().map(|i| self.dir.join(&names[*i])).collect();
-        let removed = self.remove_consumed(&paths);
+        let removed = self.remove_consumed(engine, &paths);
         if let Err(e) = removed {
             // Recorded but maybe not removed: the next attempt finds each a duplicate.
             let message = e.to_string();
@@ -176,9 +176,10 @@ impl Spool {
     }
 
     /// Removes the batch's consumed files once every signal of theirs is durable (in the
-    /// journal). The removals need no fsync: a file a crash brings back is found recorded and
-    /// removed again as a duplicate, and the next checkpoint makes them durable anyway.
-    fn remove_consumed(&self, paths: &[PathBuf]) -> Result<()> {
+    /// journal): into the daemon's trash, or for good without one. The removals need no fsync:
+    /// a file a crash brings back is found recorded and removed again as a duplicate, and the
+    /// next checkpoint makes them durable anyway.
+    fn remove_consumed(&self, engine: &Engine, paths: &[PathBuf]) -> Result<()> {
         #[cfg(feature = "failpoints")]
         if let Some(first) = paths.first() {
             crate::failpoint!(
@@ -187,7 +188,10 @@ impl Spool {
                 first
             );
         }
-        store::remove_all(paths)
+        match engine.trash() {
+            Some(trash) => trash.take_all(paths),
+            None => store::remove_all(paths),
+        }
     }
 
     /// Reads and parses one file. `Ok(Err(outcome))` when it is not a signal to apply (gone,

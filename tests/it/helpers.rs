@@ -265,6 +265,18 @@ impl Env {
         self.wait_until("the drop zone to drain", || self.spooled().is_empty());
     }
 
+    /// The files in `tmp/trash/` (consumed spool files and replaced states not yet removed).
+    pub fn trashed(&self) -> Vec<PathBuf> {
+        fs::read_dir(self.home.join("tmp/trash"))
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Waits until the daemon's reaper has emptied the trash.
+    pub fn wait_trash_emptied(&self) {
+        self.wait_until("the trash to empty", || self.trashed().is_empty());
+    }
+
     /// Writes a file under the home by path (for fabricating crash states).
     pub fn write(&self, rel: &str, bytes: &[u8]) {
         let p = self.home.join(rel);

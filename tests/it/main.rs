@@ -28,3 +28,4 @@ mod signal_cli;
 mod snapshots;
 mod sshd;
 mod state_machine;
+mod trash;

@@ -1,0 +1,125 @@
+//! The trash (`tmp/trash/`): a daemon frees nothing while it commits a batch. A replaced state's
+//! old file and a consumed spool file are moved there (same inode, so no block is freed) and a
+//! reaper thread removes them moments later; a daemon that died leaves them to the next start.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::sync::Arc;
+
+use waitpoint::clock::SystemClock;
+use waitpoint::engine::{CreateRequest, Engine};
+use waitpoint::home::Home;
+use waitpoint::ingress::spool::{FileOutcome, Spool};
+use waitpoint::settings::Settings;
+use waitpoint::store::Reaper;
+
+use crate::helpers::*;
+
+fn engine(env: &Env) -> Engine {
+    let home = Home::new(&env.home);
+    home.ensure().unwrap();
+    Engine::new(home, Settings::default(), Arc::new(SystemClock))
+}
+
+fn monitor(e: &Engine) -> (String, String) {
+    let c = e
+        .create(CreateRequest {
+            fail_fast: false,
+            max_signals: 10,
+            ..CreateRequest::new("trash", "i", "default")
+        })
+        .unwrap();
+    (c.waitpoint.id, c.secret)
+}
+
+fn inodes(env: &Env) -> Vec<u64> {
+    let mut v: Vec<u64> = env
+        .trashed()
+        .iter()
+        .map(|p| fs::metadata(p).unwrap().ino())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_freeing_them() {
+    let env = Env::new();
+    let e = engine(&env);
+    e.open_trash().unwrap();
+    let (id, secret) = monitor(&e);
+    let state = env.home.join(format!("waitpoints/{id}/waitpoint.json"));
+    let old_state = fs::metadata(&state).unwrap().ino();
+    env.drop_file("job", &body(&id, &secret, r#","status":"progress""#));
+    let spool_file = fs::metadata(env.drop_zone().join("job.json"))
+        .unwrap()
+        .ino();
+
+    let spool = Spool::new(env.drop_zone());
+    let outcome = spool.collect(&e, "job.json").unwrap();
+    assert!(matches!(outcome, FileOutcome::Consumed(_)), "{outcome:?}");
+
+    assert!(
+        env.spooled().is_empty(),
+        "the consumed file left the drop zone"
+    );
+    let mut expected = vec![old_state, spool_file];
+    expected.sort();
+    assert_eq!(
+        inodes(&env),
+        expected,
+        "the trash holds exactly those two files"
+    );
+    let now: serde_json::Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
+    assert_eq!(now["counters"]["signals"], 1, "the new state is in place");
+
+    // The reaper empties what is there as soon as it starts, and whatever arrives later.
+    let reaper = Reaper::start(e.open_trash().unwrap());
+    env.wait_trash_emptied();
+    env.drop_file("again", &body(&id, &secret, r#","status":"progress""#));
+    spool.collect(&e, "again.json").unwrap();
+    env.wait_trash_emptied();
+    drop(reaper);
+    let now: serde_json::Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
+    assert_eq!(now["counters"]["signals"], 2);
+}
+
+#[test]
+fn without_a_trash_a_command_frees_files_in_place() {
+    // `device poll` applies signals with no daemon, hence no reaper: nothing may pile up.
+    let env = Env::new();
+    let e = engine(&env);
+    let (id, secret) = monitor(&e);
+    env.drop_file("job", &body(&id, &secret, ""));
+    let outcome = Spool::new(env.drop_zone()).collect(&e, "job.json").unwrap();
+    assert!(matches!(outcome, FileOutcome::Consumed(_)), "{outcome:?}");
+    assert!(env.spooled().is_empty());
+    assert!(env.trashed().is_empty(), "{:?}", env.trashed());
+}
+
+#[test]
+fn the_daemon_empties_a_trash_left_by_a_dead_daemon_and_what_its_own_batches_put_there() {
+    let env = Env::new();
+    env.write(
+        "tmp/trash/00000000000000aa",
+        b"{\"secret\":\"left by a crash\"}",
+    );
+    env.write("tmp/trash/00000000000000ab", b"");
+    let reply = env.create(&["--label", "m", "--intent", "i", "--max-signals", "50"]);
+    let (id, secret) = id_secret(&reply);
+    let _d = env.daemon();
+    env.wait_trash_emptied();
+    for i in 0..20 {
+        env.drop_file(
+            &format!("s{i:02}"),
+            &body(&id, &secret, r#","status":"progress""#),
+        );
+    }
+    env.wait_drained();
+    let state = env.home.join(format!("waitpoints/{id}/waitpoint.json"));
+    env.wait_until("all 20 signals recorded", || {
+        let wp: serde_json::Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
+        wp["counters"]["signals"] == 20
+    });
+    env.wait_trash_emptied();
+}
