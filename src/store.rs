@@ -238,7 +238,7 @@ impl Unsynced {
     }
 
     /// Adds `value` as pretty JSON for `target`, which it replaces: with a trash, the old file
-    /// is kept there, so the rename frees nothing (see [`Trash`]).
+    /// goes there, so the replacement frees nothing (see [`Trash`]).
     pub fn replace_json<T: Serialize>(&mut self, target: &Path, value: &T) {
         self.push(target, value, true);
     }
@@ -282,11 +282,9 @@ fn write_unsynced(target: &Path, bytes: &[u8], trash: Option<&Trash>) -> Result<
             file.write_all(bytes)
                 .map_err(|e| Error::io("cannot write", &temp, e))
         })
-        .and_then(|()| {
-            if let Some(trash) = trash {
-                trash.keep(target);
-            }
-            rename_into_place(&temp, target)
+        .and_then(|()| match trash {
+            Some(trash) => trash.replace(&temp, target),
+            None => rename_into_place(&temp, target),
         });
     if result.is_err() {
         let _ = fs::remove_file(&temp);
@@ -328,8 +326,8 @@ pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
 /// Freeing a file's blocks (removing it, or renaming another file over it) waits for the
 /// device on a filesystem mounted with `discard`: about 150 us a file on the VM the README's
 /// figures come from, two thirds of what a signal cost. The daemon therefore moves a consumed
-/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and links a state's
-/// old file here before it renames the new one over it (see [`Unsynced::replace_json`]).
+/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and a state's old
+/// file, exchanged for the new one (see [`Unsynced::replace_json`]).
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
 /// died left here is removed as soon as the next one starts. A consumed spool file still holds
 /// its job's secret, which is why the reaper removes files as they come rather than in rounds.
@@ -337,7 +335,7 @@ pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
 pub struct Trash {
     dir: PathBuf,
     /// Names are a counter from a random start, so two processes (or a leftover) rarely meet;
-    /// when they do, the link fails or the rename replaces garbage, both harmless.
+    /// when they do, the rename replaces garbage, which is harmless.
     next: AtomicU64,
     state: Mutex<TrashState>,
     arrived: Condvar,
@@ -383,12 +381,25 @@ impl Trash {
         }
     }
 
-    /// Gives `target`'s current file a second name here, so that replacing it frees nothing.
-    /// Nothing to do for a target that does not exist; a link that fails for any other reason
-    /// (another filesystem, a name taken) only means the replacement frees the blocks itself.
-    fn keep(&self, target: &Path) {
-        if fs::hard_link(target, self.fresh_name()).is_ok() {
-            self.note_arrival();
+    /// Puts `temp` in place of `target` and `target`'s old file here, freeing nothing: one
+    /// atomic exchange of the two names (readers see the old file or the new one), then the
+    /// old file, now under the temp name, moved here. The exchange also skips what a rename
+    /// over an existing file costs on ext4 (`auto_da_alloc` starts writing the new file back
+    /// at once; the checkpoint's `syncfs` does that later, once for every change in between).
+    /// Without an old file, or where the filesystem cannot exchange, it is a plain rename.
+    fn replace(&self, temp: &Path, target: &Path) -> Result<()> {
+        crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", target);
+        match exchange(temp, target) {
+            Ok(()) => {
+                self.take_all(std::slice::from_ref(&temp.to_owned()))
+                    .unwrap_or_else(|e| {
+                        // The new file is in place; only the old one lingers under a temp name,
+                        // which the stale-temp walk removes.
+                        tracing::warn!("cannot move a replaced file to the trash: {e}");
+                    });
+                Ok(())
+            }
+            Err(_) => fs::rename(temp, target).map_err(|e| Error::io("cannot rename", target, e)),
         }
     }
 
@@ -475,6 +486,32 @@ impl Drop for Reaper {
         if let Err(e) = self.trash.empty() {
             tracing::error!("cannot empty the trash at stop (the next start does): {e}");
         }
+    }
+}
+
+/// Swaps the names `a` and `b` atomically (`renameat2(2)` with `RENAME_EXCHANGE`); both must
+/// exist.
+fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    };
+    let (a, b) = (c(a)?, c(b)?);
+    // SAFETY: both are valid NUL-terminated paths that live across the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
