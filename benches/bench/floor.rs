@@ -41,6 +41,18 @@ pub fn file_floor(dir: &Path, n: usize, body: &[u8], sync: bool) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// CPU time (user + system) this process has used, in seconds.
+pub fn cpu_secs_self() -> f64 {
+    // SAFETY: getrusage writes into the struct it is given and has no other effect.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(ru.ru_utime) + secs(ru.ru_stime)
+}
+
 /// The median time of one fsync of a freshly written small file, in milliseconds.
 pub fn fsync_ms(dir: &Path, n: usize) -> f64 {
     fs::create_dir_all(dir).unwrap();

@@ -120,18 +120,29 @@ fn main() {
         // Rounds interleave ours with both floors: this disk's speed drifts several-fold within
         // a minute, so each ratio compares figures taken seconds apart, and the medians are
         // printed.
-        let mut runs: Vec<[f64; 3]> = Vec::new();
+        let mut runs: Vec<[f64; 5]> = Vec::new();
         for round in 0..rounds {
             let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
             let d = floor::file_floor(&scratch("floor-durable"), n, body, true);
+            let cpu = floor::cpu_secs_self();
             let f = floor::file_floor(&scratch("floor-nosync"), n, body, false);
+            let f_cpu_us = (floor::cpu_secs_self() - cpu) * 1e6 / n as f64;
             let x = ours::ingest(&b, &o.base.join(format!("ingest-{round}")), n_wp, per);
-            eprintln!("  round {round}: ours {x:.0}, durable floor {d:.0}, no-sync floor {f:.0}");
-            runs.push([x, d, f]);
+            eprintln!(
+                "  round {round}: ours {:.0} ({:.0} us CPU), durable floor {d:.0}, no-sync floor \
+                 {f:.0} ({f_cpu_us:.0} us CPU)",
+                x.rate, x.cpu_us
+            );
+            runs.push([x.rate, d, f, x.cpu_us, f_cpu_us]);
         }
-        let column = |f: &dyn Fn(&[f64; 3]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let column = |f: &dyn Fn(&[f64; 5]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
         let (ours, durable, nosync) = (column(&|r| r[0]), column(&|r| r[1]), column(&|r| r[2]));
         let (r_durable, r_nosync) = (column(&|r| r[0] / r[1]), column(&|r| r[0] / r[2]));
+        let (cpu, f_cpu, r_cpu) = (
+            column(&|r| r[3]),
+            column(&|r| r[4]),
+            column(&|r| r[3] / r[4]),
+        );
         let med = |v: &[f64]| ours::p(v, 50.0);
         t.row(
             &format!("1. durable ingest, {n} signals to {n_wp} armed monitors (signals/s)"),
@@ -146,6 +157,13 @@ fn main() {
             format!("{:.0} (no-sync floor)", med(&nosync)),
             format!("{:.3}x", med(&r_nosync)),
             ">= 0.33x",
+        );
+        t.row(
+            "1. same, daemon CPU per signal, all threads (us)",
+            format!("{:.0}", med(&cpu)),
+            format!("{:.0} (no-sync floor, CPU per file)", med(&f_cpu)),
+            format!("{:.1}x", med(&r_cpu)),
+            "-",
         );
         let list = |v: &[f64]| {
             v.iter()

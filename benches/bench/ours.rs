@@ -186,7 +186,7 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 
 /// Row 1: signals/s from the drop zone to committed state, `per_wp` `ok` signals to each of
 /// `n_wp` armed monitors, all renamed into the drop zone at once while the daemon runs.
-pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> f64 {
+pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> Ingest {
     let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
     let armed = arm(&home, n_wp, "bench", 10_000);
     let stage = home.root().join("tmp").join("stage");
@@ -202,18 +202,28 @@ pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> f64 {
     let daemon = Daemon::start(bins, &home);
     daemon.wait_ready();
     let drop_zone = home.drop_zone();
+    let cpu = daemon.cpu_secs();
     let t = Instant::now();
     for name in &names {
         fs::rename(stage.join(name), drop_zone.join(name)).unwrap();
     }
     wait_until("the drop zone to empty", || pending_json(&drop_zone) == 0);
     let rate = names.len() as f64 / t.elapsed().as_secs_f64();
+    let cpu_us = (daemon.cpu_secs() - cpu) * 1e6 / names.len() as f64;
     drop(daemon);
     // Never lose or double-count: every signal is recorded exactly once.
     let e = engine(&home);
     let recorded: u64 = e.list().unwrap().iter().map(|w| w.counters.signals).sum();
     assert_eq!(recorded as usize, names.len(), "recorded signals");
-    rate
+    Ingest { rate, cpu_us }
+}
+
+/// Row 1's figures for one round.
+pub struct Ingest {
+    /// Signals per second, drop zone to committed.
+    pub rate: f64,
+    /// The daemon's CPU time (user + system, all threads) per signal, in microseconds.
+    pub cpu_us: f64,
 }
 
 /// Row 2: ms from a signal file's rename into the drop zone to its wake in the inbox, over `n`
