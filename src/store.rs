@@ -210,7 +210,8 @@ impl Batch {
 }
 
 /// Files written atomically (temp file, rename) but not fsynced, all at once: durable only
-/// once something syncs the filesystem (the journal's checkpoint). Only for files a durable
+/// once something syncs the filesystem (the journal's checkpoint). A missing directory is
+/// made. Only for files a durable
 /// journal entry already describes, so a crash that loses them loses nothing the replay cannot
 /// write again.
 #[derive(Debug, Default)]
@@ -271,21 +272,29 @@ impl Unsynced {
 
 fn write_unsynced(target: &Path, bytes: &[u8], trash: Option<&Trash>) -> Result<()> {
     let temp = temp_path_for(target);
-    let result = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(FILE_MODE)
-        .open(&temp)
-        .map_err(|e| Error::io("cannot create", &temp, e))
-        .and_then(|mut file| {
-            crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &temp);
-            file.write_all(bytes)
-                .map_err(|e| Error::io("cannot write", &temp, e))
-        })
-        .and_then(|()| match trash {
-            Some(trash) => trash.replace(&temp, target),
-            None => rename_into_place(&temp, target),
-        });
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&temp)
+    };
+    // The directory is made only when it is missing (a legacy waitpoint without `signals/`, a
+    // channel's first wake): a batch does not pay a mkdir per file for the rare case.
+    let result = match create() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => create_dir_private(parent_of(target))
+            .and_then(|()| create().map_err(|e| Error::io("cannot create", &temp, e))),
+        other => other.map_err(|e| Error::io("cannot create", &temp, e)),
+    }
+    .and_then(|mut file| {
+        crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &temp);
+        file.write_all(bytes)
+            .map_err(|e| Error::io("cannot write", &temp, e))
+    })
+    .and_then(|()| match trash {
+        Some(trash) => trash.replace(&temp, target),
+        None => rename_into_place(&temp, target),
+    });
     if result.is_err() {
         let _ = fs::remove_file(&temp);
     }
@@ -802,6 +811,18 @@ mod tests {
         }
         remove_all_durably(&paths).unwrap();
         assert!(list_dir(dir.path()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn unsynced_files_make_a_missing_directory_and_leave_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("new/sub/w.json");
+        let mut files = Unsynced::new();
+        files.add_json(&target, &serde_json::json!({"n": 1}));
+        files.commit(None).unwrap();
+        let back: serde_json::Value = read_json(&target).unwrap().unwrap();
+        assert_eq!(back["n"], 1);
+        assert_eq!(list_dir(target.parent().unwrap()).unwrap().len(), 1);
     }
 
     #[test]

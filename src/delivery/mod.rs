@@ -21,31 +21,35 @@ fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
 
 /// Makes `wake` durable in its channel's `new/` unless a reader already moved it to `cur/`.
 pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
-    match inbox_target(home, wake)? {
-        Some(target) => commit_json(&target, wake),
+    match inbox_target(home, wake) {
+        Some(target) => {
+            create_dir_private(parent_of(&target))?;
+            commit_json(&target, wake)
+        }
         None => Ok(()),
     }
 }
 
 /// Like [`deliver`], into a set of journaled files: written (without fsync) when `files`
-/// commits; the journal line written before makes it durable.
-pub fn stage(home: &Home, wake: &Wake, files: &mut store::Unsynced) -> Result<()> {
-    if let Some(target) = inbox_target(home, wake)? {
+/// commits (which makes `new/` if missing); the journal line written before makes it durable.
+pub fn stage(home: &Home, wake: &Wake, files: &mut store::Unsynced) {
+    if let Some(target) = inbox_target(home, wake) {
         files.add_json(&target, wake);
     }
-    Ok(())
 }
 
-/// Where `wake` goes in `new/` (its directories made), or `None` when a reader took it already.
-fn inbox_target(home: &Home, wake: &Wake) -> Result<Option<PathBuf>> {
-    let new = home.inbox_new(&wake.channel);
+/// Where `wake` goes in `new/`, or `None` when a reader took it already. Readers make `cur/`
+/// themselves before they move a wake there.
+fn inbox_target(home: &Home, wake: &Wake) -> Option<PathBuf> {
     let cur = home.inbox_cur(&wake.channel);
     if wake_file(&cur, &wake.wake_id).exists() {
-        return Ok(None);
+        return None;
     }
-    create_dir_private(&new)?;
-    create_dir_private(&cur)?;
-    Ok(Some(wake_file(&new, &wake.wake_id)))
+    Some(wake_file(&home.inbox_new(&wake.channel), &wake.wake_id))
+}
+
+fn parent_of(path: &Path) -> &Path {
+    path.parent().expect("a wake file is inside its inbox")
 }
 
 /// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk.

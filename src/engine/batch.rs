@@ -19,7 +19,7 @@ use crate::model::{
     JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Status, Waitpoint, WakeKind,
 };
 use crate::secret;
-use crate::store::{FileLock, Unsynced, create_dir_private, read_json};
+use crate::store::{FileLock, Unsynced, read_json};
 
 use super::{
     Engine, Refusal, Verdict, identity_key, in_grace_window, next_due, next_record, rules,
@@ -61,19 +61,20 @@ enum Slot {
 }
 
 impl Engine {
-    /// Applies `items` in order with the verdicts [`apply_signal`](Engine::apply_signal) would
-    /// give one by one, sharing each commit phase's fsyncs (see the module docs). One result per
-    /// item; an `Err` means nothing was decided for it and its source must be kept.
+    /// Applies `items` in order with the verdicts they would get one by one, committed together
+    /// as one journal line (see the module docs). One result per item; an `Err` means nothing
+    /// was decided for it and its source must be kept.
     pub fn apply_batch(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
         let shared = match self.journal() {
             Ok(j) => j,
-            Err(e) => return self.fail_all(items.len(), &e),
+            Err(e) => return self.fail_all(items.len(), "cannot open the journal:", &e),
         };
         let mut journal = journal::lock(shared);
         if journal.needs_replay()
             && let Err(e) = self.replay_locked(&mut journal)
         {
-            return self.fail_all(items.len(), &e);
+            let why = "cannot apply signals before the journal is replayed:";
+            return self.fail_all(items.len(), why, &e);
         }
         let mut groups: Vec<Group> = Vec::new();
         // `None`: no such waitpoint (every item naming it is refused).
@@ -147,12 +148,12 @@ impl Engine {
     }
 
     /// The same failure for each of `n` items (nothing was decided for any of them).
-    fn fail_all(&self, n: usize, e: &Error) -> Vec<Result<Verdict>> {
+    fn fail_all(&self, n: usize, why: &'static str, e: &Error) -> Vec<Result<Verdict>> {
         let message = e.to_string();
         (0..n)
             .map(|_| {
                 Err(Error::io(
-                    "cannot apply signals before the journal is replayed:",
+                    why,
                     self.home.journal_dir(),
                     io::Error::other(message.clone()),
                 ))
@@ -301,11 +302,10 @@ impl Engine {
             // waiting reader looks for.
             for wake in &change.wakes {
                 if !replay || !crate::delivery::is_delivered(&self.home, wake) {
-                    crate::delivery::stage(&self.home, wake, &mut files)?;
+                    crate::delivery::stage(&self.home, wake, &mut files);
                 }
             }
             let dir = self.home.signals_dir(id);
-            create_dir_private(&dir)?;
             for record in &change.records {
                 let path = dir.join(signal_file_name(record.seq, &identity_key(&record.source)));
                 if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
