@@ -578,14 +578,12 @@ fn connect_any(target: &str) -> Result<(), String> {
     Err(last)
 }
 
-/// Segments a running daemon checkpoints within a second or so; left without one, they hold
+/// Segments a running daemon checkpoints within a few seconds; left without one, they hold
 /// committed signals whose files may be incomplete until a daemon replays them.
 fn check_journal(home: &Home) -> Check {
-    let segments = store::list_dir(&home.journal_dir())
+    let segments = crate::journal::list_segments(&home.journal_dir())
         .unwrap_or_default()
-        .into_iter()
-        .filter(|(name, _)| name.ends_with(".jsonl"))
-        .count();
+        .len();
     if segments == 0 {
         return ok("journal", "empty (every committed batch is checkpointed)");
     }

@@ -5,14 +5,14 @@
 //! records, waitpoint states, inbox wakes) are written with an atomic rename but without their
 //! own fsync. A checkpoint makes those files durable with one `syncfs(2)` of the home's
 //! filesystem and then deletes the segments it covered, so the journal holds only the last
-//! second or so of work. After a crash, [`Journal::entries`] hands the surviving lines to the
+//! few seconds of work ([`CHECKPOINT_EVERY`]). After a crash, [`Journal::entries`] hands the surviving lines to the
 //! engine, which re-applies them; applying an entry is idempotent, so a segment replayed twice
 //! (a crash between the `syncfs` and the delete) does no harm.
 //!
 //! This module knows segments, lines and syncs; it does not know what a line means (the engine
 //! does, in `engine/batch.rs`).
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -22,7 +22,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::store::{FILE_MODE, create_dir_private, fsync_dir};
+use crate::store::{self, FILE_MODE, create_dir_private, fsync_dir};
 
 /// How often the checkpointer makes the applied files durable and drops the covered segments.
 /// It bounds how much a replay after a crash has to redo, not how long a signal waits. Five
@@ -31,7 +31,7 @@ use crate::store::{FILE_MODE, create_dir_private, fsync_dir};
 /// a state replaced several times in the interval is flushed once.
 pub const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
 
-/// A segment is closed (and checkpointed) early once it holds this many bytes.
+/// A segment is closed early once it holds this many bytes (the next checkpoint deletes it).
 const SEGMENT_BYTES: u64 = 8 << 20;
 
 /// The journal of one home, shared by the engine (appends) and the checkpointer thread.
@@ -250,18 +250,16 @@ impl Journal {
             "cannot remove",
             &self.dir
         );
-        for number in covered {
-            let path = self.dir.join(segment_name(*number));
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(Error::io("cannot remove", &path, e)),
-            }
-            self.closed.retain(|n| n != number);
-        }
-        // Not needed for safety (a segment that comes back is re-applied harmlessly), but it
-        // keeps a replay after a power cut short.
-        fsync_dir(&self.dir)
+        let paths: Vec<PathBuf> = covered
+            .iter()
+            .map(|n| self.dir.join(segment_name(*n)))
+            .collect();
+        // Durably: not needed for safety (a segment that comes back is re-applied harmlessly),
+        // but it keeps a replay after a power cut short. On error every covered segment is
+        // kept for the next checkpoint; one already gone is not an error then.
+        store::remove_all_durably(&paths)?;
+        self.closed.retain(|n| !covered.contains(n));
+        Ok(())
     }
 }
 
@@ -270,19 +268,12 @@ pub fn has_segments(dir: &Path) -> bool {
     list_segments(dir).is_ok_and(|s| !s.is_empty())
 }
 
-fn list_segments(dir: &Path) -> Result<Vec<u64>> {
-    let mut numbers = Vec::new();
-    let listing = match fs::read_dir(dir) {
-        Ok(l) => l,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(numbers),
-        Err(e) => return Err(Error::io("cannot list", dir, e)),
-    };
-    for entry in listing {
-        let entry = entry.map_err(|e| Error::io("cannot list", dir, e))?;
-        if let Some(n) = entry.file_name().to_str().and_then(segment_number) {
-            numbers.push(n);
-        }
-    }
+/// The numbers of the segments in `dir`, in order; a missing directory has none.
+pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
+    let mut numbers: Vec<u64> = store::list_dir(dir)?
+        .iter()
+        .filter_map(|(name, _)| segment_number(name))
+        .collect();
     numbers.sort_unstable();
     Ok(numbers)
 }

@@ -2,10 +2,11 @@
 //!
 //! Every change runs under the waitpoint's lock (an `flock` of the `waitpoints/<id>/` directory)
 //! as a read-modify-write of `waitpoint.json`, so the daemon and CLI commands such as `cancel`
-//! never lose each other's updates. A signal goes: authenticate -> recover -> de-duplicate -> member rules -> record the
-//! signal -> replace the state (with any new wake in its outbox) -> deliver the outbox. The spool
-//! file is removed by the caller only after all of that is durable; a crash anywhere before then
-//! leaves the file in place and the next attempt finishes the job without counting twice.
+//! never lose each other's updates. A signal goes: authenticate -> recover -> de-duplicate ->
+//! member rules -> decide in memory -> one journal line for its batch (the commit) -> write the
+//! record, the state and any wake (`batch.rs`). The spool file is removed by the caller only
+//! after the commit; a crash before it leaves the file in place, and one after it is repaired by
+//! the journal's replay, so no signal counts twice.
 
 mod batch;
 pub mod callbacks;
