@@ -64,13 +64,13 @@ pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Optio
     Ok(None)
 }
 
-/// Whether `wake` is in its inbox already: readable in `new/`, or taken into `cur/`.
-pub fn is_delivered(home: &Home, wake: &Wake) -> bool {
-    wake_file(&home.inbox_cur(&wake.channel), &wake.wake_id).exists()
-        || matches!(
-            read_json::<Wake>(&wake_file(&home.inbox_new(&wake.channel), &wake.wake_id)),
-            Ok(Some(_))
-        )
+/// Whether `wake` is readable in `new/` (a power cut can leave its name with no data). One a
+/// reader took into `cur/` is [`stage`]'s to skip.
+pub fn is_intact_in_new(home: &Home, wake: &Wake) -> bool {
+    matches!(
+        read_json::<Wake>(&wake_file(&home.inbox_new(&wake.channel), &wake.wake_id)),
+        Ok(Some(_))
+    )
 }
 
 /// Whether the wake is still waiting in `new/` (not yet taken by a reader).

@@ -301,7 +301,7 @@ impl Engine {
             // The wakes first: a small batch is written in this order, and the wake is what a
             // waiting reader looks for.
             for wake in &change.wakes {
-                if !replay || !crate::delivery::is_delivered(&self.home, wake) {
+                if !replay || !crate::delivery::is_intact_in_new(&self.home, wake) {
                     crate::delivery::stage(&self.home, wake, &mut files);
                 }
             }
