@@ -136,16 +136,22 @@ fn walk(point: &str, scenario: Scenario) -> usize {
                 crashes += 1;
             }
         }
-        let mut after = env.daemon();
-        env.wait_until("the restarted daemon to settle", || settled(&env));
-        after.send(libc::SIGTERM);
-        let (code, stderr) = after.wait_exit();
-        assert_eq!(code, Some(0), "{spec}: {stderr}");
-        let f = invariants::check(&env, &dropped);
-        f.assert_kept(&format!("crash at {spec}, then a restart"));
-        assert_eq!(f.recorded, 3, "{spec}: all three signals recorded once");
+        restart_and_check(&env, &dropped, &spec);
     }
     unreachable!()
+}
+
+/// After a crash under `spec`: a daemon started and stopped cleanly must have kept every
+/// promise, with the scenario's three signals each recorded once.
+fn restart_and_check(env: &Env, dropped: &[Dropped], spec: &str) {
+    let mut after = env.daemon();
+    env.wait_until("the restarted daemon to settle", || settled(env));
+    after.send(libc::SIGTERM);
+    let (code, stderr) = after.wait_exit();
+    assert_eq!(code, Some(0), "{spec}: {stderr}");
+    let f = invariants::check(env, dropped);
+    f.assert_kept(&format!("crash at {spec}, then a restart"));
+    assert_eq!(f.recorded, 3, "{spec}: all three signals recorded once");
 }
 
 /// Walks one point, checks it was crossed at least `min` times, and adds its row to the report.
@@ -167,6 +173,54 @@ fn matrix_row_of(point: &str, min: usize, scenario: Scenario) {
         &[(
             &format!("crash point `{point}`: crashes, restarts with every promise kept"),
             crashes.to_string(),
+        )],
+    );
+}
+
+/// A crash in the checkpoint, after the `syncfs` and before the covered segments are deleted
+/// (here the last checkpoint of a clean stop): the restart replays segments whose files are all
+/// on disk already, which must change nothing and count nothing twice.
+#[test]
+fn crash_in_the_checkpoint_before_the_segments_are_deleted() {
+    let env = Env::new();
+    let dropped = scenario(&env);
+    let spec = format!("{}=return(crash)", failpoint::JOURNAL_CHECKPOINT);
+    let mut d = Faulty::start(&env, &spec);
+    assert_eq!(
+        d.wait(&env, || settled(&env)),
+        None,
+        "{spec}: settled first"
+    );
+    let before = invariants::check(&env, &dropped);
+    before.assert_kept(&format!("{spec}: before the stop"));
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    assert_eq!(
+        d.wait(&env, || false),
+        Some(Some(libc::SIGKILL)),
+        "{spec}: the stop's checkpoint crashed"
+    );
+    assert!(
+        env.files()
+            .iter()
+            .any(|p| p.starts_with(env.home.join("journal"))),
+        "the covered segment survived the crash"
+    );
+    restart_and_check(&env, &dropped, &spec);
+    assert!(
+        env.files()
+            .iter()
+            .all(|p| !p.starts_with(env.home.join("journal"))),
+        "the restart replayed and the clean stop emptied the journal"
+    );
+    invariants::report(
+        &format!("2-crash-{}", failpoint::JOURNAL_CHECKPOINT),
+        &[(
+            &format!(
+                "crash point `{}`: crashes, restarts with every promise kept",
+                failpoint::JOURNAL_CHECKPOINT
+            ),
+            "1".into(),
         )],
     );
 }
@@ -220,8 +274,9 @@ fn crash_between_the_state_replace_and_the_spool_removal() {
     matrix_row(failpoint::SPOOL_BEFORE_REMOVE, 1);
 }
 
-/// A report that lands inside a barrier's grace window (after the quorum resolved it) and a
-/// crash right after its record: the restart must still count it, and the held wake carry it.
+/// A report that lands inside a barrier's grace window (after the quorum resolved it), and a
+/// crash once the batch carrying it is in the journal but none of its files is written: the
+/// restart's replay must still count it, and the held wake, released later, carry it.
 #[test]
 fn crash_recording_a_report_inside_the_grace_window() {
     let env = Env::new();

@@ -149,6 +149,18 @@ impl Env {
     }
 
     /// The stored state of a waitpoint.
+    /// An engine on this home, as a command would have it (no daemon: no journal checkpointer,
+    /// no trash), for tests that drive the library in-process.
+    pub fn engine(&self) -> waitpoint::engine::Engine {
+        let home = waitpoint::home::Home::new(&self.home);
+        home.ensure().unwrap();
+        waitpoint::engine::Engine::new(
+            home,
+            waitpoint::settings::Settings::default(),
+            std::sync::Arc::new(waitpoint::clock::SystemClock),
+        )
+    }
+
     pub fn state(&self, id: &str) -> Value {
         let path = self.home.join("waitpoints").join(id).join("waitpoint.json");
         serde_json::from_slice(
@@ -437,6 +449,26 @@ pub fn id_secret(reply: &Value) -> (String, String) {
 /// A `how_to_signal` line of a create reply.
 pub fn line(reply: &Value, form: &str) -> String {
     reply["how_to_signal"][form].as_str().unwrap().to_owned()
+}
+
+/// Arms a waitpoint through the library for `max_signals` reports with `members` (fail-fast
+/// off); returns its id and secret.
+pub fn labelled(
+    e: &waitpoint::engine::Engine,
+    label: &str,
+    session: &str,
+    max_signals: u32,
+    members: &[&str],
+) -> (String, String) {
+    let c = e
+        .create(waitpoint::engine::CreateRequest {
+            members: members.iter().map(|m| m.to_string()).collect(),
+            fail_fast: false,
+            max_signals,
+            ..waitpoint::engine::CreateRequest::new(label, "i", session)
+        })
+        .unwrap();
+    (c.waitpoint.id, c.secret)
 }
 
 /// A spool body for `id`/`secret` with extra JSON fields (`,"member":"a"`).

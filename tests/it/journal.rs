@@ -11,7 +11,7 @@ use serde_json::Value;
 use waitpoint::clock::SystemClock;
 use waitpoint::engine::{CreateRequest, Engine, Verdict};
 use waitpoint::home::Home;
-use waitpoint::ingress::{Source, SpoolBody, parse_spool_body};
+use waitpoint::ingress::{SignalRequest, Source, SpoolBody, parse_spool_body};
 use waitpoint::settings::Settings;
 
 use crate::helpers::*;
@@ -33,12 +33,18 @@ fn arm(e: &Engine, max_signals: u32) -> (String, String) {
     (c.waitpoint.id, c.secret)
 }
 
-/// Applies one `ok` signal named `file` and checks it was accepted.
-fn signal(e: &Engine, id: &str, secret: &str, file: &str) {
+/// An `ok` signal for `id` as the drop zone would hand it over, from a file named `file`.
+fn item(id: &str, secret: &str, file: &str) -> (SignalRequest, Source) {
     let SpoolBody::Signal(req) = parse_spool_body(body(id, secret, "").as_bytes()).unwrap() else {
         panic!("a signal body");
     };
-    let verdict = e.apply_signal(&req, &Source::Spool(file.into())).unwrap();
+    (req, Source::Spool(file.into()))
+}
+
+/// Applies one `ok` signal named `file` (a batch of one) and checks it was accepted.
+fn signal(e: &Engine, id: &str, secret: &str, file: &str) {
+    let (req, source) = item(id, secret, file);
+    let verdict = e.apply_signal(&req, &source).unwrap();
     assert!(matches!(verdict, Verdict::Accepted { .. }), "{verdict:?}");
 }
 
@@ -91,17 +97,30 @@ fn a_batch_is_one_journal_line_that_matches_its_layout_and_holds_no_secret() {
     let dir = tempfile::tempdir().unwrap();
     let (home, e, id, secret) = monitor(dir.path());
     signal(&e, &id, &secret, "a.json");
-    signal(&e, &id, &secret, "b.json");
+    let batch = [item(&id, &secret, "b.json"), item(&id, &secret, "c.json")];
+    for verdict in e.apply_batch(&batch) {
+        assert!(
+            matches!(verdict, Ok(Verdict::Accepted { .. })),
+            "{verdict:?}"
+        );
+    }
     let entries = lines(&home);
-    assert_eq!(entries.len(), 2, "one line per batch");
-    let change = &entries[1]["changes"][0];
-    assert_eq!(change["state"]["counters"]["signals"], 2);
-    assert_eq!(change["records"][0]["source"], "spool:b.json");
+    assert_eq!(entries.len(), 2, "one line per batch, not per signal");
+    let first = &entries[0]["changes"][0];
     assert_eq!(
-        change["wakes"].as_array().unwrap().len(),
+        first["wakes"].as_array().unwrap().len(),
         1,
         "a monitor wakes per report"
     );
+    let change = &entries[1]["changes"][0];
+    assert_eq!(change["state"]["counters"]["signals"], 3);
+    let sources: Vec<&Value> = change["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| &r["source"])
+        .collect();
+    assert_eq!(sources, ["spool:b.json", "spool:c.json"]);
     let schemas = Schemas::load();
     for (i, entry) in entries.iter().enumerate() {
         let path = dir.path().join(format!("entry-{i}.json"));
@@ -160,9 +179,15 @@ fn replay_never_rolls_back_a_change_made_after_the_entry() {
     // Cancelled (a durable commit of its own) while the batch's line is still in the journal.
     e.cancel(&id, "default").unwrap();
     let cancelled = fs::read(home.waitpoint_file(&id)).unwrap();
-    let wakes = fs::read_dir(home.inbox_new("default")).unwrap().count();
+    // A reader took the batch's wake (and the cancel's) meanwhile.
+    let cur = home.inbox_cur("default");
+    fs::create_dir_all(&cur).unwrap();
+    for wake in fs::read_dir(home.inbox_new("default")).unwrap().flatten() {
+        fs::rename(wake.path(), cur.join(wake.file_name())).unwrap();
+    }
     drop(e);
-    engine(&home).replay_journal().unwrap();
+    let (_, replayed) = engine(&home).replay_journal().unwrap();
+    assert_eq!(replayed, 1, "the batch's line was still there to replay");
     assert_eq!(
         fs::read(home.waitpoint_file(&id)).unwrap(),
         cancelled,
@@ -170,13 +195,13 @@ fn replay_never_rolls_back_a_change_made_after_the_entry() {
     );
     assert_eq!(
         fs::read_dir(home.inbox_new("default")).unwrap().count(),
-        wakes,
-        "no wake delivered twice"
+        0,
+        "a wake a reader took does not come back"
     );
 }
 
 #[test]
-fn the_daemon_replays_the_journal_before_it_reads_any_state() {
+fn the_daemon_replays_the_journal_at_start_and_a_clean_stop_leaves_it_empty() {
     let env = Env::new();
     let (home, e, id, secret) = monitor(&env.home);
     let state_before = fs::read(home.waitpoint_file(&id)).unwrap();

@@ -6,8 +6,7 @@ use std::fs;
 use std::sync::Arc;
 
 use serde_json::Value;
-use waitpoint::clock::SystemClock;
-use waitpoint::engine::{CreateRequest, Engine, Verdict};
+use waitpoint::engine::{Engine, Verdict};
 use waitpoint::home::Home;
 use waitpoint::ingress::spool::{FileOutcome, Spool};
 use waitpoint::ingress::{Source, parse_signal};
@@ -15,32 +14,8 @@ use waitpoint::settings::Settings;
 
 use crate::helpers::*;
 
-fn engine(env: &Env) -> Engine {
-    let home = Home::new(&env.home);
-    home.ensure().unwrap();
-    Engine::new(home, Settings::default(), Arc::new(SystemClock))
-}
-
 fn armed(e: &Engine, session: &str, max_signals: u32, members: &[&str]) -> (String, String) {
     labelled(e, "t", session, max_signals, members)
-}
-
-fn labelled(
-    e: &Engine,
-    label: &str,
-    session: &str,
-    max_signals: u32,
-    members: &[&str],
-) -> (String, String) {
-    let c = e
-        .create(CreateRequest {
-            members: members.iter().map(|m| m.to_string()).collect(),
-            fail_fast: false,
-            max_signals,
-            ..CreateRequest::new(label, "i", session)
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
 }
 
 /// The same mix of signals for a home: one-shots hit twice (the second is "already
@@ -129,7 +104,7 @@ fn summary(e: &Engine) -> Vec<String> {
 #[test]
 fn a_group_commit_decides_what_one_by_one_collection_decides() {
     let (single, batched) = (Env::new(), Env::new());
-    let (es, eb) = (engine(&single), engine(&batched));
+    let (es, eb) = (single.engine(), batched.engine());
     let files_s = mixed_batch(&es);
     let files_b = mixed_batch(&eb);
     for ((name_s, text_s), (name_b, text_b)) in files_s.iter().zip(&files_b) {
@@ -189,7 +164,7 @@ fn a_group_commit_decides_what_one_by_one_collection_decides() {
 #[test]
 fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
     let env = Env::new();
-    let e = engine(&env);
+    let e = env.engine();
     let ids: Vec<(String, String)> = (0..5).map(|_| armed(&e, "s", 1, &[])).collect();
     for (i, (id, secret)) in ids.iter().enumerate() {
         env.drop_file(&format!("f{i}"), &body(id, secret, r#","status":"ok""#));
@@ -223,7 +198,7 @@ fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
 #[test]
 fn a_burst_of_files_through_the_daemon_is_recorded_exactly_once() {
     let env = Env::new();
-    let e = engine(&env);
+    let e = env.engine();
     let ids: Vec<(String, String)> = (0..40).map(|_| armed(&e, "s", 1000, &[])).collect();
     let _d = env.daemon();
     let mut n = 0;
@@ -325,7 +300,7 @@ fn the_session_index_follows_creates_and_check_uses_it() {
 #[test]
 fn the_daemon_rebuilds_a_missing_or_damaged_index_from_the_files() {
     let env = Env::new();
-    let e = engine(&env);
+    let e = env.engine();
     let a = armed(&e, "s1", 1, &[]).0;
     let b = armed(&e, "s2", 1, &[]).0;
     // A home from before the index (or a damaged one): markers missing, one dangling marker
@@ -358,7 +333,7 @@ fn the_daemon_rebuilds_a_missing_or_damaged_index_from_the_files() {
 #[test]
 fn a_removed_waitpoint_leaves_the_index_and_session_delete_uses_it() {
     let env = Env::new();
-    let e = engine(&env);
+    let e = env.engine();
     e.rebuild_index().unwrap();
     let (id, secret) = armed(&e, "gone", 1, &[]);
     let keep = armed(&e, "gone", 1, &[]).0;
