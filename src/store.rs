@@ -430,6 +430,33 @@ impl Trash {
         each_concurrently(paths, take)
     }
 
+    /// The reaper thread's loop: empties the trash whenever something arrived, until stopped.
+    fn reap_until_stopped(&self) {
+        while self.wait_for_arrival() {
+            match self.empty() {
+                Ok(0) => {}
+                Ok(files) => tracing::debug!(files, "emptied the trash"),
+                Err(e) => {
+                    tracing::error!("cannot empty the trash (trying again): {e}");
+                    let mut s = self.lock_state();
+                    s.pending = true;
+                    let _ = self.arrived.wait_timeout(s, REAPER_RETRY);
+                }
+            }
+        }
+    }
+
+    /// Waits until something arrived (taking the news: `true`) or the reaper is stopped.
+    fn wait_for_arrival(&self) -> bool {
+        let mut s = self.lock_state();
+        while !s.pending && !s.stopped {
+            s = self.arrived.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        let arrived = !s.stopped;
+        s.pending = false;
+        arrived
+    }
+
     /// Removes every file here. Returns how many.
     fn empty(&self) -> Result<usize> {
         let paths: Vec<PathBuf> = list_dir(&self.dir)?.into_iter().map(|(_, p)| p).collect();
@@ -454,26 +481,7 @@ impl Reaper {
         let t = trash.clone();
         let thread = std::thread::Builder::new()
             .name("reaper".into())
-            .spawn(move || {
-                loop {
-                    {
-                        let mut s = t.lock_state();
-                        while !s.pending && !s.stopped {
-                            s = t.arrived.wait(s).unwrap_or_else(|e| e.into_inner());
-                        }
-                        if s.stopped {
-                            return;
-                        }
-                        s.pending = false;
-                    }
-                    if let Err(e) = t.empty() {
-                        tracing::error!("cannot empty the trash (trying again): {e}");
-                        let mut s = t.lock_state();
-                        s.pending = true;
-                        let _ = t.arrived.wait_timeout(s, REAPER_RETRY);
-                    }
-                }
-            })
+            .spawn(move || t.reap_until_stopped())
             .expect("spawn the reaper thread");
         Reaper {
             trash,

@@ -4,32 +4,15 @@
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
-use std::sync::Arc;
 
-use waitpoint::clock::SystemClock;
-use waitpoint::engine::{CreateRequest, Engine};
-use waitpoint::home::Home;
+use waitpoint::engine::Engine;
 use waitpoint::ingress::spool::{FileOutcome, Spool};
-use waitpoint::settings::Settings;
 use waitpoint::store::Reaper;
 
 use crate::helpers::*;
 
-fn engine(env: &Env) -> Engine {
-    let home = Home::new(&env.home);
-    home.ensure().unwrap();
-    Engine::new(home, Settings::default(), Arc::new(SystemClock))
-}
-
 fn monitor(e: &Engine) -> (String, String) {
-    let c = e
-        .create(CreateRequest {
-            fail_fast: false,
-            max_signals: 10,
-            ..CreateRequest::new("trash", "i", "default")
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
+    labelled(e, "trash", "default", 10, &[])
 }
 
 fn inodes(env: &Env) -> Vec<u64> {
@@ -45,7 +28,7 @@ fn inodes(env: &Env) -> Vec<u64> {
 #[test]
 fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_freeing_them() {
     let env = Env::new();
-    let e = engine(&env);
+    let e = env.engine();
     e.open_trash().unwrap();
     let (id, secret) = monitor(&e);
     let state = env.home.join(format!("waitpoints/{id}/waitpoint.json"));
@@ -70,8 +53,11 @@ fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_fre
         expected,
         "the trash holds exactly those two files"
     );
-    let now: serde_json::Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
-    assert_eq!(now["counters"]["signals"], 1, "the new state is in place");
+    assert_eq!(
+        env.state(&id)["counters"]["signals"],
+        1,
+        "the new state is in place"
+    );
 
     // The reaper empties what is there as soon as it starts, and whatever arrives later.
     let reaper = Reaper::start(e.open_trash().unwrap());
@@ -80,15 +66,14 @@ fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_fre
     spool.collect(&e, "again.json").unwrap();
     env.wait_trash_emptied();
     drop(reaper);
-    let now: serde_json::Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
-    assert_eq!(now["counters"]["signals"], 2);
+    assert_eq!(env.state(&id)["counters"]["signals"], 2);
 }
 
 #[test]
 fn without_a_trash_a_command_frees_files_in_place() {
     // `device poll` applies signals with no daemon, hence no reaper: nothing may pile up.
     let env = Env::new();
-    let e = engine(&env);
+    let e = env.engine();
     let (id, secret) = monitor(&e);
     env.drop_file("job", &body(&id, &secret, ""));
     let outcome = Spool::new(env.drop_zone()).collect(&e, "job.json").unwrap();
@@ -107,8 +92,18 @@ fn the_daemon_empties_a_trash_left_by_a_dead_daemon_and_what_its_own_batches_put
     env.write("tmp/trash/00000000000000ab", b"");
     let reply = env.create(&["--label", "m", "--intent", "i", "--max-signals", "50"]);
     let (id, secret) = id_secret(&reply);
-    let _d = env.daemon();
+    let _d = env.daemon_with_env(&[("RUST_LOG", "debug")]);
     env.wait_trash_emptied();
+    let log = env.home.join("log/daemon.log");
+    let emptied = || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("emptied the trash"))
+            .count()
+    };
+    env.wait_until("the leftovers' emptying to be logged", || emptied() >= 1);
+    let before = emptied();
     for i in 0..20 {
         env.drop_file(
             &format!("s{i:02}"),
@@ -116,10 +111,10 @@ fn the_daemon_empties_a_trash_left_by_a_dead_daemon_and_what_its_own_batches_put
         );
     }
     env.wait_drained();
-    let state = env.home.join(format!("waitpoints/{id}/waitpoint.json"));
     env.wait_until("all 20 signals recorded", || {
-        let wp: serde_json::Value = serde_json::from_slice(&fs::read(&state).unwrap()).unwrap();
-        wp["counters"]["signals"] == 20
+        env.state(&id)["counters"]["signals"] == 20
     });
+    // The batches' consumed files and replaced states went through the trash, and left it.
+    env.wait_until("an emptying after the batches", || emptied() > before);
     env.wait_trash_emptied();
 }
