@@ -62,6 +62,11 @@ pub mod exit {
 pub enum Error {
     #[error("{0}")]
     Usage(String),
+    /// A request field out of bounds. The text names the request field (`max_signals must be
+    /// 1-10000`) so that every front end can show it as it is; a front end may add its own hint
+    /// (the CLI names the flag, see `cli::field_hint`).
+    #[error("{field} {reason}")]
+    Invalid { field: &'static str, reason: String },
     #[error("{path}: {message}")]
     Settings { path: PathBuf, message: String },
     #[error("no waitpoint {0} (or it is not this session's)")]
@@ -87,13 +92,21 @@ impl Error {
     /// The kind of failure, which decides the exit code.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::Usage(_) | Error::Settings { .. } => ErrorKind::Usage,
+            Error::Usage(_) | Error::Invalid { .. } | Error::Settings { .. } => ErrorKind::Usage,
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Conflict(_) => ErrorKind::Conflict,
             Error::Locked { .. } => ErrorKind::Locked,
             Error::Io { .. } => ErrorKind::Io,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::Insecure { .. } => ErrorKind::Insecure,
+        }
+    }
+
+    /// A request field out of bounds: `invalid("max_signals", "must be 1-10000")`.
+    pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Error::Invalid {
+            field,
+            reason: reason.into(),
         }
     }
 

@@ -7,6 +7,7 @@
 //! [`store`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
 
+pub mod agent;
 pub mod cli;
 pub mod clock;
 pub mod daemon;
@@ -21,6 +22,7 @@ pub mod ingress;
 pub mod journal;
 pub mod model;
 pub mod process;
+pub mod render;
 pub mod secret;
 pub mod settings;
 pub mod signal;

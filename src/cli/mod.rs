@@ -5,7 +5,7 @@ pub mod device;
 pub mod man;
 pub mod ops;
 pub mod progress;
-pub mod render;
+pub use crate::render;
 pub mod signal;
 pub mod timer;
 pub mod waitpoint;
@@ -167,11 +167,40 @@ pub fn finish(program: &str, result: anyhow::Result<u8>) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
+            let hint = e
+                .chain()
+                .find_map(|e| match e.downcast_ref::<crate::error::Error>() {
+                    Some(crate::error::Error::Invalid { field, .. }) => field_hint(field),
+                    _ => None,
+                })
+                .map(|flag| format!(" (the flag {flag})"))
+                .unwrap_or_default();
             let mut stderr = std::io::stderr().lock();
-            let _ = writeln!(stderr, "{program}: {e:#}");
+            let _ = writeln!(stderr, "{program}: {e:#}{hint}");
             ExitCode::from(exit_code_for(&e))
         }
     }
+}
+
+/// The CLI's hint for a request field the engine refused: the flag that sets it. The engine's
+/// text names the field, as every front end shows it; only the CLI knows its flags.
+pub fn field_hint(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "label" => "--label",
+        "intent" => "--intent",
+        "members" => "--member",
+        "quorum" => "--quorum",
+        "max_signals" => "--max-signals",
+        "expires_in_hours" => "--expires-in-hours",
+        "recheck_after_ms" => "--recheck-after-ms",
+        "device" => "--device",
+        "session" => "--session",
+        "channel" => "--channel",
+        "duration_ms" => "--after-ms",
+        "interval_ms" => "--every-ms",
+        "summary" => "--summary",
+        _ => return None,
+    })
 }
 
 /// Parses argv with clap. On `--help`/`--version` or a usage error, clap's message is printed and

@@ -12,12 +12,12 @@ use clap::{Args, Parser, Subcommand};
 use notify::{RecursiveMode, Watcher};
 use serde_json::{Value, json};
 
+use crate::agent;
 use crate::clock::{Clock, SystemClock};
 use crate::delivery;
 use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
 use crate::home::Home;
-use crate::howto;
 use crate::ingress::http::{self, HttpConfig};
 use crate::model::{Outcome, Status, Waitpoint, Wake};
 use crate::settings::Settings;
@@ -401,7 +401,7 @@ fn parse_quorum(q: &str) -> anyhow::Result<Quorum> {
         return Ok(Quorum::All);
     }
     q.parse::<u32>().map(Quorum::Count).map_err(|_| {
-        Error::Usage(format!("--quorum must be a number or \"all\", not {q:?}")).into()
+        Error::invalid("quorum", format!("must be a number or \"all\", not {q:?}")).into()
     })
 }
 
@@ -429,13 +429,17 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     print_created(engine, &created, a.print, a.json, out)
 }
 
-/// The port printed lines use: the shim's, when this home's daemon published one; else
-/// `WEBHOOK_PORT`; else the spec's 3001.
+/// What the reply's lines depend on in this process's environment.
+fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
+    Ok(agent::LineContext {
+        fallback_port: super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
+        home_is_implicit: super::is_implicit_default(home),
+    })
+}
+
+/// The port printed lines use (see [`agent::webhook_port`]).
 fn webhook_port(home: &Home) -> anyhow::Result<u16> {
-    if let crate::signal::Published::Up(url) = crate::signal::published_endpoint(home) {
-        return Ok(url.port);
-    }
-    Ok(super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT))
+    Ok(agent::webhook_port(home, line_context(home)?.fallback_port))
 }
 
 /// Prints a `wait_create` reply (also used by `reset-secret`, whose reply has the same shape).
@@ -446,26 +450,7 @@ fn print_created(
     json_out: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
-    let home = engine.home();
-    let device = created
-        .waitpoint
-        .device
-        .as_deref()
-        .map(|d| crate::ingress::device::require(home, d))
-        .transpose()?;
-    let root = home.root().to_string_lossy().into_owned();
-    let drop_zone = home.drop_zone().to_string_lossy().into_owned();
-    let port = webhook_port(home)?;
-    let lines = howto::build(
-        &created.waitpoint,
-        &created.secret,
-        &howto::Target {
-            home_override: (!super::is_implicit_default(home)).then_some(root.as_str()),
-            local_drop_zone: &drop_zone,
-            webhook_port: port,
-            device_spool: device.as_ref().map(|d| d.spool.as_str()),
-        },
-    );
+    let lines = agent::how_to_signal(engine, created, line_context(engine.home())?)?;
     let wp = &created.waitpoint;
     if let Some(field) = print {
         let text = match field {
@@ -482,11 +467,7 @@ fn print_created(
         return Ok(exit::OK);
     }
     if json_out {
-        let mut v = render::public_view(wp);
-        let o = v.as_object_mut().expect("an object");
-        o.insert("secret".into(), json!(created.secret));
-        o.insert("how_to_signal".into(), serde_json::to_value(&lines)?);
-        print_json(out, &v)?;
+        print_json(out, &agent::created_reply(created, &lines))?;
         return Ok(exit::OK);
     }
     let now = engine.now();
@@ -508,17 +489,12 @@ fn print_created(
     if let Some(note) = &lines.member_note {
         writeln!(out, "  members: {note}")?;
     }
-    let recommended = if lines.recommended == "shell" {
-        &lines.shell
-    } else {
-        &lines.cli
-    };
     writeln!(
         out,
         "\nAppend to the job's command line ({}):",
         lines.recommended
     )?;
-    writeln!(out, "  {recommended}")?;
+    writeln!(out, "  {}", lines.recommended_line())?;
     writeln!(out, "\nOther forms:")?;
     for (name, line) in [
         ("env", &lines.env),
@@ -532,34 +508,12 @@ fn print_created(
     Ok(exit::OK)
 }
 
-/// The waitpoints `session` is waiting on: armed ones it may see, and fired or expired ones
-/// whose wake it has not read yet.
-fn waiting_for(engine: &Engine, session: &str) -> anyhow::Result<Vec<Waitpoint>> {
-    engine::check_name("session", session)?;
-    let home = engine.home();
-    Ok(engine
-        .list_visible(session)?
-        .into_iter()
-        .filter(|wp| {
-            wp.status == Status::Armed
-                || (wp.status != Status::Cancelled && engine::has_undelivered_wake(home, wp))
-        })
-        .collect())
-}
-
 fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let session = a.session.session;
-    let items = waiting_for(engine, &session)?;
+    let items = agent::waiting_for(engine, &session)?;
     let devices = devices_to_mention(engine, &items)?;
-    let now = engine.now();
-    let rows = render::check_items(
-        engine.home(),
-        &items,
-        engine.settings().max_wakes_per_hour,
-        now,
-    );
     if a.json {
-        let mut reply = json!({ "session": session, "waiting": rows });
+        let mut reply = agent::check(engine, &session, &items)?;
         if !devices.is_empty() {
             let d: Vec<Value> = devices
                 .iter()
@@ -568,7 +522,16 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
             reply["devices"] = json!(d);
         }
         print_json(out, &reply)?;
-    } else if a.brief {
+        return Ok(exit::OK);
+    }
+    let now = engine.now();
+    let rows = render::check_items(
+        engine.home(),
+        &items,
+        engine.settings().max_wakes_per_hour,
+        now,
+    );
+    if a.brief {
         write!(out, "{}", render::check_brief(&rows))?;
     } else {
         for d in &devices {
@@ -653,7 +616,7 @@ fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyhow::Result<
     let mut watched: HashSet<String> = HashSet::new();
     let mut last = String::new();
     loop {
-        let items = waiting_for(engine, &session)?;
+        let items = agent::waiting_for(engine, &session)?;
         for wp in &items {
             if watched.insert(wp.id.clone()) {
                 // A waitpoint removed meanwhile simply stops producing events.

@@ -84,10 +84,10 @@ impl Engine {
             .as_ref()
             .is_some_and(|l| l.chars().count() > super::MAX_LABEL_CHARS)
         {
-            return Err(Error::Usage(format!(
-                "--label must be at most {} characters",
-                super::MAX_LABEL_CHARS
-            )));
+            return Err(Error::invalid(
+                "label",
+                format!("must be at most {} characters", super::MAX_LABEL_CHARS),
+            ));
         }
         let id = self.fresh_prefixed_id(ID_PREFIX, |id| self.home.callback_file(id).exists());
         let token = format!("{id}_{}", secret::generate());

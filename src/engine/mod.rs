@@ -139,7 +139,7 @@ pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
 }
 
 /// Checks a session or channel name: it becomes a directory name.
-pub fn check_name(what: &str, name: &str) -> Result<()> {
+pub fn check_name(what: &'static str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
         && name != "."
@@ -150,9 +150,10 @@ pub fn check_name(what: &str, name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::Usage(format!(
-            "{what} {name:?} must be 1-128 characters of letters, digits, '.', '_', '-' or '@'"
-        )))
+        Err(Error::invalid(
+            what,
+            format!("{name:?} must be 1-128 characters of letters, digits, '.', '_', '-' or '@'"),
+        ))
     }
 }
 
@@ -197,14 +198,14 @@ impl Engine {
 
     /// Arms a new waitpoint (`wait_create`).
     pub fn create(&self, req: CreateRequest) -> Result<Created> {
-        let usage = |m: String| Err(Error::Usage(m));
+        let invalid = |field, m: String| Err(Error::invalid(field, m));
         let label = req.label.trim().to_owned();
         if label.is_empty() || label.chars().count() > MAX_LABEL_CHARS {
-            return usage(format!("--label must be 1-{MAX_LABEL_CHARS} characters"));
+            return invalid("label", format!("must be 1-{MAX_LABEL_CHARS} characters"));
         }
         let intent = req.intent.trim().to_owned();
         if intent.is_empty() || intent.chars().count() > MAX_INTENT_CHARS {
-            return usage(format!("--intent must be 1-{MAX_INTENT_CHARS} characters"));
+            return invalid("intent", format!("must be 1-{MAX_INTENT_CHARS} characters"));
         }
         check_name("session", &req.session)?;
         check_name("channel", &req.channel)?;
@@ -212,12 +213,12 @@ impl Engine {
             check_name("device", d)?;
         }
         if req.members.len() > MAX_MEMBERS {
-            return usage(format!("at most {MAX_MEMBERS} members"));
+            return invalid("members", format!("may name at most {MAX_MEMBERS} jobs"));
         }
         for (i, m) in req.members.iter().enumerate() {
-            check_member_name(m).map_err(|e| Error::Usage(format!("--member {m:?}: {e}")))?;
+            check_member_name(m).map_err(|e| Error::invalid("members", format!("{m:?}: {e}")))?;
             if req.members[..i].contains(m) {
-                return usage(format!("--member {m:?} is given twice"));
+                return invalid("members", format!("name {m:?} twice"));
             }
         }
         let quorum = match (req.quorum, req.members.len()) {
@@ -225,32 +226,39 @@ impl Engine {
             (None | Some(Quorum::All), n) => n as u32,
             (Some(Quorum::Count(q)), n) => {
                 if q == 0 || (n > 0 && q as usize > n) {
-                    return usage(format!(
-                        "--quorum {q} must be at least 1{}",
-                        if n > 0 {
-                            format!(" and at most the {n} members")
-                        } else {
-                            String::new()
-                        }
-                    ));
+                    return invalid(
+                        "quorum",
+                        format!(
+                            "{q} must be at least 1{}",
+                            if n > 0 {
+                                format!(" and at most the {n} members")
+                            } else {
+                                String::new()
+                            }
+                        ),
+                    );
                 }
                 q
             }
         };
         if req.recheck_after_ms == Some(0) {
-            return usage("--recheck-after-ms must be a positive number of milliseconds".into());
+            return invalid(
+                "recheck_after_ms",
+                "must be a positive number of milliseconds".into(),
+            );
         }
         if req.max_signals == 0 || req.max_signals > MAX_MAX_SIGNALS {
-            return usage(format!("--max-signals must be 1-{MAX_MAX_SIGNALS}"));
+            return invalid("max_signals", format!("must be 1-{MAX_MAX_SIGNALS}"));
         }
         let lifetime_ms = match req.expires_in_hours {
             None => self.settings.ttl_ms as i64,
             Some(h) => {
                 let max_h = MAX_TTL_MS as f64 / HOUR_MS;
                 if !h.is_finite() || h <= 0.0 || h > max_h {
-                    return usage(format!(
-                        "--expires-in-hours must be more than 0 and at most {max_h}"
-                    ));
+                    return invalid(
+                        "expires_in_hours",
+                        format!("must be more than 0 and at most {max_h}"),
+                    );
                 }
                 ((h * HOUR_MS).round() as i64).max(1)
             }
@@ -647,6 +655,26 @@ impl Engine {
             }
         }
         Ok(out)
+    }
+
+    /// The newest recorded signal of a waitpoint that `pick` accepts, read newest first so a
+    /// long-lived monitor costs one read when its latest report matches.
+    pub fn latest_signal(
+        &self,
+        id: &str,
+        pick: impl Fn(&SignalRecord) -> bool,
+    ) -> Result<Option<SignalRecord>> {
+        let dir = self.home.signals_dir(id);
+        let mut files = self.list_signal_files(id)?;
+        files.sort_unstable_by(|a, b| b.cmp(a));
+        for (seq, key) in files {
+            if let Some(r) = read_json::<SignalRecord>(&dir.join(signal_file_name(seq, &key)))?
+                && pick(&r)
+            {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
     }
 
     /// Replaces a waitpoint's secret: the old one is refused from now on (exactly like a wrong

@@ -52,17 +52,25 @@ impl Engine {
     /// Creates a timer. Durations and intervals are positive milliseconds.
     pub fn create_timer(&self, req: TimerRequest) -> Result<Timer> {
         check_name("session", &req.session)?;
-        if req.duration_ms == 0 || req.interval_ms == Some(0) {
-            return Err(Error::Usage(
-                "durations and intervals are positive milliseconds".into(),
+        if req.duration_ms == 0 {
+            return Err(Error::invalid(
+                "duration_ms",
+                "must be a positive number of milliseconds",
+            ));
+        }
+        if req.interval_ms == Some(0) {
+            return Err(Error::invalid(
+                "interval_ms",
+                "must be a positive number of milliseconds",
             ));
         }
         if let Some(s) = &req.summary
             && s.chars().count() > MAX_SUMMARY_CHARS
         {
-            return Err(Error::Usage(format!(
-                "--summary is longer than {MAX_SUMMARY_CHARS} characters"
-            )));
+            return Err(Error::invalid(
+                "summary",
+                format!("must be at most {MAX_SUMMARY_CHARS} characters"),
+            ));
         }
         let now = self.clock.now();
         let id = self.fresh_prefixed_id(ID_PREFIX, |id| self.home.timer_file(id).exists());

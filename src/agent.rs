@@ -1,0 +1,134 @@
+//! The agent's operations as every front end shows them: the `wait_create` reply, what a session
+//! is waiting on (`wait_check`), and what a front end must be told about the machine to build
+//! them. The CLI (`waitpoint create --json`, `check --json`) and the MCP server (`waitpoint mcp`)
+//! both call these, so an agent gets the same JSON whichever way it asks.
+
+use serde_json::{Value, json};
+
+use crate::engine::{self, Created, Engine};
+use crate::error::Result;
+use crate::home::Home;
+use crate::howto::{self, HowToSignal};
+use crate::model::{SignalStatus, Status, Waitpoint};
+use crate::render;
+use crate::store::FileLock;
+
+/// What a front end resolved from its environment that the reply's lines depend on.
+#[derive(Debug, Clone, Copy)]
+pub struct LineContext {
+    /// The shim's port when no daemon published one (`WEBHOOK_PORT`, else 3001).
+    pub fallback_port: u16,
+    /// Whether the home is the one a bare `cortex-signal` would find (`~/.cortex` with no
+    /// `CORTEX_HOME`); otherwise the local lines name it.
+    pub home_is_implicit: bool,
+}
+
+/// The port printed lines use: the shim's, when this home's daemon published one; else the
+/// front end's fallback.
+pub fn webhook_port(home: &Home, fallback: u16) -> u16 {
+    match crate::signal::published_endpoint(home) {
+        crate::signal::Published::Up(url) => url.port,
+        _ => fallback,
+    }
+}
+
+/// Whether a daemon holds this home's lock right now (signals are applied only by one).
+pub fn daemon_running(home: &Home) -> bool {
+    FileLock::is_held(&home.daemon_lock())
+}
+
+/// The `how_to_signal` lines of a new (or re-secreted) waitpoint.
+pub fn how_to_signal(engine: &Engine, created: &Created, ctx: LineContext) -> Result<HowToSignal> {
+    let home = engine.home();
+    let device = created
+        .waitpoint
+        .device
+        .as_deref()
+        .map(|d| crate::ingress::device::require(home, d))
+        .transpose()?;
+    let root = home.root().to_string_lossy().into_owned();
+    let drop_zone = home.drop_zone().to_string_lossy().into_owned();
+    Ok(howto::build(
+        &created.waitpoint,
+        &created.secret,
+        &howto::Target {
+            home_override: (!ctx.home_is_implicit).then_some(root.as_str()),
+            local_drop_zone: &drop_zone,
+            webhook_port: webhook_port(home, ctx.fallback_port),
+            device_spool: device.as_ref().map(|d| d.spool.as_str()),
+        },
+    ))
+}
+
+/// The `wait_create` reply: the waitpoint's public state with `secret` and `how_to_signal`
+/// (the JSON of `waitpoint create --json`).
+pub fn created_reply(created: &Created, lines: &HowToSignal) -> Value {
+    let mut v = render::public_view(&created.waitpoint);
+    let o = v.as_object_mut().expect("a waitpoint serialises to an object");
+    o.insert("secret".into(), json!(created.secret));
+    o.insert(
+        "how_to_signal".into(),
+        serde_json::to_value(lines).expect("plain strings serialise"),
+    );
+    v
+}
+
+/// The waitpoints `session` is waiting on (the spec's union rule: armed ones it armed or whose
+/// wakes come to it), and fired or expired ones whose wake it has not read yet.
+pub fn waiting_for(engine: &Engine, session: &str) -> Result<Vec<Waitpoint>> {
+    engine::check_name("session", session)?;
+    let home = engine.home();
+    Ok(engine
+        .list_visible(session)?
+        .into_iter()
+        .filter(|wp| {
+            wp.status == Status::Armed
+                || (wp.status != Status::Cancelled && engine::has_undelivered_wake(home, wp))
+        })
+        .collect())
+}
+
+/// The `wait_check` reply for `items` (what [`waiting_for`] found): each waitpoint the session
+/// waits on with its intent, progress, deadline, badges and latest heartbeat, and the unread
+/// wakes of the session's channel.
+pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Value> {
+    let now = engine.now();
+    let rows = render::check_items(
+        engine.home(),
+        items,
+        engine.settings().max_wakes_per_hour,
+        now,
+    );
+    let mut waiting = Vec::with_capacity(rows.len());
+    for (wp, row) in items.iter().zip(rows) {
+        let mut v = serde_json::to_value(&row).expect("rows serialise");
+        let heartbeat = if wp.counters.progress == 0 {
+            None
+        } else {
+            engine.latest_signal(&wp.id, |s| s.status == SignalStatus::Progress)?
+        };
+        v["latest_heartbeat"] = match heartbeat {
+            Some(s) => json!({
+                "at": s.received_at,
+                "age": render::time_left(s.received_at, now),
+                "member": s.member,
+                "message": s.message,
+            }),
+            None => Value::Null,
+        };
+        v["intent"] = json!(wp.intent);
+        waiting.push(v);
+    }
+    let unread: Vec<Value> = crate::delivery::unread(engine.home(), session)?
+        .iter()
+        .map(|w| {
+            json!({
+                "wake_id": w.wake_id,
+                "kind": w.kind.as_str(),
+                "created_at": w.created_at,
+                "summary": w.summary,
+            })
+        })
+        .collect();
+    Ok(json!({ "session": session, "waiting": waiting, "unread_wakes": unread }))
+}
