@@ -3,13 +3,18 @@
 //! them. The CLI (`waitpoint create --json`, `check --json`) and the MCP server (`waitpoint mcp`)
 //! both call these, so an agent gets the same JSON whichever way it asks.
 
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use notify::{RecursiveMode, Watcher};
 use serde_json::{Value, json};
 
 use crate::engine::{self, Created, Engine};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::howto::{self, HowToSignal};
-use crate::model::{SignalStatus, Status, Waitpoint};
+use crate::model::{SignalStatus, Status, Waitpoint, Wake};
 use crate::render;
 use crate::store::FileLock;
 
@@ -64,7 +69,9 @@ pub fn how_to_signal(engine: &Engine, created: &Created, ctx: LineContext) -> Re
 /// (the JSON of `waitpoint create --json`).
 pub fn created_reply(created: &Created, lines: &HowToSignal) -> Value {
     let mut v = render::public_view(&created.waitpoint);
-    let o = v.as_object_mut().expect("a waitpoint serialises to an object");
+    let o = v
+        .as_object_mut()
+        .expect("a waitpoint serialises to an object");
     o.insert("secret".into(), json!(created.secret));
     o.insert(
         "how_to_signal".into(),
@@ -131,4 +138,72 @@ pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Valu
         })
         .collect();
     Ok(json!({ "session": session, "waiting": waiting, "unread_wakes": unread }))
+}
+
+/// Arms a waitpoint for a front end: the named device must exist, so the reply's `shell` line
+/// points at its real spool.
+pub fn create(engine: &Engine, req: engine::CreateRequest) -> Result<Created> {
+    if let Some(d) = req.device.as_deref() {
+        crate::ingress::device::require(engine.home(), d)?;
+    }
+    engine.create(req)
+}
+
+/// A watcher whose events only wake the caller up; the caller re-reads the state each time.
+pub fn wake_on_change(dir: &Path) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+    let (tx, rx) = mpsc::channel();
+    let watch_error =
+        |e: notify::Error| Error::Usage(format!("cannot watch {}: {e}", dir.display()));
+    let mut watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+        let _ = tx.send(());
+    })
+    .map_err(watch_error)?;
+    watcher
+        .watch(dir, RecursiveMode::NonRecursive)
+        .map_err(watch_error)?;
+    Ok((watcher, rx))
+}
+
+/// Waits for the next change event, at most `look_again` and never past `deadline`; false when
+/// the deadline passed.
+pub fn wait_for_change(
+    rx: &mpsc::Receiver<()>,
+    deadline: Option<Instant>,
+    look_again: Duration,
+) -> bool {
+    let timeout = deadline.map_or(look_again, |d| {
+        d.saturating_duration_since(Instant::now()).min(look_again)
+    });
+    let got = rx.recv_timeout(timeout).is_ok();
+    while rx.try_recv().is_ok() {}
+    got || deadline.is_none_or(|d| Instant::now() < d)
+}
+
+/// Takes the channel's next unread wake (marking it read), waiting for one to arrive until
+/// `deadline`; `None` when the deadline passed or `stop` said to give up first. `stop` is asked
+/// at least every `look_again`.
+pub fn next_wake(
+    home: &Home,
+    channel: &str,
+    deadline: Option<Instant>,
+    look_again: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<Option<Wake>> {
+    engine::check_name("channel", channel)?;
+    let dir = home.inbox_new(channel);
+    crate::store::create_dir_private(&dir)?;
+    crate::store::create_dir_private(&home.inbox_cur(channel))?;
+    // Watch before the first look, so a wake landing in between is not missed.
+    let (_watcher, rx) = wake_on_change(&dir)?;
+    loop {
+        if stop() {
+            return Ok(None);
+        }
+        if let Some(wake) = crate::delivery::take_next(home, channel)? {
+            return Ok(Some(wake));
+        }
+        if !wait_for_change(&rx, deadline, look_again) {
+            return Ok(None);
+        }
+    }
 }

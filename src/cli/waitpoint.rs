@@ -14,7 +14,6 @@ use serde_json::{Value, json};
 
 use crate::agent;
 use crate::clock::{Clock, SystemClock};
-use crate::delivery;
 use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
 use crate::home::Home;
@@ -409,23 +408,22 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     let quorum = a.quorum.as_deref().map(parse_quorum).transpose()?;
     let session = a.session.session;
     let channel = a.channel.unwrap_or_else(|| session.clone());
-    // The device must exist, so the shell line points at its real spool.
-    if let Some(d) = a.device.as_deref() {
-        crate::ingress::device::require(engine.home(), d)?;
-    }
-    let created = engine.create(CreateRequest {
-        label: a.label,
-        intent: a.intent,
-        members: a.members,
-        quorum,
-        fail_fast: !a.no_fail_fast,
-        max_signals: a.max_signals,
-        expires_in_hours: a.expires_in_hours,
-        device: a.device,
-        session,
-        channel,
-        recheck_after_ms: a.recheck_after_ms,
-    })?;
+    let created = agent::create(
+        engine,
+        CreateRequest {
+            label: a.label,
+            intent: a.intent,
+            members: a.members,
+            quorum,
+            fail_fast: !a.no_fail_fast,
+            max_signals: a.max_signals,
+            expires_in_hours: a.expires_in_hours,
+            device: a.device,
+            session,
+            channel,
+            recheck_after_ms: a.recheck_after_ms,
+        },
+    )?;
     print_created(engine, &created, a.print, a.json, out)
 }
 
@@ -689,28 +687,17 @@ fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> anyhow::Resul
     Ok(exit::OK)
 }
 
-/// A watcher whose events only wake us up; the caller re-reads the state each time.
+/// Even without a deadline the CLI looks again every minute, in case an event was lost.
+const LOOK_AGAIN: Duration = Duration::from_secs(60);
+
 fn wake_on_change(
     dir: &std::path::Path,
 ) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
-    let (tx, rx) = mpsc::channel();
-    let mut watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
-        let _ = tx.send(());
-    })?;
-    watcher.watch(dir, RecursiveMode::NonRecursive)?;
-    Ok((watcher, rx))
+    Ok(agent::wake_on_change(dir)?)
 }
 
-/// Waits for the next change event until `deadline`; false when the deadline passed.
 fn wait_for_change(rx: &mpsc::Receiver<()>, deadline: Option<Instant>) -> bool {
-    // Even without a deadline we look again every minute, in case an event was lost.
-    let cap = Duration::from_secs(60);
-    let timeout = deadline.map_or(cap, |d| {
-        d.saturating_duration_since(Instant::now()).min(cap)
-    });
-    let got = rx.recv_timeout(timeout).is_ok();
-    while rx.try_recv().is_ok() {}
-    got || deadline.is_none_or(|d| Instant::now() < d)
+    agent::wait_for_change(rx, deadline, LOOK_AGAIN)
 }
 
 fn deadline_of(timeout: Option<f64>) -> anyhow::Result<Option<Instant>> {
@@ -747,23 +734,14 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
 
 fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let channel = a.channel.unwrap_or(a.session.session);
-    engine::check_name("channel", &channel)?;
-    let home = engine.home();
-    let dir = home.inbox_new(&channel);
-    crate::store::create_dir_private(&dir)?;
-    crate::store::create_dir_private(&home.inbox_cur(&channel))?;
     let deadline = deadline_of(a.timeout)?;
-    // Watch before the first look, so a wake landing in between is not missed.
-    let (_watcher, rx) = wake_on_change(&dir)?;
     loop {
-        while let Some(wake) = delivery::take_next(home, &channel)? {
-            print_wake(out, &wake, a.json, a.follow)?;
-            if !a.follow {
-                return Ok(exit::OK);
-            }
+        match agent::next_wake(engine.home(), &channel, deadline, LOOK_AGAIN, &|| false)? {
+            Some(wake) => print_wake(out, &wake, a.json, a.follow)?,
+            None => return Ok(exit::TIMED_OUT),
         }
-        if !wait_for_change(&rx, deadline) {
-            return Ok(exit::TIMED_OUT);
+        if !a.follow {
+            return Ok(exit::OK);
         }
     }
 }

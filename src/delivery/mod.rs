@@ -98,21 +98,58 @@ pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
 /// Takes the oldest unread wake: moves it to `cur/` and returns it. When two readers race, each
 /// wake goes to exactly one of them (the rename decides).
 pub fn take_next(home: &Home, channel: &str) -> Result<Option<Wake>> {
-    let new = home.inbox_new(channel);
-    let cur = home.inbox_cur(channel);
     for wake in unread(home, channel)? {
-        create_dir_private(&cur)?;
-        let from = wake_file(&new, &wake.wake_id);
-        let to = wake_file(&cur, &wake.wake_id);
-        match fs::rename(&from, &to) {
-            Ok(()) => {
-                store::fsync_dir(&cur)?;
-                store::fsync_dir(&new)?;
-                return Ok(Some(wake));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io("cannot move", &from, e)),
+        if mark_read(home, channel, &wake.wake_id)? {
+            return Ok(Some(wake));
         }
     }
     Ok(None)
+}
+
+/// Wake ids are `wk_<hex>_<n>`; anything else never names a file of ours.
+fn check_wake_id(wake_id: &str) -> Result<()> {
+    let ok = !wake_id.is_empty()
+        && wake_id.len() <= 64
+        && wake_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "wake_id",
+            format!("{wake_id:?} is not a wake id"),
+        ))
+    }
+}
+
+/// Puts a wake that [`take_next`] took back among the unread (a reader that could not hand it on,
+/// such as an MCP call cancelled after the take), so the next reader gets it.
+pub fn untake(home: &Home, channel: &str, wake_id: &str) -> Result<()> {
+    check_wake_id(wake_id)?;
+    let new = home.inbox_new(channel);
+    let cur = home.inbox_cur(channel);
+    let from = wake_file(&cur, wake_id);
+    fs::rename(&from, wake_file(&new, wake_id)).map_err(|e| Error::io("cannot move", &from, e))?;
+    store::fsync_dir(&new)?;
+    store::fsync_dir(&cur)
+}
+
+/// Marks one wake read (moves it to `cur/`), for a reader that handed it on by other means (a
+/// wake adapter that resumed the agent). False when it was no longer unread.
+pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
+    check_wake_id(wake_id)?;
+    let new = home.inbox_new(channel);
+    let cur = home.inbox_cur(channel);
+    create_dir_private(&cur)?;
+    let from = wake_file(&new, wake_id);
+    match fs::rename(&from, wake_file(&cur, wake_id)) {
+        Ok(()) => {
+            store::fsync_dir(&cur)?;
+            store::fsync_dir(&new)?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io("cannot move", &from, e)),
+    }
 }
