@@ -20,6 +20,7 @@ pub mod home;
 pub mod howto;
 pub mod ingress;
 pub mod journal;
+pub mod mcp;
 pub mod model;
 pub mod process;
 pub mod render;

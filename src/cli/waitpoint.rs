@@ -78,6 +78,15 @@ pub enum Command {
     Daemon(DaemonArgs),
     /// Manage the devices whose spools the daemon collects over SSH
     Device(super::device::DeviceArgs),
+    /// Serve the agent tools over the Model Context Protocol on stdin and stdout
+    ///
+    /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
+    /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
+    /// ListTimers, GetTimer and CancelTimer, acting for one session (--session, else
+    /// $CORTEX_SESSION, else "default"). It needs no running daemon; without one, signals wait
+    /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
+    /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
+    Mcp(McpArgs),
     // ---- operations and shell ergonomics (src/cli/ops.rs) ----
     /// Run a command, pass its output through, and signal its exit code and output tail
     ///
@@ -267,6 +276,12 @@ pub struct NextArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub session: SessionArg,
+}
+
+#[derive(Debug, Args)]
 pub struct WaitArgs {
     /// The waitpoint id
     pub id: String,
@@ -334,6 +349,16 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
     let engine = Engine::new(home, settings, clock);
     // Before reading or changing any state: what a dead daemon left in the journal.
     engine.replay_left_journal()?;
+    if let Command::Mcp(a) = command {
+        // Before stdout is locked here: the server writes it from other threads.
+        let lines = line_context(engine.home())?;
+        crate::mcp::serve_stdio(crate::mcp::Config {
+            engine,
+            session: a.session.session,
+            lines,
+        })?;
+        return Ok(exit::OK);
+    }
     let mut out = io::stdout().lock();
     match command {
         Command::Create(a) => create(&engine, a, &mut out),
@@ -361,6 +386,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
             &mut out,
         ),
         Command::Daemon(_)
+        | Command::Mcp(_)
         | Command::Run(_)
         | Command::Attach(_)
         | Command::Doctor(_)
