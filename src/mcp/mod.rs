@@ -8,6 +8,7 @@
 //! server acts for one session, fixed when it starts; no tool takes another session's id.
 
 mod params;
+mod stdio;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,9 @@ use rmcp::model::{
     ServerConfig,
 };
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{
+    ErrorData as McpError, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router,
+};
 use serde_json::{Value, json};
 
 use crate::agent::{self, LineContext};
@@ -52,6 +55,8 @@ struct Inner {
     engine: Engine,
     session: String,
     lines: LineContext,
+    /// Set when the client closed stdin: nobody will read an answer any more.
+    gone: stdio::ClientGone,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -69,8 +74,9 @@ pub fn serve_stdio(config: Config) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let service = Server::new(config)
-            .serve(rmcp::transport::stdio())
+        let (transport, gone) = stdio::stdio();
+        let service = Server::new(config, gone)
+            .serve(transport)
             .await
             .map_err(|e| anyhow::anyhow!("MCP session did not start: {e}"))?;
         let reason = service.waiting().await?;
@@ -97,9 +103,10 @@ fn reply(value: Value, note: String) -> CallToolResult {
 }
 
 fn timer_note(t: &Timer) -> String {
-    let next = t
-        .next_fire_at
-        .map_or_else(|| "no next firing".to_owned(), |n| format!("next firing {n}"));
+    let next = t.next_fire_at.map_or_else(
+        || "no next firing".to_owned(),
+        |n| format!("next firing {n}"),
+    );
     let every = t
         .interval_ms
         .map(|i| format!(", repeating every {i} ms"))
@@ -117,12 +124,13 @@ fn to_value(v: &impl serde::Serialize) -> Value {
 }
 
 impl Server {
-    pub fn new(config: Config) -> Self {
+    fn new(config: Config, gone: stdio::ClientGone) -> Self {
         Server {
             inner: Arc::new(Inner {
                 engine: config.engine,
                 session: config.session,
                 lines: config.lines,
+                gone,
             }),
             tool_router: Self::tool_router(),
         }
@@ -263,19 +271,25 @@ impl Server {
         let mut job = tokio::task::spawn_blocking(move || {
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);
-            agent::next_wake(
+            let taken = agent::next_wake(
                 inner.engine.home(),
                 &inner.session,
                 deadline,
                 CANCEL_CHECK,
-                &|| flag.load(Ordering::Relaxed),
-            )
+                &|| flag.load(Ordering::Relaxed) || inner.gone.is_set(),
+            )?;
+            // Taken, but the client left meanwhile: nobody would read it, so it stays unread.
+            match taken {
+                Some(w) if inner.gone.is_set() => {
+                    delivery::untake(inner.engine.home(), &w.channel, &w.wake_id)?;
+                    Ok(None)
+                }
+                other => Ok(other),
+            }
         });
         let token = ctx.meta.get_progress_token();
-        let mut ticks = tokio::time::interval_at(
-            tokio::time::Instant::now() + PROGRESS_EVERY,
-            PROGRESS_EVERY,
-        );
+        let mut ticks =
+            tokio::time::interval_at(tokio::time::Instant::now() + PROGRESS_EVERY, PROGRESS_EVERY);
         let taken = loop {
             tokio::select! {
                 done = &mut job => break done,
@@ -316,7 +330,9 @@ impl Server {
                 ),
             ),
             Ok(Err(e)) => refusal(&e),
-            Err(e) => CallToolResult::error(vec![ContentBlock::text(format!("internal error: {e}"))]),
+            Err(e) => {
+                CallToolResult::error(vec![ContentBlock::text(format!("internal error: {e}"))])
+            }
         })
     }
 
@@ -340,7 +356,7 @@ impl Server {
         .await
     }
 
-    /// List this session's recent timers, newest first.
+    /// List this session's recent timers, newest first, each with its status and next firing.
     #[tool(name = "ListTimers")]
     async fn list_timers(
         &self,
@@ -359,7 +375,8 @@ impl Server {
         .await
     }
 
-    /// Read one of this session's timers.
+    /// Read one of this session's timers: its status (active, completed or cancelled), its next
+    /// and last firing, and how often it fired. Another session's timer reads as not found.
     #[tool(name = "GetTimer")]
     async fn get_timer(
         &self,

@@ -7,8 +7,8 @@
 use std::borrow::Cow;
 
 use rmcp::schemars::{self, JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
-use serde::{Deserialize, Serialize};
 
 use crate::engine::Quorum;
 
@@ -94,7 +94,7 @@ impl JsonSchema for QuorumArg {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "description": "How many terminal (ok/fail) signals resolve it: a number, or \"all\" \
-(every member). Default: \"all\" with members, otherwise 1.",
+        (every member). Default: \"all\" with members, otherwise 1.",
             "anyOf": [
                 { "type": "integer", "minimum": 1 },
                 { "type": "string", "enum": ["all"] }

@@ -18,6 +18,7 @@ mod journal;
 mod kill_loop;
 mod layouts;
 mod man_pages;
+mod mcp;
 mod ops;
 mod perf;
 mod policy;
