@@ -7,6 +7,7 @@
 //! [`store`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
 
+pub mod adapter;
 pub mod agent;
 pub mod cli;
 pub mod clock;

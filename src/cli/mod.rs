@@ -1,6 +1,7 @@
 //! Command-line front ends. Only this module knows clap, argv and the process environment: it
 //! resolves them into a [`Home`], [`Settings`] and validated requests before calling the library.
 
+pub mod adapter;
 pub mod device;
 pub mod man;
 pub mod ops;

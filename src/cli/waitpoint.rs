@@ -87,6 +87,17 @@ pub enum Command {
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
     Mcp(McpArgs),
+    /// Wake adapters: hand a session's wakes to an agent harness (hooks, onWake resumes)
+    ///
+    /// One-line commands for a harness's configuration. Hooks block on the session's next wake
+    /// and give its text to a live session (claude-hook for Claude Code's asyncRewake hooks,
+    /// codex-stop-hook for Codex's Stop hook); resumes run as the daemon's onWake command and
+    /// resume a closed session with the wake as its prompt (claude-resume, codex-resume). A
+    /// wake is marked read only when the harness took it; a failure leaves it unread, and the
+    /// daemon retries an onWake command. Run as an onWake command, the home is
+    /// $WAITPOINT_HOME unless --home says otherwise.
+    #[command(subcommand)]
+    Adapter(super::adapter::AdapterCommand),
     // ---- operations and shell ergonomics (src/cli/ops.rs) ----
     /// Run a command, pass its output through, and signal its exit code and output tail
     ///
@@ -322,7 +333,14 @@ pub fn main() -> ExitCode {
         Command::Daemon(a) => Some(a.log_format),
         _ => None,
     };
-    let home = super::resolve_home(cli.home);
+    // An onWake command is told its home by the daemon that runs it.
+    let home_flag = match (&cli.command, cli.home) {
+        (Command::Adapter(_), None) => std::env::var_os("WAITPOINT_HOME")
+            .filter(|h| !h.is_empty())
+            .map(PathBuf::from),
+        (_, flag) => flag,
+    };
+    let home = super::resolve_home(home_flag);
     super::init_logging(
         log_format.is_some().then_some(&home),
         log_format.unwrap_or_default(),
@@ -374,6 +392,11 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
             print_created(&engine, &created, a.print, a.json, &mut out)
         }
         Command::Timer(cmd) => super::timer::run_timer(&engine, cmd, &mut out),
+        Command::Adapter(cmd) => {
+            // The Codex hook writes its reply to stdout itself.
+            drop(out);
+            super::adapter::run(&engine, cmd)
+        }
         Command::Callback(cmd) => {
             super::timer::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
         }

@@ -3,6 +3,7 @@
 
 mod helpers;
 
+mod adapters;
 #[cfg(feature = "failpoints")]
 mod crash_points;
 mod devices;
