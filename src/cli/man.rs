@@ -369,6 +369,12 @@ fn waitpoint_1_sections() -> Doc {
 cannot be found and 126 when it cannot be run; 2 when the id or secret is missing or malformed \
 (the command is then not run).",
     );
+    d.para(
+        "adapter claude-hook exits 2 when it hands wakes to Claude Code (the status an \
+asyncRewake hook wakes the session on) and 0 when its timeout passed with none; adapter \
+claude-resume and codex-resume exit 1 when the harness failed, leaving the wake unread for the \
+daemon to retry.",
+    );
     d.section("EXAMPLES");
     d.example(
         "Arm a waitpoint, then run the job so that it signals with its exit code and log tail:",
@@ -386,6 +392,10 @@ publish it' --print env)\"\nwaitpoint run -- make -j8 release",
     d.example(
         "Print wakes as they arrive, one JSON object per line:",
         "waitpoint next --follow --json | jq -r .summary",
+    );
+    d.example(
+        "Give Claude Code the agent tools, acting for session nightly:",
+        "claude mcp add waitpoint -e CORTEX_SESSION=nightly -- waitpoint mcp",
     );
     d.example(
         "Check the installation; install bash completions:",
