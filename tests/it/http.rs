@@ -127,7 +127,7 @@ fn run_curl(mut cmd: Command, stdin: &str) -> (u16, String) {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("curl must be installed (.ci/run installs it)");
+        .expect("curl must be installed (scripts/test-deps installs it)");
     child
         .stdin
         .take()

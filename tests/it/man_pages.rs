@@ -101,7 +101,9 @@ fn diagnostics(program: &str, args: &[&str], page: &Path) -> String {
         .env("LANG", "C.UTF-8")
         .output()
         .unwrap_or_else(|e| {
-            panic!("{program} is needed to check the man pages ({e}); .ci/run installs it")
+            panic!(
+                "{program} is needed to check the man pages ({e}); scripts/test-deps installs it"
+            )
         });
     assert!(
         out.status.success(),

@@ -497,7 +497,7 @@ fn a_large_backlog_shows_progress_on_a_terminal_only() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("script(1) from util-linux; .ci/run installs it");
+        .expect("script(1) from util-linux; scripts/test-deps installs it");
     let log = env.home.join("log/daemon.log");
     env.wait_until_within("the backlog to drain", PATIENCE * 4, || {
         fs::read_to_string(&log).is_ok_and(|l| l.contains("backlog drained"))

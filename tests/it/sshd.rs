@@ -1,8 +1,9 @@
 //! A throwaway OpenSSH server on 127.0.0.1 for the device tests: its own host key, an
 //! authorized user key and a remote spool, all in a temp dir, reached as the current user.
 //!
-//! When sshd cannot be started the test fails, loudly, with the reason: CI (`.ci/run`) installs
-//! `openssh-server`, so a missing sshd is a broken machine, not a reason to pass. Only an
+//! When sshd cannot be started the test fails, loudly, with the reason: `scripts/test-deps` (run
+//! by `scripts/test`) installs `openssh-server`, so a missing sshd is a broken machine, not a
+//! reason to pass. Only an
 //! explicit `WAITPOINT_SKIP_SSH_TESTS=1` outside CI turns these tests into no-ops.
 
 use std::fs;
@@ -66,7 +67,7 @@ impl Sshd {
         }
         if !Path::new(SSHD).exists() {
             panic!(
-                "{SSHD} is missing: the SSH device tests need a real sshd (apt-get install openssh-server; .ci/run does this)"
+                "{SSHD} is missing: the SSH device tests need a real sshd (apt-get install openssh-server; scripts/test-deps does this)"
             );
         }
         let dir = tempfile::tempdir().expect("temp dir");
