@@ -63,7 +63,6 @@ pub struct Client {
     stdin: ChildStdin,
     lines: mpsc::Receiver<String>,
     stderr: PathBuf,
-    pub revision: Revision,
 }
 
 impl Client {
@@ -100,7 +99,6 @@ impl Client {
             stdin,
             lines,
             stderr,
-            revision,
         };
         let ready = c.read("the session to open");
         assert_eq!(ready["protocol_version"], revision.version(), "{ready}");
