@@ -8,7 +8,7 @@ use serde_json::Value;
 use crate::clock::{Timestamp, human_duration};
 use crate::engine::{self, rules::HOUR_MS};
 use crate::home::Home;
-use crate::model::{HoldReason, Outcome, SignalRecord, Status, Waitpoint};
+use crate::model::{HoldReason, Outcome, SignalRecord, Status, Timer, Waitpoint};
 
 /// A badge on a waiting item: each one a way a wake can fail silently, or a failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -365,4 +365,23 @@ pub fn show_text(
         ));
     }
     o
+}
+
+/// One timer as a line: id, status, firings, interval, next firing, summary.
+pub fn timer_line(t: &Timer) -> String {
+    let next = t
+        .next_fire_at
+        .map(|n| format!("next {n}"))
+        .unwrap_or_else(|| "-".to_owned());
+    let every = t
+        .interval_ms
+        .map(|i| format!(" every {i} ms"))
+        .unwrap_or_default();
+    format!(
+        "{}  {:<9} fired {}{every}  {next}  {}",
+        t.id,
+        t.status.as_str(),
+        t.fire_count,
+        t.summary.as_deref().unwrap_or("")
+    )
 }

@@ -9,8 +9,9 @@ use serde_json::json;
 use crate::engine::Engine;
 use crate::engine::timers::TimerRequest;
 use crate::error::exit;
-use crate::model::{Callback, CallbackMode, Timer};
+use crate::model::{Callback, CallbackMode};
 
+use super::render;
 use super::waitpoint::SessionArg;
 
 #[derive(Debug, Subcommand)]
@@ -72,24 +73,6 @@ fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result
     Ok(())
 }
 
-fn timer_line(t: &Timer) -> String {
-    let next = t
-        .next_fire_at
-        .map(|n| format!("next {n}"))
-        .unwrap_or_else(|| "-".to_owned());
-    let every = t
-        .interval_ms
-        .map(|i| format!(" every {i} ms"))
-        .unwrap_or_default();
-    format!(
-        "{}  {:<9} fired {}{every}  {next}  {}",
-        t.id,
-        t.status.as_str(),
-        t.fire_count,
-        t.summary.as_deref().unwrap_or("")
-    )
-}
-
 pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> anyhow::Result<u8> {
     match cmd {
         TimerCommand::Create(a) => {
@@ -102,7 +85,7 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
             if a.json {
                 print_json(out, &t)?;
             } else {
-                writeln!(out, "{}", timer_line(&t))?;
+                writeln!(out, "{}", render::timer_line(&t))?;
             }
         }
         TimerCommand::List(a) => {
@@ -111,7 +94,7 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
                 print_json(out, &list)?;
             } else {
                 for t in &list {
-                    writeln!(out, "{}", timer_line(t))?;
+                    writeln!(out, "{}", render::timer_line(t))?;
                 }
             }
         }
@@ -120,7 +103,7 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
             if a.json {
                 print_json(out, &t)?;
             } else {
-                writeln!(out, "{}", timer_line(&t))?;
+                writeln!(out, "{}", render::timer_line(&t))?;
                 writeln!(
                     out,
                     "  created {}  last fired {}",

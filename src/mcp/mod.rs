@@ -103,19 +103,9 @@ fn reply(value: Value, note: String) -> CallToolResult {
 }
 
 fn timer_note(t: &Timer) -> String {
-    let next = t.next_fire_at.map_or_else(
-        || "no next firing".to_owned(),
-        |n| format!("next firing {n}"),
-    );
-    let every = t
-        .interval_ms
-        .map(|i| format!(", repeating every {i} ms"))
-        .unwrap_or_default();
     format!(
-        "timer {} is {} ({next}{every}; fired {} times). Its wake comes back to this session.",
-        t.id,
-        t.status.as_str(),
-        t.fire_count
+        "{}\nIts wakes come back to this session.",
+        render::timer_line(t)
     )
 }
 

@@ -82,6 +82,14 @@ fn arm(env: &Env, session: &str, intent: &str) -> (String, String) {
     )
 }
 
+/// Starts `waitpoint adapter HOOK --session agent --timeout SECS` as a harness does.
+fn hook(env: &Env, name: &str, timeout: &str) -> Child {
+    start_hook(
+        env,
+        &["adapter", name, "--session", "agent", "--timeout", timeout],
+    )
+}
+
 /// Starts a hook command as a harness does: the command with its JSON on stdin.
 fn start_hook(env: &Env, args: &[&str]) -> Child {
     let mut child = env
@@ -121,17 +129,7 @@ fn claude_hook_wakes_claude_with_the_wake_text_and_marks_it_read() {
     let env = Env::new();
     let _daemon = env.daemon();
     let (id, line) = arm(&env, "agent", "when it lands, read the score");
-    let hook = start_hook(
-        &env,
-        &[
-            "adapter",
-            "claude-hook",
-            "--session",
-            "agent",
-            "--timeout",
-            "60",
-        ],
-    );
+    let hook = hook(&env, "claude-hook", "60");
     env.ok(
         "job",
         &env.job_then(true, &format!("{line} --data 'do what this says'"), None),
@@ -172,10 +170,7 @@ fn claude_hook_hands_over_every_wake_that_piled_up_in_one_turn() {
         );
     }
     env.wait_until("both timer wakes", || env.inbox("agent", "new").len() == 2);
-    let (code, _, stderr) = finish(start_hook(
-        &env,
-        &["adapter", "claude-hook", "--session", "agent"],
-    ));
+    let (code, _, stderr) = finish(hook(&env, "claude-hook", "60"));
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("2 wake(s)"), "{stderr}");
     assert!(
@@ -188,29 +183,9 @@ fn claude_hook_hands_over_every_wake_that_piled_up_in_one_turn() {
 #[test]
 fn a_hook_that_times_out_says_nothing_and_takes_nothing() {
     let env = Env::new();
-    let (code, stdout, stderr) = finish(start_hook(
-        &env,
-        &[
-            "adapter",
-            "claude-hook",
-            "--session",
-            "agent",
-            "--timeout",
-            "1",
-        ],
-    ));
+    let (code, stdout, stderr) = finish(hook(&env, "claude-hook", "1"));
     assert_eq!((code, stdout.as_str(), stderr.as_str()), (0, "", ""));
-    let (code, stdout, _) = finish(start_hook(
-        &env,
-        &[
-            "adapter",
-            "codex-stop-hook",
-            "--session",
-            "agent",
-            "--timeout",
-            "1",
-        ],
-    ));
+    let (code, stdout, _) = finish(hook(&env, "codex-stop-hook", "1"));
     assert_eq!((code, stdout.as_str()), (0, ""));
     // Another session's wake is not this hook's to take.
     env.ok(
@@ -221,17 +196,7 @@ fn a_hook_that_times_out_says_nothing_and_takes_nothing() {
     env.wait_until("the other session's wake", || {
         env.inbox("other", "new").len() == 1
     });
-    let (code, _, _) = finish(start_hook(
-        &env,
-        &[
-            "adapter",
-            "claude-hook",
-            "--session",
-            "agent",
-            "--timeout",
-            "1",
-        ],
-    ));
+    let (code, _, _) = finish(hook(&env, "claude-hook", "1"));
     assert_eq!(code, 0);
     assert_eq!(env.inbox("other", "new").len(), 1);
 }
@@ -241,17 +206,7 @@ fn codex_stop_hook_continues_the_turn_with_the_wake_as_its_reason() {
     let env = Env::new();
     let _daemon = env.daemon();
     let (id, line) = arm(&env, "agent", "compare against the baseline");
-    let hook = start_hook(
-        &env,
-        &[
-            "adapter",
-            "codex-stop-hook",
-            "--session",
-            "agent",
-            "--timeout",
-            "60",
-        ],
-    );
+    let hook = hook(&env, "codex-stop-hook", "60");
     env.ok("job", &env.job_then(false, &line, None));
     let (code, stdout, stderr) = finish(hook);
     assert_eq!(code, 0, "{stderr}");

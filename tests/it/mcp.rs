@@ -145,6 +145,14 @@ impl Client {
         r["structured"].clone()
     }
 
+    /// What `wait_check` says the session waits on.
+    pub fn waiting(&mut self) -> Vec<Value> {
+        self.ok("wait_check", json!({}))["waiting"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
     /// Calls a tool that must be refused and returns the refusal's text.
     pub fn refused(&mut self, tool: &str, args: Value) -> String {
         let r = self.call(tool, args.clone());
@@ -339,12 +347,7 @@ fn a_pasted_cli_line_wakes_the_session_through_wait_next_in_both_revisions() {
         // Taken: it is read now, and nothing more is waiting.
         let again = c.ok("wait_next", json!({}));
         assert_eq!(again["wake"], Value::Null);
-        assert!(
-            c.ok("wait_check", json!({}))["waiting"]
-                .as_array()
-                .unwrap()
-                .is_empty()
-        );
+        assert!(c.waiting().is_empty());
     }
 }
 
@@ -463,12 +466,7 @@ fn two_sessions_neither_see_nor_cancel_each_others_waitpoints() {
     let timer = a.ok("CreateTimer", json!({"duration_ms": 3_600_000}));
     let timer_id = timer["id"].as_str().unwrap();
 
-    assert!(
-        b.ok("wait_check", json!({}))["waiting"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    );
+    assert!(b.waiting().is_empty());
     assert_eq!(
         b.refused("wait_cancel", json!({"id": id})),
         format!("no waitpoint {id} (or it is not this session's)")
@@ -561,12 +559,7 @@ fn refused_requests_are_tool_errors_naming_the_request_field() {
     let r = c.call("no_such_tool", json!({}));
     assert!(r["protocol_error"]["code"].is_i64(), "{r}");
     // Nothing was armed by any of it.
-    assert!(
-        c.ok("wait_check", json!({}))["waiting"]
-            .as_array()
-            .unwrap()
-            .is_empty()
-    );
+    assert!(c.waiting().is_empty());
 }
 
 #[test]
