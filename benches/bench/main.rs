@@ -2,11 +2,12 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5] [--dir DIR] [--keep]`
+//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6] [--dir DIR] [--keep]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod floor;
 mod http;
+mod mcp;
 mod ours;
 
 use std::path::PathBuf;
@@ -27,7 +28,7 @@ fn options() -> Options {
         quick: false,
         sizes: vec![1_000, 10_000, 100_000],
         idle: Duration::from_secs(60),
-        rows: vec![1, 2, 3, 4, 5],
+        rows: vec![1, 2, 3, 4, 5, 6],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
     };
@@ -343,6 +344,34 @@ fn main() {
              target; scripts/bench-http runs the same comparison with wrk against nginx. \
              Answers other than the expected code, or none: {bad}."
         ));
+    }
+    if o.rows.contains(&6) {
+        let n = if o.quick { 50 } else { 300 };
+        eprintln!(
+            "row 6: {n} wait_create calls through waitpoint mcp, {n} create --json processes"
+        );
+        let (mcp, cli) = mcp::wait_create_round_trip(&b, &o.base.join("mcp"), n);
+        let (p50, p99) = (ours::p(&mcp, 50.0), ours::p(&mcp, 99.0));
+        t.row(
+            "6. wait_create through `waitpoint mcp`, round trip p50 (ms)",
+            format!("{p50:.2}"),
+            format!("{cli:.2} (`waitpoint create --json` as a process, mean)"),
+            format!("{:.2}x", p50 / cli),
+            "-",
+        );
+        t.row(
+            "6. same, p99 (ms)",
+            format!("{p99:.2}"),
+            format!("{cli:.2} (same baseline)"),
+            format!("{:.2}x", p99 / cli),
+            "-",
+        );
+        notes.push(
+            "Row 6: one MCP server per run, JSON-RPC lines on its stdio (2025-11-25 handshake), \
+             each call arming a durable waitpoint; the baseline arms the same waitpoint with one \
+             `waitpoint create --json` process per call on a home alike."
+                .into(),
+        );
     }
     println!("| measure | ours | baseline (same run) | ratio | target |");
     println!("| --- | --- | --- | --- | --- |");
