@@ -507,6 +507,45 @@ fn create_validates_its_bounds() {
 }
 
 #[test]
+fn cli_refusals_name_the_request_field_and_add_the_flag() {
+    let env = Env::new();
+    for (args, text) in [
+        (
+            vec!["--max-signals", "0"],
+            "max_signals must be 1-10000 (the flag --max-signals)",
+        ),
+        (
+            vec!["--member", "a", "--member", "a"],
+            "members name \"a\" twice (the flag --member)",
+        ),
+        (
+            vec!["--quorum", "some"],
+            "quorum must be a number or \"all\", not \"some\" (the flag --quorum)",
+        ),
+    ] {
+        let mut all = vec!["create", "--label", "t", "--intent", "i"];
+        all.extend(args.iter());
+        let out = env.waitpoint(&all);
+        env.expect_code(&format!("{args:?}"), &out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.trim(), format!("waitpoint: {text}"));
+    }
+    let out = env.waitpoint(&[
+        "timer",
+        "create",
+        "--after-ms",
+        "5",
+        "--summary",
+        &"s".repeat(5000),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("summary must be at most") && stderr.ends_with("(the flag --summary)\n"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn home_is_created_private() {
     use std::os::unix::fs::PermissionsExt;
     let env = Env::new();
