@@ -290,6 +290,10 @@ pub struct NextArgs {
 pub struct McpArgs {
     #[command(flatten)]
     pub session: SessionArg,
+    /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
+    /// a wake arrives: a doorbell telling the agent to call wait_next, which takes the wake
+    #[arg(long)]
+    pub claude_channel: bool,
 }
 
 #[derive(Debug, Args)]
@@ -374,6 +378,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
             engine,
             session: a.session.session,
             lines,
+            claude_channel: a.claude_channel,
         })?;
         return Ok(exit::OK);
     }

@@ -10,6 +10,7 @@
 mod params;
 mod stdio;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -48,6 +49,8 @@ pub struct Config {
     pub engine: Engine,
     pub session: String,
     pub lines: LineContext,
+    /// Ring Claude Code's channel (`notifications/claude/channel`) when a wake arrives.
+    pub claude_channel: bool,
 }
 
 /// What every tool call shares.
@@ -57,6 +60,7 @@ struct Inner {
     lines: LineContext,
     /// Set when the client closed stdin: nobody will read an answer any more.
     gone: stdio::ClientGone,
+    claude_channel: bool,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -75,10 +79,15 @@ pub fn serve_stdio(config: Config) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let (transport, gone) = stdio::stdio();
-        let service = Server::new(config, gone)
+        let server = Server::new(config, gone);
+        let inner = server.inner.clone();
+        let service = server
             .serve(transport)
             .await
             .map_err(|e| anyhow::anyhow!("MCP session did not start: {e}"))?;
+        if inner.claude_channel {
+            tokio::spawn(ring_channel(service.peer().clone(), inner));
+        }
         let reason = service.waiting().await?;
         tracing::debug!(?reason, "MCP client went away");
         anyhow::Ok(())
@@ -121,6 +130,7 @@ impl Server {
                 session: config.session,
                 lines: config.lines,
                 gone,
+                claude_channel: config.claude_channel,
             }),
             tool_router: Self::tool_router(),
         }
@@ -436,10 +446,81 @@ fn check_note(v: &Value) -> String {
     lines.join("\n")
 }
 
+/// The Claude Code channel's notification method.
+const CLAUDE_CHANNEL: &str = "notifications/claude/channel";
+
+/// Rings Claude Code's channel once for each wake that arrives unread in the session's inbox,
+/// until the client leaves. A doorbell, not a delivery: Claude Code acknowledges nothing and
+/// drops a channel event it did not load, so the wake stays unread until `wait_next` (or
+/// another adapter) takes it.
+async fn ring_channel(peer: rmcp::Peer<RoleServer>, inner: Arc<Inner>) {
+    let mut rung: HashSet<String> = HashSet::new();
+    loop {
+        let (i, known) = (inner.clone(), rung.clone());
+        let fresh = match tokio::task::spawn_blocking(move || new_unread(&i, &known)).await {
+            Ok(Ok(fresh)) if !fresh.is_empty() => fresh,
+            Ok(Err(e)) => {
+                tracing::error!("the Claude channel stopped watching the inbox: {e}");
+                return;
+            }
+            _ => return,
+        };
+        for w in fresh {
+            let params = json!({
+                "content": format!(
+                    "A wake arrived for this session: {}. Call the waitpoint tool wait_next to \
+                     read it (that marks it read).",
+                    w.summary
+                ),
+                "meta": { "wake_id": w.wake_id, "kind": w.kind.as_str() },
+            });
+            let note = rmcp::model::CustomNotification::new(CLAUDE_CHANNEL, Some(params));
+            if peer
+                .send_notification(rmcp::model::ServerNotification::CustomNotification(note))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            rung.insert(w.wake_id);
+        }
+    }
+}
+
+/// Waits until the session's inbox holds unread wakes not in `known` and returns them; empty
+/// once the client has gone.
+fn new_unread(
+    inner: &Inner,
+    known: &HashSet<String>,
+) -> crate::error::Result<Vec<crate::model::Wake>> {
+    let home = inner.engine.home();
+    let dir = home.inbox_new(&inner.session);
+    crate::store::create_dir_private(&dir)?;
+    let (_watcher, rx) = agent::wake_on_change(&dir)?;
+    loop {
+        if inner.gone.is_set() {
+            return Ok(Vec::new());
+        }
+        let fresh: Vec<_> = delivery::unread(home, &inner.session)?
+            .into_iter()
+            .filter(|w| !known.contains(&w.wake_id))
+            .collect();
+        if !fresh.is_empty() {
+            return Ok(fresh);
+        }
+        agent::wait_for_change(&rx, None, CANCEL_CHECK);
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Server {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let mut capabilities = ServerCapabilities::builder().enable_tools().build();
+        if self.inner.claude_channel {
+            capabilities.experimental =
+                Some([("claude/channel".to_owned(), Default::default())].into());
+        }
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("waitpoint", env!("CARGO_PKG_VERSION")))
             .with_instructions(INSTRUCTIONS)
     }

@@ -588,9 +588,14 @@ struct Raw {
 
 impl Raw {
     fn start(env: &Env) -> Raw {
+        Raw::start_with(env, &[])
+    }
+
+    fn start_with(env: &Env, args: &[&str]) -> Raw {
         let mut child = env
             .command(WAITPOINT)
             .arg("mcp")
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -635,12 +640,31 @@ impl Raw {
         }
     }
 
-    fn initialize(&mut self) {
+    /// The next notification of `method`, skipping other lines.
+    fn notification(&mut self, method: &str) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .lines
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no {method} notification"));
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["method"] == method {
+                return v;
+            }
+        }
+    }
+
+    /// The handshake; returns the server's `initialize` result.
+    fn initialize(&mut self) -> Value {
         self.send(
             r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
         );
-        assert_eq!(self.answer(1)["result"]["protocolVersion"], "2025-11-25");
+        let result = self.answer(1)["result"].clone();
+        assert_eq!(result["protocolVersion"], "2025-11-25");
         self.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        result
     }
 
     /// Closes stdin and waits for the exit; returns the status and stderr.
@@ -735,6 +759,69 @@ fn a_client_that_vanishes_mid_wait_leaves_its_wake_unread() {
     let out = env.waitpoint(&["next", "--session", "default", "--timeout", "10", "--json"]);
     let wake: Value = serde_json::from_str(&env.ok("next", &out)).unwrap();
     assert_eq!(wake["kind"], "timer");
+}
+
+#[test]
+fn the_claude_channel_rings_once_per_wake_and_leaves_the_wake_for_wait_next() {
+    let env = Env::new();
+    let mut plain = Raw::start(&env);
+    assert!(plain.initialize()["capabilities"]["experimental"].is_null());
+    drop(plain.close());
+
+    let _daemon = env.daemon();
+    let mut s = Raw::start_with(&env, &["--claude-channel"]);
+    let info = s.initialize();
+    assert_eq!(
+        info["capabilities"]["experimental"]["claude/channel"],
+        json!({}),
+        "{info}"
+    );
+    let timer = |summary: &str| {
+        env.ok(
+            "timer",
+            &env.waitpoint(&[
+                "timer",
+                "create",
+                "--after-ms",
+                "1",
+                "--summary",
+                summary,
+                "--session",
+                "default",
+            ]),
+        )
+    };
+    timer("first");
+    let ring = s.notification("notifications/claude/channel");
+    let first = ring["params"]["meta"]["wake_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(ring["params"]["meta"]["kind"], "timer");
+    assert!(
+        ring["params"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("wait_next"),
+        "{ring}"
+    );
+    // A doorbell, not a delivery: the wake is still unread until wait_next takes it.
+    assert_eq!(env.inbox("default", "new").len(), 1);
+    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{}}}"#);
+    let taken = s.answer(2);
+    assert_eq!(
+        taken["result"]["structuredContent"]["wake"]["wake_id"],
+        first.as_str()
+    );
+    timer("second");
+    let again = s.notification("notifications/claude/channel");
+    assert_ne!(
+        again["params"]["meta"]["wake_id"],
+        first.as_str(),
+        "rang twice for one wake"
+    );
+    let (status, stderr) = s.close();
+    assert!(status.success(), "{stderr}");
 }
 
 #[test]
