@@ -329,13 +329,15 @@ fn a_pasted_cli_line_wakes_the_session_through_wait_next_in_both_revisions() {
         assert_eq!(row["id"], id, "{check}");
         assert_eq!(row["progress"], "0/1 received");
         assert_eq!(row["intent"], "when it lands, compare the loss curve");
+        assert!(row["latest_heartbeat"].is_null(), "{row}");
 
-        paste(
-            &env,
-            true,
-            created["how_to_signal"]["cli"].as_str().unwrap(),
-            None,
-        );
+        let line = created["how_to_signal"]["cli"].as_str().unwrap();
+        let heartbeat = format!("{line} --status progress --message 'step 12000'");
+        paste(&env, true, &heartbeat, None);
+        env.wait_until("the heartbeat in wait_check", || {
+            c.waiting()[0]["latest_heartbeat"]["message"] == "step 12000"
+        });
+        paste(&env, true, line, None);
         let r = c.call("wait_next", json!({"timeout_s": 30}));
         assert_eq!(r["is_error"], false, "{r}");
         let wake = &r["structured"]["wake"];
