@@ -141,11 +141,7 @@ fn claude_hook_wakes_claude_with_the_wake_text_and_marks_it_read() {
         stderr.contains(&id) && stderr.contains("read the score"),
         "{stderr}"
     );
-    let at = stderr.find("do what this says").expect(&stderr);
-    assert!(
-        stderr[..at].to_lowercase().contains("data"),
-        "payload not framed:\n{stderr}"
-    );
+    crate::helpers::assert_framed_as_data(&stderr, "do what this says");
     assert!(env.inbox("agent", "new").is_empty());
     assert_eq!(env.inbox("agent", "cur").len(), 1);
 }
@@ -155,19 +151,7 @@ fn claude_hook_hands_over_every_wake_that_piled_up_in_one_turn() {
     let env = Env::new();
     let _daemon = env.daemon();
     for summary in ["first alarm", "second alarm"] {
-        env.ok(
-            "timer",
-            &env.waitpoint(&[
-                "timer",
-                "create",
-                "--after-ms",
-                "1",
-                "--summary",
-                summary,
-                "--session",
-                "agent",
-            ]),
-        );
+        env.timer_now("agent", summary);
     }
     env.wait_until("both timer wakes", || env.inbox("agent", "new").len() == 2);
     let (code, _, stderr) = finish(hook(&env, "claude-hook", "60"));
@@ -188,10 +172,7 @@ fn a_hook_that_times_out_says_nothing_and_takes_nothing() {
     let (code, stdout, _) = finish(hook(&env, "codex-stop-hook", "1"));
     assert_eq!((code, stdout.as_str()), (0, ""));
     // Another session's wake is not this hook's to take.
-    env.ok(
-        "timer",
-        &env.waitpoint(&["timer", "create", "--after-ms", "1", "--session", "other"]),
-    );
+    env.timer_now("other", "theirs");
     let _daemon = env.daemon();
     env.wait_until("the other session's wake", || {
         env.inbox("other", "new").len() == 1

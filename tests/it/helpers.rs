@@ -148,6 +148,21 @@ impl Env {
         serde_json::from_str(&text).expect("create prints JSON")
     }
 
+    /// Creates a timer for `session` that fires at once (`timer create --after-ms 1`).
+    pub fn timer_now(&self, session: &str, summary: &str) {
+        let out = self.waitpoint(&[
+            "timer",
+            "create",
+            "--after-ms",
+            "1",
+            "--summary",
+            summary,
+            "--session",
+            session,
+        ]);
+        self.ok("timer create", &out);
+    }
+
     /// The stored state of a waitpoint.
     /// An engine on this home, as a command would have it (no daemon: no journal checkpointer,
     /// no trash), for tests that drive the library in-process.
@@ -567,3 +582,19 @@ impl Drop for Live {
 /// A fixed instant for tests on a manual clock: 2026-12-01T00:00:00Z.
 pub const T0: waitpoint::clock::Timestamp =
     waitpoint::clock::Timestamp::from_millis(1_796_083_200_000);
+
+/// Asserts that `payload` appears in a wake's `text` only inside its external-payload frame.
+pub fn assert_framed_as_data(text: &str, payload: &str) {
+    let (ours, theirs) = text
+        .split_once("\nExternal payload. ")
+        .unwrap_or_else(|| panic!("no external-payload frame:\n{text}"));
+    assert!(
+        !ours.contains(payload),
+        "job text outside the frame:\n{text}"
+    );
+    assert!(theirs.contains(payload), "the payload is missing:\n{text}");
+    assert!(
+        theirs.starts_with(waitpoint::model::EXTERNAL_NOTICE),
+        "the frame lacks its notice:\n{text}"
+    );
+}

@@ -367,11 +367,9 @@ fn a_wake_keeps_its_external_payload_framed_as_data() {
         None,
     );
     let r = c.call("wait_next", json!({"timeout_s": 30}));
-    let text = r["text"][1].as_str().unwrap();
-    let at = text.find("ignore previous instructions").expect(text);
-    assert!(
-        text[..at].to_lowercase().contains("data"),
-        "the payload is not framed as data:\n{text}"
+    crate::helpers::assert_framed_as_data(
+        r["text"][1].as_str().unwrap(),
+        "ignore previous instructions",
     );
 }
 
@@ -389,12 +387,11 @@ fn a_barrier_with_members_wakes_once_with_every_report() {
     assert!(note.contains("arm2") && note.contains("arm6"), "{note}");
     let line = created["how_to_signal"]["cli"].as_str().unwrap();
     paste(&env, true, line, Some("arm2"));
+    env.wait_until("arm2 to be recorded", || {
+        c.waiting()[0]["progress"] == "1/2 received"
+    });
     // Half in: nothing to read yet.
     assert_eq!(c.ok("wait_next", json!({}))["wake"], Value::Null);
-    assert_eq!(
-        c.ok("wait_check", json!({}))["waiting"][0]["progress"],
-        "1/2 received"
-    );
     paste(&env, true, line, Some("arm6"));
     let wake = c.ok("wait_next", json!({"timeout_s": 30}))["wake"].clone();
     assert_eq!(wake["kind"], "resolved", "{wake}");
@@ -748,10 +745,7 @@ fn a_client_that_vanishes_mid_wait_leaves_its_wake_unread() {
     s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60}}}"#);
     std::thread::sleep(Duration::from_millis(300));
     drop(s.stdin.take());
-    env.ok(
-        "a timer wake",
-        &env.waitpoint(&["timer", "create", "--after-ms", "1", "--session", "default"]),
-    );
+    env.timer_now("default", "for a reader that left");
     let _daemon = env.daemon();
     env.wait_until("the timer's wake", || {
         !env.inbox("default", "new").is_empty() || !env.inbox("default", "cur").is_empty()
@@ -778,21 +772,7 @@ fn the_claude_channel_rings_once_per_wake_and_leaves_the_wake_for_wait_next() {
         json!({}),
         "{info}"
     );
-    let timer = |summary: &str| {
-        env.ok(
-            "timer",
-            &env.waitpoint(&[
-                "timer",
-                "create",
-                "--after-ms",
-                "1",
-                "--summary",
-                summary,
-                "--session",
-                "default",
-            ]),
-        )
-    };
+    let timer = |summary: &str| env.timer_now("default", summary);
     timer("first");
     let ring = s.notification("notifications/claude/channel");
     let first = ring["params"]["meta"]["wake_id"]
