@@ -241,12 +241,6 @@ impl Engine {
                 q
             }
         };
-        if req.recheck_after_ms == Some(0) {
-            return invalid(
-                "recheck_after_ms",
-                "must be a positive number of milliseconds".into(),
-            );
-        }
         if req.max_signals == 0 || req.max_signals > MAX_MAX_SIGNALS {
             return invalid("max_signals", format!("must be 1-{MAX_MAX_SIGNALS}"));
         }
@@ -263,6 +257,24 @@ impl Engine {
                 ((h * HOUR_MS).round() as i64).max(1)
             }
         };
+        match req.recheck_after_ms {
+            Some(0) => {
+                return invalid(
+                    "recheck_after_ms",
+                    "must be a positive number of milliseconds".into(),
+                );
+            }
+            // A recheck after the deadline could never come; one past the clock's range wrapped.
+            Some(ms) if ms >= lifetime_ms as u64 => {
+                return invalid(
+                    "recheck_after_ms",
+                    format!(
+                        "must be less than the waitpoint's lifetime ({lifetime_ms} ms), not {ms}"
+                    ),
+                );
+            }
+            _ => {}
+        }
         let now = self.clock.now();
         let secret = secret::generate();
         let waitpoint = Waitpoint {

@@ -29,6 +29,11 @@ pub struct TimerRequest {
     pub session: String,
 }
 
+/// The longest delay or interval a timer may have: ten years, far inside the clock's range.
+pub const MAX_TIMER_MS: u64 = 10 * 365 * 86_400_000;
+/// The shortest interval of a repeating timer.
+pub const MIN_INTERVAL_MS: u64 = 1_000;
+
 /// True for a syntactically valid timer id.
 pub fn is_timer_id(id: &str) -> bool {
     super::is_prefixed_id(id, ID_PREFIX)
@@ -58,11 +63,33 @@ impl Engine {
                 "must be a positive number of milliseconds",
             ));
         }
-        if req.interval_ms == Some(0) {
+        if req.duration_ms > MAX_TIMER_MS {
             return Err(Error::invalid(
-                "interval_ms",
-                "must be a positive number of milliseconds",
+                "duration_ms",
+                format!("must be at most {MAX_TIMER_MS} (ten years)"),
             ));
+        }
+        match req.interval_ms {
+            Some(0) => {
+                return Err(Error::invalid(
+                    "interval_ms",
+                    "must be a positive number of milliseconds",
+                ));
+            }
+            // A shorter interval would fill the inbox faster than anyone reads it.
+            Some(i) if i < MIN_INTERVAL_MS => {
+                return Err(Error::invalid(
+                    "interval_ms",
+                    format!("must be at least {MIN_INTERVAL_MS} (one second), not {i}"),
+                ));
+            }
+            Some(i) if i > MAX_TIMER_MS => {
+                return Err(Error::invalid(
+                    "interval_ms",
+                    format!("must be at most {MAX_TIMER_MS} (ten years)"),
+                ));
+            }
+            _ => {}
         }
         if let Some(s) = &req.summary
             && s.chars().count() > MAX_SUMMARY_CHARS

@@ -23,14 +23,20 @@ pub const MAX_DATA_CHARS: usize = 16_000;
 /// Longest member name, in characters.
 pub const MAX_MEMBER_CHARS: usize = 64;
 
+/// A field that was present, whatever its value (`null` included), as opposed to absent.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
 /// A signal as the sender wrote it: the spec's JSON body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireSignal {
     id: String,
     secret: String,
-    #[serde(default)]
-    status: Option<String>,
+    /// Absent means ok; present it must be one of the three (`null` is not a status).
+    #[serde(default, deserialize_with = "present")]
+    status: Option<Value>,
     #[serde(default)]
     message: Option<String>,
     #[serde(default)]
@@ -187,14 +193,20 @@ pub fn parse_signal(bytes: &[u8]) -> Result<SignalRequest, String> {
     if wire.secret.is_empty() {
         return Err("`secret` is empty".into());
     }
-    let status = match wire.status.as_deref() {
+    let status = match &wire.status {
         None => SignalStatus::Ok,
-        Some(s) => SignalStatus::parse(s).ok_or_else(|| {
+        Some(Value::String(s)) => SignalStatus::parse(s).ok_or_else(|| {
             format!(
                 "`status` must be ok, fail or progress, not {:?}",
                 truncate(s, 40)
             )
         })?,
+        Some(other) => {
+            return Err(format!(
+                "`status` must be ok, fail or progress, not {}",
+                truncate(&other.to_string(), 40)
+            ));
+        }
     };
     if let Some(m) = &wire.message {
         let n = m.chars().count();
@@ -295,5 +307,22 @@ mod tests {
         let body = format!(r#"{{"id":"{ID}","secret":"TOPSECRET","status":"maybe"}}"#);
         let err = parse_signal(body.as_bytes()).unwrap_err();
         assert!(!err.contains("TOPSECRET"), "{err}");
+    }
+
+    #[test]
+    fn a_null_or_non_string_status_is_refused_not_taken_for_ok() {
+        for status in ["null", "1", "[\"ok\"]"] {
+            let body = format!(r#"{{"id":"{ID}","secret":"s","status":{status}}}"#);
+            let err = parse_signal(body.as_bytes()).unwrap_err();
+            assert!(
+                err.starts_with("`status` must be ok, fail or progress"),
+                "{err}"
+            );
+        }
+        let absent = format!(r#"{{"id":"{ID}","secret":"s"}}"#);
+        assert_eq!(
+            parse_signal(absent.as_bytes()).unwrap().status,
+            SignalStatus::Ok
+        );
     }
 }

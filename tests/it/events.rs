@@ -170,6 +170,45 @@ fn timer_durations_must_be_positive_milliseconds() {
 }
 
 #[test]
+fn time_arithmetic_never_wraps_and_a_repeating_timer_has_a_floor() {
+    let env = Env::new();
+    for (args, text) in [
+        (
+            vec!["timer", "create", "--after-ms", "9223372036854775808"],
+            "duration_ms must be at most 315360000000 (ten years)",
+        ),
+        (
+            vec!["timer", "create", "--after-ms", "1", "--every-ms", "1"],
+            "interval_ms must be at least 1000 (one second), not 1",
+        ),
+        (
+            vec![
+                "create",
+                "--label",
+                "t",
+                "--intent",
+                "i",
+                "--recheck-after-ms",
+                "18446744073709551615",
+            ],
+            "recheck_after_ms must be less than the waitpoint's lifetime (604800000 ms)",
+        ),
+    ] {
+        let out = env.waitpoint(&args);
+        env.expect_code(&format!("{args:?}"), &out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(text), "{args:?}: {stderr}");
+    }
+    assert_eq!(
+        fs::read_dir(env.home.join("timers"))
+            .map(|d| d.count())
+            .unwrap_or(0),
+        0
+    );
+    assert!(!env.tree().contains("waitpoint.json"), "{}", env.tree());
+}
+
+#[test]
 fn recheck_wakes_once_when_nothing_terminal_arrived_and_the_waitpoint_stays_armed() {
     let env = Env::new();
     let live = Live::start(&env, T0);
