@@ -188,9 +188,8 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
 /// unread one, oldest first: one harness turn for what piled up.
 pub fn take_pending(home: &Home, session: &str, timeout: Duration) -> Result<Vec<Wake>> {
     let deadline = Some(Instant::now() + timeout);
-    let Some(first) =
-        crate::agent::next_wake(home, session, deadline, Duration::from_secs(60), &|| false)?
-    else {
+    let inbox = crate::agent::Inbox::open(home, session)?;
+    let Some(first) = inbox.take(deadline, Duration::from_secs(60), &|| false)? else {
         return Ok(Vec::new());
     };
     let mut wakes = vec![first];

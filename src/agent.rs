@@ -179,31 +179,50 @@ pub fn wait_for_change(
     got || deadline.is_none_or(|d| Instant::now() < d)
 }
 
-/// Takes the channel's next unread wake (marking it read), waiting for one to arrive until
-/// `deadline`; `None` when the deadline passed or `stop` said to give up first. `stop` is asked
-/// at least every `look_again`.
-pub fn next_wake(
-    home: &Home,
-    channel: &str,
-    deadline: Option<Instant>,
-    look_again: Duration,
-    stop: &dyn Fn() -> bool,
-) -> Result<Option<Wake>> {
-    engine::check_name("channel", channel)?;
-    let dir = home.inbox_new(channel);
-    crate::store::create_dir_private(&dir)?;
-    crate::store::create_dir_private(&home.inbox_cur(channel))?;
-    // Watch before the first look, so a wake landing in between is not missed.
-    let (_watcher, rx) = wake_on_change(&dir)?;
-    loop {
-        if stop() {
-            return Ok(None);
-        }
-        if let Some(wake) = crate::delivery::take_next(home, channel)? {
-            return Ok(Some(wake));
-        }
-        if !wait_for_change(&rx, deadline, look_again) {
-            return Ok(None);
+/// A channel's inbox, watched: each [`Inbox::take`] takes the next unread wake (marking it
+/// read), waiting for one to arrive. One watcher serves every take, so a reader that takes many
+/// (`next --follow`) sets it up once.
+pub struct Inbox<'h> {
+    home: &'h Home,
+    channel: String,
+    _watcher: notify::RecommendedWatcher,
+    changes: mpsc::Receiver<()>,
+}
+
+impl<'h> Inbox<'h> {
+    pub fn open(home: &'h Home, channel: &str) -> Result<Inbox<'h>> {
+        engine::check_name("channel", channel)?;
+        let dir = home.inbox_new(channel);
+        crate::store::create_dir_private(&dir)?;
+        crate::store::create_dir_private(&home.inbox_cur(channel))?;
+        // Watch before the first look, so a wake landing in between is not missed.
+        let (watcher, changes) = wake_on_change(&dir)?;
+        Ok(Inbox {
+            home,
+            channel: channel.to_owned(),
+            _watcher: watcher,
+            changes,
+        })
+    }
+
+    /// The next unread wake, taken; `None` when `deadline` passed or `stop` said to give up
+    /// first. `stop` is asked at least every `look_again`.
+    pub fn take(
+        &self,
+        deadline: Option<Instant>,
+        look_again: Duration,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<Wake>> {
+        loop {
+            if stop() {
+                return Ok(None);
+            }
+            if let Some(wake) = crate::delivery::take_next(self.home, &self.channel)? {
+                return Ok(Some(wake));
+            }
+            if !wait_for_change(&self.changes, deadline, look_again) {
+                return Ok(None);
+            }
         }
     }
 }

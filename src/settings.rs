@@ -3,11 +3,19 @@
 //! The library never reads the environment itself: callers pass a lookup function (the CLI passes
 //! `std::env::var`, tests pass a map), so resolution is a pure function of its inputs.
 
+use std::collections::HashSet;
+use std::fs::OpenOptions;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+
+/// The largest settings file read.
+pub const MAX_SETTINGS_BYTES: u64 = 64 * 1024;
 
 pub const DAY_MS: u64 = 86_400_000;
 /// The hard ceiling on any waitpoint's lifetime: 30 days.
@@ -82,11 +90,7 @@ const WAKES: Key = Key {
 impl Settings {
     /// Reads `settings_file` (absent is fine) and fills absent keys from `env`.
     pub fn load(settings_file: &Path, env: impl Fn(&str) -> Option<String>) -> Result<Self> {
-        let text = match std::fs::read_to_string(settings_file) {
-            Ok(t) => Some(t),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io("cannot read", settings_file, e)),
-        };
+        let text = read_trusted(settings_file)?;
         Self::resolve(settings_file, text.as_deref(), env)
     }
 
@@ -100,6 +104,9 @@ impl Settings {
             path: settings_file.to_owned(),
             message,
         };
+        if let Some(t) = text {
+            serde_json::from_str::<Unique>(t).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        }
         let object = match text {
             None => serde_json::Map::new(),
             Some(t) => match serde_json::from_str::<Value>(t) {
@@ -193,6 +200,133 @@ impl Settings {
                 .map(|n| n as u32)
                 .unwrap_or(d.max_wakes_per_hour),
         })
+    }
+}
+
+/// Reads the settings file only if it can be trusted: what it says decides what runs (`onWake`),
+/// so it must be ours (or root's) and writable by nobody else, and it must be a regular file of
+/// at most [`MAX_SETTINGS_BYTES`] (a FIFO would hang the reader, `/dev/zero` would never end).
+/// A symlink is followed, and the file it names is checked. `None` when there is none.
+fn read_trusted(path: &Path) -> Result<Option<String>> {
+    let refuse = |message: String| Error::Settings {
+        path: path.to_owned(),
+        message,
+    };
+    const NOT_REGULAR: &str = "is not a regular file (a FIFO, socket, device or directory); settings are read only from one";
+    // Look before opening: opening a device can have effects of its own.
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => return Err(refuse(NOT_REGULAR.into())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    }
+    // O_NONBLOCK: a FIFO swapped in since the look must not block the open.
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("cannot inspect", path, e))?;
+    if !meta.is_file() {
+        return Err(refuse(NOT_REGULAR.into()));
+    }
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    let euid = unsafe { libc::geteuid() };
+    let insecure = |message: String| Error::Insecure {
+        path: path.to_owned(),
+        message,
+    };
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(insecure(format!(
+            "owned by uid {}, not by this user (uid {euid}) or root, and it decides what runs \
+             (onWake); fix: chown {euid} {}",
+            meta.uid(),
+            path.display()
+        )));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(insecure(format!(
+            "mode {mode:04o} lets other users write it, and it decides what runs (onWake); fix: \
+             chmod go-w {}",
+            path.display()
+        )));
+    }
+    if meta.len() > MAX_SETTINGS_BYTES {
+        return Err(refuse(format!(
+            "is {} bytes; settings are at most {MAX_SETTINGS_BYTES}",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_SETTINGS_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if bytes.len() as u64 > MAX_SETTINGS_BYTES {
+        return Err(refuse(format!(
+            "grew past {MAX_SETTINGS_BYTES} bytes while being read"
+        )));
+    }
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|_| refuse("is not UTF-8 text".into()))
+}
+
+/// Any JSON value, refused when an object in it names a key twice (serde_json would keep the
+/// last silently, so a second `onWake` further down could hide behind the first).
+struct Unique;
+
+impl<'de> Deserialize<'de> for Unique {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        d.deserialize_any(UniqueVisitor)
+    }
+}
+
+struct UniqueVisitor;
+
+impl<'de> Visitor<'de> for UniqueVisitor {
+    type Value = Unique;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_str<E>(self, _: &str) -> std::result::Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_unit<E>(self) -> std::result::Result<Unique, E> {
+        Ok(Unique)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Unique, A::Error> {
+        while seq.next_element::<Unique>()?.is_some() {}
+        Ok(Unique)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Unique, A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if !seen.insert(key.clone()) {
+                return Err(de::Error::custom(format!("key `{key}` is given twice")));
+            }
+            map.next_value::<Unique>()?;
+        }
+        Ok(Unique)
     }
 }
 

@@ -789,8 +789,9 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
 fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let channel = a.channel.unwrap_or(a.session.session);
     let deadline = deadline_of(a.timeout)?;
+    let inbox = agent::Inbox::open(engine.home(), &channel)?;
     loop {
-        match agent::next_wake(engine.home(), &channel, deadline, LOOK_AGAIN, &|| false)? {
+        match inbox.take(deadline, LOOK_AGAIN, &|| false)? {
             Some(wake) => print_wake(out, &wake, a.json, a.follow)?,
             None => return Ok(exit::TIMED_OUT),
         }

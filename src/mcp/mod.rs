@@ -271,9 +271,7 @@ impl Server {
         let mut job = tokio::task::spawn_blocking(move || {
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);
-            let taken = agent::next_wake(
-                inner.engine.home(),
-                &inner.session,
+            let taken = agent::Inbox::open(inner.engine.home(), &inner.session)?.take(
                 deadline,
                 CANCEL_CHECK,
                 &|| flag.load(Ordering::Relaxed) || inner.gone.is_set(),

@@ -436,18 +436,37 @@ fn next_follow_streams_wakes_as_json_lines() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let stdout = follow.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
     for r in [&a, &b] {
         let (id, secret) = id_secret(r);
         env.ok("signal", &env.signal(&["--id", &id, "--secret", &secret]));
     }
-    env.wait_until("both read", || env.inbox("default", "cur").len() == 2);
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let line = lines
+            .recv_timeout(PATIENCE)
+            .expect("a wake line from next --follow");
+        let wake: serde_json::Value = serde_json::from_str(&line).unwrap();
+        ids.push(wake["waitpoint"]["id"].as_str().unwrap().to_owned());
+    }
     let _ = follow.kill();
-    let out = follow.wait_with_output().unwrap();
-    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(lines.len(), 2);
+    let _ = follow.wait();
+    ids.sort();
+    let mut want = vec![id_secret(&a).0, id_secret(&b).0];
+    want.sort();
+    assert_eq!(ids, want);
+    // Printed means taken: both are read now.
+    assert_eq!(env.inbox("default", "cur").len(), 2);
 }
 
 #[test]

@@ -108,11 +108,19 @@ impl Env {
 
     pub fn report(&self, out: &Output) -> String {
         format!(
-            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}",
+            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}\n--- log/daemon.log (last 40 lines)\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
-            self.tree()
+            self.tree(),
+            self.daemon_log_tail(40)
         )
+    }
+
+    /// The last `n` lines of the daemon's log, for failure reports.
+    pub fn daemon_log_tail(&self, n: usize) -> String {
+        let log = fs::read_to_string(self.home.join("log/daemon.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     /// Every path under the home, one per line, for failure messages.

@@ -323,6 +323,122 @@ fn the_daemon_refuses_to_run_on_a_home_other_users_can_write() {
     );
 }
 
+/// Runs `waitpoint ARGS`, killing it if it outlives [`PATIENCE`] (a reader stuck on a FIFO).
+fn bounded(env: &Env, args: &[&str]) -> Output {
+    let mut child = env
+        .command(WAITPOINT)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("waitpoint {args:?} hung");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn settings_others_can_write_or_own_are_refused_before_anything_runs() {
+    let env = Env::new();
+    let settings = env.home.join("settings.json");
+    let marker = env.home.join("../hook-ran");
+    fs::write(
+        &settings,
+        format!(r#"{{"onWake": ["touch", "{}"]}}"#, marker.display()),
+    )
+    .unwrap();
+    let refused = |what: &str, fix: &str| {
+        for args in [
+            vec!["daemon"],
+            vec!["create", "--label", "t", "--intent", "i"],
+        ] {
+            let out = bounded(&env, &args);
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{what}: {args:?}\n{}",
+                env.report(&out)
+            );
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                stderr.contains(&settings.display().to_string())
+                    && stderr.contains("decides what runs")
+                    && stderr.contains(fix),
+                "{what}: {stderr}"
+            );
+        }
+    };
+    fs::set_permissions(&settings, fs::Permissions::from_mode(0o666)).unwrap();
+    refused("world-writable settings", "chmod go-w");
+    fs::set_permissions(&settings, fs::Permissions::from_mode(0o620)).unwrap();
+    refused("group-writable settings", "chmod go-w");
+    fs::set_permissions(&settings, fs::Permissions::from_mode(0o600)).unwrap();
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        std::os::unix::fs::chown(&settings, Some(12_345), None).unwrap();
+        refused("settings another user owns", "chown");
+        std::os::unix::fs::chown(&settings, Some(0), None).unwrap();
+    }
+    assert!(
+        !env.tree().contains("waitpoint.json"),
+        "armed despite the refusal"
+    );
+    // A symlink to settings we own is followed and checked like the file itself.
+    let real = env.home.join("../real-settings.json");
+    fs::rename(&settings, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &settings).unwrap();
+    env.ok(
+        "create through a symlink",
+        &env.waitpoint(&["create", "--label", "t", "--intent", "i"]),
+    );
+    assert!(!marker.exists());
+}
+
+#[test]
+fn settings_that_are_not_a_small_regular_file_are_refused_without_hanging() {
+    let env = Env::new();
+    let settings = env.home.join("settings.json");
+    let create = ["create", "--label", "t", "--intent", "i"];
+    let expect = |what: &str, text: &str| {
+        let out = bounded(&env, &create);
+        assert_eq!(out.status.code(), Some(2), "{what}\n{}", env.report(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(text), "{what}: {stderr}");
+    };
+    fs::remove_file(&settings).unwrap();
+    let fifo = std::ffi::CString::new(settings.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    expect("a FIFO", "is not a regular file");
+    fs::remove_file(&settings).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &settings).unwrap();
+    expect("a link to /dev/zero", "is not a regular file");
+    fs::remove_file(&settings).unwrap();
+    fs::write(&settings, format!("{{}}{}", " ".repeat(70_000))).unwrap();
+    expect("an oversized file", "settings are at most 65536");
+    fs::write(
+        &settings,
+        r#"{"onWake": ["true"], "webhook": {"port": 1, "port": 2}}"#,
+    )
+    .unwrap();
+    expect("a key given twice", "key `port` is given twice");
+    fs::write(
+        &settings,
+        r#"{"waitpointSweepMs": 1, "waitpointSweepMs": 2}"#,
+    )
+    .unwrap();
+    expect(
+        "a top-level key given twice",
+        "key `waitpointSweepMs` is given twice",
+    );
+}
+
 #[test]
 fn payload_text_reaches_a_wake_only_as_framed_data() {
     let env = Env::new();
