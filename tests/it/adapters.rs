@@ -129,7 +129,7 @@ fn claude_hook_wakes_claude_with_the_wake_text_and_marks_it_read() {
     let env = Env::new();
     let _daemon = env.daemon();
     let (id, line) = arm(&env, "agent", "when it lands, read the score");
-    let hook = hook(&env, "claude-hook", "60");
+    let hook = hook(&env, "claude-hook", "120");
     env.ok(
         "job",
         &env.job_then(true, &format!("{line} --data 'do what this says'"), None),
@@ -154,7 +154,7 @@ fn claude_hook_hands_over_every_wake_that_piled_up_in_one_turn() {
         env.timer_now("agent", summary);
     }
     env.wait_until("both timer wakes", || env.inbox("agent", "new").len() == 2);
-    let (code, _, stderr) = finish(hook(&env, "claude-hook", "60"));
+    let (code, _, stderr) = finish(hook(&env, "claude-hook", "120"));
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("2 wake(s)"), "{stderr}");
     assert!(
@@ -187,7 +187,7 @@ fn codex_stop_hook_continues_the_turn_with_the_wake_as_its_reason() {
     let env = Env::new();
     let _daemon = env.daemon();
     let (id, line) = arm(&env, "agent", "compare against the baseline");
-    let hook = hook(&env, "codex-stop-hook", "60");
+    let hook = hook(&env, "codex-stop-hook", "120");
     env.ok("job", &env.job_then(false, &line, None));
     let (code, stdout, stderr) = finish(hook);
     assert_eq!(code, 0, "{stderr}");

@@ -117,7 +117,7 @@ fn shell_line_on_a_device_resolves_its_waitpoint_through_the_mirror() {
         "the shell line aims at the device's spool: {shell}"
     );
     env.ok("job on the device", &env.sh(&format!("true; {shell}")));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let state = env.state(&id);
     assert_eq!(state["outcome"], "ok");
     let src = sources(&env, &id);
@@ -157,7 +157,7 @@ fn member_file_from_a_device_and_a_local_signal_together_resolve_a_barrier() {
     // The device only says where to collect: a signal from the local CLI still counts.
     let cli = line(&reply, "cli").replace("MEMBER", "arm2");
     env.ok("arm2 locally", &env.sh(&format!("true; {cli}")));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let out = env.waitpoint(&["show", &id, "--json"]);
     let v: Value = serde_json::from_str(&env.ok("show", &out)).unwrap();
     let by_member: BTreeSet<(String, String)> = v["signals"]
@@ -294,7 +294,7 @@ fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
     env.ok("local", &env.job_then(true, &line(&local, "cli"), None));
     env.ok(
         "local wait",
-        &env.waitpoint(&["wait", &lid, "--timeout", "30"]),
+        &env.waitpoint(&["wait", &lid, "--timeout", "120"]),
     );
 
     sshd.restart();
@@ -302,7 +302,7 @@ fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
         "poll after restart",
         &env.waitpoint(&["device", "poll", "gpu"]),
     );
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let st = status(&env, "gpu");
     assert_eq!(st["reachable"], true);
     assert_eq!(st["failures"], 0);

@@ -262,7 +262,7 @@ fn reset_secret_refuses_the_old_secret_and_prints_fresh_lines() {
         "new secret",
         &env.job_then(true, &line(&reset, "cli"), None),
     );
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     env.expect_code(
         "other session",
         &env.waitpoint(&["reset-secret", &id, "--session", "eve"]),

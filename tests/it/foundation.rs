@@ -18,7 +18,7 @@ fn round_trip_cli_line_then_wait_exits_zero_and_next_prints_the_wake() {
     let (id, _) = id_secret(&reply);
     assert_eq!(reply["how_to_signal"]["recommended"], "cli");
     env.ok("cli line", &env.job_then(true, &line(&reply, "cli"), None));
-    let out = env.waitpoint(&["wait", &id, "--timeout", "30"]);
+    let out = env.waitpoint(&["wait", &id, "--timeout", "120"]);
     assert!(env.ok("wait", &out).contains("resolved ok"));
 
     let next = env.waitpoint(&["next", "--timeout", "5", "--json"]);
@@ -52,7 +52,7 @@ fn spec_shell_file_drop_line_works_pasted_into_sh() {
         "shell line",
         &env.job_then(false, &line(&reply, "shell"), None),
     );
-    let out = env.waitpoint(&["wait", &id, "--timeout", "30"]);
+    let out = env.waitpoint(&["wait", &id, "--timeout", "120"]);
     env.expect_code("wait on a failed job", &out, 4);
     let state = env.state(&id);
     assert_eq!(state["outcome"], "fail");
@@ -89,7 +89,7 @@ fn env_line_then_bare_cortex_signal_resolves() {
         line(&reply, "env")
     );
     env.ok("env line", &env.sh(&script));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
 }
 
 #[test]
@@ -101,7 +101,7 @@ fn attach_to_pid_line_signals_when_the_process_ends() {
     let attach = line(&reply, "attach_to_pid");
     let script = format!("sleep 1 & pid=$!\n{}\nwait", attach.replace("PID", "$pid"));
     env.ok("attach line", &env.sh(&script));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let rec = env.state(&id);
     assert_eq!(rec["counters"]["ok"], 1);
 }
@@ -156,7 +156,7 @@ fn members_quorum_two_of_three_resolves_on_the_second_and_refuses_late_arms() {
     );
 
     env.ok("arm6", &env.job_then(true, &cli, Some("arm6")));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let wakes = env.inbox("default", "new");
     assert_eq!(wakes.len(), 1);
     let members: Vec<_> = wakes[0]["reports"]
@@ -193,7 +193,11 @@ fn fail_fast_on_wakes_on_the_first_failure() {
     let (id, _) = id_secret(&reply);
     let cli = line(&reply, "cli");
     env.ok("a fails", &env.job_then(false, &cli, Some("a")));
-    env.expect_code("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]), 4);
+    env.expect_code(
+        "wait",
+        &env.waitpoint(&["wait", &id, "--timeout", "120"]),
+        4,
+    );
     assert_eq!(env.state(&id)["counters"]["signals"], 1);
 }
 
@@ -219,7 +223,11 @@ fn fail_fast_off_waits_for_the_quorum_even_after_a_failure() {
     assert_eq!(env.state(&id)["status"], "armed");
     env.ok("b ok", &env.job_then(true, &cli, Some("b")));
     // Resolved, and the outcome remembers the failure.
-    env.expect_code("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]), 4);
+    env.expect_code(
+        "wait",
+        &env.waitpoint(&["wait", &id, "--timeout", "120"]),
+        4,
+    );
     assert_eq!(env.state(&id)["counters"]["signals"], 2);
 }
 
@@ -337,7 +345,7 @@ fn cancelling_a_resolved_waitpoint_is_a_conflict() {
     let reply = env.create(&["--label", "t", "--intent", "i"]);
     let (id, secret) = id_secret(&reply);
     env.ok("signal", &env.signal(&["--id", &id, "--secret", &secret]));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let out = env.waitpoint(&["cancel", &id]);
     env.expect_code("cancel resolved", &out, 1);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already resolved"));
@@ -374,7 +382,11 @@ fn a_deadline_expires_the_waitpoint_with_a_notice_saying_nobody_reported() {
         "0.0003",
     ]);
     let (id, _) = id_secret(&reply);
-    env.expect_code("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]), 5);
+    env.expect_code(
+        "wait",
+        &env.waitpoint(&["wait", &id, "--timeout", "120"]),
+        5,
+    );
     env.wait_until("the notice", || env.inbox("default", "new").len() == 1);
     let wake = &env.inbox("default", "new")[0];
     assert_eq!(wake["kind"], "deadline");
@@ -414,7 +426,7 @@ fn check_follows_the_union_rule_and_hides_read_wakes() {
     );
 
     env.ok("signal", &env.signal(&["--id", &id, "--secret", &secret]));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     // Fired but unread: still shown. Once read: gone.
     assert_eq!(check("bob")["waiting"][0]["status"], "resolved");
     env.ok(

@@ -504,5 +504,5 @@ fn hostile_http_requests_get_their_status_and_a_flood_spends_the_miss_budget() {
     assert_eq!(env.state(&id)["counters"]["signals"], 0);
     // The spool is not the HTTP route: the same signal dropped as a file still lands.
     env.drop_file("meanwhile", &body(&id, &secret, r#","member":"arm2""#));
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
 }

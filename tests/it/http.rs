@@ -416,7 +416,7 @@ fn cortex_signal_falls_back_to_the_spool_when_the_daemon_is_gone_and_it_is_colle
     let _d = env.daemon();
     env.ok(
         "collected",
-        &env.waitpoint(&["wait", &oid, "--timeout", "30"]),
+        &env.waitpoint(&["wait", &oid, "--timeout", "120"]),
     );
     assert!(
         !address.exists(),
@@ -470,7 +470,7 @@ fn a_shim_found_only_through_webhook_port_that_knows_not_the_id_leaves_it_to_the
     );
     env.ok(
         "collected",
-        &env.waitpoint(&["wait", &id, "--timeout", "30"]),
+        &env.waitpoint(&["wait", &id, "--timeout", "120"]),
     );
     // Named explicitly, the same answer is a refusal.
     let url = format!("http://127.0.0.1:{port}/webhook/signal");

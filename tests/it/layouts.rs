@@ -170,12 +170,12 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     env.ok("cancel", &env.waitpoint(&["cancel", &cid]));
     env.expect_code(
         "barrier",
-        &env.waitpoint(&["wait", &id_secret(&barrier).0, "--timeout", "30"]),
+        &env.waitpoint(&["wait", &id_secret(&barrier).0, "--timeout", "120"]),
         4,
     );
     env.expect_code(
         "deadline",
-        &env.waitpoint(&["wait", &did, "--timeout", "30"]),
+        &env.waitpoint(&["wait", &did, "--timeout", "120"]),
         5,
     );
     env.wait_drained();

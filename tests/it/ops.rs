@@ -58,7 +58,7 @@ fn run_passes_output_through_and_signals_ok_with_the_tail() {
         "{}",
         env.report(&out)
     );
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let recs = records(&env, &id);
     assert_eq!(recs.len(), 1);
     assert_eq!(recs[0]["status"], "ok");
@@ -92,7 +92,11 @@ fn run_signals_fail_with_the_exit_code_and_only_the_last_lines() {
         .output()
         .unwrap();
     env.expect_code("run", &out, 3);
-    env.expect_code("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]), 4);
+    env.expect_code(
+        "wait",
+        &env.waitpoint(&["wait", &id, "--timeout", "120"]),
+        4,
+    );
     let recs = records(&env, &id);
     assert_eq!(recs[0]["status"], "fail");
     assert_eq!(recs[0]["message"], "exit=3");
@@ -171,7 +175,7 @@ fn attach_signals_when_the_process_ends() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "attach exited {status:?}");
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     let recs = records(&env, &id);
     assert_eq!(recs[0]["status"], "ok");
     assert_eq!(recs[0]["message"], format!("pid {pid} exited"));

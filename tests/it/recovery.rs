@@ -69,7 +69,7 @@ fn signals_sent_while_the_daemon_is_down_are_collected_when_it_starts() {
     );
     assert_eq!(env.spooled().len(), 2, "they wait in the spool");
     let _d = env.daemon();
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     assert_eq!(env.state(&id)["counters"]["signals"], 2);
     assert_eq!(env.inbox("default", "new").len(), 2);
     assert!(env.spooled().is_empty());

@@ -141,6 +141,6 @@ fn a_file_written_in_place_is_not_parked_while_still_being_written() {
         std::thread::sleep(std::time::Duration::from_millis(700));
         f.write_all(tail.as_bytes()).unwrap();
     }
-    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "30"]));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     assert!(parked(&env).is_empty());
 }
