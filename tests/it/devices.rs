@@ -423,8 +423,9 @@ fn malformed_remote_file_is_parked_locally_and_removed_remotely() {
     env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
     assert!(sshd.remote_names().is_empty(), "{:?}", sshd.remote_names());
     let bad = mirror(&env, "gpu").join("bad");
+    // The reason is committed first, then the file beside it.
     env.wait_until("the file to be parked", || {
-        bad.join("5-broken.reason").exists()
+        bad.join("5-broken.reason").exists() && bad.join("5-broken.json").exists()
     });
     assert_eq!(
         fs::read_to_string(bad.join("5-broken.json")).unwrap(),

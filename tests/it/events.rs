@@ -423,7 +423,11 @@ fn a_callback_dropped_in_the_spool_needs_no_listener_and_counts_once() {
     );
     // Wrong mode in a file: parked with a reason, token redacted.
     env.drop_file("cb2", &format!(r#"{{"callback":"{token}","mode":"wake"}}"#));
-    env.wait_until("parked", || env.drop_zone().join("bad/cb2.reason").exists());
+    // The reason is written first, then the file is moved beside it.
+    env.wait_until("parked", || {
+        env.drop_zone().join("bad/cb2.reason").exists()
+            && env.drop_zone().join("bad/cb2.json").exists()
+    });
     assert!(
         fs::read_to_string(env.drop_zone().join("bad/cb2.reason"))
             .unwrap()
