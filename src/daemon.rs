@@ -296,9 +296,27 @@ impl Daemon {
     }
 
     /// Runs until [`DaemonControl::shutdown`]. Returns an error only if the daemon cannot
-    /// start (the watcher cannot be set up); failures while running are logged and retried.
+    /// start; failures while running are logged and retried.
     pub fn run(mut self) -> Result<()> {
-        let _watcher = self.watch()?;
+        // inotify is a hint: without it (the user's instances all in use) the sweep finds
+        // everything, only later. With the sweep off too, nothing would ever be collected.
+        let _watcher = match self.watch() {
+            Ok(w) => Some(w),
+            Err(e) if self.engine.settings().sweep_ms > 0 => {
+                tracing::warn!(
+                    sweep_ms = self.engine.settings().sweep_ms,
+                    "no file watcher ({e}); finding signals by the sweep alone, every {} ms",
+                    self.engine.settings().sweep_ms
+                );
+                None
+            }
+            Err(e) => {
+                return Err(Error::Usage(format!(
+                    "{e}; and waitpointSweepMs is 0, so nothing would ever be collected: free an \
+                     inotify instance (sysctl fs.inotify.max_user_instances) or turn the sweep on"
+                )));
+            }
+        };
         let home = self.engine.home().clone();
         tracing::info!(home = %home.root().display(), "daemon starting");
         // Before any state is read: a crash may have left committed batches whose files are
@@ -531,6 +549,11 @@ impl Daemon {
     fn watch(&self) -> Result<notify::RecommendedWatcher> {
         let tx = self.tx.clone();
         let drop_zone = self.spool.dir.clone();
+        crate::failpoint!(
+            crate::failpoint::WATCHER,
+            "cannot start the file watcher on",
+            &drop_zone
+        );
         let waitpoints = self.engine.home().waitpoints_dir();
         let devices = self.engine.home().devices_dir();
         let timers = self.engine.home().timers_dir();

@@ -94,6 +94,30 @@ pub struct Inputs<'a> {
     pub settings: &'a Result<Settings, Error>,
     /// `/proc/sys/fs/inotify` on Linux.
     pub inotify_dir: PathBuf,
+    /// Whether an inotify instance can be had now ([`probe_inotify`]).
+    pub inotify_instance: Result<(), Error>,
+}
+
+/// Tries to get (and at once gives back) an inotify instance, as a daemon starting now would.
+/// `home` only names where the watcher would look, for the error.
+pub fn probe_inotify(home: &Home) -> Result<(), Error> {
+    crate::failpoint!(
+        crate::failpoint::WATCHER,
+        "cannot start the file watcher on",
+        &home.drop_zone()
+    );
+    // SAFETY: inotify_init1 takes flags only; a returned descriptor is ours to close.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::io(
+            "cannot start the file watcher on",
+            home.drop_zone(),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: fd is a descriptor we just opened and nothing else holds.
+    unsafe { libc::close(fd) };
+    Ok(())
 }
 
 /// Runs every check, in the order they are printed.
@@ -107,7 +131,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     checks.push(check_modes(&walk));
     checks.push(check_settings(home, inputs.settings));
     checks.push(check_drop_zone(home));
-    checks.push(check_inotify(&inputs.inotify_dir));
+    checks.push(check_inotify(&inputs.inotify_dir, &inputs.inotify_instance));
     checks.push(check_daemon(home));
     checks.push(check_shim(home));
     checks.push(check_devices(home));
@@ -360,7 +384,19 @@ fn read_number(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-fn check_inotify(dir: &Path) -> Check {
+fn check_inotify(dir: &Path, instance: &Result<(), Error>) -> Check {
+    if let Err(e) = instance {
+        return bad(
+            "inotify",
+            Level::Warn,
+            format!(
+                "no inotify instance can be had now ({e}): a daemon starting now finds signals \
+                 by the sweep alone (waitpointSweepMs)"
+            ),
+            "sysctl fs.inotify.max_user_instances=512, or end the processes that hold them \
+             (ls -l /proc/*/fd | grep inotify)",
+        );
+    }
     let watches = read_number(&dir.join("max_user_watches"));
     let queued = read_number(&dir.join("max_queued_events"));
     let (Some(watches), Some(queued)) = (watches, queued) else {
@@ -662,6 +698,7 @@ mod tests {
             home,
             settings: &settings,
             inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
+            inotify_instance: Ok(()),
         })
     }
 
@@ -699,11 +736,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("max_user_watches"), "100\n").unwrap();
         fs::write(dir.path().join("max_queued_events"), "16384\n").unwrap();
-        let c = check_inotify(dir.path());
+        let c = check_inotify(dir.path(), &Ok(()));
         assert_eq!(c.level, Level::Warn);
         assert!(c.fix.unwrap().contains("max_user_watches"));
-        let c = check_inotify(&dir.path().join("absent"));
+        let c = check_inotify(&dir.path().join("absent"), &Ok(()));
         assert_eq!(c.level, Level::Warn);
+        fs::write(dir.path().join("max_user_watches"), "65536\n").unwrap();
+        assert_eq!(check_inotify(dir.path(), &Ok(())).level, Level::Ok);
+        let exhausted = Err(Error::io(
+            "cannot start the file watcher on",
+            "/h/tmp/signals",
+            std::io::Error::from_raw_os_error(libc::EMFILE),
+        ));
+        let c = check_inotify(dir.path(), &exhausted);
+        assert_eq!(c.level, Level::Warn, "{c}");
+        assert!(c.detail.contains("sweep alone"), "{c}");
+        assert!(c.fix.unwrap().contains("max_user_instances"));
     }
 
     #[test]

@@ -9,7 +9,8 @@
 //!
 //! - `crash`: the process SIGKILLs itself on the spot, exactly like a power cut or `kill -9`
 //!   (no unwinding, no destructors, no buffered writes flushed);
-//! - `eio` / `enospc`: the step fails with that errno, as a failing disk or a full one would.
+//! - `eio` / `enospc`: the step fails with that errno, as a failing disk or a full one would;
+//! - `emfile`: the step fails as when a per-user limit is reached (the [`WATCHER`] point).
 //!
 //! The points, in the order a signal passes them (see `ARCHITECTURE.md`, "Commit order"): the
 //! journal append passes [`JOURNAL_WRITE`] and [`JOURNAL_FSYNC`]; the engine then passes
@@ -48,6 +49,10 @@ pub const SPOOL_BEFORE_REMOVE: &str = "spool-before-remove";
 /// Checkpoint: the filesystem is synced, the covered segments not yet deleted.
 pub const JOURNAL_CHECKPOINT: &str = "journal-checkpoint";
 
+/// The file watcher: an inotify instance cannot be had (`emfile`: the user's instances are all
+/// in use). Not a commit step, so not in [`ALL`].
+pub const WATCHER: &str = "watcher";
+
 /// Every point, for tests that walk them all.
 pub const ALL: [&str; 10] = [
     STORE_WRITE,
@@ -81,7 +86,10 @@ pub fn act<T>(name: &str, action: Option<&str>, context: &'static str, path: &Pa
         Some("crash") => crash(),
         Some("eio") => libc::EIO,
         Some("enospc") => libc::ENOSPC,
-        other => panic!("failpoint {name}: unknown action {other:?}; use crash, eio or enospc"),
+        Some("emfile") => libc::EMFILE,
+        other => {
+            panic!("failpoint {name}: unknown action {other:?}; use crash, eio, enospc or emfile")
+        }
     };
     // A warning, so tests can match each injected fault with the failure the daemon reported.
     tracing::warn!(failpoint = name, path = %path.display(), errno, "failpoint fired");

@@ -163,6 +163,7 @@ pub fn doctor(home: &Home, _a: DoctorArgs) -> anyhow::Result<u8> {
         home,
         settings: &settings,
         inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
+        inotify_instance: doctor::probe_inotify(home),
     });
     let mut out = io::stdout().lock();
     for check in &checks {

@@ -241,3 +241,45 @@ fn create_on_a_failing_disk_fails_and_arms_nothing() {
         .unwrap_or_default();
     assert!(left.is_empty(), "nothing armed, no staging left: {left:?}");
 }
+
+#[test]
+fn without_inotify_the_daemon_runs_on_the_sweep_alone_and_doctor_says_so() {
+    let no_watcher = format!("{}=return(emfile)", failpoint::WATCHER);
+    let env = Env::new();
+    let _d = env.daemon_with_env(&[("FAILPOINTS", &no_watcher)]);
+    let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
+    assert!(
+        log.contains("finding signals by the sweep alone, every 300 ms"),
+        "{log}"
+    );
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, _) = id_secret(&reply);
+    env.ok("job", &env.job_then(true, &line(&reply, "cli"), None));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
+    let doctor = env
+        .command(WAITPOINT)
+        .arg("doctor")
+        .env("FAILPOINTS", &no_watcher)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&doctor.stdout);
+    let inotify = report
+        .lines()
+        .find(|l| l.contains("inotify"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert!(
+        inotify.starts_with("WARN") && inotify.contains("sweep alone"),
+        "{report}"
+    );
+
+    // With the sweep off as well, nothing would ever be collected: it says so and stops.
+    let off = Env::with_settings(r#"{"waitpointSweepMs": 0}"#);
+    let out = off
+        .command(WAITPOINT)
+        .arg("daemon")
+        .env("FAILPOINTS", &no_watcher)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", off.report(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nothing would ever be collected"));
+}
