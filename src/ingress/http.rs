@@ -356,6 +356,9 @@ struct Conn {
     /// Set once an answer was sent without reading the body: the rest of what the client
     /// sends is read and thrown away until then (or `LINGER_BYTES`), and the connection closed.
     draining: Option<(Instant, usize)>,
+    /// The client shut down its sending side after some bytes (`shutdown(SHUT_WR)`): a complete
+    /// request in `buf` is still answered, then the connection closes.
+    peer_closed: bool,
 }
 
 impl Conn {
@@ -367,6 +370,7 @@ impl Conn {
             idle_since: Instant::now(),
             continue_sent: false,
             draining: None,
+            peer_closed: false,
         }
     }
 
@@ -405,7 +409,13 @@ impl Conn {
                 return true;
             }
             match (&self.stream).read(&mut chunk[..room]) {
-                Ok(0) => return false,
+                // The end of what the client sends: nothing more will come, but what came may
+                // be a whole request, which it still waits to hear about.
+                Ok(0) if self.buf.is_empty() => return false,
+                Ok(0) => {
+                    self.peer_closed = true;
+                    return true;
+                }
                 Ok(n) => {
                     self.started.get_or_insert_with(Instant::now);
                     self.buf.extend_from_slice(&chunk[..n]);
@@ -617,6 +627,8 @@ impl Reactor {
         }
         match framing(&conn.buf) {
             Ok(ready) => self.queued.push_back(Job { conn, ready }),
+            // Incomplete, and the client will send no more: nothing to answer.
+            Err(_) if conn.peer_closed => drop(conn),
             Err(wants_continue) => {
                 if wants_continue && !conn.continue_sent {
                     // curl and others wait for this before sending a larger body.
@@ -749,7 +761,7 @@ fn answer(shared: &Shared, job: Job) -> Option<Conn> {
         } => (
             route(shared, &head, Some(&conn.buf[head_len..total]), peer),
             head.method == "HEAD",
-            head.keep_alive(),
+            head.keep_alive() && !conn.peer_closed,
             Some(total),
         ),
     };

@@ -758,3 +758,56 @@ fn settings_turn_the_shim_on_and_sigterm_takes_its_address_away() {
     assert!(!env.home.join("webhook.json").exists(), "{}", env.tree());
     assert!(TcpStream::connect(("127.0.0.1", port)).is_err());
 }
+
+#[test]
+fn a_client_that_half_closes_after_a_whole_request_is_answered_and_recorded() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "100"]);
+    let (id, secret) = id_secret(&reply);
+    for (n, keep_alive) in [(0, false), (1, true), (2, true)] {
+        let key = format!("Idempotency-Key: half-{n}");
+        let mut req = request(
+            port,
+            "POST",
+            "/webhook/signal",
+            &[&key],
+            &progress(&id, &secret),
+        );
+        if keep_alive {
+            // Without `Connection: close` the shim would keep the connection open; the client's
+            // half-close must end it after the answer all the same.
+            req = String::from_utf8(req)
+                .unwrap()
+                .replace("Connection: close\r\n", "")
+                .into_bytes();
+        }
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+        s.write_all(&req).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer)
+            .expect("an answer, then the close");
+        let (code, body) = split_answer(&answer);
+        assert_eq!(code, 202, "request {n}: {body}");
+    }
+    assert_eq!(env.state(&id)["counters"]["signals"], 3);
+    // Half a request and then the half-close: nothing to answer, nothing recorded.
+    let whole = request(
+        port,
+        "POST",
+        "/webhook/signal",
+        &[],
+        &progress(&id, &secret),
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+    s.write_all(&whole[..whole.len() - 5]).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).expect("a close");
+    assert!(answer.is_empty(), "{}", String::from_utf8_lossy(&answer));
+    assert_eq!(get(port, "/healthz").0, 200);
+    assert_eq!(env.state(&id)["counters"]["signals"], 3);
+}
