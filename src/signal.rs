@@ -183,11 +183,25 @@ pub trait Transport {
 #[derive(Debug, Clone)]
 pub struct SpoolTransport {
     pub dir: PathBuf,
+    /// The file's name when the signal already has an identity (`<key>.json`), so that this
+    /// copy and an HTTP attempt under the same key are one signal.
+    pub name: Option<String>,
 }
 
 impl SpoolTransport {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        SpoolTransport { dir: dir.into() }
+        SpoolTransport {
+            dir: dir.into(),
+            name: None,
+        }
+    }
+
+    /// A spool transport that names the file after the signal's key.
+    pub fn keyed(dir: impl Into<PathBuf>, key: &str) -> Self {
+        SpoolTransport {
+            dir: dir.into(),
+            name: Some(format!("{key}.json")),
+        }
     }
 
     /// A name no other writer will pick: time in nanoseconds, pid, and 32 random bits.
@@ -204,7 +218,9 @@ impl SpoolTransport {
 impl Transport for SpoolTransport {
     fn send(&self, body: &[u8]) -> Result<Sent> {
         store::create_dir_private(&self.dir)?;
-        let path = self.dir.join(Self::fresh_name());
+        let path = self
+            .dir
+            .join(self.name.clone().unwrap_or_else(Self::fresh_name));
         store::commit(&path, body)?;
         Ok(Sent::Spooled(path))
     }

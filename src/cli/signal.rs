@@ -154,10 +154,18 @@ pub fn send(
     program: &str,
 ) -> anyhow::Result<u8> {
     let mut why_spool = "no HTTP shim is published for this home".to_owned();
+    // The signal's identity, whichever way it goes: the POST's Idempotency-Key and, if it falls
+    // back, the spool file's name. A daemon that recorded the POST but whose answer never came
+    // then finds the spooled copy a duplicate.
+    let key = format!(
+        "{}{}",
+        crate::ingress::SENDER_KEY_PREFIX,
+        crate::secret::random_hex(16)
+    );
     if let Some((url, found, guessed)) = endpoint(url, home, &mut why_spool)? {
         let http = HttpTransport {
             url: url.clone(),
-            idempotency_key: format!("cs-{}", crate::secret::random_hex(16)),
+            idempotency_key: key.clone(),
         };
         let via = format!("transport: http, {url} from {found}");
         match http.send(body)? {
@@ -204,8 +212,8 @@ belong to another home"
             Sent::Unreachable(why) => why_spool = format!("the daemon is unreachable: {why}"),
             Sent::NoAnswer(why) => {
                 why_spool = format!(
-                    "the daemon did not answer ({why}); if it did record the signal, the spooled \
-copy counts once more"
+                    "the daemon did not answer ({why}); the spooled copy carries the same key, so \
+it counts once even if the daemon did record the signal"
                 )
             }
             Sent::Spooled(_) => unreachable!("the HTTP transport does not spool"),
@@ -214,7 +222,7 @@ copy counts once more"
     if no_spool {
         anyhow::bail!("{why_spool}, and --no-spool forbids the spool");
     }
-    let transport = SpoolTransport::new(home.drop_zone());
+    let transport = SpoolTransport::keyed(home.drop_zone(), &key);
     let Sent::Spooled(path) = transport
         .send(body)
         .context("cannot write the signal to the spool")?

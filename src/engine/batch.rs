@@ -205,8 +205,7 @@ impl Engine {
                 next_due: next_due(wp),
             }));
         }
-        let identity = source.identity();
-        let key = identity_key(&identity);
+        let key = identity_key(&source.identity());
         if self.seen_contains(&wp.id, &key) || group.fresh.iter().any(|(_, k)| *k == key) {
             return Slot::Done(Ok(Verdict::Duplicate {
                 id: wp.id.clone(),
@@ -216,7 +215,7 @@ impl Engine {
         if let Err(r) = rules::check_member(wp, req.member.as_deref()) {
             return Slot::Done(Ok(Verdict::Refused(r)));
         }
-        let record = next_record(wp, req, identity, now);
+        let record = next_record(wp, req, source.origin(), now);
         let seq = record.seq;
         group.fresh.push((record.clone(), key));
         let fresh: Vec<SignalRecord> = group.fresh.iter().map(|(r, _)| r.clone()).collect();
@@ -307,7 +306,8 @@ impl Engine {
             }
             let dir = self.home.signals_dir(id);
             for record in &change.records {
-                let path = dir.join(signal_file_name(record.seq, &identity_key(&record.source)));
+                let identity = crate::ingress::identity_of(&record.source);
+                let path = dir.join(signal_file_name(record.seq, &identity_key(&identity)));
                 if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
                     files.add_json(&path, record);
                 }

@@ -999,12 +999,12 @@ fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
 fn next_record(
     wp: &Waitpoint,
     req: &SignalRequest,
-    identity: String,
+    origin: String,
     now: Timestamp,
 ) -> SignalRecord {
     SignalRecord {
         seq: wp.counters.signals + 1,
-        source: identity,
+        source: origin,
         status: req.status,
         member: req.member.clone(),
         message: req.message.clone(),

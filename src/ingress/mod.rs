@@ -83,15 +83,51 @@ pub enum Source {
     Http(String),
 }
 
+/// The prefix of the keys `cortex-signal` (and `run`, `attach`) mint for each signal: `cs-` and
+/// 32 lowercase hex digits.
+pub const SENDER_KEY_PREFIX: &str = "cs-";
+
+/// True for a key `cortex-signal` minted ([`SENDER_KEY_PREFIX`]).
+pub fn is_sender_key(key: &str) -> bool {
+    key.strip_prefix(SENDER_KEY_PREFIX).is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 impl Source {
-    /// The signal's identity: the same file name, or the same idempotency key, is the same
-    /// signal.
-    pub fn identity(&self) -> String {
+    /// Where the signal came from, as its record says: `spool:<file name>`,
+    /// `device:<device>:<file name>`, `http:<Idempotency-Key>`.
+    pub fn origin(&self) -> String {
         match self {
             Source::Spool(name) => format!("spool:{name}"),
             Source::Device { device, file } => format!("device:{device}:{file}"),
             Source::Http(key) => format!("http:{key}"),
         }
+    }
+
+    /// The signal's identity: the same file name, or the same idempotency key, is the same
+    /// signal ([`identity_of`] its origin).
+    pub fn identity(&self) -> String {
+        identity_of(&self.origin())
+    }
+}
+
+/// A signal's identity from its origin (a record's `source`). A key `cortex-signal` minted is the
+/// signal's identity whichever way it came, as the `Idempotency-Key` of its POST or as the name
+/// of the spool file it fell back to (`<key>.json`): `key:<key>`, so the second copy to arrive
+/// is a duplicate. Any other origin is its own identity.
+pub fn identity_of(origin: &str) -> String {
+    let sender_key = origin
+        .strip_prefix("spool:")
+        .and_then(|name| name.strip_suffix(".json"))
+        .or_else(|| origin.strip_prefix("http:"))
+        .filter(|k| is_sender_key(k));
+    match sender_key {
+        Some(key) => format!("key:{key}"),
+        None => origin.to_owned(),
     }
 }
 

@@ -811,3 +811,91 @@ fn a_client_that_half_closes_after_a_whole_request_is_answered_and_recorded() {
     assert_eq!(get(port, "/healthz").0, 200);
     assert_eq!(env.state(&id)["counters"]["signals"], 3);
 }
+
+#[test]
+fn a_spooled_fallback_after_an_unanswered_post_keeps_the_signals_identity() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "100"]);
+    let (id, secret) = id_secret(&reply);
+    // A relay that passes the POST on to the shim and, once the signal is recorded, hangs up
+    // without passing the answer back: the daemon committed, the client heard nothing.
+    let relay = TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay_port = relay.local_addr().unwrap().port();
+    let state = env.home.join("waitpoints").join(&id).join("waitpoint.json");
+    let relay_thread = std::thread::spawn(move || {
+        let (mut client, _) = relay.accept().unwrap();
+        client.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+        let mut request = Vec::new();
+        let mut chunk = [0u8; 4096];
+        // Head and body: read until the body the head announces is in.
+        loop {
+            let n = client.read(&mut chunk).unwrap();
+            request.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&request).to_string();
+            if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                if body.len() >= len {
+                    break;
+                }
+            }
+        }
+        let mut shim = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        shim.write_all(&request).unwrap();
+        let start = std::time::Instant::now();
+        while !std::fs::read_to_string(&state)
+            .unwrap()
+            .contains("\"signals\": 1")
+        {
+            assert!(
+                start.elapsed() < PATIENCE,
+                "the shim never recorded the relayed POST"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        drop(client);
+    });
+    let out = env.signal(&[
+        "--id",
+        &id,
+        "--secret",
+        &secret,
+        "--status",
+        "progress",
+        "--url",
+        &format!("http://127.0.0.1:{relay_port}/webhook/signal"),
+    ]);
+    relay_thread.join().unwrap();
+    let stderr = env.ok("cortex-signal", &out);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("spooled") && said.contains("same key"),
+        "{stderr}{said}"
+    );
+    env.wait_drained();
+    env.wait_trash_emptied();
+    let records: Vec<String> =
+        std::fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+    assert_eq!(records.len(), 1, "counted twice: {records:?}");
+    assert!(records[0].contains("key:cs-"), "{records:?}");
+    assert_eq!(env.state(&id)["counters"]["signals"], 1);
+    let show: Value =
+        serde_json::from_str(&env.ok("show", &env.waitpoint(&["show", &id, "--json"]))).unwrap();
+    assert!(
+        show["signals"][0]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("http:cs-"),
+        "{show}"
+    );
+}
