@@ -418,7 +418,9 @@ fn cortex_signal_1_sections() -> Doc {
     common_home_env(&mut d);
     d.var(
         "WEBHOOK_PORT",
-        "The port of the default --url. Default 3001.",
+        "The port of the default --url (default 3001). cortex-signal posts there only while this \
+home's daemon has published that address (webhook.json, with the daemon holding daemon.lock); \
+otherwise it writes to the spool, so the secret never reaches another program on the port.",
     );
     d.section("FILES");
     d.file(

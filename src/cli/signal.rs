@@ -1,6 +1,6 @@
 //! `cortex-signal`: the spec's flags, their environment defaults, and the choice of transport:
-//! `--url` if given, else the shim address the daemon published, else `WEBHOOK_PORT` if set,
-//! else the spool. An HTTP attempt that reaches no daemon, or one the daemon answers with "not
+//! `--url` if given, else the shim address this home's daemon published, else the spool (never a
+//! port from `WEBHOOK_PORT` alone: the body carries the secret). An HTTP attempt that reaches no daemon, or one the daemon answers with "not
 //! recorded" (429, 500, 503), falls back to the spool unless `--no-spool`.
 
 use std::process::ExitCode;
@@ -41,7 +41,8 @@ pub struct SignalArgs {
     /// delivered as data, never as instructions
     #[arg(long, value_name = "@FILE|-|TEXT", allow_hyphen_values = true)]
     pub data: Option<String>,
-    /// Signal endpoint [default: http://127.0.0.1:$WEBHOOK_PORT/webhook/signal]
+    /// Signal endpoint [default: http://127.0.0.1:$WEBHOOK_PORT/webhook/signal, taken only
+    /// from the address this home's daemon published while it runs; else the spool]
     #[arg(long, value_name = "URL")]
     pub url: Option<String>,
     /// Fail instead of writing to the spool when the daemon cannot be reached
@@ -162,7 +163,7 @@ pub fn send(
         crate::ingress::SENDER_KEY_PREFIX,
         crate::secret::random_hex(16)
     );
-    if let Some((url, found, guessed)) = endpoint(url, home, &mut why_spool)? {
+    if let Some((url, found)) = endpoint(url, home, &mut why_spool)? {
         let http = HttpTransport {
             url: url.clone(),
             idempotency_key: key.clone(),
@@ -185,14 +186,6 @@ pub fn send(
                         reply.summary()
                     );
                     return Ok(exit::OK);
-                }
-                // A port taken from WEBHOOK_PORT may be another home's daemon, which knows
-                // none of our ids: the spool of this home is the safe place then.
-                404 if guessed => {
-                    why_spool = format!(
-                        "the shim at {url} (from WEBHOOK_PORT) does not know this id; it may \
-belong to another home"
-                    );
                 }
                 429 | 500 | 503 => {
                     why_spool = format!(
@@ -236,26 +229,27 @@ it counts once even if the daemon did record the signal"
     Ok(exit::OK)
 }
 
-/// The HTTP endpoint to try, where it came from, and whether it is only a guess (from
-/// `WEBHOOK_PORT`, not named by `--url` or published by this home's daemon). A stale address
-/// file is noted in `why_spool` and skipped.
+/// The HTTP endpoint to try and where it came from: `--url` when given (the user named it), else
+/// the address this home's daemon published while it holds the home's lock. Never a port taken
+/// from `WEBHOOK_PORT` alone: whatever listens there may be another user's program, and the body
+/// carries the secret. A stale address file is noted in `why_spool` and skipped.
 fn endpoint(
     url: Option<&str>,
     home: &Home,
     why_spool: &mut String,
-) -> anyhow::Result<Option<(HttpUrl, String, bool)>> {
+) -> anyhow::Result<Option<(HttpUrl, String)>> {
     if let Some(u) = url {
-        return Ok(Some((HttpUrl::parse(u)?, "--url".into(), false)));
+        return Ok(Some((HttpUrl::parse(u)?, "--url".into())));
     }
     let file = home.webhook_address_file();
     match published_endpoint(home) {
-        Published::Up(url) => return Ok(Some((url, file.display().to_string(), false))),
+        Published::Up(url) => return Ok(Some((url, file.display().to_string()))),
         Published::Stale(why) => {
             *why_spool = format!("{} is stale: {why}", file.display());
         }
         Published::Absent => {}
     }
-    Ok(super::webhook_port_env()?.map(|p| (HttpUrl::loopback(p), "WEBHOOK_PORT".into(), true)))
+    Ok(None)
 }
 
 #[cfg(test)]

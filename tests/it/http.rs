@@ -444,36 +444,44 @@ fn cortex_signal_falls_back_when_nothing_listens_at_the_url_or_port() {
         .output()
         .unwrap();
     env.ok("WEBHOOK_PORT", &out);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unreachable"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no HTTP shim is published"));
     assert_eq!(env.spooled().len(), 2);
 }
 
 #[test]
-fn a_shim_found_only_through_webhook_port_that_knows_not_the_id_leaves_it_to_the_spool() {
-    // Another home's daemon owns the port; ours runs without the shim.
-    let other = Env::new();
-    let (_other_daemon, port) = http_daemon(&other);
+fn webhook_port_alone_never_gets_the_secret_and_the_signal_is_spooled() {
     let env = Env::new();
     let _d = env.daemon();
     let (id, secret) = id_secret(&env.create(&["--label", "ours", "--intent", "i"]));
+    // Someone else's program listens on the port WEBHOOK_PORT names; ours runs without a shim.
+    let stranger = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = stranger.local_addr().unwrap().port();
     let out = env
         .command(CORTEX_SIGNAL)
         .args(["--id", &id, "--secret", &secret, "--exit-code", "0"])
         .env("WEBHOOK_PORT", port.to_string())
         .output()
         .unwrap();
-    env.ok("guessed port", &out);
+    env.ok("WEBHOOK_PORT set, nothing published", &out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("transport: spool") && stderr.contains("another home"),
+        stderr.contains("transport: spool") && stderr.contains("no HTTP shim is published"),
         "{stderr}"
     );
+    // Finished, and nothing ever connected: a connection would wait in the backlog.
+    stranger.set_nonblocking(true).unwrap();
+    match stranger.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("cortex-signal connected to a stranger's listener: {other:?}"),
+    }
     env.ok(
         "collected",
         &env.waitpoint(&["wait", &id, "--timeout", "120"]),
     );
-    // Named explicitly, the same answer is a refusal.
-    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    // Another home's shim, named explicitly, answers for itself: a refusal.
+    let other = Env::new();
+    let (_other_daemon, other_port) = http_daemon(&other);
+    let url = format!("http://127.0.0.1:{other_port}/webhook/signal");
     let out = env.signal(&["--id", &id, "--secret", &secret, "--url", &url]);
     env.expect_code("explicit url", &out, 1);
 }
