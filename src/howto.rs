@@ -91,8 +91,10 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
         .home_override
         .map(|h| format!("CORTEX_HOME={} ", sh_quote(h)))
         .unwrap_or_default();
+    // The id and secret go in cortex-signal's environment, never its argv, which any local
+    // user can read in /proc for as long as it runs.
     let signal = format!(
-        "{home_prefix}cortex-signal --id {} --secret {secret}{member_flag}",
+        "{home_prefix}CORTEX_SIGNAL_ID={} CORTEX_SIGNAL_SECRET={secret} cortex-signal{member_flag}",
         wp.id
     );
     let env = {
@@ -109,14 +111,13 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
         line
     };
     let status_of_s = r#"$([ $s -eq 0 ] && echo ok || echo fail)"#;
+    // The body goes to curl on stdin (printf is the shell's own), so the secret is in no argv.
     let curl = format!(
-        "s=$?; curl -sS -XPOST http://127.0.0.1:{port}/webhook/signal \
--H 'content-type: application/json' \
--d \"{{\\\"id\\\":\\\"{id}\\\",\\\"secret\\\":\\\"{secret}\\\",\\\"status\\\":\\\"{status_of_s}\\\",\
-\\\"message\\\":\\\"exit=$s\\\"{member}}}\"",
+        "s=$?; printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
+\"{status_of_s}\" \"$s\" | curl -sS -XPOST http://127.0.0.1:{port}/webhook/signal \
+-H 'content-type: application/json' --data-binary @-",
         port = target.webhook_port,
         id = wp.id,
-        member = member_json.replace('"', "\\\""),
     );
     let drop_zone = if wp.device.is_some() {
         remote_dir_word(target.device_spool.unwrap_or("~/.cortex/tmp/signals"))

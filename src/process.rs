@@ -147,8 +147,11 @@ pub fn run_command(
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGQUIT,
     ])?;
+    // The wrapper signals for the job, so the job has no use for the secret: it stays out of
+    // the job's environment (and so of every process the job starts).
     let spawned = Command::new(program)
         .args(args)
+        .env_remove("CORTEX_SIGNAL_SECRET")
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -507,3 +507,74 @@ fn payload_text_reaches_a_wake_only_as_framed_data() {
         )],
     );
 }
+
+#[test]
+fn printed_lines_keep_the_secret_out_of_argv_and_run_keeps_it_from_the_job() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "t", "--intent", "i", "--member", "arm1"]);
+    let (id, secret) = id_secret(&reply);
+    // Stand-ins first on PATH, recording their argv, environment and stdin.
+    let bin = env.home.join("../standins");
+    fs::create_dir_all(&bin).unwrap();
+    for name in ["cortex-signal", "curl"] {
+        let path = bin.join(name);
+        fs::write(
+            &path,
+            format!(
+                "#!/bin/sh\nr='{d}/{name}'\nprintf '%s\\n' \"$@\" > \"$r.argv\"\nenv > \"$r.env\"\ncat > \"$r.stdin\"\n",
+                d = bin.display()
+            ),
+        )
+        .unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    for (form, program) in [
+        ("cli", "cortex-signal"),
+        ("curl", "curl"),
+        ("attach_to_pid", "cortex-signal"),
+    ] {
+        let line = line(&reply, form)
+            .replace("MEMBER", "arm1")
+            .replace("PID", "999999999");
+        let _ = fs::remove_file(bin.join(format!("{program}.argv")));
+        let out = env
+            .command("sh")
+            .args(["-c", &format!("true; {line}\nwait")])
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        env.ok(form, &out);
+        let start = std::time::Instant::now();
+        while !bin.join(format!("{program}.argv")).exists() {
+            assert!(start.elapsed() < PATIENCE, "{form}: {program} never ran");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let argv = fs::read_to_string(bin.join(format!("{program}.argv"))).unwrap();
+        assert!(
+            !argv.contains(&secret),
+            "{form}: the secret is in {program}'s argv: {argv}"
+        );
+        let env_and_stdin = fs::read_to_string(bin.join(format!("{program}.env"))).unwrap()
+            + &fs::read_to_string(bin.join(format!("{program}.stdin"))).unwrap_or_default();
+        assert!(
+            env_and_stdin.contains(&secret),
+            "{form}: {program} never got the secret"
+        );
+    }
+    // `waitpoint run` signals for the job, so the job's environment has no secret.
+    let seen = env.home.join("../job-env");
+    let out = env
+        .command(WAITPOINT)
+        .args(["run", "--member", "arm1", "--", "sh", "-c"])
+        .arg(format!("env > {}", seen.display()))
+        .env("CORTEX_SIGNAL_ID", &id)
+        .env("CORTEX_SIGNAL_SECRET", &secret)
+        .output()
+        .unwrap();
+    env.ok("run", &out);
+    let job_env = fs::read_to_string(&seen).unwrap();
+    assert!(job_env.contains("CORTEX_SIGNAL_ID="), "{job_env}");
+    assert!(!job_env.contains(&secret), "the job was handed the secret");
+    assert_eq!(env.spooled().len(), 1, "run still signalled");
+}
