@@ -187,12 +187,17 @@ pub fn send(
                     );
                     return Ok(exit::OK);
                 }
-                429 | 500 | 503 => {
+                429 | 503 => {
                     why_spool = format!(
                         "the daemon answered HTTP {} ({}); nothing was recorded",
                         reply.code,
                         reply.summary()
                     );
+                }
+                500 => {
+                    why_spool = "the daemon could not finish recording it (HTTP 500); the \
+spooled copy carries the same key, so it counts once"
+                        .to_owned();
                 }
                 code => {
                     eprintln!(

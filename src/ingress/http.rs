@@ -1204,7 +1204,10 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             tracing::error!(waitpoint = %id, "cannot record a webhook signal: {e}");
             reply(
                 500,
-                json!({ "result": "error", "error": "the daemon could not record the signal; nothing was recorded (see its log)" }),
+                // The failure may have come after the batch's journal line was durable (its
+                // files then come with the replay), so "not recorded" would be a guess: the
+                // truth is that the outcome is unknown, and a retry under the same key is safe.
+                json!({ "result": "unknown", "error": "the daemon could not finish recording the signal (see its log); it may or may not count: send it again with the same Idempotency-Key, which counts once" }),
             )
         }
     }

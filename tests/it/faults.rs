@@ -283,3 +283,43 @@ fn without_inotify_the_daemon_runs_on_the_sweep_alone_and_doctor_says_so() {
     assert_eq!(out.status.code(), Some(2), "{}", off.report(&out));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nothing would ever be collected"));
 }
+
+#[test]
+fn a_500_after_the_journal_commit_says_the_outcome_is_unknown_and_a_retry_counts_once() {
+    use crate::http::{raw, request};
+    let env = Env::new();
+    // The first batch's files fail after its journal line is durable.
+    let fault = format!("{}=1*return(enospc)", failpoint::ENGINE_AFTER_JOURNAL);
+    let _d = env.daemon_with(&["--http", "--port", "0"], &[("FAILPOINTS", &fault)]);
+    let port = env.webhook_port();
+    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "10"]);
+    let (id, secret) = id_secret(&reply);
+    let body = format!(r#"{{"id":"{id}","secret":"{secret}","status":"progress"}}"#);
+    let post = || {
+        raw(
+            port,
+            &request(
+                port,
+                "POST",
+                "/webhook/signal",
+                &["Idempotency-Key: retry-1"],
+                &body,
+            ),
+        )
+    };
+    let (code, text) = post();
+    assert_eq!(code, 500, "{text}");
+    assert!(
+        text.contains("may or may not count") && text.contains("same Idempotency-Key"),
+        "{text}"
+    );
+    assert!(!text.contains("nothing was recorded"), "{text}");
+    // The journal had it: the retry under the same key is a duplicate, and it counts once.
+    let (code, text) = post();
+    assert_eq!(code, 202, "{text}");
+    assert!(
+        text.contains("duplicate"),
+        "the first attempt was recorded after all: {text}"
+    );
+    assert_eq!(env.state(&id)["counters"]["signals"], 1);
+}
