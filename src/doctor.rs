@@ -138,6 +138,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     checks.push(check_journal(home));
     checks.push(check_temps(&walk));
     checks.push(check_bad(home));
+    checks.push(check_quarantine(home));
     checks
 }
 
@@ -677,6 +678,31 @@ fn check_bad(home: &Home) -> Check {
         format!(
             "read {}/*.reason, fix the sender, then delete the pairs you have dealt with",
             bad_dir.display()
+        ),
+    )
+}
+
+fn check_quarantine(home: &Home) -> Check {
+    let dir = home.quarantine_dir();
+    let set_aside = store::list_dir(&dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(n, _)| !n.ends_with(".reason"))
+        .count();
+    if set_aside == 0 {
+        return ok("records", "every record parses");
+    }
+    bad(
+        "records",
+        Level::Warn,
+        format!(
+            "{set_aside} record(s) that did not parse set aside in {}; the rest went on without them",
+            dir.display()
+        ),
+        format!(
+            "read {}/*.reason; repair a record and move it back to its place (the name says where, \
+with % for /), or delete the pair",
+            dir.display()
         ),
     )
 }

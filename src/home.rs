@@ -218,6 +218,12 @@ impl Home {
         self.root.join("tmp").join("trash")
     }
 
+    /// `quarantine/`: records that do not parse, set aside so the rest goes on (each with a
+    /// `.reason` beside it).
+    pub fn quarantine_dir(&self) -> PathBuf {
+        self.root.join("quarantine")
+    }
+
     /// `devices/`: device records and, per device, its collector state and local mirror.
     pub fn devices_dir(&self) -> PathBuf {
         self.root.join("devices")

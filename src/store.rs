@@ -596,6 +596,62 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
         })
 }
 
+/// Reads one record of a collection (a waitpoint, timer, callback or wake among many): a file
+/// that does not parse is set aside into `quarantine` with its reason and skipped (`None`), so
+/// one bad record stops nothing else. If even setting it aside fails, it is skipped all the
+/// same, and the log says why.
+pub fn read_json_or_set_aside<T: DeserializeOwned>(
+    quarantine: &Path,
+    root: &Path,
+    path: &Path,
+) -> Result<Option<T>> {
+    match read_json(path) {
+        Err(Error::Corrupt { message, .. }) => {
+            match set_aside(quarantine, root, path, &message) {
+                Ok(to) => tracing::warn!(
+                    file = %path.display(),
+                    quarantined = %to.display(),
+                    "a record that does not parse was set aside: {message}"
+                ),
+                Err(e) => tracing::error!(
+                    file = %path.display(),
+                    "a record that does not parse is skipped, and could not be set aside ({e}): {message}"
+                ),
+            }
+            Ok(None)
+        }
+        other => other,
+    }
+}
+
+/// Moves `path` into `quarantine` (named after its place under `root`, `/` as `%`) with a
+/// `.reason` file beside it, both durable. Returns where it went.
+pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> Result<PathBuf> {
+    create_dir_private(quarantine)?;
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    let stem: String = rel
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' || c.is_control() { '%' } else { c })
+        .collect();
+    let mut target = quarantine.join(&stem);
+    let mut n = 1;
+    while target.exists() {
+        target = quarantine.join(format!("{stem}.{n}"));
+        n += 1;
+    }
+    let note = format!("{} does not parse: {reason}\n", rel.display());
+    commit(
+        &target.with_file_name(format!(
+            "{}.reason",
+            target.file_name().unwrap_or_default().to_string_lossy()
+        )),
+        note.as_bytes(),
+    )?;
+    rename_durably(path, &target)?;
+    Ok(target)
+}
+
 /// Removes a file and makes the removal durable. A file already gone is not an error.
 pub fn remove_durably(path: &Path) -> Result<()> {
     match fs::remove_file(path) {

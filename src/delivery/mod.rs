@@ -86,8 +86,11 @@ pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
         if store::is_temp_name(&name) || !name.ends_with(".json") {
             continue;
         }
-        // A wake taken by another reader between the listing and the read is simply gone.
-        if let Some(w) = read_json::<Wake>(&path)? {
+        // A wake taken by another reader between the listing and the read is simply gone; one
+        // that does not parse is set aside, so the good ones behind it are still read.
+        if let Some(w) =
+            store::read_json_or_set_aside::<Wake>(&home.quarantine_dir(), home.root(), &path)?
+        {
             wakes.push(w);
         }
     }

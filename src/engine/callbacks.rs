@@ -130,7 +130,7 @@ impl Engine {
                 continue;
             };
             if is_callback_id(id)
-                && let Some(c) = read_json::<Callback>(&path)?
+                && let Some(c) = self.read_record::<Callback>(&path)?
                 && session.is_none_or(|s| c.session == s)
             {
                 out.push(c);

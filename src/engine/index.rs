@@ -127,7 +127,7 @@ impl Engine {
                 continue;
             }
             // A marker may outlive its waitpoint (see the module docs); skip it.
-            if let Some(wp) = self.load(&id)?
+            if let Some(wp) = self.load_listed(&id)?
                 && wp.visible_to(session)
             {
                 out.push(wp);
@@ -154,7 +154,7 @@ impl Engine {
             if !crate::ingress::is_waitpoint_id(id) {
                 continue;
             }
-            if let Some(wp) = store::read_json::<Waitpoint>(&entry.path().join("waitpoint.json"))? {
+            if let Some(wp) = self.read_record::<Waitpoint>(&entry.path().join("waitpoint.json"))? {
                 f(wp)?;
             }
         }

@@ -357,6 +357,24 @@ impl Engine {
         read_json(&self.home.waitpoint_file(id))
     }
 
+    /// Reads a waitpoint met while listing many: one that does not parse is set aside and
+    /// skipped, so it stops no listing.
+    fn load_listed(&self, id: &str) -> Result<Option<Waitpoint>> {
+        if !crate::ingress::is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        self.read_record(&self.home.waitpoint_file(id))
+    }
+
+    /// Reads one record of a collection, setting it aside if it does not parse
+    /// ([`store::read_json_or_set_aside`]).
+    pub(crate) fn read_record<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<Option<T>> {
+        store::read_json_or_set_aside(&self.home.quarantine_dir(), self.home.root(), path)
+    }
+
     /// Reads a waitpoint that `session` may see (or any, with `None`).
     pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
         match self.load(id)? {
@@ -948,7 +966,7 @@ impl Engine {
             if !crate::ingress::is_waitpoint_id(&name) {
                 continue;
             }
-            if let Some(wp) = read_json::<Waitpoint>(&path.join("waitpoint.json"))? {
+            if let Some(wp) = self.read_record::<Waitpoint>(&path.join("waitpoint.json"))? {
                 out.push(wp);
             }
         }

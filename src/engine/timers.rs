@@ -149,7 +149,7 @@ impl Engine {
                 continue;
             };
             if is_timer_id(id)
-                && let Some(t) = read_json::<Timer>(&path)?
+                && let Some(t) = self.read_record::<Timer>(&path)?
             {
                 out.push(t);
             }

@@ -3,6 +3,8 @@
 use std::fs;
 use std::sync::Arc;
 
+use serde_json::Value;
+
 use waitpoint::clock::SystemClock;
 use waitpoint::engine::{Engine, Verdict};
 use waitpoint::home::Home;
@@ -275,5 +277,101 @@ fn stale_temps_under_waitpoints_are_swept_at_a_start_after_a_death_not_after_a_c
     assert!(
         !temp.exists(),
         "the start after a death removes what it left"
+    );
+}
+
+#[test]
+fn one_record_that_does_not_parse_is_set_aside_and_stops_nothing_else() {
+    let env = Env::new();
+    let bad = env.create(&["--label", "bad", "--intent", "i"]);
+    let good = env.create(&[
+        "--label",
+        "good",
+        "--intent",
+        "i",
+        "--expires-in-hours",
+        "0.001",
+    ]);
+    let (bad_id, _) = id_secret(&bad);
+    let (good_id, _) = id_secret(&good);
+    env.write(
+        &format!("waitpoints/{bad_id}/waitpoint.json"),
+        b"{\"id\": \"wp_",
+    );
+    env.write("timers/tm_0123456789ab.json", b"not json at all");
+    env.write(
+        "sessions/default/wakes/new/wk_0123456789ab_0001.json",
+        b"[1, 2",
+    );
+    env.ok(
+        "timer",
+        &env.waitpoint(&[
+            "timer",
+            "create",
+            "--after-ms",
+            "300",
+            "--summary",
+            "still fires",
+        ]),
+    );
+    // Listing goes on without the bad waitpoint, and sets it aside.
+    let check: Value =
+        serde_json::from_str(&env.ok("check", &env.waitpoint(&["check", "--json"]))).unwrap();
+    let ids: Vec<&str> = check["waiting"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [good_id.as_str()], "{check}");
+    let list = env.ok("timer list", &env.waitpoint(&["timer", "list", "--json"]));
+    assert_eq!(
+        serde_json::from_str::<Value>(&list)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let quarantine = env.home.join("quarantine");
+    let reason =
+        fs::read_to_string(quarantine.join(format!("waitpoints%{bad_id}%waitpoint.json.reason")))
+            .unwrap_or_else(|e| panic!("{e}\n{}", env.tree()));
+    assert!(reason.contains("does not parse"), "{reason}");
+    assert!(
+        quarantine.join("timers%tm_0123456789ab.json").exists(),
+        "{}",
+        env.tree()
+    );
+    // The daemon's start-up scan goes on: the good deadline and the timer fire.
+    let _d = env.daemon();
+    env.expect_code(
+        "the good deadline",
+        &env.waitpoint(&["wait", &good_id, "--timeout", "120"]),
+        5,
+    );
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let next = env.waitpoint(&["next", "--timeout", "120", "--json"]);
+        let wake: Value = serde_json::from_str(&env.ok("next", &next)).unwrap();
+        kinds.push(wake["kind"].as_str().unwrap().to_owned());
+    }
+    kinds.sort();
+    assert_eq!(kinds, ["deadline", "timer"]);
+    assert!(
+        quarantine
+            .join("sessions%default%wakes%new%wk_0123456789ab_0001.json")
+            .exists(),
+        "{}",
+        env.tree()
+    );
+    let doctor = String::from_utf8_lossy(&env.waitpoint(&["doctor"]).stdout).into_owned();
+    let line = doctor
+        .lines()
+        .find(|l| l.contains("records"))
+        .unwrap_or_else(|| panic!("{doctor}"));
+    assert!(
+        line.starts_with("WARN") && line.contains("3 record(s)"),
+        "{doctor}"
     );
 }
