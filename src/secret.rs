@@ -38,6 +38,128 @@ pub fn fingerprint(secret: &str) -> String {
     hash(secret)[..12].to_owned()
 }
 
+/// How many hex characters in a row look like a secret (every secret, and every callback
+/// token's secret part, is 64 of them).
+pub const SECRET_HEX_RUN: usize = 64;
+
+/// The text a run of secret-like hex is replaced with.
+pub const REDACTED: &[u8] = b"[redacted]";
+
+/// Removes every run of [`SECRET_HEX_RUN`] or more hex characters from a byte stream, counting a
+/// JSON `\u00XX` escape of a hex character as that character, so no secret survives in any
+/// spelling. Streams: memory stays bounded however long the input or a run is.
+#[derive(Debug, Default)]
+pub struct HexRedactor {
+    /// The current run's raw bytes, while it is still short of a secret's length.
+    run: Vec<u8>,
+    tokens: usize,
+    /// The current run reached a secret's length: its marker is out, the rest is dropped.
+    redacting: bool,
+    /// A `\u00XX` escape being read.
+    escape: Vec<u8>,
+    /// Whether anything was redacted.
+    pub redacted: bool,
+}
+
+impl HexRedactor {
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<u8>) {
+        for &b in bytes {
+            if !self.escape.is_empty() {
+                self.escape.push(b);
+                let e = &self.escape;
+                let so_far_ok = match e.len() {
+                    2 => b == b'u',
+                    3 | 4 => b == b'0',
+                    5 | 6 => b.is_ascii_hexdigit(),
+                    _ => false,
+                };
+                if !so_far_ok {
+                    let broken = std::mem::take(&mut self.escape);
+                    self.end_run(out);
+                    out.extend_from_slice(&broken);
+                } else if e.len() == 6 {
+                    let code =
+                        u8::from_str_radix(std::str::from_utf8(&e[4..6]).unwrap_or("zz"), 16);
+                    let escaped = std::mem::take(&mut self.escape);
+                    match code {
+                        Ok(c) if c.is_ascii_hexdigit() => self.token(&escaped, out),
+                        _ => {
+                            self.end_run(out);
+                            out.extend_from_slice(&escaped);
+                        }
+                    }
+                }
+                continue;
+            }
+            if b == b'\\' {
+                self.escape.push(b);
+            } else if b.is_ascii_hexdigit() {
+                self.token(&[b], out);
+            } else {
+                self.end_run(out);
+                out.push(b);
+            }
+        }
+    }
+
+    /// Ends the input: a run still short of a secret's length is passed on.
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.end_run(out);
+        out.append(&mut self.escape);
+    }
+
+    fn token(&mut self, raw: &[u8], out: &mut Vec<u8>) {
+        if self.redacting {
+            return;
+        }
+        self.run.extend_from_slice(raw);
+        self.tokens += 1;
+        if self.tokens >= SECRET_HEX_RUN {
+            out.extend_from_slice(REDACTED);
+            self.run.clear();
+            self.redacting = true;
+            self.redacted = true;
+        }
+    }
+
+    fn end_run(&mut self, out: &mut Vec<u8>) {
+        if !self.redacting {
+            out.append(&mut self.run);
+        }
+        self.run.clear();
+        self.tokens = 0;
+        self.redacting = false;
+    }
+}
+
+/// [`HexRedactor`] over a whole buffer: the redacted bytes, and whether anything was redacted.
+pub fn redact_hex_runs(bytes: &[u8]) -> (Vec<u8>, bool) {
+    let mut r = HexRedactor::default();
+    let mut out = Vec::with_capacity(bytes.len());
+    r.feed(bytes, &mut out);
+    r.finish(&mut out);
+    (out, r.redacted)
+}
+
+/// A value from a request as it may be shown back in a refusal (reason, log, HTTP body): at
+/// most 40 characters, and not at all when it holds a run of hex long enough to be a pasted
+/// secret (16 or more in a row: even a cut-down one gives part of it away).
+pub fn echo(value: &str) -> String {
+    let mut run = 0;
+    for c in value.chars() {
+        run = if c.is_ascii_hexdigit() { run + 1 } else { 0 };
+        if run >= 16 {
+            return "(a value that looks like a secret; not shown)".to_owned();
+        }
+    }
+    if value.chars().count() <= 40 {
+        value.to_owned()
+    } else {
+        let head: String = value.chars().take(40).collect();
+        format!("{head}…")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +172,50 @@ mod tests {
         assert!(verify(&s, &h));
         assert!(!verify(&generate(), &h));
         assert!(!verify(&s, "not hex"));
+    }
+}
+
+#[cfg(test)]
+mod redaction_tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_is_redacted_in_every_spelling_and_short_hex_is_left() {
+        let s = generate();
+        let escaped: String = s.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+        let mixed = format!("{}{}", &s[..10], &escaped[60..]);
+        for text in [
+            format!(r#"{{"secret":"{s}"}}"#),
+            format!(r#"{{"\u0073ecret":"{escaped}"}}"#),
+            format!(r#"["{s}", "{s}"]"#),
+            format!("plain {mixed} text"),
+        ] {
+            let (out, changed) = redact_hex_runs(text.as_bytes());
+            let out = String::from_utf8(out).unwrap();
+            assert!(changed, "{text}");
+            assert!(!out.contains(&s) && !out.contains(&escaped), "{out}");
+            assert!(out.contains("[redacted]"), "{out}");
+        }
+        let git = "commit 0123456789abcdef0123456789abcdef01234567 and wp_0123456789ab";
+        assert_eq!(
+            redact_hex_runs(git.as_bytes()),
+            (git.as_bytes().to_vec(), false)
+        );
+        // Streamed in pieces that cut runs and escapes, the same.
+        let text = format!(r#"{{"secret":"{escaped}","x":"{s}"}}"#);
+        let mut r = HexRedactor::default();
+        let mut out = Vec::new();
+        for piece in text.as_bytes().chunks(5) {
+            r.feed(piece, &mut out);
+        }
+        r.finish(&mut out);
+        assert_eq!(out, redact_hex_runs(text.as_bytes()).0);
+    }
+
+    #[test]
+    fn echo_hides_a_pasted_secret_and_caps_the_rest() {
+        assert_eq!(echo("wp_0123456789ab"), "wp_0123456789ab");
+        assert!(echo(&generate()).contains("not shown"));
+        assert_eq!(echo(&"x".repeat(50)).chars().count(), 41);
     }
 }

@@ -86,6 +86,28 @@ pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
     result
 }
 
+/// Like [`commit`], with the content written by `fill` (for content too large to hold).
+pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>) -> Result<()> {
+    let temp = temp_path_for(target);
+    let result = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(&temp)
+        .map_err(|e| Error::io("cannot create", &temp, e))
+        .and_then(|mut file| {
+            fill(&mut file).map_err(|e| Error::io("cannot write", &temp, e))?;
+            file.sync_all()
+                .map_err(|e| Error::io("cannot fsync", &temp, e))
+        })
+        .and_then(|()| rename_into_place(&temp, target))
+        .and_then(|()| fsync_dir(parent_of(target)));
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = OpenOptions::new()
         .write(true)

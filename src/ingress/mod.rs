@@ -223,7 +223,7 @@ pub fn parse_signal(bytes: &[u8]) -> Result<SignalRequest, String> {
     if !is_waitpoint_id(&wire.id) {
         return Err(format!(
             "`id` must be wp_ followed by 12 hex digits, not {:?}",
-            truncate(&wire.id, 40)
+            crate::secret::echo(&wire.id)
         ));
     }
     if wire.secret.is_empty() {
@@ -234,13 +234,13 @@ pub fn parse_signal(bytes: &[u8]) -> Result<SignalRequest, String> {
         Some(Value::String(s)) => SignalStatus::parse(s).ok_or_else(|| {
             format!(
                 "`status` must be ok, fail or progress, not {:?}",
-                truncate(s, 40)
+                crate::secret::echo(s)
             )
         })?,
         Some(other) => {
             return Err(format!(
                 "`status` must be ok, fail or progress, not {}",
-                truncate(&other.to_string(), 40)
+                crate::secret::echo(&other.to_string())
             ));
         }
     };
@@ -282,15 +282,6 @@ pub fn data_chars(v: &Value) -> usize {
     match v {
         Value::String(s) => s.chars().count(),
         other => other.to_string().chars().count(),
-    }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.chars().count() <= max {
-        s.to_owned()
-    } else {
-        let head: String = s.chars().take(max).collect();
-        format!("{head}…")
     }
 }
 

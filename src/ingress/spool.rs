@@ -7,7 +7,7 @@
 //! is deleted unparsed. A file leaves the spool only after its effect is durable.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -302,8 +302,20 @@ impl Spool {
         let (target, reason_file) = self.free_bad_names(&stem);
         let redacted = bytes.and_then(redact_secret);
         let note = match &redacted {
-            Some((_, fp)) => format!(
+            Some((_, Some(fp))) => format!(
                 "{now} refused {name:?}: {reason}\n(secret redacted in this copy; sha256 starts {fp})\n"
+            ),
+            Some((_, None)) => {
+                format!(
+                    "{now} refused {name:?}: {reason}\n(secret-like text redacted in this copy)\n"
+                )
+            }
+            None if bytes.is_none() && hard_linked(&self.dir.join(name)) => format!(
+                "{now} refused {name:?}: {reason}\n(the link was removed from the spool; the file \
+it names elsewhere is untouched, and no copy of it is kept here)\n"
+            ),
+            None if bytes.is_none() => format!(
+                "{now} refused {name:?}: {reason}\n(any secret-like text is redacted in this copy)\n"
             ),
             None => format!("{now} refused {name:?}: {reason}\n"),
         };
@@ -312,6 +324,17 @@ impl Spool {
         match redacted {
             Some((copy, _)) => {
                 store::commit(&target, &copy)?;
+                store::remove_durably(&source)?;
+            }
+            // A second name of a file that lives elsewhere: parking the link would keep that
+            // file's content (maybe a secret) under the home, so only our name for it goes.
+            None if bytes.is_none() && hard_linked(&source) => {
+                store::remove_durably(&source)?;
+            }
+            // Refused unread for its size: copied with every secret-like run removed, so no
+            // plaintext rests in bad/ however large the file.
+            None if bytes.is_none() && is_lone_regular_file(&source) => {
+                copy_redacted(&source, &target)?;
                 store::remove_durably(&source)?;
             }
             None => store::rename_durably(&source, &target)?,
@@ -487,22 +510,83 @@ pub fn safe_stem(name: &str) -> String {
 /// A body that parses as a JSON object is rewritten as JSON; one that does not (broken JSON,
 /// too deep, a stray byte) still has every `"secret": "…"` value blanked out in its text, so no
 /// parked copy keeps a plaintext secret.
-fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, String)> {
-    let Ok(mut value) = serde_json::from_slice::<Value>(bytes) else {
-        return redact_secret_text(bytes);
+fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, Option<String>)> {
+    let by_key = match serde_json::from_slice::<Value>(bytes) {
+        // Parsed, escapes are decoded and a key given twice is kept once: the copy is written
+        // from the value, so an earlier duplicate is gone with it.
+        Ok(mut value) => {
+            let fp = value.as_object_mut().and_then(|obj| {
+                // A signal's secret, or a callback trigger's token: both are capabilities,
+                // whatever type the sender gave them.
+                let key = ["secret", "callback"]
+                    .into_iter()
+                    .find(|k| obj.contains_key(*k))?;
+                let old = obj.get(key)?;
+                let fp = secret::fingerprint(old.as_str().unwrap_or(&old.to_string()));
+                obj.insert(
+                    key.into(),
+                    Value::String(format!("[redacted; sha256 starts {fp}]")),
+                );
+                Some(fp)
+            });
+            Some((store::to_pretty_json(&value), fp))
+        }
+        Err(_) => redact_secret_text(bytes).map(|(b, fp)| (b, Some(fp))),
     };
-    let obj = value.as_object_mut()?;
-    // A signal's secret, or a callback trigger's token: both are capabilities.
-    let key = ["secret", "callback"]
-        .into_iter()
-        .find(|k| obj.get(*k).is_some_and(Value::is_string))?;
-    let secret = obj.get(key)?.as_str()?.to_owned();
-    let fp = secret::fingerprint(&secret);
-    obj.insert(
-        key.into(),
-        Value::String(format!("[redacted; sha256 starts {fp}]")),
-    );
-    Some((store::to_pretty_json(&value), fp))
+    // Then any run of hex long enough to be a secret, anywhere (in an array, a message, an
+    // escaped spelling): the parked copy holds no plaintext secret of any waitpoint.
+    let (text, fp) = by_key.unwrap_or_else(|| (bytes.to_vec(), None));
+    let (text, ran) = secret::redact_hex_runs(&text);
+    match fp {
+        Some(fp) => Some((text, Some(fp))),
+        None if ran || text != bytes => Some((text, None)),
+        None => None,
+    }
+}
+
+/// Whether `path` is a regular file with more than one name (not a symlink).
+fn hard_linked(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.nlink() > 1)
+}
+
+/// Whether `path` is a regular file with one link (not a symlink), which may be read to be
+/// copied: a hard-linked file also lives outside the spool and is never read.
+fn is_lone_regular_file(path: &Path) -> bool {
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.nlink() == 1)
+}
+
+/// Copies a file too large to read at once into `target`, every secret-like run of hex
+/// removed, reading it through a handle opened without following links or blocking.
+fn copy_redacted(source: &Path, target: &Path) -> Result<()> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_flags())
+        .open(source)
+        .map_err(|e| Error::io("cannot read", source, e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("cannot read", source, e))?;
+    if !meta.is_file() || meta.nlink() != 1 {
+        return store::rename_durably(source, target);
+    }
+    store::commit_from(target, |out| {
+        let mut redactor = secret::HexRedactor::default();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let mut clean = Vec::with_capacity(chunk.len() + 16);
+        loop {
+            let n = match file.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            redactor.feed(&chunk[..n], &mut clean);
+            out.write_all(&clean)?;
+            clean.clear();
+        }
+        redactor.finish(&mut clean);
+        out.write_all(&clean)
+    })
 }
 
 /// The textual fallback of [`redact_secret`]: replaces the string after each `"secret"` key.
@@ -560,6 +644,7 @@ mod tests {
         let body =
             b"\xef\xbb\xbf{\"id\":\"wp_0123456789ab\", \"secret\" : \"s3cr\\\"et\",\"x\":[[[";
         let (copy, fp) = redact_secret(body).unwrap();
+        let fp = fp.expect("found by its key");
         let copy = String::from_utf8_lossy(&copy);
         assert!(!copy.contains("s3cr"), "{copy}");
         assert!(
@@ -570,6 +655,26 @@ mod tests {
         assert_eq!(redact_secret(b"no secret here"), None);
         // A key with no value after it, at the very end, is left as it is.
         assert_eq!(redact_secret(b"{\"secret\""), None);
+    }
+
+    #[test]
+    fn a_secret_in_any_place_or_spelling_leaves_no_plaintext_in_the_copy() {
+        let s = secret::generate();
+        let escaped: String = s.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+        for body in [
+            format!(r#"{{"id":"wp_0123456789ab","\u0073ecret":"{s}"}}"#),
+            format!(r#"{{"id":"wp_0123456789ab","secret":"{s}","secret":"other"}}"#),
+            format!(r#"{{"id":"wp_0123456789ab","secret":["{s}"]}}"#),
+            format!(r#"{{"id":"wp_0123456789ab","data":{{"nested":["{escaped}"]}}"#),
+            format!(r#"not json {escaped} at all"#),
+        ] {
+            let (copy, _) = redact_secret(body.as_bytes()).unwrap_or_else(|| panic!("{body}"));
+            let copy = String::from_utf8_lossy(&copy);
+            assert!(
+                !copy.contains(&s) && !copy.contains(&escaped),
+                "{body}\n{copy}"
+            );
+        }
     }
 
     #[test]
