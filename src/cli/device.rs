@@ -271,7 +271,7 @@ fn test(
     let d = device::require(engine.home(), &a.name)?;
     let conn = device::connect(&d, opts)?;
     let started = Instant::now();
-    let entries = conn.list(&d, &device::claim_tag())?;
+    let entries = conn.list(&d, &device::claim_tag(engine.home(), &d.name))?;
     let list_ms = started.elapsed().as_millis() as u64;
     let claimed = entries
         .iter()

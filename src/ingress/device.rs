@@ -5,8 +5,9 @@
 //!
 //! Claim protocol, per remote file `<f>.json` (never `*.tmp`, never dot-files):
 //!
-//! 1. SFTP-rename it to `.<f>.json.claimed-<tag>` (`<tag>`: this machine's host name), so no
-//!    other collector and no second pass takes it;
+//! 1. SFTP-rename it to `.<f>.json.claimed-<tag>` (`<tag>`: this machine's host name and a
+//!    digest of the home and the device record, [`claim_tag`]), so no other collector, no other
+//!    device record of the same spool and no second pass takes it;
 //! 2. read it (at most the 64 KB cap plus one byte) and `store::commit` it into the mirror;
 //! 3. only then remove the claimed file remotely.
 //!
@@ -255,8 +256,16 @@ fn remote_dir(spool: &str) -> PathBuf {
     }
 }
 
-/// This machine's name, made safe for a file name; it tells collectors' claims apart.
-pub fn claim_tag() -> String {
+/// The tag of this home's collector for `device`: this machine's name and a digest of the
+/// home and the device, so that two device records naming the same host and spool (in one home
+/// or in two) never finish each other's claims.
+pub fn claim_tag(home: &Home, device: &str) -> String {
+    let owner = format!("{}\0{device}", home.root().display());
+    format!("{}-{}", host_tag(), &crate::secret::hash(&owner)[..12])
+}
+
+/// This machine's name, made safe for a file name.
+fn host_tag() -> String {
     let mut buf = [0u8; 256];
     // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
@@ -662,11 +671,12 @@ pub struct Round {
 impl Collector {
     pub fn new(device: Device, home: Home, opts: SshOptions) -> Self {
         let watchdog = Watchdog::new(&device.name);
+        let tag = claim_tag(&home, &device.name);
         Collector {
             device,
             home,
             opts,
-            tag: claim_tag(),
+            tag,
             conn: None,
             watchdog,
         }

@@ -395,7 +395,7 @@ fn a_claimed_file_left_by_a_crash_is_collected_on_the_next_round() {
     let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
     let (id, secret) = id_secret(&reply);
     // What a collector that died between claiming and copying leaves on the device.
-    let tag = waitpoint::ingress::device::claim_tag();
+    let tag = waitpoint::ingress::device::claim_tag(&waitpoint::home::Home::new(&env.home), "gpu");
     let claimed = format!(".7-crash.json.claimed-{tag}");
     fs::write(sshd.spool.join(&claimed), body(&id, &secret, "")).unwrap();
     // Another collector's claim is not ours to take.
@@ -559,4 +559,44 @@ fn device_add_validates_and_list_show_remove_round_trip() {
     );
     let list = env.ok("list", &env.waitpoint(&["device", "list"]));
     assert!(list.contains("no devices"), "{list}");
+}
+
+#[test]
+fn two_device_records_of_one_spool_never_finish_each_others_claims() {
+    let Some(sshd) = Sshd::start() else { return };
+    let env = Env::new();
+    add_device(&env, &sshd, "gpu-a", &["--sweep-ms", "0"]);
+    add_device(&env, &sshd, "gpu-b", &["--sweep-ms", "0"]);
+    let reply = env.create(&[
+        "--label",
+        "t",
+        "--intent",
+        "i",
+        "--device",
+        "gpu-a",
+        "--max-signals",
+        "10",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    // A claim gpu-a's collector made and did not finish.
+    let home = waitpoint::home::Home::new(&env.home);
+    let tag_a = waitpoint::ingress::device::claim_tag(&home, "gpu-a");
+    let tag_b = waitpoint::ingress::device::claim_tag(&home, "gpu-b");
+    assert_ne!(tag_a, tag_b);
+    let claimed = format!(".7-a.json.claimed-{tag_a}");
+    fs::write(
+        sshd.spool.join(&claimed),
+        body(&id, &secret, r#","status":"progress""#),
+    )
+    .unwrap();
+    env.ok("poll b", &env.waitpoint(&["device", "poll", "gpu-b"]));
+    assert_eq!(
+        sshd.remote_names(),
+        [claimed.as_str()],
+        "gpu-b took gpu-a's claim"
+    );
+    assert_eq!(env.state(&id)["counters"]["signals"], 0);
+    env.ok("poll a", &env.waitpoint(&["device", "poll", "gpu-a"]));
+    assert!(sshd.remote_names().is_empty(), "{:?}", sshd.remote_names());
+    assert_eq!(sources(&env, &id), ["device:gpu-a:7-a.json"]);
 }
