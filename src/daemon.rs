@@ -124,6 +124,10 @@ pub struct Daemon {
     tx: Sender<Event>,
     due: DueQueue,
     deferred: Vec<(Instant, String)>,
+    /// Refused drop-zone files waiting to be parked, a few each turn of the loop (see
+    /// [`Daemon::park_some`]), and their names, which sweeps leave alone meanwhile.
+    to_park: std::collections::VecDeque<crate::ingress::spool::QueuedPark>,
+    parking: HashSet<String>,
     hooks: Option<HookRunner>,
     next_gc: Timestamp,
     /// When to walk the engine's directories for stale temp files (see `gc_engine_temps`).
@@ -220,6 +224,8 @@ const STALE_TEMP_MS: i64 = DAY_MS as i64;
 const TEMP_WALK_EVERY_MS: i64 = DAY_MS as i64;
 /// The longest the loop sleeps without looking at the clock, so a clock step is noticed.
 const MAX_IDLE: Duration = Duration::from_secs(60);
+/// Refused files parked per turn of the loop (see [`Daemon::park_some`]).
+const PARK_PER_TURN: usize = 32;
 
 impl Daemon {
     /// Takes the home's daemon lock (a second daemon gets [`Error::Locked`]).
@@ -233,7 +239,7 @@ impl Daemon {
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
-        let spool = Spool::new(config.home.drop_zone());
+        let spool = Spool::new(config.home.drop_zone()).with_queued_parking();
         let hooks = config
             .settings
             .on_wake
@@ -269,6 +275,8 @@ impl Daemon {
                 tx,
                 due: DueQueue::default(),
                 deferred: Vec::new(),
+                to_park: Default::default(),
+                parking: HashSet::new(),
                 hooks,
                 next_gc,
                 next_temp_walk,
@@ -349,6 +357,9 @@ impl Daemon {
                 break;
             }
             let timeout = self.time_to_next(next_sweep);
+            // Set when no event was waiting: only then are refusals parked, so events (new
+            // signals above all) always go first.
+            let mut idle = false;
             match self.rx.recv_timeout(timeout) {
                 Ok(Event::Shutdown) => break,
                 Ok(Event::Reload(settings)) => {
@@ -357,7 +368,7 @@ impl Daemon {
                     next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
                 }
                 Ok(event) => self.handle(event),
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Timeout) => idle = true,
                 Err(RecvTimeoutError::Disconnected) => break,
             }
             if let Some(at) = next_sweep
@@ -372,6 +383,9 @@ impl Daemon {
             }
             self.retry_deferred();
             self.run_due();
+            if idle {
+                self.park_some();
+            }
             if self.engine.now() >= self.next_gc {
                 self.gc_read_wakes();
             }
@@ -529,6 +543,10 @@ impl Daemon {
     }
 
     fn time_to_next(&self, next_sweep: Option<Instant>) -> Duration {
+        if !self.to_park.is_empty() {
+            // Refusals are waiting to be parked: look for events, then park some more.
+            return Duration::ZERO;
+        }
         let now = Instant::now();
         let mut wait = MAX_IDLE;
         if let Some(at) = next_sweep {
@@ -612,8 +630,7 @@ impl Daemon {
     }
 
     fn collect(&mut self, name: &str) {
-        let outcome = self.spool.collect(&self.engine, name);
-        self.after_collect(name, outcome);
+        self.collect_batch(&[name.to_owned()]);
     }
 
     /// Collects the hinted file together with every other file already hinted (up to a
@@ -686,8 +703,33 @@ impl Daemon {
 
     /// Collects `names` (at most a batch) as one group commit.
     fn collect_batch(&mut self, names: &[String]) {
-        for (name, outcome) in self.spool.collect_batch(&self.engine, names) {
+        let names: Vec<String> = names
+            .iter()
+            .filter(|n| !self.parking.contains(*n))
+            .cloned()
+            .collect();
+        for (name, outcome) in self.spool.collect_batch(&self.engine, &names) {
             self.after_collect(&name, outcome);
+        }
+        for q in self.spool.take_queued() {
+            if self.parking.insert(q.name.clone()) {
+                self.to_park.push_back(q);
+            }
+        }
+    }
+
+    /// Parks a few queued refusals: each costs several fsyncs, and done on the spot a flood of
+    /// them made accepted signals wait behind it. The loop calls this only when no event is
+    /// waiting, a few at a time, so a signal that arrives meanwhile goes ahead of the flood.
+    fn park_some(&mut self) {
+        for _ in 0..PARK_PER_TURN {
+            let Some(q) = self.to_park.pop_front() else {
+                return;
+            };
+            if let Err(e) = self.spool.park_queued(&q) {
+                tracing::error!(file = ?q.name, "cannot park refused signal file (kept for the next sweep): {e}");
+            }
+            self.parking.remove(&q.name);
         }
     }
 
@@ -742,8 +784,31 @@ impl Daemon {
             }
             self.collect_batch(chunk);
             done += chunk.len();
+            // A long sweep (a backlog, a flood of junk) lets what arrived meanwhile go first.
+            self.serve_waiting_events();
         }
         done
+    }
+
+    /// Handles the signals that arrived while a sweep was going (hinted files, HTTP requests),
+    /// at most a batch of events; anything that would start a sweep of its own, or stop or
+    /// reconfigure the loop, goes back on the channel for the loop.
+    fn serve_waiting_events(&mut self) {
+        let mut later = Vec::new();
+        for _ in 0..engine::MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(e @ (Event::SpoolFile(_) | Event::HttpSignal(_))) => self.handle(e),
+                Ok(Event::Shutdown) => {
+                    later.push(Event::Shutdown);
+                    break;
+                }
+                Ok(other) => later.push(other),
+                Err(_) => break,
+            }
+        }
+        for event in later {
+            let _ = self.tx.send(event);
+        }
     }
 
     fn on_device(&mut self, event: DeviceEvent) {

@@ -46,6 +46,21 @@ pub struct Spool {
     pub bad: PathBuf,
     /// For a device's local mirror: the device, which makes identities `device:<name>:<file>`.
     pub device: Option<String>,
+    /// When set (the daemon's drop zone), a refused file is not parked on the spot: it is
+    /// queued here and parked later by [`Spool::park_queued`], a few at a time, so a flood of
+    /// refusals costs accepted signals nothing. The file stays in the spool meanwhile, so a
+    /// crash loses no refusal.
+    queued: Option<std::cell::RefCell<Vec<QueuedPark>>>,
+}
+
+/// A refusal waiting to be parked.
+#[derive(Debug, Clone)]
+pub struct QueuedPark {
+    pub name: String,
+    reason: String,
+    bytes: Option<Vec<u8>>,
+    waitpoint: Option<String>,
+    at: Timestamp,
 }
 
 impl Spool {
@@ -55,7 +70,36 @@ impl Spool {
             dir,
             bad,
             device: None,
+            queued: None,
         }
+    }
+
+    /// This spool, with refusals queued for [`Spool::park_queued`] instead of parked at once.
+    pub fn with_queued_parking(mut self) -> Self {
+        self.queued = Some(std::cell::RefCell::new(Vec::new()));
+        self
+    }
+
+    /// Takes the refusals queued since the last call.
+    pub fn take_queued(&self) -> Vec<QueuedPark> {
+        self.queued
+            .as_ref()
+            .map(|q| std::mem::take(&mut *q.borrow_mut()))
+            .unwrap_or_default()
+    }
+
+    /// Parks a queued refusal now (its file still in the spool; one gone meanwhile is fine).
+    pub fn park_queued(&self, q: &QueuedPark) -> Result<()> {
+        if fs::symlink_metadata(self.dir.join(&q.name)).is_err() {
+            return Ok(());
+        }
+        self.park_now(
+            &q.name,
+            &q.reason,
+            q.bytes.as_deref(),
+            q.waitpoint.as_deref(),
+            q.at,
+        )
     }
 
     /// The local mirror of a device's spool. Only the collector writes there, always through
@@ -290,6 +334,27 @@ impl Spool {
     /// secrets' hashes may rest under the home. `waitpoint` is the id the file claimed, when it
     /// parsed far enough to have one, so the log line names it.
     fn park(
+        &self,
+        name: &str,
+        reason: &str,
+        bytes: Option<&[u8]>,
+        waitpoint: Option<&str>,
+        now: Timestamp,
+    ) -> Result<()> {
+        if let Some(queue) = &self.queued {
+            queue.borrow_mut().push(QueuedPark {
+                name: name.to_owned(),
+                reason: reason.to_owned(),
+                bytes: bytes.map(<[u8]>::to_vec),
+                waitpoint: waitpoint.map(str::to_owned),
+                at: now,
+            });
+            return Ok(());
+        }
+        self.park_now(name, reason, bytes, waitpoint, now)
+    }
+
+    fn park_now(
         &self,
         name: &str,
         reason: &str,

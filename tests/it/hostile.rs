@@ -532,3 +532,53 @@ fn hostile_http_requests_get_their_status_and_a_flood_spends_the_miss_budget() {
     env.drop_file("meanwhile", &body(&id, &secret, r#","member":"arm2""#));
     env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
 }
+
+#[test]
+fn a_flood_of_refused_files_does_not_hold_back_an_accepted_signal() {
+    // The sweep is out of the way: every file is found through its inotify hint.
+    let env = Env::with_settings(r#"{"waitpointSweepMs": 600000}"#);
+    let _d = env.daemon();
+    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let (id, _) = id_secret(&reply);
+    const FLOOD: usize = 2_000;
+    let dz = env.drop_zone();
+    for i in 0..FLOOD {
+        let p = dz.join(format!("junk-{i:05}.json"));
+        fs::write(&p, br#"{"id": "wp_"#).unwrap();
+        // Old enough to be refused at once instead of given time to finish being written.
+        let old = std::fs::FileTimes::new()
+            .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1));
+        fs::File::options()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_times(old)
+            .unwrap();
+    }
+    env.ok("job", &env.job_then(true, &line(&reply, "cli"), None));
+    env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
+    env.wait_until_within("the flood to be parked", PATIENCE * 2, || {
+        fs::read_dir(dz.join("bad")).map(|d| d.count()).unwrap_or(0) == 2 * FLOOD
+    });
+    // The daemon's own clocks say the order: the signal was recorded while most of the flood
+    // still waited to be parked behind it.
+    let received =
+        waitpoint::clock::Timestamp::parse(env.state(&id)["resolved_at"].as_str().unwrap())
+            .unwrap();
+    let parked_after = fs::read_dir(dz.join("bad"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "reason"))
+        .filter(|p| {
+            let m = fs::metadata(p).unwrap().modified().unwrap();
+            let ms = m.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+            ms > received
+                .plus_ms(1)
+                .millis_since(waitpoint::clock::Timestamp::from_millis(0))
+        })
+        .count();
+    assert!(
+        parked_after > FLOOD / 2,
+        "only {parked_after} of {FLOOD} refusals were parked after the accepted signal"
+    );
+}
