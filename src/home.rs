@@ -70,6 +70,20 @@ impl Home {
     /// Creates the home and its fixed directories (mode 0700) when missing.
     pub fn ensure(&self) -> Result<()> {
         for dir in self.fixed_dirs() {
+            // Never make a directory through a link that stands where one of ours should be
+            // (parents come first in the list, so a linked parent is met before its children).
+            if dir != self.root
+                && fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink())
+            {
+                return Err(Error::Insecure {
+                    path: dir.clone(),
+                    message: format!(
+                        "is a symbolic link; the home's directories must be real ones; fix: rm {} \
+                         (the daemon makes the directory)",
+                        dir.display()
+                    ),
+                });
+            }
             create_dir_private(&dir)?;
         }
         Ok(())
@@ -81,8 +95,11 @@ impl Home {
     pub fn check_private(&self) -> Result<()> {
         // SAFETY: geteuid(2) cannot fail and touches no memory.
         let euid = unsafe { libc::geteuid() };
-        for dir in self.fixed_dirs() {
-            let meta = match fs::metadata(&dir) {
+        let extra = [self.trash_dir(), self.quarantine_dir()];
+        for dir in self.fixed_dirs().into_iter().chain(extra) {
+            // Not following a link: a directory of the home swapped for a symlink would send
+            // its files, their removals and their renames elsewhere.
+            let meta = match fs::symlink_metadata(&dir) {
                 Ok(m) => m,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(Error::io("cannot inspect", &dir, e)),
@@ -91,6 +108,23 @@ impl Home {
                 path: dir.clone(),
                 message,
             };
+            // The root may be a link the user made (`~/.cortex -> /data/cortex`); what is
+            // under it may not.
+            if meta.file_type().is_symlink() && dir != self.root {
+                return Err(insecure(format!(
+                    "is a symbolic link; the home's directories must be real ones; fix: rm {} \
+                     (the daemon makes the directory)",
+                    dir.display()
+                )));
+            }
+            let meta = if meta.file_type().is_symlink() {
+                fs::metadata(&dir).map_err(|e| Error::io("cannot inspect", &dir, e))?
+            } else {
+                meta
+            };
+            if !meta.is_dir() {
+                return Err(insecure("is not a directory".into()));
+            }
             if meta.uid() != euid {
                 return Err(insecure(format!(
                     "owned by uid {}, not by this user (uid {euid}); fix: chown -R {euid} {}",

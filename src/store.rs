@@ -351,6 +351,159 @@ pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
     each_concurrently(paths, remove)
 }
 
+/// A directory of the home, held open: opened without following a symlink and checked to be
+/// a real directory that this user owns and nobody else can write. Names are then looked up
+/// relative to the handle, never by re-resolving the path, so a directory swapped for a
+/// symlink afterwards does not send a removal or a rename outside the home.
+#[derive(Debug)]
+pub struct Dir {
+    fd: std::os::fd::OwnedFd,
+    path: PathBuf,
+}
+
+impl Dir {
+    /// Opens `path` (made if missing), refusing a symlink, a non-directory, or a directory
+    /// another user owns or others can write ([`Error::Insecure`]).
+    pub fn open_private(path: &Path) -> Result<Dir> {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::ffi::OsStrExt;
+        create_dir_private(path)?;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+            Error::io(
+                "cannot open",
+                path,
+                io::Error::from(io::ErrorKind::InvalidInput),
+            )
+        })?;
+        // SAFETY: a valid NUL-terminated path; the descriptor returned is ours to own.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        let insecure = |message: String| Error::Insecure {
+            path: path.to_owned(),
+            message,
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            let is_link = fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP | libc::ENOTDIR) if is_link => insecure(
+                    "is a symbolic link; the home's directories must be real ones (fix: \
+                     remove the link; the daemon makes the directory)"
+                        .into(),
+                ),
+                Some(libc::ENOTDIR) => insecure("is not a directory".into()),
+                _ => Error::io("cannot open", path, e),
+            });
+        }
+        // SAFETY: fd was just opened and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = Dir {
+            fd,
+            path: path.to_owned(),
+        };
+        let meta = dir
+            .file()
+            .metadata()
+            .map_err(|e| Error::io("cannot inspect", path, e))?;
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid {
+            return Err(insecure(format!(
+                "owned by uid {}, not by this user (uid {euid})",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(insecure(format!(
+                "mode {:04o} lets other users write here; fix: chmod go-w {}",
+                meta.mode() & 0o7777,
+                path.display()
+            )));
+        }
+        Ok(dir)
+    }
+
+    fn file(&self) -> File {
+        use std::os::fd::AsFd;
+        File::from(
+            self.fd
+                .as_fd()
+                .try_clone_to_owned()
+                .expect("a descriptor can be duplicated"),
+        )
+    }
+
+    fn raw(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.fd.as_raw_fd()
+    }
+
+    fn c_name(&self, name: &str) -> Result<std::ffi::CString> {
+        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+            return Err(Error::io(
+                "not a plain name in",
+                self.path.join(name),
+                io::Error::from(io::ErrorKind::InvalidInput),
+            ));
+        }
+        std::ffi::CString::new(name).map_err(|_| {
+            Error::io(
+                "not a plain name in",
+                self.path.join(name),
+                io::Error::from(io::ErrorKind::InvalidInput),
+            )
+        })
+    }
+
+    /// The names in the directory, read through the handle.
+    pub fn names(&self) -> Result<Vec<String>> {
+        let via = PathBuf::from(format!("/proc/self/fd/{}", self.raw()));
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&via).map_err(|e| Error::io("cannot list", &self.path, e))? {
+            let entry = entry.map_err(|e| Error::io("cannot list", &self.path, e))?;
+            if let Ok(name) = entry.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes `name` from this directory (never following anything). Gone already is fine.
+    pub fn unlink(&self, name: &str) -> Result<()> {
+        let c = self.c_name(name)?;
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        if unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::NotFound {
+            Ok(())
+        } else {
+            Err(Error::io("cannot remove", self.path.join(name), e))
+        }
+    }
+
+    /// Moves the file at `from` (a path) into this directory as `name`.
+    pub fn rename_into(&self, from: &Path, name: &str) -> io::Result<()> {
+        use std::os::unix::ffi::OsStrExt;
+        let src = std::ffi::CString::new(from.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let dst = self
+            .c_name(name)
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: valid NUL-terminated paths and a valid directory descriptor.
+        if unsafe { libc::renameat(libc::AT_FDCWD, src.as_ptr(), self.raw(), dst.as_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+}
+
 /// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
 /// thread removes them, moments later.
 ///
@@ -364,7 +517,8 @@ pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
 /// its job's secret, which is why the reaper removes files as they come rather than in rounds.
 #[derive(Debug)]
 pub struct Trash {
-    dir: PathBuf,
+    /// Held open: what arrives and what is removed is named relative to it, never by path.
+    dir: Dir,
     /// Names are a counter from a random start, so two processes (or a leftover) rarely meet;
     /// when they do, the rename replaces garbage, which is harmless.
     next: AtomicU64,
@@ -383,9 +537,8 @@ struct TrashState {
 impl Trash {
     /// The trash in `dir`, made if missing.
     pub fn open(dir: &Path) -> Result<Trash> {
-        create_dir_private(dir)?;
         Ok(Trash {
-            dir: dir.to_owned(),
+            dir: Dir::open_private(dir)?,
             next: AtomicU64::new(rand::rng().next_u64() >> 1),
             state: Mutex::new(TrashState {
                 pending: true,
@@ -395,9 +548,9 @@ impl Trash {
         })
     }
 
-    fn fresh_name(&self) -> PathBuf {
+    fn fresh_name(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        self.dir.join(format!("{n:016x}"))
+        format!("{n:016x}")
     }
 
     fn lock_state(&self) -> MutexGuard<'_, TrashState> {
@@ -438,7 +591,7 @@ impl Trash {
     /// files' contents must be durable elsewhere, as with [`remove_all`]). A file that cannot
     /// be moved here is removed instead; files already gone are not an error.
     pub fn take_all(&self, paths: &[PathBuf]) -> Result<()> {
-        let take = |path: &PathBuf| match fs::rename(path, self.fresh_name()) {
+        let take = |path: &PathBuf| match self.dir.rename_into(path, &self.fresh_name()) {
             Ok(()) => {
                 self.note_arrival();
                 Ok(())
@@ -481,9 +634,11 @@ impl Trash {
 
     /// Removes every file here. Returns how many.
     fn empty(&self) -> Result<usize> {
-        let paths: Vec<PathBuf> = list_dir(&self.dir)?.into_iter().map(|(_, p)| p).collect();
-        remove_all(&paths)?;
-        Ok(paths.len())
+        let names = self.dir.names()?;
+        for name in &names {
+            self.dir.unlink(name)?;
+        }
+        Ok(names.len())
     }
 }
 

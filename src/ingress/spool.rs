@@ -124,6 +124,10 @@ impl Spool {
     /// The names of the files waiting to be collected (`*.json`, never temp files), in name
     /// order, which for the spec's `$(date +%s%N)` names is arrival order.
     pub fn pending(&self) -> Result<Vec<String>> {
+        if fs::symlink_metadata(&self.dir).is_ok() {
+            // Swapped for a symlink (or made writable by others) since the start: touch nothing.
+            store::Dir::open_private(&self.dir)?;
+        }
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -163,6 +167,23 @@ impl Spool {
         engine: &Engine,
         names: &[String],
     ) -> Vec<(String, Result<FileOutcome>)> {
+        // The spool must still be the real directory it was: a symlink swapped in would have
+        // foreign files read, moved and removed. Every file is kept for a later attempt.
+        if fs::symlink_metadata(&self.dir).is_ok()
+            && let Err(e) = store::Dir::open_private(&self.dir)
+        {
+            let message = e.to_string();
+            return names
+                .iter()
+                .map(|n| {
+                    let err = Error::Insecure {
+                        path: self.dir.clone(),
+                        message: message.clone(),
+                    };
+                    (n.clone(), Err(err))
+                })
+                .collect();
+        }
         let mut results: Vec<Option<Result<FileOutcome>>> = Vec::with_capacity(names.len());
         let mut readable = Vec::new();
         for (i, name) in names.iter().enumerate() {
@@ -362,7 +383,8 @@ impl Spool {
         waitpoint: Option<&str>,
         now: Timestamp,
     ) -> Result<()> {
-        store::create_dir_private(&self.bad)?;
+        // A real directory of ours, not a link out of the home.
+        store::Dir::open_private(&self.bad)?;
         let stem = safe_stem(name);
         let (target, reason_file) = self.free_bad_names(&stem);
         let redacted = bytes.and_then(redact_secret);

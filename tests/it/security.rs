@@ -578,3 +578,90 @@ fn printed_lines_keep_the_secret_out_of_argv_and_run_keeps_it_from_the_job() {
     assert!(!job_env.contains(&secret), "the job was handed the secret");
     assert_eq!(env.spooled().len(), 1, "run still signalled");
 }
+
+/// A directory outside the home holding one file, to point links at.
+fn outside_with_a_file(env: &Env) -> (PathBuf, PathBuf) {
+    let outside = env.home.join("../outside");
+    fs::create_dir_all(&outside).unwrap();
+    let file = outside.join("precious.json");
+    fs::write(&file, r#"{"id":"wp_0123456789ab","secret":"s"}"#).unwrap();
+    (outside, file)
+}
+
+#[test]
+fn a_symlink_where_a_home_directory_should_be_is_refused_at_start() {
+    let env = Env::new();
+    let (outside, precious) = outside_with_a_file(&env);
+    for rel in [
+        "tmp/trash",
+        "tmp/signals/bad",
+        "quarantine",
+        "waitpoints",
+        "tmp/signals",
+    ] {
+        let dir = env.home.join(rel);
+        let _ = fs::remove_dir_all(&dir);
+        if let Some(parent) = dir.parent() {
+            fs::create_dir_all(parent).unwrap();
+        }
+        std::os::unix::fs::symlink(&outside, &dir).unwrap();
+        let out = bounded(&env, &["daemon"]);
+        assert_eq!(out.status.code(), Some(1), "{rel}\n{}", env.report(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("is a symbolic link") && stderr.contains(&dir.display().to_string()),
+            "{rel}: {stderr}"
+        );
+        assert!(
+            precious.exists(),
+            "{rel}: a file outside the home was removed"
+        );
+        fs::remove_file(&dir).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+}
+
+#[test]
+fn directories_swapped_for_symlinks_while_running_send_nothing_outside() {
+    let env = Env::new();
+    let (outside, precious) = outside_with_a_file(&env);
+    let _d = env.daemon();
+    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "10"]);
+    let cli = line(&reply, "cli");
+    // The trash, swapped: what the daemon frees goes to (and is removed from) the directory it
+    // opened, never through the link.
+    let trash = env.home.join("tmp/trash");
+    fs::rename(&trash, env.home.join("tmp/trash.was")).unwrap();
+    std::os::unix::fs::symlink(&outside, &trash).unwrap();
+    env.ok(
+        "job",
+        &env.job_then(true, &format!("{cli} --status progress"), None),
+    );
+    env.wait_until("the signal recorded", || {
+        env.state(&id_secret(&reply).0)["counters"]["signals"] == 1
+    });
+    env.wait_until("the trash emptied", || {
+        fs::read_dir(env.home.join("tmp/trash.was"))
+            .unwrap()
+            .count()
+            == 0
+    });
+    assert_eq!(
+        fs::read_dir(&outside).unwrap().count(),
+        1,
+        "something went outside"
+    );
+    // The drop zone, swapped: the sweep refuses it and moves nothing.
+    let dz = env.drop_zone();
+    fs::rename(&dz, env.home.join("tmp/signals.was")).unwrap();
+    std::os::unix::fs::symlink(&outside, &dz).unwrap();
+    env.wait_until("the sweep to refuse the link", || {
+        fs::read_to_string(env.home.join("log/daemon.log"))
+            .unwrap_or_default()
+            .contains("is a symbolic link")
+    });
+    assert!(precious.exists(), "a file outside the home was moved");
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+}
