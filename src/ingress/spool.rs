@@ -93,13 +93,7 @@ impl Spool {
         if fs::symlink_metadata(self.dir.join(&q.name)).is_err() {
             return Ok(());
         }
-        self.park_now(
-            &q.name,
-            &q.reason,
-            q.bytes.as_deref(),
-            q.waitpoint.as_deref(),
-            q.at,
-        )
+        self.park_now(q)
     }
 
     /// The local mirror of a device's spool. Only the collector writes there, always through
@@ -362,27 +356,25 @@ impl Spool {
         waitpoint: Option<&str>,
         now: Timestamp,
     ) -> Result<()> {
-        if let Some(queue) = &self.queued {
-            queue.borrow_mut().push(QueuedPark {
-                name: name.to_owned(),
-                reason: reason.to_owned(),
-                bytes: bytes.map(<[u8]>::to_vec),
-                waitpoint: waitpoint.map(str::to_owned),
-                at: now,
-            });
-            return Ok(());
+        let job = QueuedPark {
+            name: name.to_owned(),
+            reason: reason.to_owned(),
+            bytes: bytes.map(<[u8]>::to_vec),
+            waitpoint: waitpoint.map(str::to_owned),
+            at: now,
+        };
+        match &self.queued {
+            Some(queue) => {
+                queue.borrow_mut().push(job);
+                Ok(())
+            }
+            None => self.park_now(&job),
         }
-        self.park_now(name, reason, bytes, waitpoint, now)
     }
 
-    fn park_now(
-        &self,
-        name: &str,
-        reason: &str,
-        bytes: Option<&[u8]>,
-        waitpoint: Option<&str>,
-        now: Timestamp,
-    ) -> Result<()> {
+    fn park_now(&self, job: &QueuedPark) -> Result<()> {
+        let (name, reason, now) = (job.name.as_str(), job.reason.as_str(), job.at);
+        let (bytes, waitpoint) = (job.bytes.as_deref(), job.waitpoint.as_deref());
         // A real directory of ours, not a link out of the home.
         store::Dir::open_private(&self.bad)?;
         let stem = safe_stem(name);
