@@ -1,7 +1,8 @@
 //! The agent's operations as every front end shows them: the `wait_create` reply, what a session
-//! is waiting on (`wait_check`), and what a front end must be told about the machine to build
-//! them. The CLI (`waitpoint create --json`, `check --json`) and the MCP server (`waitpoint mcp`)
-//! both call these, so an agent gets the same JSON whichever way it asks.
+//! is waiting on (`wait_check`), taking the next wake from a watched inbox ([`Inbox`]), and what
+//! a front end must be told about the machine to build them. The CLI (`waitpoint create --json`,
+//! `check --json`, `next`), the MCP server (`waitpoint mcp`) and the wake adapters all call
+//! these, so an agent gets the same JSON whichever way it asks.
 
 use std::path::Path;
 use std::sync::mpsc;
