@@ -617,6 +617,17 @@ impl Connection {
             if let Some(orig) = unclaimed_name(name, tag) {
                 claimed.push(orig.to_owned());
             } else if is_candidate(name) {
+                // Over the cap, it could only be refused, and copied it would be cut short:
+                // it stays on the device, whole, for its owner to see.
+                if let Some(size) = stat.size.filter(|s| *s > MAX_BODY_BYTES as u64) {
+                    tracing::warn!(
+                        device = %device.name,
+                        file = name,
+                        size,
+                        "a remote signal file over {MAX_BODY_BYTES} bytes is left on the device, untouched"
+                    );
+                    continue;
+                }
                 fresh.push(name.to_owned());
             }
         }
@@ -772,6 +783,18 @@ impl Collector {
                 }
             }
             let bytes = match conn.read_capped(&claimed) {
+                // Grown past the cap since the listing: given back its name, left whole.
+                Ok(Some(b)) if b.len() > MAX_BODY_BYTES => {
+                    tracing::warn!(
+                        device = %device.name,
+                        file = %file,
+                        "a remote signal file grew over {MAX_BODY_BYTES} bytes; left on the device, untouched"
+                    );
+                    if let Err(e) = conn.sftp.rename(&claimed, &dir.join(&file), None) {
+                        tracing::error!(device = %device.name, file = %file, "cannot give the file its name back: {e}");
+                    }
+                    continue;
+                }
                 Ok(Some(b)) => b,
                 Ok(None) => continue,
                 Err(message) => {

@@ -600,3 +600,31 @@ fn two_device_records_of_one_spool_never_finish_each_others_claims() {
     assert!(sshd.remote_names().is_empty(), "{:?}", sshd.remote_names());
     assert_eq!(sources(&env, &id), ["device:gpu-a:7-a.json"]);
 }
+
+#[test]
+fn a_remote_file_over_the_cap_stays_on_the_device_whole() {
+    let Some(sshd) = Sshd::start() else { return };
+    let env = Env::new();
+    add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
+    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let (id, secret) = id_secret(&reply);
+    let big = format!(
+        r#"{{"id":"{id}","secret":"{secret}","data":"{}"}}"#,
+        "x".repeat(1_000_000)
+    );
+    sshd.drop_remote("9-big", &big);
+    sshd.drop_remote("10-ok", &body(&id, &secret, ""));
+    env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
+    // The good one is collected; the big one is left as it was, not cut short, not deleted.
+    assert_eq!(sshd.remote_names(), ["9-big.json"]);
+    assert_eq!(
+        fs::read_to_string(sshd.spool.join("9-big.json")).unwrap(),
+        big
+    );
+    assert_eq!(sources(&env, &id), ["device:gpu:10-ok.json"]);
+    let bad = mirror(&env, "gpu").join("bad");
+    assert!(
+        fs::read_dir(&bad).map(|d| d.count()).unwrap_or(0) == 0,
+        "parked a cut-short copy"
+    );
+}
