@@ -594,6 +594,12 @@ fn is_no_such_file(e: &ssh2::Error) -> bool {
     matches!(e.code(), ErrorCode::SFTP(2))
 }
 
+/// An SFTP status about one file (permission, a name in the way, ...), as opposed to a failure
+/// of the session: the round goes on without that file.
+fn is_about_the_file(e: &ssh2::Error) -> bool {
+    matches!(e.code(), ErrorCode::SFTP(_))
+}
+
 impl Connection {
     /// Lists the remote spool: claimed files of `tag` first, then fresh ones, each in name
     /// order. A spool that does not exist yet is empty.
@@ -779,6 +785,16 @@ impl Collector {
                     Ok(()) => {}
                     // Taken by someone else between the listing and now.
                     Err(e) if is_no_such_file(&e) => continue,
+                    // This file cannot be claimed; the others can, and the device is reachable.
+                    Err(e) if is_about_the_file(&e) => {
+                        tracing::warn!(
+                            device = %device.name,
+                            file = %file,
+                            "cannot claim a remote signal file (left there; the others go on): {}",
+                            e.message()
+                        );
+                        continue;
+                    }
                     Err(e) => return Err(ssh_err("claim (rename)", device)(e)),
                 }
             }

@@ -628,3 +628,36 @@ fn a_remote_file_over_the_cap_stays_on_the_device_whole() {
         "parked a cut-short copy"
     );
 }
+
+#[test]
+fn a_remote_file_that_cannot_be_claimed_does_not_stall_the_device() {
+    let Some(sshd) = Sshd::start() else { return };
+    let env = Env::new();
+    add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
+    let reply = env.create(&[
+        "--label",
+        "t",
+        "--intent",
+        "i",
+        "--device",
+        "gpu",
+        "--max-signals",
+        "5",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    // A directory already holds the name the claim would rename the first file to, so that
+    // one rename fails (as root, permissions would not stop it).
+    let tag = waitpoint::ingress::device::claim_tag(&waitpoint::home::Home::new(&env.home), "gpu");
+    let blocker = sshd.spool.join(format!(".1-stuck.json.claimed-{tag}"));
+    fs::create_dir_all(blocker.join("in-the-way")).unwrap();
+    sshd.drop_remote("1-stuck", &body(&id, &secret, r#","status":"progress""#));
+    sshd.drop_remote("2-fine", &body(&id, &secret, r#","status":"progress""#));
+    env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
+    assert_eq!(sources(&env, &id), ["device:gpu:2-fine.json"]);
+    assert!(sshd.remote_names().contains(&"1-stuck.json".to_owned()));
+    let status: serde_json::Value = serde_json::from_str(
+        &fs::read_to_string(env.home.join("devices/gpu/status.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(status["reachable"], true, "{status}");
+}
