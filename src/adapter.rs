@@ -13,13 +13,11 @@
 //! This module builds the harness's command line and judges its answer; running it is the only
 //! I/O besides the inbox.
 
-use std::io::{Read, Write};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::delivery;
+use crate::delivery::{self, hook, hook::HookRun};
 use crate::error::Result;
 use crate::home::Home;
 use crate::model::Wake;
@@ -132,53 +130,28 @@ fn first_line(s: &str) -> String {
 /// Runs the harness with the wake as the prompt; on success marks the wake read. `Err` is the
 /// reason, for the `onWake` runner's record; the wake stays unread.
 pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result<(), String> {
-    let mut child = Command::new(&r.program)
-        .args(r.args())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| format!("cannot start {:?}: {e}", r.program))?;
-    let mut stdin = child.stdin.take();
-    let text = prompt(wake);
-    let feeder = std::thread::spawn(move || {
-        if let Some(s) = stdin.as_mut() {
-            let _ = s.write_all(text.as_bytes());
-        }
-    });
-    let mut stdout = child.stdout.take();
-    let reader = std::thread::spawn(move || {
-        let mut buf = String::new();
-        if let Some(s) = stdout.as_mut() {
-            let _ = s.take(1 << 20).read_to_string(&mut buf);
-        }
-        buf
-    });
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if started.elapsed() >= timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "{} ran past {} s (killed)",
-                    r.program,
-                    timeout.as_secs()
-                ));
-            }
-            // A child has no readiness fd to block on; this runs on the hook's own process.
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for {}: {e}", r.program)),
-        }
+    let run = HookRun {
+        argv: std::iter::once(r.program.clone()).chain(r.args()).collect(),
+        stdin: prompt(wake).into_bytes(),
+        env: Vec::new(),
+        timeout,
     };
-    let _ = feeder.join();
-    let out = reader.join().unwrap_or_default();
+    let done = hook::run_to_end(&run, true).map_err(|e| format!("{}: {e}", r.program))?;
+    let (status, out) = (
+        done.status,
+        String::from_utf8_lossy(&done.stdout).into_owned(),
+    );
     let exit = status.code().map_or_else(
         || "was killed by a signal".to_owned(),
         |c| format!("exited {c}"),
     );
-    judge(r.harness, status.success(), &exit, &out)?;
+    judge(r.harness, status.success(), &exit, &out).map_err(|why| {
+        let err = String::from_utf8_lossy(&done.stderr);
+        match err.trim().lines().last() {
+            Some(line) => format!("{why} (stderr: {})", first_line(line)),
+            None => why,
+        }
+    })?;
     delivery::mark_read(home, &wake.channel, &wake.wake_id)
         .map_err(|e| format!("resumed, but cannot mark the wake read: {e}"))?;
     Ok(())

@@ -18,18 +18,34 @@ pub struct HookRun {
 /// How much of the hook's stderr is kept as the error of a failed attempt.
 const ERROR_TAIL: usize = 500;
 
-/// Runs the hook to completion or timeout. `Err` carries a one-line reason for the record.
-pub fn run(h: &HookRun) -> Result<(), String> {
+/// What a finished run printed: standard output (when captured) and the tail of standard error.
+#[derive(Debug)]
+pub struct Finished {
+    pub status: std::process::ExitStatus,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// How much of a captured standard output is kept.
+const MAX_STDOUT: u64 = 1 << 20;
+
+/// Runs `h` to its end or its timeout: stdin fed from a thread (a program that does not read it
+/// cannot wedge us), stderr kept (64 KB at most), stdout kept too when `capture_stdout`. A run
+/// past the timeout is killed. `Err` is a one-line reason.
+pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String> {
     let (program, args) = h.argv.split_first().ok_or("onWake is empty")?;
     let mut child = Command::new(program)
         .args(args)
         .envs(h.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(if capture_stdout {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {program:?}: {e}"))?;
-    // Feed stdin from a thread so a hook that does not read it cannot wedge us.
     let mut stdin = child.stdin.take();
     let input = h.stdin.clone();
     let feeder = std::thread::spawn(move || {
@@ -37,14 +53,29 @@ pub fn run(h: &HookRun) -> Result<(), String> {
             let _ = s.write_all(&input);
         }
     });
-    let mut stderr = child.stderr.take();
-    let reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(s) = stderr.as_mut() {
-            let _ = s.take(64 * 1024).read_to_end(&mut buf);
-        }
-        buf
-    });
+    let drain = |pipe: Option<Box<dyn Read + Send>>, cap: u64| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(p) = pipe {
+                let _ = p.take(cap).read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        MAX_STDOUT,
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+        64 * 1024,
+    );
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -59,13 +90,24 @@ pub fn run(h: &HookRun) -> Result<(), String> {
                 ));
             }
             // Child processes have no readiness fd to block on here; a short sleep keeps this
-            // worker thread (never the engine loop) cheap while the hook runs.
+            // worker thread (never the engine loop) cheap while the program runs.
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(format!("cannot wait for the hook: {e}")),
+            Err(e) => return Err(format!("cannot wait for {program:?}: {e}")),
         }
     };
     let _ = feeder.join();
-    let err = reader.join().unwrap_or_default();
+    Ok(Finished {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    })
+}
+
+/// Runs the hook to completion or timeout. `Err` carries a one-line reason for the record.
+pub fn run(h: &HookRun) -> Result<(), String> {
+    let done = run_to_end(h, false)?;
+    let (status, err) = (done.status, done.stderr);
+
     if status.success() {
         return Ok(());
     }
