@@ -365,9 +365,22 @@ impl Dir {
     /// Opens `path` (made if missing), refusing a symlink, a non-directory, or a directory
     /// another user owns or others can write ([`Error::Insecure`]).
     pub fn open_private(path: &Path) -> Result<Dir> {
+        create_dir_private(path)?;
+        Self::open_existing(path)
+    }
+
+    /// Checks that `path`, if it exists, is a directory [`Dir::open_private`] would accept; a
+    /// missing one is fine (it is made when needed). For a check before each batch: no mkdir.
+    pub fn check(path: &Path) -> Result<()> {
+        match Self::open_existing(path) {
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    fn open_existing(path: &Path) -> Result<Dir> {
         use std::os::fd::{FromRawFd, OwnedFd};
         use std::os::unix::ffi::OsStrExt;
-        create_dir_private(path)?;
         let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
             Error::io(
                 "cannot open",
@@ -635,9 +648,9 @@ impl Trash {
     /// Removes every file here. Returns how many.
     fn empty(&self) -> Result<usize> {
         let names = self.dir.names()?;
-        for name in &names {
-            self.dir.unlink(name)?;
-        }
+        // Concurrently, as `remove_all` does: on a `discard` mount each removal waits for the
+        // device, and issued together the waits overlap.
+        each_concurrently(&names, |name| self.dir.unlink(name))?;
         Ok(names.len())
     }
 }

@@ -118,10 +118,8 @@ impl Spool {
     /// The names of the files waiting to be collected (`*.json`, never temp files), in name
     /// order, which for the spec's `$(date +%s%N)` names is arrival order.
     pub fn pending(&self) -> Result<Vec<String>> {
-        if fs::symlink_metadata(&self.dir).is_ok() {
-            // Swapped for a symlink (or made writable by others) since the start: touch nothing.
-            store::Dir::open_private(&self.dir)?;
-        }
+        // Swapped for a symlink (or made writable by others) since the start: touch nothing.
+        store::Dir::check(&self.dir)?;
         let entries = match fs::read_dir(&self.dir) {
             Ok(e) => e,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -163,9 +161,7 @@ impl Spool {
     ) -> Vec<(String, Result<FileOutcome>)> {
         // The spool must still be the real directory it was: a symlink swapped in would have
         // foreign files read, moved and removed. Every file is kept for a later attempt.
-        if fs::symlink_metadata(&self.dir).is_ok()
-            && let Err(e) = store::Dir::open_private(&self.dir)
-        {
+        if let Err(e) = store::Dir::check(&self.dir) {
             let message = e.to_string();
             return names
                 .iter()
