@@ -621,38 +621,33 @@ impl Raw {
         w.flush().unwrap();
     }
 
-    /// The answer to request `id` (skipping notifications), every stdout line a JSON-RPC message.
-    fn answer(&mut self, id: u64) -> Value {
+    /// The next message `pick` accepts, skipping others; every stdout line must be a JSON-RPC
+    /// message.
+    fn next_message(&mut self, what: &str, pick: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = self
                 .lines
                 .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no answer to request {id}"));
+                .unwrap_or_else(|_| panic!("no {what}"));
             let v: Value = serde_json::from_str(&line)
                 .unwrap_or_else(|e| panic!("stdout carried a non-protocol line ({e}): {line}"));
             assert_eq!(v["jsonrpc"], "2.0", "{line}");
-            if v["id"] == id {
+            if pick(&v) {
                 return v;
             }
         }
     }
 
-    /// The next notification of `method`, skipping other lines.
+    /// The answer to request `id`.
+    fn answer(&mut self, id: u64) -> Value {
+        self.next_message(&format!("answer to request {id}"), |v| v["id"] == id)
+    }
+
+    /// The next notification of `method`.
     fn notification(&mut self, method: &str) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .lines
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no {method} notification"));
-            let v: Value = serde_json::from_str(&line).unwrap();
-            if v["method"] == method {
-                return v;
-            }
-        }
+        self.next_message(&format!("{method} notification"), |v| v["method"] == method)
     }
 
     /// The handshake; returns the server's `initialize` result.
