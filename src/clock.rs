@@ -20,6 +20,14 @@ impl Timestamp {
         Timestamp(ms)
     }
 
+    /// A system time (a file's mtime), to the millisecond; before the epoch counts as it.
+    pub fn from_system(t: SystemTime) -> Self {
+        Timestamp(
+            t.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
     pub const fn as_millis(self) -> i64 {
         self.0
     }

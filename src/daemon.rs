@@ -239,7 +239,7 @@ impl Daemon {
         let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
-        let spool = Spool::new(config.home.drop_zone()).with_queued_parking();
+        let spool = Spool::new(&config.home).with_queued_parking();
         let hooks = config
             .settings
             .on_wake

@@ -369,7 +369,7 @@ fn check_drop_zone(home: &Home) -> Check {
             format!("chmod 700 {}", dz.display()),
         ),
         Ok(_) => {
-            let pending = crate::ingress::spool::Spool::new(dz.clone())
+            let pending = crate::ingress::spool::Spool::new(home)
                 .pending()
                 .map(|p| p.len())
                 .unwrap_or(0);

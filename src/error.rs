@@ -118,6 +118,11 @@ impl Error {
             source,
         }
     }
+
+    /// Whether this is an I/O error for something that does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
 }
 
 /// The exit code for an error kind.

@@ -23,6 +23,9 @@ use serde::de::DeserializeOwned;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
+mod dir;
+pub use dir::{Dir, Entry};
+
 /// Mode of every directory the engine creates.
 pub const DIR_MODE: u32 = 0o700;
 /// Mode of every file the engine creates.
@@ -351,170 +354,12 @@ pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
     each_concurrently(paths, remove)
 }
 
-/// A directory of the home, held open: opened without following a symlink and checked to be
-/// a real directory that this user owns and nobody else can write. Names are then looked up
-/// relative to the handle, never by re-resolving the path, so a directory swapped for a
-/// symlink afterwards does not send a removal or a rename outside the home.
-#[derive(Debug)]
-pub struct Dir {
-    fd: std::os::fd::OwnedFd,
-    path: PathBuf,
-}
-
-impl Dir {
-    /// Opens `path` (made if missing), refusing a symlink, a non-directory, or a directory
-    /// another user owns or others can write ([`Error::Insecure`]).
-    pub fn open_private(path: &Path) -> Result<Dir> {
-        create_dir_private(path)?;
-        Self::open_existing(path)
+/// [`remove_all`] for names in a directory held open: each removed through the handle.
+pub fn unlink_all(dir: &Dir, names: &[&str]) -> Result<()> {
+    if names.len() <= INLINE_UNSYNCED {
+        return names.iter().try_for_each(|n| dir.unlink(n));
     }
-
-    /// Checks that `path`, if it exists, is a directory [`Dir::open_private`] would accept; a
-    /// missing one is fine (it is made when needed). For a check before each batch: no mkdir.
-    pub fn check(path: &Path) -> Result<()> {
-        match Self::open_existing(path) {
-            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other.map(drop),
-        }
-    }
-
-    fn open_existing(path: &Path) -> Result<Dir> {
-        use std::os::fd::{FromRawFd, OwnedFd};
-        use std::os::unix::ffi::OsStrExt;
-        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-            Error::io(
-                "cannot open",
-                path,
-                io::Error::from(io::ErrorKind::InvalidInput),
-            )
-        })?;
-        // SAFETY: a valid NUL-terminated path; the descriptor returned is ours to own.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        let insecure = |message: String| Error::Insecure {
-            path: path.to_owned(),
-            message,
-        };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            let is_link = fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink());
-            return Err(match e.raw_os_error() {
-                Some(libc::ELOOP | libc::ENOTDIR) if is_link => insecure(
-                    "is a symbolic link; the home's directories must be real ones (fix: \
-                     remove the link; the daemon makes the directory)"
-                        .into(),
-                ),
-                Some(libc::ENOTDIR) => insecure("is not a directory".into()),
-                _ => Error::io("cannot open", path, e),
-            });
-        }
-        // SAFETY: fd was just opened and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let dir = Dir {
-            fd,
-            path: path.to_owned(),
-        };
-        let meta = dir
-            .file()
-            .metadata()
-            .map_err(|e| Error::io("cannot inspect", path, e))?;
-        // SAFETY: geteuid(2) cannot fail and touches no memory.
-        let euid = unsafe { libc::geteuid() };
-        if meta.uid() != euid {
-            return Err(insecure(format!(
-                "owned by uid {}, not by this user (uid {euid})",
-                meta.uid()
-            )));
-        }
-        if meta.mode() & 0o022 != 0 {
-            return Err(insecure(format!(
-                "mode {:04o} lets other users write here; fix: chmod go-w {}",
-                meta.mode() & 0o7777,
-                path.display()
-            )));
-        }
-        Ok(dir)
-    }
-
-    fn file(&self) -> File {
-        use std::os::fd::AsFd;
-        File::from(
-            self.fd
-                .as_fd()
-                .try_clone_to_owned()
-                .expect("a descriptor can be duplicated"),
-        )
-    }
-
-    fn raw(&self) -> i32 {
-        use std::os::fd::AsRawFd;
-        self.fd.as_raw_fd()
-    }
-
-    fn c_name(&self, name: &str) -> Result<std::ffi::CString> {
-        if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-            return Err(Error::io(
-                "not a plain name in",
-                self.path.join(name),
-                io::Error::from(io::ErrorKind::InvalidInput),
-            ));
-        }
-        std::ffi::CString::new(name).map_err(|_| {
-            Error::io(
-                "not a plain name in",
-                self.path.join(name),
-                io::Error::from(io::ErrorKind::InvalidInput),
-            )
-        })
-    }
-
-    /// The names in the directory, read through the handle.
-    pub fn names(&self) -> Result<Vec<String>> {
-        let via = PathBuf::from(format!("/proc/self/fd/{}", self.raw()));
-        let mut out = Vec::new();
-        for entry in fs::read_dir(&via).map_err(|e| Error::io("cannot list", &self.path, e))? {
-            let entry = entry.map_err(|e| Error::io("cannot list", &self.path, e))?;
-            if let Ok(name) = entry.file_name().into_string() {
-                out.push(name);
-            }
-        }
-        Ok(out)
-    }
-
-    /// Removes `name` from this directory (never following anything). Gone already is fine.
-    pub fn unlink(&self, name: &str) -> Result<()> {
-        let c = self.c_name(name)?;
-        // SAFETY: a valid directory descriptor and NUL-terminated name.
-        if unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::NotFound {
-            Ok(())
-        } else {
-            Err(Error::io("cannot remove", self.path.join(name), e))
-        }
-    }
-
-    /// Moves the file at `from` (a path) into this directory as `name`.
-    pub fn rename_into(&self, from: &Path, name: &str) -> io::Result<()> {
-        use std::os::unix::ffi::OsStrExt;
-        let src = std::ffi::CString::new(from.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        let dst = self
-            .c_name(name)
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: valid NUL-terminated paths and a valid directory descriptor.
-        if unsafe { libc::renameat(libc::AT_FDCWD, src.as_ptr(), self.raw(), dst.as_ptr()) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
-    }
+    each_concurrently(names, |n| dir.unlink(n))
 }
 
 /// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
@@ -616,6 +461,27 @@ impl Trash {
             return paths.iter().try_for_each(take);
         }
         each_concurrently(paths, take)
+    }
+
+    /// Moves each of `names` from the directory `from` here, through both handles, as
+    /// [`Trash::take_all`] does for paths.
+    pub fn take_all_from(&self, from: &Dir, names: &[&str]) -> Result<()> {
+        let take = |name: &&str| match from.rename_to(
+            std::ffi::OsStr::new(name),
+            &self.dir,
+            &self.fresh_name(),
+        ) {
+            Ok(()) => {
+                self.note_arrival();
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(_) => from.unlink(name),
+        };
+        if names.len() <= INLINE_UNSYNCED {
+            return names.iter().try_for_each(take);
+        }
+        each_concurrently(names, take)
     }
 
     /// The reaper thread's loop: empties the trash whenever something arrived, until stopped.
@@ -790,27 +656,104 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 /// that does not parse is set aside into `quarantine` with its reason and skipped (`None`), so
 /// one bad record stops nothing else. If even setting it aside fails, it is skipped all the
 /// same, and the log says why.
+///
+/// The record is reached from `root` one directory at a time, none followed if it is a link,
+/// and read only if it is a regular file of at most [`MAX_RECORD_BYTES`]: a record (or the
+/// directory holding it) that is a link, a FIFO or huge is set aside the same way, unread, so
+/// nothing outside the home is read and nothing blocks or fills memory.
 pub fn read_json_or_set_aside<T: DeserializeOwned>(
     quarantine: &Path,
     root: &Path,
     path: &Path,
 ) -> Result<Option<T>> {
-    match read_json(path) {
-        Err(Error::Corrupt { message, .. }) => {
-            match set_aside(quarantine, root, path, &message) {
-                Ok(to) => tracing::warn!(
-                    file = %path.display(),
-                    quarantined = %to.display(),
-                    "a record that does not parse was set aside: {message}"
-                ),
-                Err(e) => tracing::error!(
-                    file = %path.display(),
-                    "a record that does not parse is skipped, and could not be set aside ({e}): {message}"
-                ),
-            }
-            Ok(None)
+    let (culprit, message) = match read_record_bytes(root, path)? {
+        Ok(None) => return Ok(None),
+        Ok(Some(b)) => match serde_json::from_slice(&b) {
+            Ok(record) => return Ok(Some(record)),
+            Err(e) => (path.to_owned(), format!("does not parse: {e}")),
+        },
+        Err(refused) => refused,
+    };
+    match set_aside(quarantine, root, &culprit, &message) {
+        Ok(to) => tracing::warn!(
+            file = %culprit.display(),
+            quarantined = %to.display(),
+            "a record that cannot be read was set aside: {message}"
+        ),
+        Err(e) => tracing::error!(
+            file = %culprit.display(),
+            "a record that cannot be read is skipped, and could not be set aside ({e}): {message}"
+        ),
+    }
+    Ok(None)
+}
+
+/// The largest record [`read_json_or_set_aside`] reads.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// What to set aside instead of reading: the path (the record, or a directory on the way to
+/// it that is a link) and why.
+type Refused = (PathBuf, String);
+
+/// The bytes of the record at `path` beneath `root` (see [`read_json_or_set_aside`]);
+/// `None` when it does not exist.
+fn read_record_bytes(
+    root: &Path,
+    path: &Path,
+) -> Result<std::result::Result<Option<Vec<u8>>, Refused>> {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return read_bytes_if_exists(path).map(Ok);
+    };
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return read_bytes_if_exists(path).map(Ok);
+    };
+    let dir = match Dir::open_beneath(root, parent) {
+        Err(e) if e.is_not_found() => return Ok(Ok(None)),
+        // A directory on the way swapped for a link: the link goes aside, not what it names.
+        Err(Error::Insecure { path: p, message })
+            if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) =>
+        {
+            return Ok(Err((p, message)));
         }
-        other => other,
+        other => other?,
+    };
+    let refuse = |message: String| Ok(Err((path.to_owned(), message)));
+    match dir.entry(name) {
+        Ok(None) => return Ok(Ok(None)),
+        Ok(Some(Entry::File { len, .. })) if len > MAX_RECORD_BYTES => {
+            return refuse(format!(
+                "is {len} bytes, more than a record may be ({MAX_RECORD_BYTES})"
+            ));
+        }
+        Ok(Some(Entry::File { .. })) => {}
+        Ok(Some(Entry::Symlink)) => {
+            return refuse("is a symbolic link; records must be real files".into());
+        }
+        Ok(Some(_)) => return refuse("is not a regular file".into()),
+        Err(e) => return Err(Error::io("cannot inspect", path, e)),
+    }
+    let file = match dir.open_read(name) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(None)),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return refuse(format!(
+            "grew past {MAX_RECORD_BYTES} bytes while being read"
+        ));
+    }
+    Ok(Ok(Some(bytes)))
+}
+
+fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("cannot read", path, e)),
     }
 }
 
@@ -830,7 +773,7 @@ pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> R
         target = quarantine.join(format!("{stem}.{n}"));
         n += 1;
     }
-    let note = format!("{} does not parse: {reason}\n", rel.display());
+    let note = format!("{}: {reason}\n", rel.display());
     commit(
         &target.with_file_name(format!(
             "{}.reason",

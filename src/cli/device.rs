@@ -439,7 +439,7 @@ pub fn detail(st: &DeviceStatus, now: Timestamp) -> String {
         .map_or("never collected".to_owned(), |t| {
             format!("last collected {}", ago(t))
         });
-    match (&st.last_error, st.reachable) {
+    let summary = match (&st.last_error, st.reachable) {
         (Some(e), Some(false)) => format!(
             "{last_ok}; {} failure(s), next try {}; last error: {e}",
             st.failures,
@@ -451,6 +451,25 @@ pub fn detail(st: &DeviceStatus, now: Timestamp) -> String {
                 })
         ),
         _ => last_ok,
+    };
+    // What the operator has to look at: the files left on the device, and why.
+    const SHOWN: usize = 3;
+    let mut left: Vec<String> = st
+        .left_on_device
+        .iter()
+        .take(SHOWN)
+        .map(|l| format!("{} ({})", l.file, l.reason))
+        .collect();
+    if st.left_on_device.len() > SHOWN {
+        left.push(format!(
+            "and {} more (see status.json)",
+            st.left_on_device.len() - SHOWN
+        ));
+    }
+    if left.is_empty() {
+        summary
+    } else {
+        format!("{summary}; left on the device: {}", left.join(", "))
     }
 }
 

@@ -39,8 +39,8 @@ use crate::clock::{Clock, Timestamp};
 use crate::engine::check_name;
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::ingress::MAX_BODY_BYTES;
 use crate::ingress::spool::{Spool, is_candidate};
+use crate::ingress::{MAX_BODY_BYTES, sftp_long};
 use crate::store;
 
 /// Where a device's jobs drop files when `device add` is not told otherwise (the spec's line).
@@ -97,6 +97,37 @@ pub struct DeviceStatus {
     pub total_collected: u64,
     /// Connect, handshake and authentication of the last session, in milliseconds.
     pub connect_ms: Option<u64>,
+    /// Signal files the last successful round saw and left on the device, and why: the
+    /// operator's list of what needs a look (or, for a file still being written, a wait).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_on_device: Vec<LeftFile>,
+}
+
+/// A remote signal file a round left where it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeftFile {
+    pub file: String,
+    pub reason: String,
+    /// Its size and modification time (seconds) when seen, as the server reported them.
+    pub size: Option<u64>,
+    pub mtime: Option<u64>,
+    /// Does not parse yet and may still be being written: collected (and parked if it
+    /// still does not parse) once a later round finds it unchanged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub settling: bool,
+}
+
+impl LeftFile {
+    fn new(file: &str, reason: impl Into<String>, stat: Option<&ssh2::FileStat>) -> Self {
+        LeftFile {
+            file: file.to_owned(),
+            reason: reason.into(),
+            size: stat.and_then(|s| s.size),
+            mtime: stat.and_then(|s| s.mtime),
+            settling: false,
+        }
+    }
 }
 
 /// What went wrong talking to a device. The messages are meant for operators.
@@ -230,7 +261,7 @@ fn save_status(home: &Home, name: &str, status: &DeviceStatus) -> Result<()> {
 
 /// The local mirror of `name`'s spool, swept like the drop zone.
 pub fn mirror(home: &Home, name: &str) -> Spool {
-    Spool::for_device(home.device_spool(name), name)
+    Spool::for_device(home, name)
 }
 
 /// Names of the devices that have a mirror directory, whether or not their record still exists.
@@ -604,18 +635,34 @@ impl Connection {
     /// Lists the remote spool: claimed files of `tag` first, then fresh ones, each in name
     /// order. A spool that does not exist yet is empty.
     pub fn list(&self, device: &Device, tag: &str) -> Result<Vec<RemoteEntry>, DeviceError> {
+        self.list_and_left(device, tag).map(|(entries, _)| entries)
+    }
+
+    /// [`Connection::list`], with the signal files that are left on the device and why: over
+    /// the cap (copied, it would be cut short; it could only be refused), or with a second
+    /// hard link (its content lives outside the spool too, as the local spool refuses).
+    fn list_and_left(
+        &self,
+        device: &Device,
+        tag: &str,
+    ) -> Result<(Vec<RemoteEntry>, Vec<LeftFile>), DeviceError> {
         let dir = remote_dir(&device.spool);
-        let entries = match self.sftp.readdir(&dir) {
-            Ok(e) => e,
-            Err(e) if is_no_such_file(&e) => return Ok(Vec::new()),
-            Err(e) => return Err(ssh_err("listing of the spool", device)(e)),
+        let entries = match sftp_long::list_long(&self.session, &dir) {
+            Ok(Some(e)) => e,
+            Ok(None) => return Ok((Vec::new(), Vec::new())),
+            Err(message) => {
+                return Err(DeviceError::Ssh {
+                    what: "listing of the spool",
+                    target: target_of(device),
+                    message,
+                });
+            }
         };
         let mut claimed = Vec::new();
         let mut fresh = Vec::new();
-        for (path, stat) in entries {
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                continue;
-            };
+        let mut left = Vec::new();
+        for entry in entries {
+            let (name, stat) = (entry.name.as_str(), &entry.stat);
             // Only regular files: a symlink or FIFO in the spool is never followed.
             if !stat.is_file() {
                 continue;
@@ -623,27 +670,30 @@ impl Connection {
             if let Some(orig) = unclaimed_name(name, tag) {
                 claimed.push(orig.to_owned());
             } else if is_candidate(name) {
-                // Over the cap, it could only be refused, and copied it would be cut short:
-                // it stays on the device, whole, for its owner to see.
-                if let Some(size) = stat.size.filter(|s| *s > MAX_BODY_BYTES as u64) {
-                    tracing::warn!(
-                        device = %device.name,
-                        file = name,
-                        size,
-                        "a remote signal file over {MAX_BODY_BYTES} bytes is left on the device, untouched"
-                    );
-                    continue;
-                }
-                fresh.push(name.to_owned());
+                let reason = match (stat.size, entry.links) {
+                    (Some(size), _) if size > MAX_BODY_BYTES as u64 => {
+                        format!("larger than {MAX_BODY_BYTES} bytes ({size} bytes)")
+                    }
+                    (_, Some(links)) if links > 1 => format!(
+                        "has {links} hard links; only files written into the spool are read"
+                    ),
+                    _ => {
+                        fresh.push(name.to_owned());
+                        continue;
+                    }
+                };
+                tracing::warn!(device = %device.name, file = name, "a remote signal file is left on the device, untouched: {reason}");
+                left.push(LeftFile::new(name, reason, Some(stat)));
             }
         }
         claimed.sort();
         fresh.sort();
-        Ok(claimed
+        let entries = claimed
             .into_iter()
             .map(RemoteEntry::Claimed)
             .chain(fresh.into_iter().map(RemoteEntry::Fresh))
-            .collect())
+            .collect();
+        Ok((entries, left))
     }
 
     /// Sends a keepalive; an error means the session is dead.
@@ -655,11 +705,18 @@ impl Connection {
     /// (and refused by the mirror's spool) without reading all of it.
     /// `Ok(None)` when the file is gone.
     fn read_capped(&self, path: &Path) -> Result<Option<Vec<u8>>, String> {
-        let file = match self.sftp.open(path) {
+        let mut file = match self.sftp.open(path) {
             Ok(f) => f,
             Err(e) if is_no_such_file(&e) => return Ok(None),
             Err(e) => return Err(e.message().to_owned()),
         };
+        // What was opened, checked through the handle: a name swapped between the look and
+        // the open could have led elsewhere.
+        match file.stat() {
+            Ok(st) if st.is_file() => {}
+            Ok(_) => return Err("is not a regular file once opened".into()),
+            Err(e) => return Err(e.message().to_owned()),
+        }
         let mut bytes = Vec::new();
         file.take(MAX_BODY_BYTES as u64 + 1)
             .read_to_end(&mut bytes)
@@ -676,6 +733,9 @@ pub struct Collector {
     tag: String,
     conn: Option<Connection>,
     watchdog: Watchdog,
+    /// What the last round left on the device (for the settling rule), and this round's.
+    left_before: Vec<LeftFile>,
+    left: Vec<LeftFile>,
 }
 
 /// What one round did.
@@ -696,6 +756,8 @@ impl Collector {
             tag,
             conn: None,
             watchdog,
+            left_before: Vec::new(),
+            left: Vec::new(),
         }
     }
 
@@ -761,13 +823,26 @@ impl Collector {
 
     fn round_inner(&mut self, landed: &mut Vec<String>) -> Result<(), DeviceError> {
         let mirror = mirror(&self.home, &self.device.name);
-        store::create_dir_private(&mirror.dir)?;
+        // Held open: what lands is written through it, never through a path a link could
+        // redirect.
+        let local = mirror.open_or_make()?;
         self.connection()?;
         let (device, tag) = (&self.device, &self.tag);
         let conn = self.conn.as_ref().expect("connected above");
         let watchdog = &self.watchdog;
         watchdog.arm(&conn.stream);
-        let entries = conn.list(device, tag)?;
+        let (entries, left) = conn.list_and_left(device, tag)?;
+        self.left = left;
+        let leave = |left: &mut Vec<LeftFile>, file: &str, claimed: &Path, why: LeftFile| {
+            tracing::warn!(device = %device.name, file, "a remote signal file is left on the device: {}", why.reason);
+            if let Err(e) = conn
+                .sftp
+                .rename(claimed, &remote_dir(&device.spool).join(file), None)
+            {
+                tracing::error!(device = %device.name, file, "cannot give the file its name back: {e}");
+            }
+            left.push(why);
+        };
         let dir = remote_dir(&device.spool);
         for entry in entries {
             watchdog.arm(&conn.stream);
@@ -798,30 +873,63 @@ impl Collector {
                     Err(e) => return Err(ssh_err("claim (rename)", device)(e)),
                 }
             }
+            // What was claimed is looked at, not followed: the name listed may have been
+            // swapped for a link (or a FIFO) between the listing and the claim.
+            let stat = match conn.sftp.lstat(&claimed) {
+                Ok(st) => st,
+                Err(e) if is_no_such_file(&e) => continue,
+                Err(e) => return Err(ssh_err("look at a claimed file", device)(e)),
+            };
+            if !stat.is_file() {
+                let why = LeftFile::new(
+                    &file,
+                    "was swapped for a symbolic link or a non-file after the listing; not followed",
+                    Some(&stat),
+                );
+                leave(&mut self.left, &file, &claimed, why);
+                continue;
+            }
             let bytes = match conn.read_capped(&claimed) {
                 // Grown past the cap since the listing: given back its name, left whole.
                 Ok(Some(b)) if b.len() > MAX_BODY_BYTES => {
-                    tracing::warn!(
-                        device = %device.name,
-                        file = %file,
-                        "a remote signal file grew over {MAX_BODY_BYTES} bytes; left on the device, untouched"
+                    let why = LeftFile::new(
+                        &file,
+                        format!("grew past {MAX_BODY_BYTES} bytes after the listing"),
+                        Some(&stat),
                     );
-                    if let Err(e) = conn.sftp.rename(&claimed, &dir.join(&file), None) {
-                        tracing::error!(device = %device.name, file = %file, "cannot give the file its name back: {e}");
-                    }
+                    leave(&mut self.left, &file, &claimed, why);
                     continue;
                 }
                 Ok(Some(b)) => b,
                 Ok(None) => continue,
+                // This file cannot be read (a dead session fails the next step as well, and
+                // the round with it).
                 Err(message) => {
-                    return Err(DeviceError::Ssh {
-                        what: "read",
-                        target: target_of(device),
-                        message,
-                    });
+                    let why =
+                        LeftFile::new(&file, format!("cannot be read: {message}"), Some(&stat));
+                    leave(&mut self.left, &file, &claimed, why);
+                    continue;
                 }
             };
-            store::commit(&mirror.dir.join(&file), &bytes)?;
+            // A file that does not parse may be one still being written in place; as the
+            // drop zone gives a writer time, it is collected (and parked if it still does not
+            // parse) only once a later round finds it unchanged.
+            if !was_claimed && crate::ingress::parse_spool_body(&bytes).is_err() {
+                let mut why = LeftFile::new(
+                    &file,
+                    "does not parse yet; collected once a later round finds it unchanged",
+                    Some(&stat),
+                );
+                why.settling = true;
+                let unchanged = self.left_before.iter().any(|b| {
+                    b.settling && b.file == why.file && b.size == why.size && b.mtime == why.mtime
+                });
+                if !unchanged {
+                    leave(&mut self.left, &file, &claimed, why);
+                    continue;
+                }
+            }
+            local.commit(&file, &bytes)?;
             landed.push(file);
             match conn.sftp.unlink(&claimed) {
                 Ok(()) => {}
@@ -840,8 +948,9 @@ impl Collector {
         interval_ms: u64,
     ) -> (Vec<String>, Option<DeviceError>, DeviceStatus) {
         let mut landed = Vec::new();
-        let result = self.round(&mut landed);
         let mut status = load_status(&self.home, &self.device.name).unwrap_or_default();
+        self.left_before = std::mem::take(&mut status.left_on_device);
+        let result = self.round(&mut landed);
         status.last_attempt_at = Some(now);
         status.total_collected += landed.len() as u64;
         let error = match result {
@@ -851,6 +960,7 @@ impl Collector {
                 status.last_error = None;
                 status.failures = 0;
                 status.last_collected = landed.len() as u64;
+                status.left_on_device = std::mem::take(&mut self.left);
                 status.connect_ms = self.connect_ms();
                 status.next_attempt_at = (interval_ms > 0).then(|| now.plus_ms(interval_ms as i64));
                 None
@@ -858,6 +968,7 @@ impl Collector {
             Err(e) => {
                 status.reachable = Some(false);
                 status.last_error = Some(e.to_string());
+                status.left_on_device = std::mem::take(&mut self.left_before);
                 status.failures = status.failures.saturating_add(1);
                 status.next_attempt_at =
                     Some(now.plus_ms(backoff_ms(interval_ms, status.failures) as i64));

@@ -7,6 +7,7 @@
 
 pub mod device;
 pub mod http;
+mod sftp_long;
 pub mod spool;
 
 use serde::Deserialize;

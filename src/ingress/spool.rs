@@ -3,13 +3,14 @@
 //!
 //! A file is read only if it is a regular, single-linked file no bigger than the cap, opened
 //! without following symlinks and without blocking on FIFOs, so nothing outside the spool is
-//! ever read. Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing
+//! ever read. Every pass opens the spool afresh beneath the home's root ([`store::Dir`]), each
+//! directory on the way not followed if it is a link, and lists, reads, parks and removes
+//! through that handle only: a spool or `bad/` swapped for a link is refused, never followed. Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing
 //! is deleted unparsed. A file leaves the spool only after its effect is durable.
 
-use std::fs::{self, File, OpenOptions};
+use std::ffi::{OsStr, OsString};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 
@@ -17,11 +18,12 @@ use crate::clock::Timestamp;
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
+use crate::home::Home;
 use crate::ingress::{
     CallbackRequest, MAX_BODY_BYTES, SignalRequest, Source, SpoolBody, parse_spool_body,
 };
 use crate::secret;
-use crate::store;
+use crate::store::{self, Dir, Entry};
 
 /// What became of one spool file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,8 +44,13 @@ pub enum FileOutcome {
 /// A spool directory and the `bad/` directory where its refused files go.
 #[derive(Debug, Clone)]
 pub struct Spool {
+    /// Where the spool is (for messages and the watcher; it is reached through `root`).
     pub dir: PathBuf,
     pub bad: PathBuf,
+    /// The home's root, and the spool's path beneath it: the spool is opened one directory
+    /// at a time from the root, none followed if it is a link.
+    root: PathBuf,
+    rel: PathBuf,
     /// For a device's local mirror: the device, which makes identities `device:<name>:<file>`.
     pub device: Option<String>,
     /// When set (the daemon's drop zone), a refused file is not parked on the spot: it is
@@ -63,15 +70,44 @@ pub struct QueuedPark {
     at: Timestamp,
 }
 
+/// The name of the directory inside a spool where refused files are parked.
+const BAD: &str = "bad";
+
 impl Spool {
-    pub fn new(dir: PathBuf) -> Self {
-        let bad = dir.join("bad");
+    /// The home's drop zone (`tmp/signals/`).
+    pub fn new(home: &Home) -> Self {
+        Self::beneath(home, home.drop_zone())
+    }
+
+    fn beneath(home: &Home, dir: PathBuf) -> Self {
+        let root = home.root().to_owned();
+        let rel = dir
+            .strip_prefix(&root)
+            .expect("a spool lies beneath its home")
+            .to_owned();
         Spool {
+            bad: dir.join(BAD),
             dir,
-            bad,
+            root,
+            rel,
             device: None,
             queued: None,
         }
+    }
+
+    /// Opens the spool for one pass; `None` when it does not exist yet. A spool (or any
+    /// directory above it, up to the home's root) that is a link, not a directory or not
+    /// ours is refused ([`Error::Insecure`]).
+    fn open(&self) -> Result<Option<Dir>> {
+        match Dir::open_beneath(&self.root, &self.rel) {
+            Err(e) if e.is_not_found() => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
+    /// Opens the spool, made when missing, for a writer that fills it (a device's collector).
+    pub fn open_or_make(&self) -> Result<Dir> {
+        Dir::make_beneath(&self.root, &self.rel)
     }
 
     /// This spool, with refusals queued for [`Spool::park_queued`] instead of parked at once.
@@ -90,18 +126,25 @@ impl Spool {
 
     /// Parks a queued refusal now (its file still in the spool; one gone meanwhile is fine).
     pub fn park_queued(&self, q: &QueuedPark) -> Result<()> {
-        if fs::symlink_metadata(self.dir.join(&q.name)).is_err() {
+        let Some(dz) = self.open()? else {
+            return Ok(());
+        };
+        if dz
+            .entry(OsStr::new(&q.name))
+            .map_err(|e| Error::io("cannot inspect", self.dir.join(&q.name), e))?
+            .is_none()
+        {
             return Ok(());
         }
-        self.park_now(q)
+        self.park_now(&dz, q)
     }
 
     /// The local mirror of a device's spool. Only the collector writes there, always through
-    /// `store::commit`, so a file in it is complete and an unparseable one is parked at once.
-    pub fn for_device(dir: PathBuf, device: &str) -> Self {
+    /// a commit, so a file in it is complete and an unparseable one is parked at once.
+    pub fn for_device(home: &Home, device: &str) -> Self {
         Spool {
             device: Some(device.to_owned()),
-            ..Spool::new(dir)
+            ..Self::beneath(home, home.device_spool(device))
         }
     }
 
@@ -119,19 +162,18 @@ impl Spool {
     /// order, which for the spec's `$(date +%s%N)` names is arrival order.
     pub fn pending(&self) -> Result<Vec<String>> {
         // Swapped for a symlink (or made writable by others) since the start: touch nothing.
-        store::Dir::check(&self.dir)?;
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io("cannot list", &self.dir, e)),
+        let Some(dz) = self.open()? else {
+            return Ok(Vec::new());
         };
         let mut names = Vec::new();
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("cannot list", &self.dir, e))?;
-            let Ok(name) = entry.file_name().into_string() else {
-                // Not UTF-8: park it under a readable name so an operator sees it.
-                self.park_raw(&entry.path(), "file name is not UTF-8")?;
-                continue;
+        for raw in dz.raw_names()? {
+            let name = match raw.into_string() {
+                Ok(name) => name,
+                Err(raw) => {
+                    // Not UTF-8: park it under a readable name so an operator sees it.
+                    self.park_raw(&dz, &raw, "file name is not UTF-8")?;
+                    continue;
+                }
             };
             if is_candidate(&name) {
                 names.push(name);
@@ -161,23 +203,32 @@ impl Spool {
     ) -> Vec<(String, Result<FileOutcome>)> {
         // The spool must still be the real directory it was: a symlink swapped in would have
         // foreign files read, moved and removed. Every file is kept for a later attempt.
-        if let Err(e) = store::Dir::check(&self.dir) {
-            let message = e.to_string();
-            return names
-                .iter()
-                .map(|n| {
-                    let err = Error::Insecure {
-                        path: self.dir.clone(),
-                        message: message.clone(),
-                    };
-                    (n.clone(), Err(err))
-                })
-                .collect();
-        }
+        let dz = match self.open() {
+            Ok(Some(dz)) => dz,
+            Ok(None) => {
+                return names
+                    .iter()
+                    .map(|n| (n.clone(), Ok(FileOutcome::Vanished)))
+                    .collect();
+            }
+            Err(e) => {
+                let message = e.to_string();
+                return names
+                    .iter()
+                    .map(|n| {
+                        let err = Error::Insecure {
+                            path: self.dir.clone(),
+                            message: message.clone(),
+                        };
+                        (n.clone(), Err(err))
+                    })
+                    .collect();
+            }
+        };
         let mut results: Vec<Option<Result<FileOutcome>>> = Vec::with_capacity(names.len());
         let mut readable = Vec::new();
         for (i, name) in names.iter().enumerate() {
-            match self.read_request(engine, name) {
+            match self.read_request(&dz, engine, name) {
                 Ok(Ok((request, bytes))) => {
                     readable.push((i, request, bytes));
                     results.push(None);
@@ -196,7 +247,7 @@ impl Spool {
             let name = &names[*i];
             results[*i] = Some(match verdict {
                 Err(e) => Err(e),
-                Ok(v) => match self.settle(engine, name, request, bytes, &v) {
+                Ok(v) => match self.settle(&dz, engine, name, request, bytes, &v) {
                     Ok(Some(parked)) => Ok(parked),
                     Ok(None) => {
                         consumed.push(*i);
@@ -206,8 +257,8 @@ impl Spool {
                 },
             });
         }
-        let paths: Vec<PathBuf> = consumed.iter().map(|i| self.dir.join(&names[*i])).collect();
-        let removed = self.remove_consumed(engine, &paths);
+        let taken: Vec<&str> = consumed.iter().map(|i| names[*i].as_str()).collect();
+        let removed = self.remove_consumed(engine, &dz, &taken);
         if let Err(e) = removed {
             // Recorded but maybe not removed: the next attempt finds each a duplicate.
             let message = e.to_string();
@@ -234,18 +285,18 @@ impl Spool {
     /// journal): into the daemon's trash, or for good without one. The removals need no fsync:
     /// a file a crash brings back is found recorded and removed again as a duplicate, and the
     /// next checkpoint makes them durable anyway.
-    fn remove_consumed(&self, engine: &Engine, paths: &[PathBuf]) -> Result<()> {
+    fn remove_consumed(&self, engine: &Engine, dz: &Dir, names: &[&str]) -> Result<()> {
         #[cfg(feature = "failpoints")]
-        if let Some(first) = paths.first() {
+        if let Some(first) = names.first() {
             crate::failpoint!(
                 crate::failpoint::SPOOL_BEFORE_REMOVE,
                 "cannot remove",
-                first
+                &dz.path().join(first)
             );
         }
         match engine.trash() {
-            Some(trash) => trash.take_all(paths),
-            None => store::remove_all(paths),
+            Some(trash) => trash.take_all_from(dz, names),
+            None => store::unlink_all(dz, names),
         }
     }
 
@@ -254,25 +305,25 @@ impl Spool {
     #[allow(clippy::type_complexity)]
     fn read_request(
         &self,
+        dz: &Dir,
         engine: &Engine,
         name: &str,
     ) -> Result<std::result::Result<(SignalRequest, Vec<u8>), FileOutcome>> {
-        let path = self.dir.join(name);
-        let bytes = match read_regular(&path) {
+        let bytes = match read_regular(dz, OsStr::new(name)) {
             Ok(b) => b,
             Err(ReadError::Gone) => return Ok(Err(FileOutcome::Vanished)),
             Err(ReadError::Refused(reason)) => {
-                self.park(name, &reason, None, None, engine.now())?;
+                self.park(dz, name, &reason, None, None, engine.now())?;
                 return Ok(Err(FileOutcome::Parked(reason)));
             }
-            Err(ReadError::Io(e)) => return Err(Error::io("cannot read", &path, e)),
+            Err(ReadError::Io(e)) => return Err(Error::io("cannot read", dz.path().join(name), e)),
         };
         match parse_spool_body(&bytes) {
             Ok(SpoolBody::Signal(r)) => Ok(Ok((r, bytes))),
-            Ok(SpoolBody::Callback(c)) => Ok(Err(self.trigger(engine, name, &path, &bytes, c)?)),
-            Err(_) if self.device.is_none() && is_fresh(&path) => Ok(Err(FileOutcome::Deferred)),
+            Ok(SpoolBody::Callback(c)) => Ok(Err(self.trigger(dz, engine, name, &bytes, c)?)),
+            Err(_) if self.device.is_none() && is_fresh(dz, name) => Ok(Err(FileOutcome::Deferred)),
             Err(reason) => {
-                self.park(name, &reason, Some(&bytes), None, engine.now())?;
+                self.park(dz, name, &reason, Some(&bytes), None, engine.now())?;
                 Ok(Err(FileOutcome::Parked(reason)))
             }
         }
@@ -282,6 +333,7 @@ impl Spool {
     /// means the file is consumed and the caller removes it.
     fn settle(
         &self,
+        dz: &Dir,
         engine: &Engine,
         name: &str,
         request: &SignalRequest,
@@ -292,7 +344,14 @@ impl Spool {
             Verdict::Refused(refusal) => {
                 let reason = refusal.reason();
                 tracing::warn!(waitpoint = %request.id, file = ?name, secret_fp = %secret::fingerprint(&request.secret), "refused signal file: {reason}");
-                self.park(name, &reason, Some(bytes), Some(&request.id), engine.now())?;
+                self.park(
+                    dz,
+                    name,
+                    &reason,
+                    Some(bytes),
+                    Some(&request.id),
+                    engine.now(),
+                )?;
                 return Ok(Some(FileOutcome::Parked(reason)));
             }
             Verdict::Accepted { id, seq, wake, .. } => {
@@ -311,16 +370,16 @@ impl Spool {
     /// The spool form of a callback: the token's capability, checked by the engine.
     fn trigger(
         &self,
+        dz: &Dir,
         engine: &Engine,
         name: &str,
-        path: &Path,
         bytes: &[u8],
         c: CallbackRequest,
     ) -> Result<FileOutcome> {
         let identity = self.source_of(name).identity();
         let refuse = |reason: String| -> Result<FileOutcome> {
             tracing::warn!(file = ?name, "refused callback file: {reason}");
-            self.park(name, &reason, Some(bytes), None, engine.now())?;
+            self.park(dz, name, &reason, Some(bytes), None, engine.now())?;
             Ok(FileOutcome::Parked(reason))
         };
         let id = match engine.trigger_callback(&c.token, c.mode, c.text, Some(identity))? {
@@ -336,7 +395,7 @@ impl Spool {
                 ));
             }
         };
-        store::remove_durably(path)?;
+        dz.unlink_durably(OsStr::new(name))?;
         Ok(FileOutcome::Triggered(id))
     }
 
@@ -346,6 +405,7 @@ impl Spool {
     /// parsed far enough to have one, so the log line names it.
     fn park(
         &self,
+        dz: &Dir,
         name: &str,
         reason: &str,
         bytes: Option<&[u8]>,
@@ -364,17 +424,23 @@ impl Spool {
                 queue.borrow_mut().push(job);
                 Ok(())
             }
-            None => self.park_now(&job),
+            None => self.park_now(dz, &job),
         }
     }
 
-    fn park_now(&self, job: &QueuedPark) -> Result<()> {
+    fn park_now(&self, dz: &Dir, job: &QueuedPark) -> Result<()> {
         let (name, reason, now) = (job.name.as_str(), job.reason.as_str(), job.at);
         let (bytes, waitpoint) = (job.bytes.as_deref(), job.waitpoint.as_deref());
         // A real directory of ours, not a link out of the home.
-        store::Dir::open_private(&self.bad)?;
+        let bad = dz.child_or_make(BAD)?;
         let stem = safe_stem(name);
-        let (target, reason_file) = self.free_bad_names(&stem);
+        let (target, reason_file) = free_bad_names(&bad, &stem)?;
+        let source = OsStr::new(name);
+        let entry = dz
+            .entry(source)
+            .map_err(|e| Error::io("cannot inspect", dz.path().join(name), e))?;
+        let hard_linked = matches!(entry, Some(Entry::File { links, .. }) if links > 1);
+        let lone_file = matches!(entry, Some(Entry::File { links: 1, .. }));
         let redacted = bytes.and_then(redact_secret);
         let note = match &redacted {
             Some((_, Some(fp))) => format!(
@@ -385,7 +451,7 @@ impl Spool {
                     "{now} refused {name:?}: {reason}\n(secret-like text redacted in this copy)\n"
                 )
             }
-            None if bytes.is_none() && hard_linked(&self.dir.join(name)) => format!(
+            None if bytes.is_none() && hard_linked => format!(
                 "{now} refused {name:?}: {reason}\n(the link was removed from the spool; the file \
 it names elsewhere is untouched, and no copy of it is kept here)\n"
             ),
@@ -394,80 +460,59 @@ it names elsewhere is untouched, and no copy of it is kept here)\n"
             ),
             None => format!("{now} refused {name:?}: {reason}\n"),
         };
-        store::commit(&reason_file, note.as_bytes())?;
-        let source = self.dir.join(name);
+        bad.commit(&reason_file, note.as_bytes())?;
         match redacted {
             Some((copy, _)) => {
-                store::commit(&target, &copy)?;
-                store::remove_durably(&source)?;
+                bad.commit(&target, &copy)?;
+                dz.unlink_durably(source)?;
             }
             // A second name of a file that lives elsewhere: parking the link would keep that
             // file's content (maybe a secret) under the home, so only our name for it goes.
-            None if bytes.is_none() && hard_linked(&source) => {
-                store::remove_durably(&source)?;
-            }
+            None if bytes.is_none() && hard_linked => dz.unlink_durably(source)?,
             // Refused unread for its size: copied with every secret-like run removed, so no
             // plaintext rests in bad/ however large the file.
-            None if bytes.is_none() && is_lone_regular_file(&source) => {
-                copy_redacted(&source, &target)?;
-                store::remove_durably(&source)?;
+            None if bytes.is_none() && lone_file => {
+                copy_redacted(dz, source, &bad, &target)?;
+                dz.unlink_durably(source)?;
             }
-            None => store::rename_durably(&source, &target)?,
+            None => dz.rename_durably(source, &bad, &target)?,
         }
-        tracing::warn!(waitpoint, file = ?name, parked = %target.display(), "parked refused spool file: {reason}");
+        tracing::warn!(waitpoint, file = ?name, parked = %bad.path().join(&target).display(), "parked refused spool file: {reason}");
         Ok(())
     }
 
-    fn park_raw(&self, path: &Path, reason: &str) -> Result<()> {
-        store::create_dir_private(&self.bad)?;
-        let stem = safe_stem(&path.file_name().unwrap_or_default().to_string_lossy());
-        let (target, reason_file) = self.free_bad_names(&stem);
-        store::commit(&reason_file, format!("refused: {reason}\n").as_bytes())?;
+    fn park_raw(&self, dz: &Dir, name: &OsString, reason: &str) -> Result<()> {
+        let bad = dz.child_or_make(BAD)?;
+        let stem = safe_stem(&name.to_string_lossy());
+        let (target, reason_file) = free_bad_names(&bad, &stem)?;
+        bad.commit(&reason_file, format!("refused: {reason}\n").as_bytes())?;
         // The content may be a well-formed signal under a bad name: its secret must not rest
         // in the parked copy either.
-        match read_regular(path).ok().and_then(|b| redact_secret(&b)) {
+        match read_regular(dz, name).ok().and_then(|b| redact_secret(&b)) {
             Some((copy, _)) => {
-                store::commit(&target, &copy)?;
-                store::remove_durably(path)
+                bad.commit(&target, &copy)?;
+                dz.unlink_durably(name)
             }
-            None => store::rename_durably(path, &target),
-        }
-    }
-
-    fn free_bad_names(&self, stem: &str) -> (PathBuf, PathBuf) {
-        let mut n = 0u32;
-        loop {
-            let base = if n == 0 {
-                stem.to_owned()
-            } else {
-                format!("{stem}.{n}")
-            };
-            let target = self.bad.join(format!("{base}.json"));
-            let reason = self.bad.join(format!("{base}.reason"));
-            if !target.exists() && !reason.exists() && fs::symlink_metadata(&target).is_err() {
-                return (target, reason);
-            }
-            n += 1;
+            None => dz.rename_durably(name, &bad, &target),
         }
     }
 
     /// Removes `*.tmp` files older than `max_age_ms` (a writer that died mid-write).
     pub fn remove_stale_temps(&self, now: Timestamp, max_age_ms: i64) -> Result<usize> {
-        let entries = match fs::read_dir(&self.dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
-            Err(e) => return Err(Error::io("cannot list", &self.dir, e)),
+        let Some(dz) = self.open()? else {
+            return Ok(0);
         };
         let mut removed = 0;
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
+        for name in dz.names()? {
             if !name.ends_with(".tmp") {
                 continue;
             }
-            let Ok(meta) = entry.metadata() else { continue };
-            let mtime = Timestamp::from_millis(meta.mtime() * 1000);
-            if meta.is_file() && now.millis_since(mtime) > max_age_ms {
-                store::remove_durably(&entry.path())?;
+            let Ok(Some(Entry::File { modified, .. })) = dz.entry(OsStr::new(&name)) else {
+                continue;
+            };
+            let mtime = Timestamp::from_system(modified);
+            if now.millis_since(mtime) > max_age_ms {
+                dz.unlink_durably(OsStr::new(&name))?;
                 tracing::info!(file = ?name, "removed stale temp file");
                 removed += 1;
             }
@@ -476,17 +521,40 @@ it names elsewhere is untouched, and no copy of it is kept here)\n"
     }
 }
 
+/// Free names in `bad/` for a parked copy and its reason: `<stem>.json`, or `<stem>.1.json`
+/// and so on when taken.
+fn free_bad_names(bad: &Dir, stem: &str) -> Result<(String, String)> {
+    let taken = |name: &str| {
+        bad.entry(OsStr::new(name))
+            .map(|e| e.is_some())
+            .map_err(|e| Error::io("cannot inspect", bad.path().join(name), e))
+    };
+    for n in 0u32.. {
+        let base = if n == 0 {
+            stem.to_owned()
+        } else {
+            format!("{stem}.{n}")
+        };
+        let (target, reason) = (format!("{base}.json"), format!("{base}.reason"));
+        if !taken(&target)? && !taken(&reason)? {
+            return Ok((target, reason));
+        }
+    }
+    unreachable!("some name in bad/ is free")
+}
+
 /// How long an unparseable file is given to finish being written before it is parked.
 pub const SETTLE_MS: u128 = 2_000;
 
 /// Whether the file changed within [`SETTLE_MS`]. This compares against the filesystem's own
 /// clock (mtimes), not the engine's, because it asks about the file, not about waitpoints.
-fn is_fresh(path: &Path) -> bool {
-    fs::symlink_metadata(path)
-        .and_then(|m| m.modified())
-        .ok()
-        .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age.as_millis() < SETTLE_MS)
+fn is_fresh(dz: &Dir, name: &str) -> bool {
+    match dz.entry(OsStr::new(name)) {
+        Ok(Some(Entry::File { modified, .. })) => modified
+            .elapsed()
+            .is_ok_and(|age| age.as_millis() < SETTLE_MS),
+        _ => false,
+    }
 }
 
 /// Whether a name in the drop zone is a signal file to collect.
@@ -501,23 +569,19 @@ enum ReadError {
 }
 
 /// Reads a spool file only if it is safe to: a regular file with one link, at most the cap.
-fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
+fn read_regular(dz: &Dir, name: &OsStr) -> std::result::Result<Vec<u8>, ReadError> {
     const NOT_REGULAR: &str = "is not a regular file (directory, FIFO, socket or device)";
     const SYMLINK: &str = "is a symbolic link; only regular files are read";
     // Look before opening: opening a device or a socket can have effects of its own, so only
     // what is a regular file now is opened at all (and checked again once open, for races).
-    match fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_symlink() => return Err(ReadError::Refused(SYMLINK.into())),
-        Ok(m) if !m.is_file() => return Err(ReadError::Refused(NOT_REGULAR.into())),
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ReadError::Gone),
+    match dz.entry(name) {
+        Ok(Some(Entry::Symlink)) => return Err(ReadError::Refused(SYMLINK.into())),
+        Ok(Some(Entry::File { .. })) => {}
+        Ok(Some(_)) => return Err(ReadError::Refused(NOT_REGULAR.into())),
+        Ok(None) => return Err(ReadError::Gone),
         Err(e) => return Err(ReadError::Io(e)),
     }
-    let file: File = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_flags())
-        .open(path)
-    {
+    let file = match dz.open_read(name) {
         Ok(f) => f,
         Err(e) => {
             return Err(match e.kind() {
@@ -535,6 +599,7 @@ fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
         }
     };
     let meta = file.metadata().map_err(ReadError::Io)?;
+    use std::os::unix::fs::MetadataExt;
     if !meta.is_file() {
         return Err(ReadError::Refused(NOT_REGULAR.into()));
     }
@@ -560,11 +625,6 @@ fn read_regular(path: &Path) -> std::result::Result<Vec<u8>, ReadError> {
         )));
     }
     Ok(bytes)
-}
-
-fn libc_flags() -> i32 {
-    // Never follow a symlink out of the spool; never block opening a FIFO.
-    libc::O_NOFOLLOW | libc::O_NONBLOCK
 }
 
 /// The stem a refused file is parked under in `bad/` (before any `.1`, `.2` for clashes): control
@@ -619,32 +679,21 @@ fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, Option<String>)> {
     }
 }
 
-/// Whether `path` is a regular file with more than one name (not a symlink).
-fn hard_linked(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.nlink() > 1)
-}
-
-/// Whether `path` is a regular file with one link (not a symlink), which may be read to be
-/// copied: a hard-linked file also lives outside the spool and is never read.
-fn is_lone_regular_file(path: &Path) -> bool {
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_file() && m.nlink() == 1)
-}
-
-/// Copies a file too large to read at once into `target`, every secret-like run of hex
+/// Copies a file too large to read at once into `bad/target`, every secret-like run of hex
 /// removed, reading it through a handle opened without following links or blocking.
-fn copy_redacted(source: &Path, target: &Path) -> Result<()> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_flags())
-        .open(source)
-        .map_err(|e| Error::io("cannot read", source, e))?;
+fn copy_redacted(dz: &Dir, source: &OsStr, bad: &Dir, target: &str) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let path = || dz.path().join(source);
+    let mut file = dz
+        .open_read(source)
+        .map_err(|e| Error::io("cannot read", path(), e))?;
     let meta = file
         .metadata()
-        .map_err(|e| Error::io("cannot read", source, e))?;
+        .map_err(|e| Error::io("cannot read", path(), e))?;
     if !meta.is_file() || meta.nlink() != 1 {
-        return store::rename_durably(source, target);
+        return dz.rename_durably(source, bad, target);
     }
-    store::commit_from(target, |out| {
+    bad.commit_with(target, |out| {
         let mut redactor = secret::HexRedactor::default();
         let mut chunk = vec![0u8; 64 * 1024];
         let mut clean = Vec::with_capacity(chunk.len() + 16);

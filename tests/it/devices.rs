@@ -420,6 +420,13 @@ fn malformed_remote_file_is_parked_locally_and_removed_remotely() {
     let _d = env.daemon();
     wait_first_round(&env);
     sshd.drop_remote("5-broken", r#"{"id": "wp_0000"#);
+    // The first round leaves it (a writer may still be writing) and says so; the next one,
+    // finding it unchanged, takes it.
+    env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
+    assert_eq!(sshd.remote_names(), ["5-broken.json"]);
+    let left = &status(&env, "gpu")["left_on_device"];
+    assert_eq!(left[0]["file"], "5-broken.json", "{left}");
+    assert_eq!(left[0]["settling"], true, "{left}");
     env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
     assert!(sshd.remote_names().is_empty(), "{:?}", sshd.remote_names());
     let bad = mirror(&env, "gpu").join("bad");
@@ -660,4 +667,64 @@ fn a_remote_file_that_cannot_be_claimed_does_not_stall_the_device() {
     )
     .unwrap();
     assert_eq!(status["reachable"], true, "{status}");
+}
+
+#[test]
+fn a_remote_file_written_in_place_in_two_steps_is_collected_whole() {
+    let Some(sshd) = Sshd::start() else { return };
+    let env = Env::new();
+    add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
+    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let (id, secret) = id_secret(&reply);
+    let whole = body(&id, &secret, "");
+    let (first, rest) = whole.split_at(whole.len() / 2);
+    // Written straight to its final name, half now and half later, as a careless job would.
+    let path = sshd.spool.join("3-halves.json");
+    fs::write(&path, first).unwrap();
+    env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
+    assert_eq!(sshd.remote_names(), ["3-halves.json"], "the half was taken");
+    use std::io::Write as _;
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(rest.as_bytes())
+        .unwrap();
+    env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
+    assert!(sshd.remote_names().is_empty(), "{:?}", sshd.remote_names());
+    assert_eq!(sources(&env, &id), ["device:gpu:3-halves.json"]);
+    assert!(
+        !mirror(&env, "gpu").join("bad").exists()
+            || fs::read_dir(mirror(&env, "gpu").join("bad"))
+                .unwrap()
+                .count()
+                == 0,
+        "a fragment was parked"
+    );
+    assert!(status(&env, "gpu").get("left_on_device").is_none());
+}
+
+#[test]
+fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
+    let Some(sshd) = Sshd::start() else { return };
+    let env = Env::new();
+    add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
+    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let (id, secret) = id_secret(&reply);
+    // A file outside the spool, given a second name inside it.
+    let outside = sshd.spool.join("../outside.json");
+    fs::write(&outside, body(&id, &secret, "")).unwrap();
+    fs::hard_link(&outside, sshd.spool.join("4-linked.json")).unwrap();
+    env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
+    assert_eq!(sshd.remote_names(), ["4-linked.json"]);
+    assert!(outside.exists());
+    assert_eq!(env.state(&id)["counters"]["signals"], 0);
+    let left = &status(&env, "gpu")["left_on_device"];
+    assert_eq!(left[0]["file"], "4-linked.json", "{left}");
+    assert!(
+        left[0]["reason"].as_str().unwrap().contains("hard links"),
+        "{left}"
+    );
+    let shown = env.ok("device list", &env.waitpoint(&["device", "list"]));
+    assert!(shown.contains("4-linked.json"), "{shown}");
 }

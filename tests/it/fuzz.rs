@@ -298,7 +298,7 @@ fn the_drop_zone_read_path_takes_any_file_without_panicking_or_losing_it() {
         })
         .unwrap();
     let (id, secret) = (created.waitpoint.id, created.secret);
-    let spool = Spool::new(home.drop_zone());
+    let spool = Spool::new(&home);
     let n = AtomicUsize::new(0);
     let consumed = AtomicUsize::new(0);
     let parked = AtomicUsize::new(0);

@@ -111,14 +111,14 @@ fn a_group_commit_decides_what_one_by_one_collection_decides() {
         single.drop_file(name_s, text_s);
         batched.drop_file(name_b, text_b);
     }
-    let spool_s = Spool::new(single.drop_zone());
+    let spool_s = Spool::new(&waitpoint::home::Home::new(&single.home));
     let one_by_one: Vec<String> = spool_s
         .pending()
         .unwrap()
         .iter()
         .map(|n| outcome_shape(&spool_s.collect(&es, n).unwrap()))
         .collect();
-    let spool_b = Spool::new(batched.drop_zone());
+    let spool_b = Spool::new(&waitpoint::home::Home::new(&batched.home));
     let names = spool_b.pending().unwrap();
     let together: Vec<String> = spool_b
         .collect_batch(&eb, &names)
@@ -174,7 +174,7 @@ fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
     let wakes = env.home.join("sessions/s/wakes");
     fs::create_dir_all(&wakes).unwrap();
     fs::write(wakes.join("new"), b"in the way").unwrap();
-    let spool = Spool::new(env.drop_zone());
+    let spool = Spool::new(&waitpoint::home::Home::new(&env.home));
     let names = spool.pending().unwrap();
     let first = spool.collect_batch(&e, &names);
     assert!(first.iter().all(|(_, o)| o.is_err()), "{first:?}");

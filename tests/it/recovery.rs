@@ -12,6 +12,7 @@ use waitpoint::ingress::{Source, parse_signal};
 use waitpoint::settings::Settings;
 
 use crate::helpers::*;
+use crate::invariants;
 
 /// Writes the signal record a daemon killed right after recording `name` leaves behind (the
 /// state never replaced), stamped now as a real one would be.
@@ -280,6 +281,65 @@ fn stale_temps_under_waitpoints_are_swept_at_a_start_after_a_death_not_after_a_c
     );
 }
 
+/// The ids `check --json` lists as waiting.
+fn waiting_ids(env: &Env) -> Vec<String> {
+    let check: Value =
+        serde_json::from_str(&env.ok("check", &env.waitpoint(&["check", "--json"]))).unwrap();
+    check["waiting"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{check}"))
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
+    let env = Env::new();
+    let good = env.create(&["--label", "good", "--intent", "i"]);
+    let linked = env.create(&["--label", "linked", "--intent", "i"]);
+    let (good_id, _) = id_secret(&good);
+    let (linked_id, _) = id_secret(&linked);
+    // The linked waitpoint's directory now lives outside the home, reached through a link.
+    let outside = env.home.join("../outside");
+    fs::create_dir_all(&outside).unwrap();
+    let dir = env.home.join("waitpoints").join(&linked_id);
+    fs::rename(&dir, outside.join(&linked_id)).unwrap();
+    std::os::unix::fs::symlink(outside.join(&linked_id), &dir).unwrap();
+    let outside_files = invariants::all_files(&outside);
+    // A FIFO where a timer should be (reading it would block for ever), and a huge timer.
+    let fifo = env.home.join("timers/tm_0123456789ab.json");
+    fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let huge = fs::File::create(env.home.join("timers/tm_0123456789ac.json")).unwrap();
+    huge.set_len(waitpoint::store::MAX_RECORD_BYTES + 1)
+        .unwrap();
+    assert_eq!(waiting_ids(&env), std::slice::from_ref(&good_id));
+    let list = env.ok("timer list", &env.waitpoint(&["timer", "list", "--json"]));
+    assert_eq!(list.trim(), "[]");
+    let quarantine = env.home.join("quarantine");
+    let reason = |name: &str| {
+        fs::read_to_string(quarantine.join(format!("{name}.reason")))
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", env.tree()))
+    };
+    assert!(
+        reason(&format!("waitpoints%{linked_id}")).contains("is a symbolic link"),
+        "{}",
+        env.tree()
+    );
+    assert!(reason("timers%tm_0123456789ab.json").contains("not a regular file"));
+    assert!(reason("timers%tm_0123456789ac.json").contains("more than a record may be"));
+    // The link itself went aside; what it pointed at is untouched.
+    assert!(
+        fs::symlink_metadata(quarantine.join(format!("waitpoints%{linked_id}")))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert_eq!(invariants::all_files(&outside), outside_files);
+}
+
 #[test]
 fn one_record_that_does_not_parse_is_set_aside_and_stops_nothing_else() {
     let env = Env::new();
@@ -315,15 +375,7 @@ fn one_record_that_does_not_parse_is_set_aside_and_stops_nothing_else() {
         ]),
     );
     // Listing goes on without the bad waitpoint, and sets it aside.
-    let check: Value =
-        serde_json::from_str(&env.ok("check", &env.waitpoint(&["check", "--json"]))).unwrap();
-    let ids: Vec<&str> = check["waiting"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["id"].as_str().unwrap())
-        .collect();
-    assert_eq!(ids, [good_id.as_str()], "{check}");
+    assert_eq!(waiting_ids(&env), std::slice::from_ref(&good_id));
     let list = env.ok("timer list", &env.waitpoint(&["timer", "list", "--json"]));
     assert_eq!(
         serde_json::from_str::<Value>(&list)

@@ -664,4 +664,52 @@ fn directories_swapped_for_symlinks_while_running_send_nothing_outside() {
     });
     assert!(precious.exists(), "a file outside the home was moved");
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+    fs::remove_file(&dz).unwrap();
+    fs::rename(env.home.join("tmp/signals.was"), &dz).unwrap();
+
+    // `bad/`, swapped: a refused file is not parked (nor its reason written) through the link.
+    let bad = dz.join("bad");
+    let _ = fs::remove_dir_all(&bad);
+    std::os::unix::fs::symlink(&outside, &bad).unwrap();
+    env.drop_file("broken", "{not json");
+    env.wait_until("the park to refuse the link", || {
+        fs::read_to_string(env.home.join("log/daemon.log"))
+            .unwrap_or_default()
+            .contains(&format!("{}: is a symbolic link", bad.display()))
+    });
+    assert_eq!(fs::read_dir(&outside).unwrap().count(), 1, "parked outside");
+    assert!(dz.join("broken.json").exists(), "the refused file was lost");
+    fs::remove_file(&bad).unwrap();
+
+    // A parent of the drop zone (`tmp`), swapped for a link to a look-alike: nothing in it is
+    // read, moved or removed, though the path `tmp/signals` resolves there now.
+    let look_alike = outside.join("tmp");
+    fs::create_dir_all(look_alike.join("signals")).unwrap();
+    fs::set_permissions(
+        look_alike.join("signals"),
+        fs::Permissions::from_mode(0o700),
+    )
+    .unwrap();
+    let foreign = look_alike.join("signals/1-foreign.json");
+    fs::write(
+        &foreign,
+        body(&id_secret(&reply).0, &id_secret(&reply).1, ""),
+    )
+    .unwrap();
+    let tmp = env.home.join("tmp");
+    fs::rename(&tmp, env.home.join("tmp.was")).unwrap();
+    std::os::unix::fs::symlink(&look_alike, &tmp).unwrap();
+    let refusals = |log: &str| {
+        log.matches(&format!("{}: is a symbolic link", tmp.display()))
+            .count()
+    };
+    env.wait_until("the sweep to refuse the linked parent", || {
+        refusals(&fs::read_to_string(env.home.join("log/daemon.log")).unwrap_or_default()) > 0
+    });
+    assert!(foreign.exists(), "a file outside the home was collected");
+    assert_eq!(
+        env.state(&id_secret(&reply).0)["counters"]["signals"],
+        1,
+        "a foreign file was counted"
+    );
 }

@@ -38,7 +38,7 @@ fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_fre
         .unwrap()
         .ino();
 
-    let spool = Spool::new(env.drop_zone());
+    let spool = Spool::new(&waitpoint::home::Home::new(&env.home));
     let outcome = spool.collect(&e, "job.json").unwrap();
     assert!(matches!(outcome, FileOutcome::Consumed(_)), "{outcome:?}");
 
@@ -76,7 +76,9 @@ fn without_a_trash_a_command_frees_files_in_place() {
     let e = env.engine();
     let (id, secret) = monitor(&e);
     env.drop_file("job", &body(&id, &secret, ""));
-    let outcome = Spool::new(env.drop_zone()).collect(&e, "job.json").unwrap();
+    let outcome = Spool::new(&waitpoint::home::Home::new(&env.home))
+        .collect(&e, "job.json")
+        .unwrap();
     assert!(matches!(outcome, FileOutcome::Consumed(_)), "{outcome:?}");
     assert!(env.spooled().is_empty());
     assert!(env.trashed().is_empty(), "{:?}", env.trashed());

@@ -1,0 +1,408 @@
+//! [`Dir`]: a directory of the home held open, and every file operation done relative to it.
+//!
+//! A path is resolved anew each time it is used, so a directory swapped for a symbolic link
+//! between a check and a use sends the use elsewhere. A handle is resolved once: what is listed,
+//! opened, renamed or removed through it stays in the directory that was checked, whatever
+//! happens to the path meanwhile. Every step below the home's root is opened without following
+//! a link (the root itself may be one the user made, `~/.cortex -> /data/cortex`).
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand::Rng;
+
+use crate::error::{Error, Result};
+use crate::store::{DIR_MODE, FILE_MODE, TEMP_PREFIX, TEMP_SUFFIX};
+
+/// A directory of the home, held open: opened without following a symlink and checked to be
+/// a real directory that this user owns and nobody else can write. Names are then looked up
+/// relative to the handle, never by re-resolving the path, so a directory swapped for a
+/// symlink afterwards does not send a read, a removal or a rename outside the home.
+#[derive(Debug)]
+pub struct Dir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+/// What a name in a [`Dir`] is, looked at without following it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entry {
+    Symlink,
+    /// A regular file: its link count, size and modification time.
+    File {
+        links: u64,
+        len: u64,
+        modified: SystemTime,
+    },
+    Dir,
+    /// A FIFO, a socket or a device.
+    Other,
+}
+
+const OPEN_DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+
+impl Dir {
+    /// Opens `path` (made if missing, with its parents), refusing a symlink, a non-directory,
+    /// or a directory another user owns or others can write ([`Error::Insecure`]).
+    pub fn open_private(path: &Path) -> Result<Dir> {
+        crate::store::create_dir_private(path)?;
+        Self::open_existing(path)
+    }
+
+    /// Checks that `path`, if it exists, is a directory [`Dir::open_private`] would accept; a
+    /// missing one is fine (it is made when needed). For a check before each batch: no mkdir.
+    pub fn check(path: &Path) -> Result<()> {
+        match Self::open_existing(path) {
+            Err(e) if e.is_not_found() => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// Opens an existing `path`, its last component not followed if it is a link.
+    pub fn open_existing(path: &Path) -> Result<Dir> {
+        let c = c_path(path)?;
+        // SAFETY: a valid NUL-terminated path; the descriptor returned is ours to own.
+        let fd = unsafe { libc::open(c.as_ptr(), OPEN_DIR) };
+        Self::checked(fd, path, || is_symlink_path(path))
+    }
+
+    /// Opens `rel` beneath `root`: the root as the user made it (it may be a link), then each
+    /// component of `rel` through the one before it, none followed if it is a link, each
+    /// checked as [`Dir::open_private`] checks. A directory of the home swapped for a link, at
+    /// any depth, is refused rather than followed. Missing components are an `Io` error whose
+    /// [`Error::is_not_found`] is true.
+    pub fn open_beneath(root: &Path, rel: &Path) -> Result<Dir> {
+        let c = c_path(root)?;
+        // SAFETY: as in open_existing; only O_NOFOLLOW is left out, for the root alone.
+        let fd = unsafe { libc::open(c.as_ptr(), OPEN_DIR & !libc::O_NOFOLLOW) };
+        let mut dir = Self::checked(fd, root, || false)?;
+        for part in rel.components() {
+            match part {
+                Component::Normal(name) => dir = dir.child(name)?,
+                Component::CurDir => {}
+                _ => {
+                    return Err(Error::io(
+                        "not a path beneath the home",
+                        root.join(rel),
+                        io::Error::from(io::ErrorKind::InvalidInput),
+                    ));
+                }
+            }
+        }
+        Ok(dir)
+    }
+
+    /// Like [`Dir::open_beneath`], making missing components (mode 0700) on the way.
+    pub fn make_beneath(root: &Path, rel: &Path) -> Result<Dir> {
+        match Self::open_beneath(root, rel) {
+            Err(e) if e.is_not_found() => {
+                crate::store::create_dir_private(&root.join(rel))?;
+                Self::open_beneath(root, rel)
+            }
+            other => other,
+        }
+    }
+
+    /// The directory `name` inside this one, not followed if it is a link, checked.
+    pub fn child(&self, name: &OsStr) -> Result<Dir> {
+        let path = self.path.join(name);
+        let c = self.c_name(name)?;
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        let fd = unsafe { libc::openat(self.raw(), c.as_ptr(), OPEN_DIR) };
+        Self::checked(fd, &path, || {
+            matches!(self.entry(name), Ok(Some(Entry::Symlink)))
+        })
+    }
+
+    /// The directory `name` inside this one, made (mode 0700) when missing.
+    pub fn child_or_make(&self, name: &str) -> Result<Dir> {
+        let c = self.c_name(OsStr::new(name))?;
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        if unsafe { libc::mkdirat(self.raw(), c.as_ptr(), DIR_MODE) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::AlreadyExists {
+                return Err(Error::io(
+                    "cannot create directory",
+                    self.path.join(name),
+                    e,
+                ));
+            }
+        }
+        self.child(OsStr::new(name))
+    }
+
+    fn checked(fd: i32, path: &Path, is_link: impl Fn() -> bool) -> Result<Dir> {
+        let insecure = |message: String| Error::Insecure {
+            path: path.to_owned(),
+            message,
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP | libc::ENOTDIR) if is_link() => insecure(
+                    "is a symbolic link; the home's directories must be real ones (fix: \
+                     remove the link; the daemon makes the directory)"
+                        .into(),
+                ),
+                Some(libc::ENOTDIR) => insecure("is not a directory".into()),
+                _ => Error::io("cannot open", path, e),
+            });
+        }
+        // SAFETY: fd was just opened and nothing else owns it.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let dir = Dir {
+            fd,
+            path: path.to_owned(),
+        };
+        let meta = dir
+            .file()
+            .metadata()
+            .map_err(|e| Error::io("cannot inspect", path, e))?;
+        // SAFETY: geteuid(2) cannot fail and touches no memory.
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid {
+            return Err(insecure(format!(
+                "owned by uid {}, not by this user (uid {euid})",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(insecure(format!(
+                "mode {:04o} lets other users write here; fix: chmod go-w {}",
+                meta.mode() & 0o7777,
+                path.display()
+            )));
+        }
+        Ok(dir)
+    }
+
+    /// The path this directory was opened at (for messages; never used to reach it).
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn file(&self) -> File {
+        File::from(
+            self.fd
+                .as_fd()
+                .try_clone_to_owned()
+                .expect("a descriptor can be duplicated"),
+        )
+    }
+
+    fn raw(&self) -> i32 {
+        self.fd.as_raw_fd()
+    }
+
+    fn c_name(&self, name: &OsStr) -> Result<CString> {
+        let bytes = name.as_bytes();
+        let plain = !bytes.is_empty() && !bytes.contains(&b'/') && bytes != b"." && bytes != b"..";
+        plain
+            .then(|| CString::new(bytes).ok())
+            .flatten()
+            .ok_or_else(|| {
+                Error::io(
+                    "not a plain name in",
+                    self.path.join(name),
+                    io::Error::from(io::ErrorKind::InvalidInput),
+                )
+            })
+    }
+
+    /// The names in the directory that are UTF-8, read through the handle.
+    pub fn names(&self) -> Result<Vec<String>> {
+        Ok(self
+            .raw_names()?
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .collect())
+    }
+
+    /// Every name in the directory, UTF-8 or not, read through the handle.
+    pub fn raw_names(&self) -> Result<Vec<OsString>> {
+        // `/proc/self/fd/N` is the open directory itself, not a path resolved again.
+        let via = PathBuf::from(format!("/proc/self/fd/{}", self.raw()));
+        let mut out = Vec::new();
+        let entries =
+            std::fs::read_dir(&via).map_err(|e| Error::io("cannot list", &self.path, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("cannot list", &self.path, e))?;
+            out.push(entry.file_name());
+        }
+        Ok(out)
+    }
+
+    /// What `name` is, without following it; `None` when there is no such name.
+    pub fn entry(&self, name: &OsStr) -> io::Result<Option<Entry>> {
+        let c = self.c_name(name).map_err(|_| invalid())?;
+        // SAFETY: zeroed is a valid `stat`; fstatat fills it or fails.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid directory descriptor, NUL-terminated name and out-pointer.
+        let rc =
+            unsafe { libc::fstatat(self.raw(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            return if e.kind() == io::ErrorKind::NotFound {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        Ok(Some(match st.st_mode & libc::S_IFMT {
+            libc::S_IFLNK => Entry::Symlink,
+            libc::S_IFREG => Entry::File {
+                links: st.st_nlink as u64,
+                len: st.st_size as u64,
+                modified: UNIX_EPOCH
+                    + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.max(0) as u32),
+            },
+            libc::S_IFDIR => Entry::Dir,
+            _ => Entry::Other,
+        }))
+    }
+
+    /// Opens `name` for reading: never following a link, never blocking on a FIFO.
+    pub fn open_read(&self, name: &OsStr) -> io::Result<File> {
+        let c = self.c_name(name).map_err(|_| invalid())?;
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        let fd = unsafe { libc::openat(self.raw(), c.as_ptr(), flags) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just opened and nothing else owns it.
+        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Removes `name` from this directory (never following anything). Gone already is fine.
+    pub fn unlink(&self, name: &str) -> Result<()> {
+        self.unlink_raw(OsStr::new(name))
+    }
+
+    /// [`Dir::unlink`] for any name, UTF-8 or not.
+    pub fn unlink_raw(&self, name: &OsStr) -> Result<()> {
+        let c = self.c_name(name)?;
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        if unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) } == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::NotFound {
+            Ok(())
+        } else {
+            Err(Error::io("cannot remove", self.path.join(name), e))
+        }
+    }
+
+    /// Removes `name` and makes the removal durable.
+    pub fn unlink_durably(&self, name: &OsStr) -> Result<()> {
+        self.unlink_raw(name)?;
+        self.sync()
+    }
+
+    /// Moves the file at `from` (a path) into this directory as `name`.
+    pub fn rename_into(&self, from: &Path, name: &str) -> io::Result<()> {
+        let src = c_path(from).map_err(|_| invalid())?;
+        let dst = self.c_name(OsStr::new(name)).map_err(|_| invalid())?;
+        // SAFETY: valid NUL-terminated paths and a valid directory descriptor.
+        if unsafe { libc::renameat(libc::AT_FDCWD, src.as_ptr(), self.raw(), dst.as_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// Moves `name` of this directory to `to_name` in `to`, both through their handles.
+    pub fn rename_to(&self, name: &OsStr, to: &Dir, to_name: &str) -> io::Result<()> {
+        let src = self.c_name(name).map_err(|_| invalid())?;
+        let dst = to.c_name(OsStr::new(to_name)).map_err(|_| invalid())?;
+        // SAFETY: valid directory descriptors and NUL-terminated names.
+        if unsafe { libc::renameat(self.raw(), src.as_ptr(), to.raw(), dst.as_ptr()) } == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
+    /// [`Dir::rename_to`], made durable in both directories.
+    pub fn rename_durably(&self, name: &OsStr, to: &Dir, to_name: &str) -> Result<()> {
+        self.rename_to(name, to, to_name)
+            .map_err(|e| Error::io("cannot move", self.path.join(name), e))?;
+        to.sync()?;
+        self.sync()
+    }
+
+    /// fsyncs the directory, so renames and removals in it are durable.
+    pub fn sync(&self) -> Result<()> {
+        self.file()
+            .sync_all()
+            .map_err(|e| Error::io("cannot fsync directory", &self.path, e))
+    }
+
+    /// Writes `name` atomically and durably through the handle, its content from `fill`: a
+    /// temp file made here (never following a link), fsynced, renamed over `name`, and the
+    /// directory fsynced. On any error the temp file is removed and `name` is untouched.
+    pub fn commit_with(
+        &self,
+        name: &str,
+        fill: impl FnOnce(&mut File) -> io::Result<()>,
+    ) -> Result<()> {
+        let tag: u64 = rand::rng().next_u64();
+        let temp = format!("{TEMP_PREFIX}{name}.{tag:016x}{TEMP_SUFFIX}");
+        let c = self.c_name(OsStr::new(&temp))?;
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        let fd = unsafe { libc::openat(self.raw(), c.as_ptr(), flags, FILE_MODE) };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(Error::io("cannot create", self.path.join(&temp), e));
+        }
+        // SAFETY: fd was just opened and nothing else owns it.
+        let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let result = fill(&mut file)
+            .map_err(|e| Error::io("cannot write", self.path.join(name), e))
+            .and_then(|()| {
+                file.sync_all()
+                    .map_err(|e| Error::io("cannot fsync", self.path.join(name), e))
+            })
+            .and_then(|()| {
+                self.rename_to(OsStr::new(&temp), self, name)
+                    .map_err(|e| Error::io("cannot rename", self.path.join(name), e))
+            })
+            .and_then(|()| self.sync());
+        if result.is_err() {
+            let _ = self.unlink(&temp);
+        }
+        result
+    }
+
+    /// [`Dir::commit_with`] for bytes in hand.
+    pub fn commit(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        self.commit_with(name, |f| f.write_all(bytes))
+    }
+}
+
+fn invalid() -> io::Error {
+    io::Error::from(io::ErrorKind::InvalidInput)
+}
+
+fn c_path(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        Error::io(
+            "cannot open",
+            path,
+            io::Error::from(io::ErrorKind::InvalidInput),
+        )
+    })
+}
+
+fn is_symlink_path(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
