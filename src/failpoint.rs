@@ -53,6 +53,11 @@ pub const JOURNAL_CHECKPOINT: &str = "journal-checkpoint";
 /// in use). Not a commit step, so not in [`ALL`].
 pub const WATCHER: &str = "watcher";
 
+/// A device's collector: the remote spool is listed, nothing claimed yet. For tests that
+/// change the remote spool in that window (`sleep(ms)` widens it). Not a commit step, so not
+/// in [`ALL`].
+pub const DEVICE_AFTER_LIST: &str = "device-after-list";
+
 /// Every point, for tests that walk them all.
 pub const ALL: [&str; 10] = [
     STORE_WRITE,

@@ -832,6 +832,9 @@ impl Collector {
         let watchdog = &self.watchdog;
         watchdog.arm(&conn.stream);
         let (entries, left) = conn.list_and_left(device, tag)?;
+        tracing::debug!(device = %device.name, files = entries.len(), left = left.len(), "listed the remote spool");
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!(crate::failpoint::DEVICE_AFTER_LIST);
         self.left = left;
         let leave = |left: &mut Vec<LeftFile>, file: &str, claimed: &Path, why: LeftFile| {
             tracing::warn!(device = %device.name, file, "a remote signal file is left on the device: {}", why.reason);

@@ -727,4 +727,81 @@ fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
     );
     let shown = env.ok("device list", &env.waitpoint(&["device", "list"]));
     assert!(shown.contains("4-linked.json"), "{shown}");
+    crate::invariants::report(
+        "8-trust-devices",
+        &[(
+            "trust: device files that are hard links, over the cap or cannot be claimed: left on the device, listed in status.json; one written in two steps: collected whole, nothing parked",
+            "3 / 1 of 3 / 1 (real sshd on 127.0.0.1)".into(),
+        )],
+    );
+}
+
+#[cfg(feature = "failpoints")]
+#[test]
+fn a_remote_file_swapped_for_a_link_after_the_listing_is_not_followed() {
+    use std::io::BufRead;
+    let Some(sshd) = Sshd::start() else { return };
+    let env = Env::new();
+    add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
+    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let (id, secret) = id_secret(&reply);
+    // Outside the remote spool: a valid signal, what following the link would copy home.
+    let outside = sshd.spool.join("../elsewhere.json");
+    let precious = body(&id, &secret, "");
+    fs::write(&outside, &precious).unwrap();
+    let name = sshd.spool.join("6-swapped.json");
+    sshd.drop_remote("6-swapped", &body(&id, &secret, r#","status":"progress""#));
+    // A round in this process (no daemon), held for a while once it has listed the spool.
+    let mut poll = env
+        .command(WAITPOINT)
+        .args(["device", "poll", "gpu"])
+        .env("RUST_LOG", "waitpoint=debug")
+        .env("FAILPOINTS", "device-after-list=sleep(3000)")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    let mut lines = std::io::BufReader::new(poll.stderr.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("listed the remote spool") {
+            break;
+        }
+    }
+    assert!(said.contains("listed the remote spool"), "{said}");
+    // Listed as a regular file; now a link to the file outside.
+    fs::remove_file(&name).unwrap();
+    std::os::unix::fs::symlink(&outside, &name).unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status_code = poll.wait().unwrap();
+    assert!(status_code.success(), "{said}{}", rest.join("\n"));
+    assert_eq!(
+        env.state(&id)["counters"]["signals"],
+        0,
+        "the link was followed"
+    );
+    assert_eq!(fs::read_to_string(&outside).unwrap(), precious);
+    assert!(
+        fs::symlink_metadata(&name)
+            .unwrap()
+            .file_type()
+            .is_symlink(),
+        "the link was not given its name back: {:?}",
+        sshd.remote_names()
+    );
+    assert!(
+        mirrored(&env, "gpu").is_empty(),
+        "{:?}",
+        mirrored(&env, "gpu")
+    );
+    let left = &status(&env, "gpu")["left_on_device"];
+    assert!(
+        left[0]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("swapped"),
+        "{left}"
+    );
 }

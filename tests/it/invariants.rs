@@ -232,8 +232,12 @@ pub fn check(env: &Env, dropped: &[Dropped]) -> Findings {
             closed_by.insert(id.clone(), closer);
         }
         for r in &records {
+            // By identity, not by origin: a sender's POST and its spooled fallback are one
+            // signal, and both recorded would be a signal counted twice.
             identities
-                .entry(r["source"].as_str().unwrap().to_owned())
+                .entry(waitpoint::ingress::identity_of(
+                    r["source"].as_str().unwrap(),
+                ))
                 .or_default()
                 .push(id.clone());
         }

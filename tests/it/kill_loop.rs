@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use serde_json::Value;
+
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use waitpoint::clock::SystemClock;
@@ -285,6 +287,135 @@ fn kill_loop_loses_nothing_and_counts_nothing_twice() {
             (
                 "kill loop: wakes in the inbox (each exactly once)",
                 f.wakes.to_string(),
+            ),
+        ],
+    );
+}
+
+/// The kill loop's HTTP senders: `cortex-signal` processes POST to the shim while the daemon is
+/// SIGKILLed at random moments, and, in a failpoints build (`scripts/reliability`), also kills
+/// itself right after a batch is committed and before any reply goes out, one commit in ten.
+/// A sender that hears no answer falls back to the spool under the same key. Every sender must
+/// exit 0 and its signal be recorded exactly once, whichever copy arrived first.
+#[test]
+fn http_senders_through_kills_are_each_recorded_exactly_once() {
+    let seed = knob("WAITPOINT_KILL_SEED", rand::random::<u32>() as u64);
+    let senders = knob("WAITPOINT_KILL_HTTP_SENDERS", 48) as usize;
+    let kills = knob("WAITPOINT_KILL_HTTP_KILLS", 4) as usize;
+    let context = format!(
+        "http kill loop: seed {seed}; replay with WAITPOINT_KILL_SEED={seed} \
+         WAITPOINT_KILL_HTTP_SENDERS={senders} WAITPOINT_KILL_HTTP_KILLS={kills}"
+    );
+    eprintln!("{context}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let env = Env::new();
+    let monitors: Vec<(String, String)> = (0..4)
+        .map(|i| {
+            let label = format!("m{i}");
+            id_secret(&env.create(&["--label", &label, "--intent", "i", "--max-signals", "10000"]))
+        })
+        .collect();
+    // Inert without the failpoints feature.
+    let crash_after_commit = [("FAILPOINTS", "engine-after-journal=10%return(crash)")];
+    let mut said: Vec<(String, Option<i32>)> = Vec::new();
+    for chunk in (0..senders)
+        .collect::<Vec<_>>()
+        .chunks(senders.div_ceil(kills))
+    {
+        // The address file of the daemon killed last round names a dead listener; wait for
+        // this daemon's own, so most senders find the shim.
+        let _ = std::fs::remove_file(env.home.join("webhook.json"));
+        let d = env.daemon_with(&["--http", "--port", "0"], &crash_after_commit);
+        env.webhook_port();
+        // The daemon dies while the senders start: those started just before are mid-request.
+        let kill_at = rng.random_range(0..=chunk.len());
+        let mut d = Some(d);
+        let children: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                if i == kill_at {
+                    d.take().map(DaemonGuard::kill);
+                }
+                let (id, secret) = &monitors[n % monitors.len()];
+                env.command(CORTEX_SIGNAL)
+                    .args(["--status", "progress", "--message", &format!("sender {n}")])
+                    .env("CORTEX_SIGNAL_ID", id)
+                    .env("CORTEX_SIGNAL_SECRET", secret)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn cortex-signal")
+            })
+            .collect();
+        if let Some(d) = d {
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..50)));
+            d.kill();
+        }
+        for c in children {
+            let out = c.wait_with_output().unwrap();
+            said.push((
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+                out.status.code(),
+            ));
+        }
+    }
+    let mut d = env.daemon_started(&[]);
+    env.wait_until("the spooled copies to drain", || settled(&env));
+    d.send(libc::SIGTERM);
+    let (code, stderr) = d.wait_exit();
+    assert_eq!(code, Some(0), "{context}\n{stderr}");
+
+    let f = invariants::check(&env, &[]);
+    f.assert_kept(&context);
+    let records: Vec<Value> = monitors
+        .iter()
+        .flat_map(|(id, _)| invariants::records_of(&env.home, id))
+        .collect();
+    let (mut lost, mut doubled, mut answered, mut unanswered, mut unreachable, mut cut) =
+        (0, 0, 0, 0, 0, 0);
+    for (n, (stderr, code)) in said.iter().enumerate() {
+        assert_eq!(*code, Some(0), "{context}: sender {n}: {stderr}");
+        let mine: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["message"] == format!("sender {n}"))
+            .collect();
+        match mine.len() {
+            0 => lost += 1,
+            1 => {}
+            _ => doubled += 1,
+        }
+        if stderr.contains("did not answer") {
+            unanswered += 1;
+            // The POST was recorded, but its answer never came: the daemon died between the
+            // commit and the reply, and the spooled copy was found a duplicate.
+            if mine
+                .iter()
+                .any(|r| r["source"].as_str().unwrap().starts_with("http:"))
+            {
+                cut += 1;
+            }
+        } else if stderr.contains("spooled") {
+            unreachable += 1;
+        } else if stderr.contains("accepted") {
+            answered += 1;
+        }
+    }
+    assert_eq!((lost, doubled), (0, 0), "{context}: lost, doubled");
+    invariants::report(
+        "1b-kill-loop-http",
+        &[
+            (
+                "kill loop over HTTP: `cortex-signal` senders (answered 202 / no answer, spooled / shim down, spooled)",
+                format!("{} ({answered} / {unanswered} / {unreachable})", said.len()),
+            ),
+            (
+                "kill loop over HTTP: daemon killed between the commit and the reply (the spooled copy found a duplicate)",
+                cut.to_string(),
+            ),
+            (
+                "kill loop over HTTP: lost / recorded twice",
+                format!("{lost} / {doubled}"),
             ),
         ],
     );

@@ -338,6 +338,13 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
             .is_symlink()
     );
     assert_eq!(invariants::all_files(&outside), outside_files);
+    invariants::report(
+        "8-trust-records",
+        &[(
+            "trust: records that are a link out of the home, a FIFO, or over 16 MB: set aside unread, the rest listed",
+            "3 of 3".into(),
+        )],
+    );
 }
 
 #[test]

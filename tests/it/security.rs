@@ -579,6 +579,19 @@ fn printed_lines_keep_the_secret_out_of_argv_and_run_keeps_it_from_the_job() {
     assert_eq!(env.spooled().len(), 1, "run still signalled");
 }
 
+/// Every file under `dir` with its content, to show nothing outside the home was touched.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut files: Vec<_> = all_files(dir)
+        .into_iter()
+        .map(|p| {
+            let bytes = fs::read(&p).unwrap_or_default();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 /// A directory outside the home holding one file, to point links at.
 fn outside_with_a_file(env: &Env) -> (PathBuf, PathBuf) {
     let outside = env.home.join("../outside");
@@ -621,12 +634,20 @@ fn a_symlink_where_a_home_directory_should_be_is_refused_at_start() {
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).unwrap();
     }
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
+    invariants::report(
+        "8-trust-links-at-start",
+        &[(
+            "trust: home directories replaced by links before the start (trash, bad/, quarantine, waitpoints, drop zone): refused",
+            "5 of 5 (exit 1, naming the path); files outside touched: 0".into(),
+        )],
+    );
 }
 
 #[test]
 fn directories_swapped_for_symlinks_while_running_send_nothing_outside() {
     let env = Env::new();
     let (outside, precious) = outside_with_a_file(&env);
+    let before = snapshot(&outside);
     let _d = env.daemon();
     let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "10"]);
     let cli = line(&reply, "cli");
@@ -711,5 +732,18 @@ fn directories_swapped_for_symlinks_while_running_send_nothing_outside() {
         env.state(&id_secret(&reply).0)["counters"]["signals"],
         1,
         "a foreign file was counted"
+    );
+    // Outside: what was there before, plus only the look-alike this test made.
+    let after: Vec<_> = snapshot(&outside)
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(&look_alike))
+        .collect();
+    assert_eq!(after, before, "a file outside the home changed");
+    invariants::report(
+        "8-trust-links-running",
+        &[(
+            "trust: home directories swapped for links while running (trash, drop zone, bad/, a parent of the drop zone): files outside the home read, moved, removed or written",
+            "0 (4 swaps; contents compared)".into(),
+        )],
     );
 }
