@@ -241,12 +241,8 @@ impl Env {
         self.daemon_with(&[], env)
     }
 
-    /// Starts `waitpoint daemon ARGS…` with extra environment and waits until it is ready.
-    pub fn daemon_with(&self, args: &[&str], env: &[(&str, &str)]) -> DaemonGuard {
-        let log = self.home.join("log/daemon.log");
-        let before = fs::read_to_string(&log)
-            .map(|s| s.matches("daemon ready").count())
-            .unwrap_or(0);
+    /// Starts `waitpoint daemon ARGS…` with extra environment, and returns at once.
+    pub fn daemon_spawned(&self, args: &[&str], env: &[(&str, &str)]) -> DaemonGuard {
         let stderr_path = self
             .home
             .join("..")
@@ -261,7 +257,16 @@ impl Env {
             cmd.env(k, v);
         }
         let child = cmd.spawn().expect("spawn daemon");
-        let guard = DaemonGuard { child, stderr_path };
+        DaemonGuard { child, stderr_path }
+    }
+
+    /// Starts `waitpoint daemon ARGS…` with extra environment and waits until it is ready.
+    pub fn daemon_with(&self, args: &[&str], env: &[(&str, &str)]) -> DaemonGuard {
+        let log = self.home.join("log/daemon.log");
+        let before = fs::read_to_string(&log)
+            .map(|s| s.matches("daemon ready").count())
+            .unwrap_or(0);
+        let guard = self.daemon_spawned(args, env);
         self.wait_until("the daemon to be ready", || {
             fs::read_to_string(&log)
                 .map(|s| s.matches("daemon ready").count() > before)
@@ -333,20 +338,7 @@ impl Env {
     /// Starts `waitpoint daemon ARGS` and returns once it holds the home's lock, without waiting
     /// for its startup drain to finish.
     pub fn daemon_started(&self, args: &[&str]) -> DaemonGuard {
-        let stderr_path = self
-            .home
-            .join("..")
-            .join(format!("daemon-stderr-{}.txt", rand_tag()));
-        let stderr = fs::File::create(&stderr_path).unwrap();
-        let child = self
-            .command(WAITPOINT)
-            .arg("daemon")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn daemon");
-        let guard = DaemonGuard { child, stderr_path };
+        let guard = self.daemon_spawned(args, &[]);
         let pid = guard.pid().to_string();
         let lock = self.home.join("daemon.lock");
         self.wait_until("the daemon to take its lock", || {

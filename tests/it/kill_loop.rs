@@ -324,9 +324,13 @@ fn http_senders_through_kills_are_each_recorded_exactly_once() {
     {
         // The address file of the daemon killed last round names a dead listener; wait for
         // this daemon's own, so most senders find the shim.
-        let _ = std::fs::remove_file(env.home.join("webhook.json"));
-        let d = env.daemon_with(&["--http", "--port", "0"], &crash_after_commit);
-        env.webhook_port();
+        let published = env.home.join("webhook.json");
+        let _ = std::fs::remove_file(&published);
+        // Not waiting for "ready": a daemon that kills itself while draining never gets there.
+        let mut d = env.daemon_spawned(&["--http", "--port", "0"], &crash_after_commit);
+        env.wait_until("the shim's address, or the daemon's death", || {
+            published.exists() || !d.running()
+        });
         // The daemon dies while the senders start: those started just before are mid-request.
         let kill_at = rng.random_range(0..=chunk.len());
         let mut d = Some(d);
