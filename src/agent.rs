@@ -38,6 +38,15 @@ pub fn webhook_port(home: &Home, fallback: u16) -> u16 {
     }
 }
 
+/// Whether the HTTP shim the `curl` line posts to is listening for this home.
+fn shim_state(engine: &Engine) -> howto::Shim {
+    match crate::signal::published_endpoint(engine.home()) {
+        crate::signal::Published::Up(_) => howto::Shim::Listening,
+        _ if engine.settings().webhook.enabled => howto::Shim::Configured,
+        _ => howto::Shim::Off,
+    }
+}
+
 /// Whether a daemon holds this home's lock right now (signals are applied only by one).
 pub fn daemon_running(home: &Home) -> bool {
     FileLock::is_held(&home.daemon_lock())
@@ -60,7 +69,11 @@ pub fn how_to_signal(engine: &Engine, created: &Created, ctx: LineContext) -> Re
         &howto::Target {
             home_override: (!ctx.home_is_implicit).then_some(root.as_str()),
             local_drop_zone: &drop_zone,
-            webhook_port: webhook_port(home, ctx.fallback_port),
+            webhook_port: webhook_port(
+                home,
+                engine.settings().webhook.port.unwrap_or(ctx.fallback_port),
+            ),
+            shim: shim_state(engine),
             device_spool: device.as_ref().map(|d| d.spool.as_str()),
         },
     ))
@@ -100,30 +113,10 @@ pub fn waiting_for(engine: &Engine, session: &str) -> Result<Vec<Waitpoint>> {
 /// waits on with its intent, progress, deadline, badges and latest heartbeat, and the unread
 /// wakes of the session's channel.
 pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Value> {
-    let now = engine.now();
-    let rows = render::check_items(
-        engine.home(),
-        items,
-        engine.settings().max_wakes_per_hour,
-        now,
-    );
+    let rows = check_rows(engine, items)?;
     let mut waiting = Vec::with_capacity(rows.len());
     for (wp, row) in items.iter().zip(rows) {
         let mut v = serde_json::to_value(&row).expect("rows serialise");
-        let heartbeat = if wp.counters.progress == 0 {
-            None
-        } else {
-            engine.latest_signal(&wp.id, |s| s.status == SignalStatus::Progress)?
-        };
-        v["latest_heartbeat"] = match heartbeat {
-            Some(s) => json!({
-                "at": s.received_at,
-                "age": render::time_left(s.received_at, now),
-                "member": s.member,
-                "message": s.message,
-            }),
-            None => Value::Null,
-        };
         v["intent"] = json!(wp.intent);
         waiting.push(v);
     }
@@ -139,6 +132,27 @@ pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Valu
         })
         .collect();
     Ok(json!({ "session": session, "waiting": waiting, "unread_wakes": unread }))
+}
+
+/// The rows `check` shows for `items`: progress, deadline, badges and the latest heartbeat.
+pub fn check_rows(engine: &Engine, items: &[Waitpoint]) -> Result<Vec<render::CheckItem>> {
+    let heartbeats = items
+        .iter()
+        .map(|wp| {
+            if wp.counters.progress == 0 {
+                Ok(None)
+            } else {
+                engine.latest_signal(&wp.id, |s| s.status == SignalStatus::Progress)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(render::check_items(
+        engine.home(),
+        items,
+        &heartbeats,
+        engine.settings().max_wakes_per_hour,
+        engine.now(),
+    ))
 }
 
 /// Arms a waitpoint for a front end: the named device must exist, so the reply's `shell` line

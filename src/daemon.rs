@@ -516,12 +516,35 @@ impl Daemon {
                 key,
                 reply,
             }) => self.apply_http(request, key, reply),
-            Event::HttpSignal(Submission::Callback { request, reply }) => {
-                let outcome =
-                    self.engine
-                        .trigger_callback(&request.token, request.mode, request.text, None);
+            Event::HttpSignal(Submission::Callback {
+                request,
+                key,
+                reply,
+            }) => {
+                // The request's Idempotency-Key is the trigger's identity: a retry under the
+                // same key is a duplicate, not a second wake.
+                let key = key.unwrap_or_else(|| format!("gen-{}", crate::secret::random_hex(16)));
+                let source = Some(format!("http:{key}"));
+                let outcome = self.engine.trigger_callback(
+                    &request.token,
+                    request.mode,
+                    request.text,
+                    source,
+                );
                 if let Ok(engine::callbacks::Trigger::Delivered { id, .. }) = &outcome {
                     self.after_trigger(id);
+                }
+                let _ = reply.send(outcome);
+            }
+            Event::HttpSignal(Submission::Control { request, reply }) => {
+                let outcome = crate::ingress::control::run(&self.engine, request);
+                if let Some(id) = outcome
+                    .as_ref()
+                    .ok()
+                    .and_then(crate::ingress::control::changed_timer)
+                {
+                    let id = id.to_owned();
+                    self.reschedule_timer(&id);
                 }
                 let _ = reply.send(outcome);
             }

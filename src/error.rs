@@ -69,8 +69,11 @@ pub enum Error {
     Invalid { field: &'static str, reason: String },
     #[error("{path}: {message}")]
     Settings { path: PathBuf, message: String },
-    #[error("no waitpoint {0} (or it is not this session's)")]
-    NotFound(String),
+    /// No such waitpoint, timer or callback (named by the id's prefix). `scoped` when the
+    /// lookup was for one session's own: then it may exist and be another's, and the text says
+    /// so without saying which.
+    #[error("{}", not_found_text(id, *scoped))]
+    NotFound { id: String, scoped: bool },
     #[error("{0}")]
     Conflict(String),
     #[error("another daemon holds {path} (pid {pid}); stop it first or use another --home")]
@@ -93,7 +96,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Usage(_) | Error::Invalid { .. } | Error::Settings { .. } => ErrorKind::Usage,
-            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::NotFound { .. } => ErrorKind::NotFound,
             Error::Conflict(_) => ErrorKind::Conflict,
             Error::Locked { .. } => ErrorKind::Locked,
             Error::Io { .. } => ErrorKind::Io,
@@ -122,6 +125,37 @@ impl Error {
     /// Whether this is an I/O error for something that does not exist.
     pub fn is_not_found(&self) -> bool {
         matches!(self, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+fn not_found_text(id: &str, scoped: bool) -> String {
+    let kind = match id.get(..3) {
+        Some("tm_") => "timer",
+        Some("cb_") => "callback",
+        _ => "waitpoint",
+    };
+    if scoped {
+        format!("no {kind} {id} (or it is not this session's)")
+    } else {
+        format!("no {kind} {id}")
+    }
+}
+
+impl Error {
+    /// Not found among `session`'s own (see [`Error::NotFound`]).
+    pub fn not_found_for_session(id: &str) -> Self {
+        Error::NotFound {
+            id: id.to_owned(),
+            scoped: true,
+        }
+    }
+
+    /// Not found at all.
+    pub fn not_found(id: &str) -> Self {
+        Error::NotFound {
+            id: id.to_owned(),
+            scoped: false,
+        }
     }
 }
 

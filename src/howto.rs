@@ -26,6 +26,9 @@ pub struct HowToSignal {
     /// With members: which names to put where the lines say `MEMBER`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub member_note: Option<String>,
+    /// When no HTTP shim is listening for this home: what the `curl` line needs first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub curl_note: Option<String>,
 }
 
 impl HowToSignal {
@@ -48,9 +51,23 @@ pub struct Target<'a> {
     pub local_drop_zone: &'a str,
     /// The loopback port of the optional HTTP shim.
     pub webhook_port: u16,
+    /// Whether a shim is listening (this home's daemon published it); when not, the `curl`
+    /// line carries a note saying what it needs.
+    pub shim: Shim,
     /// For a device-bound waitpoint: the spool directory on the device (`~/` is the login's
     /// home there). `None` means the spec's default, `~/.cortex/tmp/signals`.
     pub device_spool: Option<&'a str>,
+}
+
+/// Whether the HTTP shim the `curl` line posts to is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shim {
+    /// Listening: this home's daemon published its address.
+    Listening,
+    /// Turned on in settings, but no daemon is running it now.
+    Configured,
+    /// Off (the default: no network listener unless asked for).
+    Off,
 }
 
 /// Quotes a word for `sh` (single quotes, with embedded ones closed and escaped).
@@ -147,6 +164,19 @@ printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":
                 wp.members.join(", ")
             )
         }),
+        curl_note: match target.shim {
+            Shim::Listening => None,
+            Shim::Configured => Some(format!(
+                "the curl line needs the daemon's HTTP shim on port {}: it is turned on in \
+settings.json but no daemon is running it now (start one: waitpoint daemon)",
+                target.webhook_port
+            )),
+            Shim::Off => Some(format!(
+                "the curl line needs the daemon's HTTP shim, which is off for this home (the \
+default): start the daemon with `waitpoint daemon --http` (port {}), or use the cli or shell line",
+                target.webhook_port
+            )),
+        },
     }
 }
 

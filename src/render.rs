@@ -32,6 +32,50 @@ pub struct CheckItem {
     pub expires_at: Timestamp,
     pub time_left: String,
     pub badges: Vec<Badge>,
+    /// The newest `progress` report, if any: a heartbeat shows up when you next look.
+    pub latest_heartbeat: Option<Heartbeat>,
+}
+
+/// A waitpoint's newest `progress` report, as `check` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Heartbeat {
+    pub at: Timestamp,
+    /// How long ago, in words (`3m 2s ago`).
+    pub age: String,
+    pub member: Option<String>,
+    /// The sender's text: external data, shown clipped and with control characters removed.
+    pub message: Option<String>,
+}
+
+impl Heartbeat {
+    pub fn of(s: &SignalRecord, now: Timestamp) -> Heartbeat {
+        Heartbeat {
+            at: s.received_at,
+            age: time_left(s.received_at, now),
+            member: s.member.clone(),
+            message: s.message.clone(),
+        }
+    }
+
+    /// `heartbeat 3m ago (arm2): step 12000`, on one line.
+    fn line(&self, width: usize) -> String {
+        let mut text = format!("heartbeat {}", self.age);
+        if let Some(m) = &self.member {
+            text.push_str(&format!(" ({})", printable(m)));
+        }
+        if let Some(msg) = &self.message {
+            text.push_str(&format!(": {}", clip(&printable(msg), width)));
+        }
+        text
+    }
+}
+
+/// `s` with control characters (escape sequences, newlines) shown as spaces, so a sender's
+/// text cannot redraw the operator's terminal.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// Terminal styling: ANSI colour or plain text.
@@ -66,9 +110,11 @@ pub fn progress(wp: &Waitpoint) -> String {
 }
 
 fn received(wp: &Waitpoint) -> (u32, u32) {
-    // A one-shot that resolved shows its quorum as met (the round reset when it completed).
+    // A one-shot's round reset when it completed, so what it received is what its counters
+    // say: a fail-fast barrier resolved by one failure of two received 1, not 2.
     let got = if wp.status == Status::Resolved && wp.max_signals == 1 {
-        wp.quorum
+        let terminal = wp.counters.ok.saturating_add(wp.counters.fail);
+        u32::try_from(terminal).unwrap_or(u32::MAX).min(wp.quorum)
     } else {
         wp.round.terminal.min(wp.quorum)
     };
@@ -150,10 +196,17 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
 }
 
 /// The rows of `check` for the waitpoints a session waits on.
-pub fn check_items(home: &Home, items: &[Waitpoint], cap: u32, now: Timestamp) -> Vec<CheckItem> {
+pub fn check_items(
+    home: &Home,
+    items: &[Waitpoint],
+    heartbeats: &[Option<SignalRecord>],
+    cap: u32,
+    now: Timestamp,
+) -> Vec<CheckItem> {
     items
         .iter()
-        .map(|wp| {
+        .enumerate()
+        .map(|(i, wp)| {
             let (received, needed) = received(wp);
             CheckItem {
                 id: wp.id.clone(),
@@ -165,6 +218,10 @@ pub fn check_items(home: &Home, items: &[Waitpoint], cap: u32, now: Timestamp) -
                 expires_at: wp.expires_at,
                 time_left: time_left(wp.expires_at, now),
                 badges: badges(home, wp, cap, now),
+                latest_heartbeat: heartbeats
+                    .get(i)
+                    .and_then(Option::as_ref)
+                    .map(|s| Heartbeat::of(s, now)),
             }
         })
         .collect()
@@ -200,6 +257,10 @@ pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
             };
             out.push_str(&format!("{:16} {text}\n", ""));
         }
+        if let Some(h) = &it.latest_heartbeat {
+            let text = style.paint("2", &format!("♥ {}", h.line(60)));
+            out.push_str(&format!("{:16} {text}\n", ""));
+        }
     }
     out
 }
@@ -214,10 +275,17 @@ pub fn check_brief(items: &[CheckItem]) -> String {
     };
     match items {
         [] => String::new(),
-        [one] => format!(
-            "{dot}{} · {} · expires {}\n",
-            one.label, one.progress, one.time_left
-        ),
+        [one] => {
+            let beat = one
+                .latest_heartbeat
+                .as_ref()
+                .map(|h| format!(" · heartbeat {}", h.age))
+                .unwrap_or_default();
+            format!(
+                "{dot}{} · {} · expires {}{beat}\n",
+                one.label, one.progress, one.time_left
+            )
+        }
         [first, ..] => format!("{dot}{} waiting items · {}\n", items.len(), first.label),
     }
 }

@@ -4,6 +4,11 @@
 use rand::Rng;
 use sha2::{Digest, Sha256};
 
+/// The environment variable holding the operator token (the spec's `CORTEX_WEBHOOK_TOKEN`):
+/// read once by `waitpoint daemon`, kept only as its hash, and removed from every program the
+/// daemon runs.
+pub const OPERATOR_TOKEN_ENV: &str = "CORTEX_WEBHOOK_TOKEN";
+
 /// A fresh secret: 32 random bytes as 64 lowercase hex characters.
 pub fn generate() -> String {
     random_hex(32)

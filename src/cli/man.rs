@@ -475,6 +475,17 @@ settings are kept.",
     common_home_env(&mut d);
     settings_env(&mut d);
     d.var(
+        "CORTEX_WEBHOOK_TOKEN",
+        "The operator token (at least 16 characters). With --http, it turns on the control \
+routes (POST /api/control/agents/:agent_id/reset-callback, POST /api/control/agents/:id/timers, \
+GET /api/agents/:id/timers, GET /api/agents/:id/timers/:timer_id, \
+POST /api/control/agents/:id/timers/:timer_id/cancel), which then need \
+Authorization: Bearer <token> and answer 401 without it; unset, they answer 404. The daemon keeps \
+only its SHA-256, compares it in constant time, and removes it from the environment of every \
+onWake hook. The signal route never accepts it: a waitpoint's secret is the only credential \
+there.",
+    );
+    d.var(
         "RUST_LOG",
         "Log filter; default info. Every line about a waitpoint carries its id in the \
 waitpoint field.",

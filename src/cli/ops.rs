@@ -103,6 +103,13 @@ const ATTACH_POLL: Duration = Duration::from_secs(1);
 /// signalled; the exit status is the command's own.
 pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     let mut body = a.target.body(None)?;
+    // The id, secret and member are checked before the command starts: a job started against
+    // a waitpoint that will refuse its signal would run for hours for nothing.
+    let probe = process::fit_body(body.clone())?;
+    if let Some((exit::FAILURE, said)) = super::signal::judge_locally(home, &probe) {
+        eprintln!("waitpoint run: {said}; the command was not started");
+        return Ok(exit::FAILURE);
+    }
     let (program, args) = a.command.split_first().expect("clap requires a command");
     let outcome = process::run_command(
         program,

@@ -133,6 +133,33 @@ fn run(args: SignalArgs) -> anyhow::Result<u8> {
     )
 }
 
+/// Judges a finished body against the home (see [`crate::engine::prejudge`]) and says what the
+/// daemon would: `Some((exit code, what to say))` when that settles it (refused: 1, in the HTTP
+/// route's words; already closed: 0, nothing to do), `None` when the signal must be sent.
+pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
+    use crate::clock::Clock;
+    use crate::engine::{Prejudged, Refusal};
+    let req = crate::ingress::parse_signal(body).ok()?;
+    let now = crate::clock::SystemClock.now();
+    // Unreadable here (the daemon may still read it): send.
+    let why = match crate::engine::prejudge(home, now, &req).ok()? {
+        Prejudged::Open | Prejudged::Unknowable => return None,
+        Prejudged::Closed(status) => {
+            return Some((
+                exit::OK,
+                format!(
+                    "the waitpoint is already {}; nothing to do",
+                    status.as_str()
+                ),
+            ));
+        }
+        Prejudged::Refused(Refusal::UnknownId) => "unknown waitpoint id".to_owned(),
+        Prejudged::Refused(Refusal::Unauthorized) => "wrong secret".to_owned(),
+        Prejudged::Refused(r) => r.reason(),
+    };
+    Some((exit::FAILURE, format!("refused: {why}")))
+}
+
 /// The id and secret, or the usage error the spec asks for when either is missing.
 pub fn require_id_secret(
     id: Option<String>,
@@ -154,6 +181,17 @@ pub fn send(
     no_spool: bool,
     program: &str,
 ) -> anyhow::Result<u8> {
+    // On the daemon's machine the home says at once whether the signal would be refused; only
+    // what it cannot say is sent. Not with --url: that names some other daemon's endpoint.
+    if url.is_none()
+        && let Some((code, said)) = judge_locally(home, body)
+    {
+        eprintln!(
+            "{program}: {said} (judged from {}; nothing was sent)",
+            home.root().display()
+        );
+        return Ok(code);
+    }
     let mut why_spool = "no HTTP shim is published for this home".to_owned();
     // The signal's identity, whichever way it goes: the POST's Idempotency-Key and, if it falls
     // back, the spool file's name. A daemon that recorded the POST but whose answer never came

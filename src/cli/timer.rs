@@ -4,15 +4,32 @@
 use std::io::Write;
 
 use clap::{Args, Subcommand};
-use serde_json::json;
 
 use crate::engine::Engine;
 use crate::engine::timers::TimerRequest;
 use crate::error::exit;
+use crate::ingress::http::trigger_url;
 use crate::model::{Callback, CallbackMode};
 
 use super::render;
-use super::waitpoint::SessionArg;
+
+/// `waitpoint timer`: a subcommand, or the legacy creation form's flags alone.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct TimerArgs {
+    #[command(subcommand)]
+    pub command: Option<TimerCommand>,
+    /// The legacy form `timer --after-ms N [--every-ms N] [--summary TEXT]`: `timer create`.
+    #[command(flatten)]
+    pub legacy: TimerCreateArgs,
+}
+
+impl TimerArgs {
+    /// The subcommand to run: the one given, or `create` for the legacy form.
+    pub fn into_command(self) -> TimerCommand {
+        self.command.unwrap_or(TimerCommand::Create(self.legacy))
+    }
+}
 
 #[derive(Debug, Subcommand)]
 pub enum TimerCommand {
@@ -29,8 +46,10 @@ pub enum TimerCommand {
 #[derive(Debug, Args)]
 pub struct TimerCreateArgs {
     /// Delay before the first firing, in milliseconds (positive)
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-    pub after_ms: u64,
+    // Required, but an `Option`: in the legacy form (`timer --after-ms N`) these flags sit
+    // beside the subcommands, and clap waives the requirement when a subcommand is given.
+    #[arg(long, value_name = "N", required = true, value_parser = clap::value_parser!(u64).range(1..))]
+    pub after_ms: Option<u64>,
     /// Repeat every N milliseconds after that (positive)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub every_ms: Option<u64>,
@@ -38,7 +57,7 @@ pub struct TimerCreateArgs {
     #[arg(long, value_name = "TEXT")]
     pub summary: Option<String>,
     #[command(flatten)]
-    pub session: SessionArg,
+    pub session: AgentArg,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -50,7 +69,7 @@ pub struct TimerListArgs {
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub limit: usize,
     #[command(flatten)]
-    pub session: SessionArg,
+    pub session: AgentArg,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -61,10 +80,27 @@ pub struct TimerIdArgs {
     /// The timer id (tm_…)
     pub id: String,
     #[command(flatten)]
-    pub session: SessionArg,
+    pub session: AgentArg,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+}
+
+/// The owning agent of a timer or callback. The spec's operator CLI names it `--agent`; a
+/// session is the spec's agent, so `--session` is the same flag.
+#[derive(Debug, Args)]
+pub struct AgentArg {
+    /// The agent (session) acting [default: $CORTEX_SESSION, else "default"]
+    #[arg(
+        long = "agent",
+        visible_alias = "session",
+        value_name = "ID",
+        env = "CORTEX_SESSION",
+        default_value = "default",
+        hide_default_value = true,
+        hide_env = true
+    )]
+    pub session: String,
 }
 
 fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -77,10 +113,11 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
     match cmd {
         TimerCommand::Create(a) => {
             let t = engine.create_timer(TimerRequest {
-                duration_ms: a.after_ms,
+                duration_ms: a.after_ms.expect("clap requires --after-ms"),
                 interval_ms: a.every_ms,
                 summary: a.summary,
                 session: a.session.session,
+                authority_class: None,
             })?;
             if a.json {
                 print_json(out, &t)?;
@@ -134,10 +171,25 @@ pub enum CallbackCommand {
     List(CallbackListArgs),
     /// Show one callback (never its token)
     Show(CallbackIdArgs),
-    /// Revoke a callback's token
+    /// Revoke a callback's token, for good
     Cancel(CallbackIdArgs),
-    /// Revoke the token and issue a new one
-    Reset(CallbackIdArgs),
+    /// Without ID: revoke the agent's default callback and issue a replacement (the spec's
+    /// reset); with ID: replace that active callback's token (a revoked one stays revoked)
+    Reset(CallbackResetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CallbackResetArgs {
+    /// The callback whose token to replace (cb_…); without it, the agent's default callback
+    pub id: Option<String>,
+    /// The replacement default's mode [default: the old default's, else wake]
+    #[arg(long, value_name = "MODE", value_parser = ["wake", "enqueue"], conflicts_with = "id")]
+    pub mode: Option<String>,
+    #[command(flatten)]
+    pub session: AgentArg,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -149,7 +201,7 @@ pub struct CallbackCreateArgs {
     #[arg(long, value_name = "L")]
     pub label: Option<String>,
     #[command(flatten)]
-    pub session: SessionArg,
+    pub session: AgentArg,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -158,7 +210,7 @@ pub struct CallbackCreateArgs {
 #[derive(Debug, Args)]
 pub struct CallbackListArgs {
     #[command(flatten)]
-    pub session: SessionArg,
+    pub session: AgentArg,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
@@ -169,18 +221,10 @@ pub struct CallbackIdArgs {
     /// The callback id (cb_…)
     pub id: String,
     #[command(flatten)]
-    pub session: SessionArg,
+    pub session: AgentArg,
     /// Print JSON
     #[arg(long)]
     pub json: bool,
-}
-
-/// The URL a sender POSTs to. The token is the capability: treat the URL as a secret.
-pub fn trigger_url(port: u16, mode: CallbackMode, token: &str) -> String {
-    format!(
-        "http://127.0.0.1:{port}/callbacks/{}/{token}",
-        mode.as_str()
-    )
 }
 
 fn callback_line(cb: &Callback) -> String {
@@ -220,16 +264,8 @@ pub fn run_callback(
      -> anyhow::Result<()> {
         let url = trigger_url(port, i.callback.mode, &i.token);
         let cb = &i.callback;
-        let mut v = json!({
-            "id": cb.id,
-            "mode": cb.mode,
-            "status": cb.status,
-            "trigger_url": url,
-        });
-        if reset {
-            v = json!({ "ok": true, "id": cb.id, "trigger_url": url, "mode": cb.mode, "status": cb.status });
-        }
         if json_out {
+            let v = crate::ingress::control::issued_view(&i, &url);
             serde_json::to_writer_pretty(&mut *out, &v)?;
             writeln!(out)?;
         } else {
@@ -304,7 +340,13 @@ pub fn run_callback(
             }
         }
         CallbackCommand::Reset(a) => {
-            let i = engine.reset_callback(&a.id, &a.session.session)?;
+            let i = match &a.id {
+                Some(id) => engine.reset_callback(id, &a.session.session)?,
+                None => engine.reset_default_callback(
+                    &a.session.session,
+                    a.mode.as_deref().and_then(CallbackMode::parse),
+                )?,
+            };
             issued(out, true, a.json, i)?;
         }
     }

@@ -59,8 +59,10 @@ pub enum Command {
     /// Replace a waitpoint's secret: the old one is refused from now on
     ResetSecret(ResetSecretArgs),
     /// Durable timers: wakes after a delay, optionally repeating
-    #[command(subcommand)]
-    Timer(super::timer::TimerCommand),
+    ///
+    /// `waitpoint timer --after-ms N [--every-ms N] [--summary TEXT]`, without a subcommand, is
+    /// the legacy form of `timer create` and does the same.
+    Timer(super::timer::TimerArgs),
     /// Callback capability URLs for senders that can only POST
     #[command(subcommand)]
     Callback(super::timer::CallbackCommand),
@@ -396,7 +398,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
             let created = engine.reset_secret(&a.id, &a.session.session)?;
             print_created(&engine, &created, a.print, a.json, &mut out)
         }
-        Command::Timer(cmd) => super::timer::run_timer(&engine, cmd, &mut out),
+        Command::Timer(args) => super::timer::run_timer(&engine, args.into_command(), &mut out),
         Command::Adapter(cmd) => {
             // The Codex hook writes its reply to stdout itself.
             drop(out);
@@ -440,7 +442,20 @@ fn http_config(a: &DaemonArgs, settings: &Settings) -> anyhow::Result<Option<Htt
         None => super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
     };
     let bind = a.bind.as_deref().unwrap_or("127.0.0.1");
-    Ok(Some(HttpConfig::new(bind, port)?))
+    // The operator token turns the control routes on; the shim keeps only its hash.
+    let token = std::env::var(crate::secret::OPERATOR_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    if token.as_deref().is_some_and(|t| t.trim().len() < 16) {
+        return Err(Error::Usage(format!(
+            "{} must be at least 16 characters (it guards every agent's timers and callbacks)",
+            crate::secret::OPERATOR_TOKEN_ENV
+        ))
+        .into());
+    }
+    Ok(Some(
+        HttpConfig::new(bind, port)?.with_control_token(token.as_deref().map(str::trim)),
+    ))
 }
 
 pub(crate) fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -556,6 +571,11 @@ fn print_created(
         ("attach_to_pid", &lines.attach_to_pid),
     ] {
         writeln!(out, "  {name}:\n    {line}")?;
+        if name == "curl"
+            && let Some(note) = &lines.curl_note
+        {
+            writeln!(out, "    ({note})")?;
+        }
     }
     Ok(exit::OK)
 }
@@ -577,12 +597,7 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
         return Ok(exit::OK);
     }
     let now = engine.now();
-    let rows = render::check_items(
-        engine.home(),
-        &items,
-        engine.settings().max_wakes_per_hour,
-        now,
-    );
+    let rows = agent::check_rows(engine, &items)?;
     if a.brief {
         write!(out, "{}", render::check_brief(&rows))?;
     } else {
@@ -675,12 +690,7 @@ fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyhow::Result<
                 let _ = watcher.watch(&home.waitpoint_dir(&wp.id), RecursiveMode::NonRecursive);
             }
         }
-        let rows = render::check_items(
-            home,
-            &items,
-            engine.settings().max_wakes_per_hour,
-            engine.now(),
-        );
+        let rows = agent::check_rows(engine, &items)?;
         let text = if a.json {
             format!("{}\n", json!({ "session": session, "waiting": rows }))
         } else {

@@ -36,6 +36,9 @@ pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String>
     let (program, args) = h.argv.split_first().ok_or("onWake is empty")?;
     let mut child = Command::new(program)
         .args(args)
+        // The operator token grants control over every agent of the home; a hook is a
+        // program the daemon runs, not the operator.
+        .env_remove(crate::secret::OPERATOR_TOKEN_ENV)
         .envs(h.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(if capture_stdout {

@@ -7,7 +7,7 @@
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::model::{
-    Callback, CallbackMode, CallbackRef, CallbackStatus, EXTERNAL_NOTICE, ExternalPayload,
+    CALLBACK_NOTICE, Callback, CallbackMode, CallbackRef, CallbackStatus, ExternalPayload,
     ExternalReport, Wake, WakeKind,
 };
 use crate::secret;
@@ -79,6 +79,18 @@ impl Engine {
         session: &str,
         label: Option<String>,
     ) -> Result<IssuedCallback> {
+        let _lock = self.callbacks_lock()?;
+        self.issue_callback(mode, session, label, false)
+    }
+
+    /// Issues a callback (the callbacks lock held).
+    fn issue_callback(
+        &self,
+        mode: CallbackMode,
+        session: &str,
+        label: Option<String>,
+        default: bool,
+    ) -> Result<IssuedCallback> {
         check_name("session", session)?;
         if label
             .as_ref()
@@ -104,8 +116,8 @@ impl Engine {
             trigger_count: 0,
             recent_sources: Vec::new(),
             hook_deliveries: Vec::new(),
+            default,
         };
-        let _lock = self.callbacks_lock()?;
         self.save_callback(&cb)?;
         tracing::info!(callback = %cb.id, session, mode = mode.as_str(), "callback created");
         Ok(IssuedCallback {
@@ -118,7 +130,7 @@ impl Engine {
     pub fn callback_for(&self, id: &str, session: &str) -> Result<Callback> {
         match self.load_callback(id)? {
             Some(c) if c.session == session => Ok(c),
-            _ => Err(Error::NotFound(id.to_owned())),
+            _ => Err(Error::not_found_for_session(id)),
         }
     }
 
@@ -153,20 +165,53 @@ impl Engine {
         Ok(cb)
     }
 
-    /// Revokes the callback's token and issues a new one (the callback stays, reactivated).
+    /// Replaces an active callback's token: the old token is refused from now on, the callback
+    /// keeps its id. A revoked callback stays revoked (cancelling revokes the capability for
+    /// good, as does deleting its session); issue a new one instead.
     pub fn reset_callback(&self, id: &str, session: &str) -> Result<IssuedCallback> {
         let _lock = self.callbacks_lock()?;
         let mut cb = self.callback_for(id, session)?;
+        if cb.status == CallbackStatus::Revoked {
+            return Err(Error::Conflict(format!(
+                "callback {id} is revoked, and a revoked callback stays revoked; \
+                 `waitpoint callback create` issues a new one"
+            )));
+        }
         let token = format!("{id}_{}", secret::generate());
         cb.token_sha256 = secret::hash(&token);
-        cb.status = CallbackStatus::Active;
-        cb.revoked_at = None;
         self.save_callback(&cb)?;
         tracing::info!(callback = %id, session, "callback token reset; the old one is refused");
         Ok(IssuedCallback {
             callback: cb,
             token,
         })
+    }
+
+    /// The spec's reset: revokes the agent's current default capability (if it has one) and
+    /// issues a replacement with a new id and token, in `mode` or the old one's (`wake` when
+    /// there was none). The old one is revoked before the new one exists, so the agent never
+    /// holds two.
+    pub fn reset_default_callback(
+        &self,
+        session: &str,
+        mode: Option<CallbackMode>,
+    ) -> Result<IssuedCallback> {
+        check_name("agent_id", session)?;
+        let _lock = self.callbacks_lock()?;
+        let mut old_mode = None;
+        let mut label = None;
+        for mut cb in self.list_callbacks(Some(session))? {
+            if cb.default && cb.status == CallbackStatus::Active {
+                cb.status = CallbackStatus::Revoked;
+                cb.revoked_at = Some(self.clock.now());
+                self.save_callback(&cb)?;
+                tracing::info!(callback = %cb.id, session, "default callback revoked by a reset");
+                old_mode = Some(cb.mode);
+                label = cb.label.take();
+            }
+        }
+        let mode = mode.or(old_mode).unwrap_or(CallbackMode::Wake);
+        self.issue_callback(mode, session, label, true)
     }
 
     /// Revokes every callback of a session (used when the session is deleted).
@@ -182,7 +227,8 @@ impl Engine {
     }
 
     /// Triggers the callback `token` names on the `route` mode's route. `text` is an enqueue's
-    /// message; `source` is a spool file's identity (HTTP triggers have none).
+    /// message; `source` is the trigger's identity (a spool file's, or an HTTP request's
+    /// `Idempotency-Key`): the same one again is a duplicate, not a second delivery.
     pub fn trigger_callback(
         &self,
         token: &str,
@@ -289,7 +335,7 @@ An accepted callback does not prove that any work completed.\n",
     };
     if let Some(t) = &text {
         prose.push_str(&format!(
-            "\nExternal payload. {EXTERNAL_NOTICE}\n  text: {t:?}\n"
+            "\nExternal payload. {CALLBACK_NOTICE}\n  text: {t:?}\n"
         ));
     }
     Wake {
@@ -310,7 +356,7 @@ An accepted callback does not prove that any work completed.\n",
         reports: Vec::new(),
         deadline: None,
         external_payload: ExternalPayload {
-            notice: EXTERNAL_NOTICE.to_owned(),
+            notice: CALLBACK_NOTICE.to_owned(),
             reports,
         },
         text: prose,

@@ -379,7 +379,8 @@ impl Engine {
     pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
         match self.load(id)? {
             Some(wp) if session.is_none_or(|s| wp.visible_to(s)) => Ok(wp),
-            _ => Err(Error::NotFound(id.to_owned())),
+            _ if session.is_some() => Err(Error::not_found_for_session(id)),
+            _ => Err(Error::not_found(id)),
         }
     }
 
@@ -711,7 +712,7 @@ impl Engine {
     /// secret) and the new one is returned, once.
     pub fn reset_secret(&self, id: &str, session: &str) -> Result<Created> {
         let Some(_lock) = self.lock(id)? else {
-            return Err(Error::NotFound(id.to_owned()));
+            return Err(Error::not_found_for_session(id));
         };
         let mut wp = self.load_visible(id, Some(session))?;
         if wp.status != Status::Armed {
@@ -734,7 +735,7 @@ impl Engine {
     /// cancelling one that already resolved or expired is a conflict.
     pub fn cancel(&self, id: &str, session: &str) -> Result<Waitpoint> {
         let Some(_lock) = self.lock(id)? else {
-            return Err(Error::NotFound(id.to_owned()));
+            return Err(Error::not_found_for_session(id));
         };
         let mut wp = self.load_visible(id, Some(session))?;
         match wp.status {
@@ -909,7 +910,7 @@ impl Engine {
             if wp.status == Status::Armed {
                 match self.cancel(&wp.id, session) {
                     Ok(_) => cancelled.push(wp.id),
-                    Err(Error::NotFound(_) | Error::Conflict(_)) => {}
+                    Err(Error::NotFound { .. } | Error::Conflict(_)) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -1115,6 +1116,49 @@ pub fn hook_backoff_ms(attempts: u32) -> i64 {
 
 /// Whether a resolved waitpoint is still inside its grace window (late reports still land in
 /// the pending wake).
+/// What a sender on the daemon's machine can know of its signal before sending it, from the
+/// home alone (see [`prejudge`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prejudged {
+    /// It would be refused, with the same refusal the daemon would give.
+    Refused(Refusal),
+    /// The waitpoint is closed (and past its grace window): answered "already ...".
+    Closed(Status),
+    /// Nothing here refuses it: send it, and let the daemon decide.
+    Open,
+    /// This home holds no waitpoints (a device's, or one with no daemon yet): nothing to judge.
+    Unknowable,
+}
+
+/// Judges `req` against the waitpoint state in `home` without changing anything, as the daemon
+/// would (wrong secret, unknown id, missing or unlisted member, closed), so a sender on the
+/// daemon's machine hears "refused" at once instead of having its signal parked later. Only
+/// what this cannot see (a home without waitpoints, a state changing meanwhile) is left to the
+/// daemon, which decides again in any case.
+pub fn prejudge(home: &Home, now: Timestamp, req: &SignalRequest) -> Result<Prejudged> {
+    if !home.waitpoints_dir().is_dir() {
+        return Ok(Prejudged::Unknowable);
+    }
+    let wp = if crate::ingress::is_waitpoint_id(&req.id) {
+        read_json::<Waitpoint>(&home.waitpoint_file(&req.id))?
+    } else {
+        None
+    };
+    let Some(wp) = wp else {
+        return Ok(Prejudged::Refused(Refusal::UnknownId));
+    };
+    if !secret::verify(&req.secret, &wp.secret_sha256) {
+        return Ok(Prejudged::Refused(Refusal::Unauthorized));
+    }
+    if wp.status != Status::Armed && !in_grace_window(&wp, now) {
+        return Ok(Prejudged::Closed(wp.status));
+    }
+    if let Err(r) = rules::check_member(&wp, req.member.as_deref()) {
+        return Ok(Prejudged::Refused(r));
+    }
+    Ok(Prejudged::Open)
+}
+
 fn in_grace_window(wp: &Waitpoint, now: Timestamp) -> bool {
     wp.status == Status::Resolved
         && wp

@@ -27,6 +27,8 @@ pub struct TimerRequest {
     pub interval_ms: Option<u64>,
     pub summary: Option<String>,
     pub session: String,
+    /// A control caller's `authority_class`, kept on the timer as metadata only.
+    pub authority_class: Option<String>,
 }
 
 /// The longest delay or interval a timer may have: ten years, far inside the clock's range.
@@ -56,7 +58,7 @@ impl Engine {
 
     /// Creates a timer. Durations and intervals are positive milliseconds.
     pub fn create_timer(&self, req: TimerRequest) -> Result<Timer> {
-        check_name("session", &req.session)?;
+        check_name("agent_id", &req.session)?;
         if req.duration_ms == 0 {
             return Err(Error::invalid(
                 "duration_ms",
@@ -114,6 +116,7 @@ impl Engine {
             last_fired_at: None,
             fire_count: 0,
             hook_deliveries: Vec::new(),
+            authority_class: req.authority_class,
         };
         let _lock = self.timers_lock()?;
         commit_json(&self.home.timer_file(&timer.id), &timer)?;
@@ -125,7 +128,7 @@ impl Engine {
     pub fn timer_for(&self, id: &str, session: &str) -> Result<Timer> {
         match self.load_timer(id)? {
             Some(t) if t.session == session => Ok(t),
-            _ => Err(Error::NotFound(id.to_owned())),
+            _ => Err(Error::not_found_for_session(id)),
         }
     }
 

@@ -1,6 +1,7 @@
-//! The optional loopback HTTP shim: `POST /webhook/signal`, the callback routes
-//! `POST /callbacks/wake/<token>` and `POST /callbacks/enqueue/<token>`, and `GET /healthz`;
-//! nothing else.
+//! The optional loopback HTTP shim: `POST /webhook/signal`; the callback routes
+//! `POST /api/callbacks/wake/<token>` and `POST /api/callbacks/enqueue/<token>` (and their short
+//! forms `/callbacks/<mode>/<token>`); the authenticated control routes of [`super::control`],
+//! only when the daemon holds an operator token; and `GET /healthz`. Nothing else.
 //!
 //! This is the only code that speaks HTTP on the server side. It turns a request into a
 //! [`SignalRequest`] with the same [`parse_signal`] the drop zone uses, hands it to whoever
@@ -50,6 +51,7 @@ use crate::clock::{Clock, Timestamp};
 use crate::engine::callbacks::{self, Trigger};
 use crate::engine::{Refusal, Verdict};
 use crate::error::{Error, Result};
+use crate::ingress::control::{self, ControlOutcome, ControlRequest};
 use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, SignalRequest, parse_signal};
 use crate::model::CallbackMode;
 use crate::model::WebhookAddress;
@@ -86,9 +88,12 @@ const LINGER_BYTES: usize = 1024 * 1024;
 const CHUNK: usize = 8 * 1024;
 
 /// Where the shim listens: a loopback address only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     pub addr: SocketAddr,
+    /// SHA-256 of the operator token (`CORTEX_WEBHOOK_TOKEN`) the control routes require; no
+    /// token, no control routes.
+    pub control_token_sha256: Option<String>,
 }
 
 impl HttpConfig {
@@ -115,7 +120,14 @@ or ::1). A job on another machine should drop a signal file instead (create with
         }
         Ok(HttpConfig {
             addr: SocketAddr::new(ip, port),
+            control_token_sha256: None,
         })
+    }
+
+    /// Turns the control routes on for callers presenting `token` (kept only as its hash).
+    pub fn with_control_token(mut self, token: Option<&str>) -> Self {
+        self.control_token_sha256 = token.map(crate::secret::hash);
+        self
     }
 
     /// Binds the listener (port 0 picks a free one), so a port in use is reported when the
@@ -132,7 +144,11 @@ or ::1). A job on another machine should drop a signal file instead (create with
         let addr = listener
             .local_addr()
             .map_err(|e| Error::io("cannot read the address of", self.addr.to_string(), e))?;
-        Ok(Bound { listener, addr })
+        Ok(Bound {
+            listener,
+            addr,
+            control: self.control_token_sha256.clone(),
+        })
     }
 }
 
@@ -141,6 +157,7 @@ or ::1). A job on another machine should drop a signal file instead (create with
 pub struct Bound {
     listener: TcpListener,
     addr: SocketAddr,
+    control: Option<String>,
 }
 
 impl Bound {
@@ -161,10 +178,17 @@ pub enum Submission {
         key: String,
         reply: Sender<Result<Verdict>>,
     },
-    /// `POST /callbacks/<mode>/<token>`.
+    /// `POST /api/callbacks/<mode>/<token>`; `key` is the request's `Idempotency-Key`, the
+    /// trigger's identity, when it sent one.
     Callback {
         request: CallbackRequest,
+        key: Option<String>,
         reply: Sender<Result<Trigger>>,
+    },
+    /// An authenticated control operation.
+    Control {
+        request: ControlRequest,
+        reply: Sender<Result<ControlOutcome>>,
     },
 }
 
@@ -178,6 +202,10 @@ impl std::fmt::Debug for Submission {
                 .finish_non_exhaustive(),
             Submission::Callback { request, .. } => f
                 .debug_struct("Submission::Callback")
+                .field("request", request)
+                .finish_non_exhaustive(),
+            Submission::Control { request, .. } => f
+                .debug_struct("Submission::Control")
                 .field("request", request)
                 .finish_non_exhaustive(),
         }
@@ -218,6 +246,10 @@ impl MissBudget {
 
 struct Shared {
     submit: Submit,
+    /// Where the shim listens (a reset's trigger URL names it).
+    addr: SocketAddr,
+    /// SHA-256 of the operator token; `None` turns the control routes off.
+    control: Option<String>,
     clock: Arc<dyn Clock>,
     budget: Mutex<MissBudget>,
     /// Connections handed to workers and not yet handed back or closed.
@@ -243,7 +275,11 @@ impl Shim {
         submit: Submit,
         address_file: PathBuf,
     ) -> Result<Shim> {
-        let Bound { listener, addr } = bound;
+        let Bound {
+            listener,
+            addr,
+            control,
+        } = bound;
         let what = addr.to_string();
         let io_err = |context: &'static str| {
             let what = what.clone();
@@ -258,6 +294,8 @@ impl Shim {
         }
         let shared = Arc::new(Shared {
             submit,
+            addr,
+            control,
             clock,
             budget: Mutex::new(MissBudget::default()),
             busy: AtomicUsize::new(0),
@@ -431,12 +469,29 @@ impl Conn {
 /// The most bytes one request may take: a full head and the largest body of any route.
 const MAX_REQUEST_BYTES: usize = MAX_HEAD_BYTES + callbacks::MAX_BODY_BYTES;
 
-/// The callback routes' prefix: `POST /callbacks/<wake|enqueue>/<token>`.
-pub const CALLBACK_PREFIX: &str = "/callbacks/";
+/// The callback routes' prefix, the spec's: `POST /api/callbacks/<wake|enqueue>/<token>`.
+pub const CALLBACK_PREFIX: &str = "/api/callbacks/";
+/// The callback routes' short form, `POST /callbacks/<wake|enqueue>/<token>`, kept for senders
+/// configured with it.
+pub const SHORT_CALLBACK_PREFIX: &str = "/callbacks/";
+
+/// The URL a sender POSTs to. The token is the capability: treat the URL as a secret.
+pub fn trigger_url(port: u16, mode: CallbackMode, token: &str) -> String {
+    format!(
+        "http://127.0.0.1:{port}{CALLBACK_PREFIX}{}/{token}",
+        mode.as_str()
+    )
+}
+
+/// The callback route's rest (`<mode>/<token>`) when `path` is one, in either form.
+fn callback_rest(path: &str) -> Option<&str> {
+    path.strip_prefix(CALLBACK_PREFIX)
+        .or_else(|| path.strip_prefix(SHORT_CALLBACK_PREFIX))
+}
 
 /// The body limit of the route `path` names: 256 KB for callbacks, 64 KB for signals.
 fn body_limit(path: &str) -> usize {
-    if path.starts_with(CALLBACK_PREFIX) {
+    if callback_rest(path).is_some() {
         callbacks::MAX_BODY_BYTES
     } else {
         MAX_BODY_BYTES
@@ -801,6 +856,7 @@ struct Head {
     connection_close: bool,
     connection_keep_alive: bool,
     idempotency_key: Option<Vec<u8>>,
+    authorization: Option<Vec<u8>>,
 }
 
 impl Head {
@@ -858,6 +914,8 @@ fn parse_head(bytes: &[u8]) -> std::result::Result<Head, HeadError> {
             }
         } else if name.eq_ignore_ascii_case("idempotency-key") {
             head.idempotency_key = Some(h.value.to_vec());
+        } else if name.eq_ignore_ascii_case("authorization") {
+            head.authorization = Some(h.value.to_vec());
         }
     }
     Ok(head)
@@ -912,6 +970,7 @@ fn refused(code: u16, error: impl Into<String>) -> Reply {
 fn reason_phrase(code: u16) -> &'static str {
     match code {
         200 => "OK",
+        201 => "Created",
         202 => "Accepted",
         400 => "Bad Request",
         401 => "Unauthorized",
@@ -919,6 +978,7 @@ fn reason_phrase(code: u16) -> &'static str {
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        409 => "Conflict",
         410 => "Gone",
         411 => "Length Required",
         413 => "Content Too Large",
@@ -978,14 +1038,15 @@ fn route(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketA
             ..refused(405, "use GET on /healthz")
         },
         ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
-        ("POST", p) if p.starts_with(CALLBACK_PREFIX) => callback(shared, head, body, peer),
+        ("POST", p) if callback_rest(p).is_some() => callback(shared, head, body, peer),
+        (_, p) if control::is_control_path(p) => control_route(shared, head, body, peer),
         (_, SIGNAL_PATH) => Reply {
             allow: Some("POST"),
             ..refused(405, "use POST on /webhook/signal")
         },
         _ => reply(
             404,
-            json!({ "result": "not_found", "error": "this shim serves only POST /webhook/signal, POST /callbacks/<mode>/<token> and GET /healthz" }),
+            json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), and GET /healthz" }),
         ),
     }
 }
@@ -1002,21 +1063,9 @@ fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Socket
     if head.content_length.is_empty() {
         return refused(411, "a Content-Length header is required");
     }
-    let key = match &head.idempotency_key {
-        None => format!("gen-{}", crate::secret::random_hex(16)),
-        Some(k)
-            if !k.is_empty()
-                && k.len() <= MAX_KEY_CHARS
-                && k.iter().all(|b| (0x21..=0x7e).contains(b)) =>
-        {
-            String::from_utf8_lossy(k).into_owned()
-        }
-        Some(_) => {
-            return refused(
-                400,
-                format!("Idempotency-Key must be 1-{MAX_KEY_CHARS} visible ASCII characters"),
-            );
-        }
+    let key = match idempotency_key(head) {
+        Ok(k) => k.unwrap_or_else(|| format!("gen-{}", crate::secret::random_hex(16))),
+        Err(r) => return r,
     };
     if let Some(r) = budget_spent(shared) {
         return r;
@@ -1025,6 +1074,93 @@ fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Socket
         Err(reason) => refused(400, reason),
         Ok(request) => apply(shared, request, key, peer),
     }
+}
+
+/// The request's `Idempotency-Key`, if it sent a well-formed one.
+fn idempotency_key(head: &Head) -> std::result::Result<Option<String>, Reply> {
+    match &head.idempotency_key {
+        None => Ok(None),
+        Some(k)
+            if !k.is_empty()
+                && k.len() <= MAX_KEY_CHARS
+                && k.iter().all(|b| (0x21..=0x7e).contains(b)) =>
+        {
+            Ok(Some(String::from_utf8_lossy(k).into_owned()))
+        }
+        Some(_) => Err(refused(
+            400,
+            format!("Idempotency-Key must be 1-{MAX_KEY_CHARS} visible ASCII characters"),
+        )),
+    }
+}
+
+/// The control routes: off (404) without an operator token; 401 without the right one (a wrong
+/// one spends the miss budget, so the token cannot be guessed at speed); then the operation,
+/// run on the daemon's loop.
+fn control_route(
+    shared: &Shared,
+    head: &Head,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+) -> Reply {
+    let Some(expected) = &shared.control else {
+        return refused(
+            404,
+            "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to turn them on",
+        );
+    };
+    if let Some(r) = budget_spent(shared) {
+        return r;
+    }
+    let presented = head
+        .authorization
+        .as_deref()
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(token) if crate::secret::verify(token, expected) => {}
+        Some(_) => {
+            record_miss(shared);
+            let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+            tracing::warn!(%peer, path = %head.path, "control route refused: wrong operator token");
+            return refused(401, "wrong operator token");
+        }
+        None => {
+            return refused(
+                401,
+                "the control routes need the operator token: Authorization: Bearer $CORTEX_WEBHOOK_TOKEN",
+            );
+        }
+    }
+    let Some(body) = body else {
+        return body_length(head)
+            .err()
+            .unwrap_or_else(|| refused(400, "the body was not read"));
+    };
+    let request = match control::parse(&head.method, &head.path, body) {
+        Ok(r) => r,
+        Err((405, why)) => {
+            return Reply {
+                allow: Some(if head.path.starts_with(control::CONTROL_PREFIX) {
+                    "POST"
+                } else {
+                    "GET"
+                }),
+                ..refused(405, why)
+            };
+        }
+        Err((code, why)) => return refused(code, why),
+    };
+    let (tx, rx) = mpsc::channel();
+    let submitted = (shared.submit)(Submission::Control { request, reply: tx });
+    let outcome = match rx.recv() {
+        Ok(v) if submitted => v,
+        _ => return refused(503, "the daemon is shutting down; nothing was done"),
+    };
+    let port = shared.addr.port();
+    let (code, body) = control::answer(outcome, |mode, token| trigger_url(port, mode, token));
+    reply(code, body)
 }
 
 /// The 429 answer while the shared miss budget is spent (unknown ids, wrong secrets and bad
@@ -1061,14 +1197,14 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             .err()
             .unwrap_or_else(|| refused(400, "the body was not read"));
     };
-    let rest = &head.path[CALLBACK_PREFIX.len()..];
+    let rest = callback_rest(&head.path).unwrap_or_default();
     let Some((mode, token)) = rest
         .split_once('/')
         .and_then(|(m, t)| CallbackMode::parse(m).map(|m| (m, t)))
     else {
         return reply(
             404,
-            json!({ "result": "not_found", "error": "callback routes are /callbacks/wake/<token> and /callbacks/enqueue/<token>" }),
+            json!({ "result": "not_found", "error": "callback routes are /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
         );
     };
     if let Some(r) = budget_spent(shared) {
@@ -1092,6 +1228,10 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             }
         }
     };
+    let key = match idempotency_key(head) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
     let (tx, rx) = mpsc::channel();
     let submitted = (shared.submit)(Submission::Callback {
         request: CallbackRequest {
@@ -1099,6 +1239,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             mode,
             text,
         },
+        key,
         reply: tx,
     });
     let outcome = match rx.recv() {
@@ -1125,7 +1266,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             refused(
                 409,
                 format!(
-                    "this callback's mode is {}; use /callbacks/{}/<token>",
+                    "this callback's mode is {}; use {CALLBACK_PREFIX}{}/<token>",
                     expected.as_str(),
                     expected.as_str()
                 ),

@@ -5,6 +5,7 @@
 //! applies no matter how a signal came in. Parsing checks shape and caps only; who may signal
 //! what is the engine's business.
 
+pub mod control;
 pub mod device;
 pub mod http;
 mod sftp_long;

@@ -348,6 +348,7 @@ impl Server {
                 interval_ms: p.interval_ms,
                 summary: p.summary,
                 session: inner.session.clone(),
+                authority_class: None,
             })?;
             Ok(reply(to_value(&t), timer_note(&t)))
         })

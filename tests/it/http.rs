@@ -344,7 +344,7 @@ fn a_retried_post_with_the_same_idempotency_key_is_counted_once() {
 #[test]
 fn cortex_signal_posts_to_the_shim_the_daemon_published() {
     let env = Env::new();
-    let (_d, _port) = http_daemon(&env);
+    let (_d, port) = http_daemon(&env);
     let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
     let signal = |args: &[&str]| {
         let mut all = vec!["--id", &oid, "--secret", &osec];
@@ -375,20 +375,31 @@ fn cortex_signal_posts_to_the_shim_the_daemon_published() {
     env.ok("already resolved", &out);
     assert!(String::from_utf8_lossy(&out.stderr).contains("already resolved"));
 
-    let out = env.signal(&["--id", &oid, "--secret", "wrong", "--exit-code", "0"]);
-    env.expect_code("wrong secret", &out, 1);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"));
+    // Refusals: judged from the home on this machine, and given by the route to a client
+    // that names it with --url; the same words either way.
+    let url = format!("http://127.0.0.1:{port}/webhook/signal");
+    for via in [None, Some(url.as_str())] {
+        let mut args = vec!["--id", oid.as_str(), "--secret", "wrong", "--exit-code", "0"];
+        args.extend(via.map(|u| ["--url", u]).into_iter().flatten());
+        let out = env.signal(&args);
+        env.expect_code("wrong secret", &out, 1);
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(said.contains("wrong secret"), "{said}");
+        assert_eq!(said.contains("HTTP 401"), via.is_some(), "{said}");
+    }
 
     let (bid, bsec) = id_secret(&env.create(&[
         "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
     ]));
-    let out = env.signal(&["--id", &bid, "--secret", &bsec]);
-    env.expect_code("no member", &out, 1);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("HTTP 422") && stderr.contains("a, b"),
-        "{stderr}"
-    );
+    for via in [None, Some(url.as_str())] {
+        let mut args = vec!["--id", bid.as_str(), "--secret", bsec.as_str()];
+        args.extend(via.map(|u| ["--url", u]).into_iter().flatten());
+        let out = env.signal(&args);
+        env.expect_code("no member", &out, 1);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("a, b"), "{stderr}");
+        assert_eq!(stderr.contains("HTTP 422"), via.is_some(), "{stderr}");
+    }
     assert!(env.spooled().is_empty(), "{}", env.tree());
 }
 

@@ -152,10 +152,14 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     let cli = line(&barrier, "cli");
     env.ok("a", &env.job_then(true, &cli, Some("a")));
     env.ok("b", &env.job_then(false, &cli, Some("b")));
-    env.ok(
+    // Refused on this machine at once; a file dropped without the member is parked.
+    env.expect_code(
         "forgot member",
         &env.sh(&format!("true; {}", cli.replace(" --member MEMBER", ""))),
+        1,
     );
+    let (bid, bsec) = id_secret(&barrier);
+    env.drop_file("forgot-member", &body(&bid, &bsec, ""));
     let (mid, msec) = id_secret(&monitor);
     env.ok(
         "m1",
@@ -184,10 +188,7 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     env.wait_trash_emptied();
     let stderr = d.kill();
     // One signal left in the spool, as a job would leave it while the daemon is down.
-    env.ok(
-        "pending",
-        &env.signal(&["--id", &mid, "--secret", "not-the-secret"]),
-    );
+    env.drop_file("pending", &body(&mid, "not-the-secret", ""));
 
     let checked = check_home(&env);
     for kind in [

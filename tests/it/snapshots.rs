@@ -78,7 +78,7 @@ fn check_table_with_badges() {
     clock.advance_ms(30 * 60_000);
     let home = Home::new(&env.home);
     let items = engine.list().unwrap();
-    let rows = render::check_items(&home, &items, 12, clock.now());
+    let rows = render::check_items(&home, &items, &[], 12, clock.now());
     let table = render::check_table("default", &rows, Style { color: false });
     insta::assert_snapshot!(stable(&table, &[&a, &b]));
     insta::assert_snapshot!("check_brief", render::check_brief(&rows));
