@@ -155,6 +155,16 @@ pub fn check_rows(engine: &Engine, items: &[Waitpoint]) -> Result<Vec<render::Ch
     ))
 }
 
+/// What `cancel` says: the job keeps running, and what it will be told when it signals (the
+/// words `cortex-signal` prints then, exit 0).
+pub fn cancelled_note(wp: &Waitpoint) -> String {
+    format!(
+        "cancelled {} {:?}: the job itself keeps running; when it signals it is told \
+\"already cancelled; nothing to do\" (cortex-signal exits 0)",
+        wp.id, wp.label
+    )
+}
+
 /// Arms a waitpoint for a front end: the named device must exist, so the reply's `shell` line
 /// points at its real spool.
 pub fn create(engine: &Engine, req: engine::CreateRequest) -> Result<Created> {

@@ -742,11 +742,7 @@ fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> anyhow::Resul
     if a.json {
         print_json(out, &render::public_view(&wp))?;
     } else {
-        writeln!(
-            out,
-            "cancelled {} {:?} (the job itself keeps running; its signal will be refused as late)",
-            wp.id, wp.label
-        )?;
+        writeln!(out, "{}", agent::cancelled_note(&wp))?;
     }
     Ok(exit::OK)
 }

@@ -238,10 +238,7 @@ impl Server {
     ) -> Result<CallToolResult, McpError> {
         self.run(move |inner| {
             let wp = inner.engine.cancel(&p.id, &inner.session)?;
-            let note = format!(
-                "cancelled {} {:?} (the job itself keeps running; its signal will be refused as late)",
-                wp.id, wp.label
-            );
+            let note = crate::agent::cancelled_note(&wp);
             Ok(reply(render::public_view(&wp), note))
         })
         .await

@@ -351,13 +351,15 @@ fn callbacks_over_the_shim_wake_and_enqueue_and_reject_wrong_mode_revoked_and_re
 
     // Every trigger is remembered among the callback's recent sources.
     let id = wake["external_trigger_id"].as_str().unwrap();
-    let shown: Value = serde_json::from_str(&env.ok(
-        "show",
-        &env.waitpoint(&["callback", "show", id, "--json"]),
-    ))
-    .unwrap();
+    let shown: Value =
+        serde_json::from_str(&env.ok("show", &env.waitpoint(&["callback", "show", id, "--json"])))
+            .unwrap();
     assert_eq!(shown["trigger_count"], 2);
-    assert_eq!(shown["recent_sources"].as_array().unwrap().len(), 2, "{shown}");
+    assert_eq!(
+        shown["recent_sources"].as_array().unwrap().len(),
+        2,
+        "{shown}"
+    );
 
     // Reset: the old URL is refused, the new one works.
     let reset: Value = serde_json::from_str(&env.ok(

@@ -199,6 +199,12 @@ fn fail_fast_on_wakes_on_the_first_failure() {
         4,
     );
     assert_eq!(env.state(&id)["counters"]["signals"], 1);
+    // Resolved by one failure of two: it received one, not two.
+    let show = env.ok("show", &env.waitpoint(&["show", &id]));
+    assert!(
+        show.contains("1/2 received") && !show.contains("2/2"),
+        "{show}"
+    );
 }
 
 #[test]

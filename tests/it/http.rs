@@ -379,7 +379,14 @@ fn cortex_signal_posts_to_the_shim_the_daemon_published() {
     // that names it with --url; the same words either way.
     let url = format!("http://127.0.0.1:{port}/webhook/signal");
     for via in [None, Some(url.as_str())] {
-        let mut args = vec!["--id", oid.as_str(), "--secret", "wrong", "--exit-code", "0"];
+        let mut args = vec![
+            "--id",
+            oid.as_str(),
+            "--secret",
+            "wrong",
+            "--exit-code",
+            "0",
+        ];
         args.extend(via.map(|u| ["--url", u]).into_iter().flatten());
         let out = env.signal(&args);
         env.expect_code("wrong secret", &out, 1);

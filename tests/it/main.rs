@@ -28,6 +28,7 @@ mod refusals;
 mod security;
 mod signal_cli;
 mod snapshots;
+mod spec;
 mod sshd;
 mod state_machine;
 mod trash;
