@@ -202,8 +202,9 @@ pub struct CreateArgs {
     /// How many times it may wake you; more than 1 keeps it open as a monitor
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub max_signals: u32,
-    /// Deadline in hours, fractions allowed (0.01 is 36 s) [default: waitpointTtlMs, 168; max 720]
-    #[arg(long, value_name = "H")]
+    /// Deadline in hours, fractions allowed (0.01 is 36 s; at least 0.0003, one second)
+    /// [default: waitpointTtlMs, 168; max 720]
+    #[arg(long, value_name = "H", allow_negative_numbers = true)]
     pub expires_in_hours: Option<f64>,
     /// The device the job runs on, so its signal files are collected there
     #[arg(long, value_name = "NAME")]

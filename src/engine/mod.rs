@@ -138,6 +138,11 @@ pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
+/// The shortest lifetime a waitpoint may be given: one second.
+pub const MIN_TTL_MS: i64 = 1_000;
+/// [`MIN_TTL_MS`] in hours as messages show it (rounded up, so it is itself accepted).
+const MIN_TTL_HOURS_SHOWN: f64 = 0.0003;
+
 /// Checks a session or channel name: it becomes a directory name.
 pub fn check_name(what: &'static str, name: &str) -> Result<()> {
     let ok = !name.is_empty()
@@ -248,13 +253,18 @@ impl Engine {
             None => self.settings.ttl_ms as i64,
             Some(h) => {
                 let max_h = MAX_TTL_MS as f64 / HOUR_MS;
-                if !h.is_finite() || h <= 0.0 || h > max_h {
+                // Below a second a deadline is gone before anyone could signal (1e-300 was
+                // accepted and expired at once).
+                let min_h = MIN_TTL_MS as f64 / HOUR_MS;
+                if !h.is_finite() || h < min_h || h > max_h {
                     return invalid(
                         "expires_in_hours",
-                        format!("must be more than 0 and at most {max_h}"),
+                        format!(
+                            "must be at least {MIN_TTL_HOURS_SHOWN} (one second) and at most {max_h}, not {h:?}"
+                        ),
                     );
                 }
-                ((h * HOUR_MS).round() as i64).max(1)
+                (h * HOUR_MS).round() as i64
             }
         };
         match req.recheck_after_ms {

@@ -121,7 +121,7 @@ pub struct WaitCreate {
     /// How many times it may wake you. Default 1; higher keeps it open as a monitor.
     pub max_signals: Option<u32>,
     /// Deadline after which you are told nothing (more) arrived. Default 168 (7 days), at most
-    /// 720; fractions allowed.
+    /// 720, at least 0.0003 (one second); fractions allowed.
     pub expires_in_hours: Option<f64>,
     /// The connected device the job runs on, so its signal files are collected there.
     pub device: Option<String>,

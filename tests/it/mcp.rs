@@ -519,7 +519,7 @@ fn refused_requests_are_tool_errors_naming_the_request_field() {
         ),
         (
             json!({"expires_in_hours": 721}),
-            "expires_in_hours must be more than 0 and at most 720",
+            "expires_in_hours must be at least 0.0003 (one second) and at most 720, not 721.0",
         ),
         (
             json!({"quorum": 3, "members": ["a", "b"]}),
