@@ -141,8 +141,12 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
     } else {
         sh_quote(target.local_drop_zone)
     };
+    // A fresh name needs no `$RANDOM` (empty under dash) and no GNU `date +%N` (printed as
+    // is elsewhere): eight bytes from /dev/urandom through POSIX `od`, after the seconds (which
+    // keep names in arrival order) and the shell's pid.
     let shell = format!(
-        "s=$?; d={drop_zone}; f=\"$d/$(date +%s%N)-$$-$RANDOM\"; mkdir -p \"$d\"; \
+        "s=$?; d={drop_zone}; f=\"$d/$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n')\"; \
+mkdir -p \"$d\"; \
 printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
 \"{status_of_s}\" \"$s\" > \"$f.tmp\" && mv \"$f.tmp\" \"$f.json\"",
         id = wp.id,

@@ -159,7 +159,8 @@ impl Spool {
     }
 
     /// The names of the files waiting to be collected (`*.json`, never temp files), in name
-    /// order, which for the spec's `$(date +%s%N)` names is arrival order.
+    /// order, which for names that start with the time (`$(date +%s)-…`, the spec's
+    /// `$(date +%s%N)-…`) is arrival order.
     pub fn pending(&self) -> Result<Vec<String>> {
         // Swapped for a symlink (or made writable by others) since the start: touch nothing.
         let Some(dz) = self.open()? else {

@@ -494,3 +494,40 @@ fn a_heartbeat_shows_in_check_and_brief_with_its_age() {
         "step 12000"
     );
 }
+
+#[test]
+fn the_shell_line_names_every_file_afresh_under_dash_and_without_gnu_date() {
+    let env = Env::new();
+    let reply = env.create(&["--label", "m", "--intent", "i", "--max-signals", "5"]);
+    let (id, _) = id_secret(&reply);
+    let shell = line(&reply, "shell");
+    assert!(
+        !shell.contains("$RANDOM") && !shell.contains("%N"),
+        "{shell}"
+    );
+    // A `date` that prints %N as it is, as a non-GNU one does.
+    let bin = env.home.join("../fake-bin");
+    fs::create_dir_all(&bin).unwrap();
+    let fake = bin.join("date");
+    fs::write(
+        &fake,
+        "#!/bin/sh\ncase \"$1\" in *%N*) printf '%s\\n' \"${1#+}\";; *) exec /bin/date \"$@\";; esac\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    // Two signals from one shell in the same second: two files, two signals.
+    let out = env
+        .command("dash")
+        .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
+        .arg("-c")
+        .arg(format!("true; {shell}; true; {shell}"))
+        .output()
+        .unwrap();
+    env.ok("two signals under dash", &out);
+    assert_eq!(env.spooled().len(), 2, "{}", env.tree());
+    let _d = env.daemon();
+    env.wait_until("both recorded", || {
+        env.state(&id)["counters"]["signals"] == 2
+    });
+}
