@@ -441,48 +441,33 @@ fn check_inotify(dir: &Path, instance: &Result<(), Error>) -> Check {
 
 fn check_daemon(home: &Home) -> Check {
     let lock = home.daemon_lock();
-    let pid = fs::read_to_string(&lock)
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default();
-    if FileLock::is_held(&lock) {
-        return ok(
-            "daemon",
-            format!("running (pid {pid}), holding {}", lock.display()),
-        );
-    }
+    let holder = FileLock::holder(&lock);
     let start = "start it: `waitpoint daemon`, or `systemctl --user start waitpoint` with \
 scripts/waitpoint.service";
-    if pid.is_empty() {
-        return bad(
+    match &holder {
+        crate::store::LockHolder::Held { pid } => ok(
+            "daemon",
+            format!("running (pid {pid}), holding {}", lock.display()),
+        ),
+        crate::store::LockHolder::Free => bad(
             "daemon",
             Level::Warn,
             "no daemon is running: signals wait in the spool and nothing fires",
             start,
-        );
+        ),
+        crate::store::LockHolder::Stale { .. } => bad(
+            "daemon",
+            Level::Fail,
+            format!(
+                "stale lock: {}; the daemon died without shutting down (a crash or kill -9)",
+                holder.stale_text(&lock).unwrap_or_default()
+            ),
+            format!(
+                "read {} for the cause, then {start} (the stale lock is taken over safely)",
+                home.log_file().display()
+            ),
+        ),
     }
-    let alive = pid
-        .parse::<libc::pid_t>()
-        .ok()
-        .filter(|p| *p > 0)
-        .is_some_and(crate::process::process_exists);
-    let why = if alive {
-        "is running but does not hold the lock (its pid was reused)"
-    } else {
-        "is not running"
-    };
-    bad(
-        "daemon",
-        Level::Fail,
-        format!(
-            "stale lock: {} names pid {pid}, which {why}; the daemon died without shutting \
-down (a crash or kill -9)",
-            lock.display()
-        ),
-        format!(
-            "read {} for the cause, then {start} (the stale lock is taken over safely)",
-            home.log_file().display()
-        ),
-    )
 }
 
 /// An address as the shim may publish it: `host:port`, or JSON with an `addr` or `address`.

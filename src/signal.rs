@@ -62,30 +62,32 @@ impl DataSource {
     pub fn read(&self, stdin: impl Read) -> Result<String> {
         let limit = (MAX_DATA_CHARS * 4 + 1) as u64;
         let (bytes, what) = match self {
-            DataSource::Literal(s) => (s.clone().into_bytes(), "--data".to_owned()),
+            DataSource::Literal(s) => (s.clone().into_bytes(), "the --data text".to_owned()),
             DataSource::Stdin => {
                 let mut buf = Vec::new();
                 stdin
                     .take(limit)
                     .read_to_end(&mut buf)
                     .map_err(|e| Error::io("cannot read", "standard input", e))?;
-                (buf, "standard input".to_owned())
+                (buf, "--data - (standard input)".to_owned())
             }
             DataSource::File(p) => {
-                let f = std::fs::File::open(p).map_err(|e| Error::io("cannot open", p, e))?;
-                let mut buf = Vec::new();
-                f.take(limit)
-                    .read_to_end(&mut buf)
-                    .map_err(|e| Error::io("cannot read", p, e))?;
-                (buf, p.display().to_string())
+                let what = format!("--data @{}", p.display());
+                // The file the user named cannot be read: their mistake, a usage error.
+                let read = std::fs::File::open(p).and_then(|f| {
+                    let mut buf = Vec::new();
+                    f.take(limit).read_to_end(&mut buf).map(|_| buf)
+                });
+                let buf = read.map_err(|e| Error::Usage(format!("{what}: cannot read it: {e}")))?;
+                (buf, what)
             }
         };
         let text = String::from_utf8(bytes)
-            .map_err(|_| Error::Usage(format!("--data from {what} is not UTF-8 text")))?;
+            .map_err(|_| Error::Usage(format!("{what} is not UTF-8 text")))?;
         let n = text.chars().count();
         if n > MAX_DATA_CHARS {
             return Err(Error::Usage(format!(
-                "--data from {what} is over the limit of {MAX_DATA_CHARS} characters; \
+                "{what} is over the limit of {MAX_DATA_CHARS} characters ({n}); \
 send a shorter tail (e.g. `tail -c 8000`)"
             )));
         }
@@ -309,11 +311,22 @@ pub fn published_endpoint(home: &Home) -> Published {
         Ok(None) => return Published::Absent,
         Err(e) => return Published::Stale(format!("cannot use it: {e}")),
     };
-    if !FileLock::is_held(&home.daemon_lock()) {
-        return Published::Stale(format!(
-            "no daemon is running for this home (pid {} is gone)",
-            record.pid
-        ));
+    let lock = home.daemon_lock();
+    let holder = FileLock::holder(&lock);
+    match &holder {
+        store::LockHolder::Held { .. } => {}
+        store::LockHolder::Stale { .. } => {
+            return Published::Stale(format!(
+                "no daemon is running for this home ({})",
+                holder.stale_text(&lock).unwrap_or_default()
+            ));
+        }
+        store::LockHolder::Free => {
+            return Published::Stale(format!(
+                "no daemon is running for this home (the shim's pid {} left it behind)",
+                record.pid
+            ));
+        }
     }
     match HttpUrl::parse(&record.url) {
         Ok(url) => Published::Up(url),

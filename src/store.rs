@@ -925,6 +925,55 @@ impl FileLock {
             Err(_) => false,
         }
     }
+
+    /// Who holds the lock at `path`, by the one test that counts (the lock itself) and the pid
+    /// its holder wrote there. `doctor` and `cortex-signal` both say it this way, so they never
+    /// disagree about a daemon that died.
+    pub fn holder(path: &Path) -> LockHolder {
+        let pid = fs::read_to_string(path)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        if Self::is_held(path) {
+            return LockHolder::Held { pid };
+        }
+        if pid.is_empty() {
+            return LockHolder::Free;
+        }
+        let reused = pid
+            .parse::<libc::pid_t>()
+            .ok()
+            .filter(|p| *p > 0)
+            .is_some_and(crate::process::process_exists);
+        LockHolder::Stale { pid, reused }
+    }
+}
+
+/// What [`FileLock::holder`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockHolder {
+    /// Held, by the process that wrote `pid`.
+    Held { pid: String },
+    /// Not held, though a holder wrote `pid` there and never cleared it (it died); `reused`
+    /// when some other process has that pid now.
+    Stale { pid: String, reused: bool },
+    /// Not held and never taken, or released cleanly.
+    Free,
+}
+
+impl LockHolder {
+    /// `names pid N, which is not running` (or `... which is running but does not hold the
+    /// lock (its pid was reused)`), for a stale lock.
+    pub fn stale_text(&self, lock: &Path) -> Option<String> {
+        let LockHolder::Stale { pid, reused } = self else {
+            return None;
+        };
+        let why = if *reused {
+            "is running but does not hold the lock (its pid was reused)"
+        } else {
+            "is not running"
+        };
+        Some(format!("{} names pid {pid}, which {why}", lock.display()))
+    }
 }
 
 impl Drop for FileLock {

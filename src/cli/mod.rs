@@ -176,8 +176,18 @@ pub fn finish(program: &str, result: anyhow::Result<u8>) -> ExitCode {
                 })
                 .map(|flag| format!(" (the flag {flag})"))
                 .unwrap_or_default();
+            // The chain, each cause once: an error whose text already quotes its source
+            // (ours do: "cannot open PATH: No such file") would otherwise say it twice.
+            let mut text = e.to_string();
+            for cause in e.chain().skip(1) {
+                let cause = cause.to_string();
+                if !text.contains(&cause) {
+                    text.push_str(": ");
+                    text.push_str(&cause);
+                }
+            }
             let mut stderr = std::io::stderr().lock();
-            let _ = writeln!(stderr, "{program}: {e:#}{hint}");
+            let _ = writeln!(stderr, "{program}: {text}{hint}");
             ExitCode::from(exit_code_for(&e))
         }
     }

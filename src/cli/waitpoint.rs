@@ -627,23 +627,32 @@ fn session_delete(
     a: SessionDeleteArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
-    let cancelled = engine.delete_session(&a.session)?;
+    let ended = engine.delete_session(&a.session)?;
     if a.json {
         print_json(
             out,
-            &json!({ "session": a.session, "cancelled": cancelled }),
+            &json!({
+                "session": a.session,
+                "cancelled": ended.waitpoints,
+                "cancelled_timers": ended.timers,
+                "revoked_callbacks": ended.callbacks,
+            }),
         )?;
     } else {
+        let list = |what: &str, ids: &[String]| {
+            let mut s = format!("{} {what}", ids.len());
+            if !ids.is_empty() {
+                s.push_str(&format!(" ({})", ids.join(", ")));
+            }
+            s
+        };
         writeln!(
             out,
-            "deleted session {}; cancelled {} armed waitpoint(s){}",
+            "deleted session {}; cancelled {}, cancelled {}, revoked {}",
             a.session,
-            cancelled.len(),
-            if cancelled.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", cancelled.join(", "))
-            }
+            list("armed waitpoint(s)", &ended.waitpoints),
+            list("timer(s)", &ended.timers),
+            list("callback(s)", &ended.callbacks),
         )?;
     }
     Ok(exit::OK)

@@ -215,15 +215,15 @@ impl Engine {
     }
 
     /// Revokes every callback of a session (used when the session is deleted).
-    pub(super) fn revoke_session_callbacks(&self, session: &str) -> Result<usize> {
-        let mut n = 0;
+    pub(super) fn revoke_session_callbacks(&self, session: &str) -> Result<Vec<String>> {
+        let mut revoked = Vec::new();
         for cb in self.list_callbacks(Some(session))? {
             if cb.status == CallbackStatus::Active {
                 self.cancel_callback(&cb.id, session)?;
-                n += 1;
+                revoked.push(cb.id);
             }
         }
-        Ok(n)
+        Ok(revoked)
     }
 
     /// Triggers the callback `token` names on the `route` mode's route. `text` is an enqueue's

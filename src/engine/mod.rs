@@ -913,7 +913,7 @@ impl Engine {
 
     /// Deletes a session: cancels every armed waitpoint it may see (so a late signal cannot bring
     /// it back) and removes its inbox. Returns the ids it cancelled.
-    pub fn delete_session(&self, session: &str) -> Result<Vec<String>> {
+    pub fn delete_session(&self, session: &str) -> Result<SessionDeleted> {
         check_name("session", session)?;
         let mut cancelled = Vec::new();
         for wp in self.list_visible(session)? {
@@ -927,10 +927,15 @@ impl Engine {
         }
         // Its capabilities die with it: a deleted session's callback tokens are rejected and
         // its timers never fire.
-        self.revoke_session_callbacks(session)?;
+        let revoked_callbacks = self.revoke_session_callbacks(session)?;
+        let mut cancelled_timers = Vec::new();
         for t in self.list_timers(session, usize::MAX)? {
+            if t.status != crate::model::TimerStatus::Active {
+                continue;
+            }
             match self.cancel_timer(&t.id, session) {
-                Ok(_) | Err(Error::Conflict(_)) => {}
+                Ok(_) => cancelled_timers.push(t.id),
+                Err(Error::Conflict(_)) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -940,8 +945,18 @@ impl Engine {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("cannot remove", &dir, e)),
         }
-        tracing::info!(session, cancelled = cancelled.len(), "session deleted");
-        Ok(cancelled)
+        tracing::info!(
+            session,
+            cancelled = cancelled.len(),
+            timers = cancelled_timers.len(),
+            callbacks = revoked_callbacks.len(),
+            "session deleted"
+        );
+        Ok(SessionDeleted {
+            waitpoints: cancelled,
+            timers: cancelled_timers,
+            callbacks: revoked_callbacks,
+        })
     }
 
     /// Removes delivered wakes older than the TTL from every session's `cur/`.
@@ -1086,6 +1101,8 @@ fn note_hook_attempt(
     match result {
         Ok(()) => {
             h.delivered_at = Some(now);
+            // Delivered: an error from an earlier attempt no longer describes it.
+            h.last_error = None;
             tracing::info!(owner, wake = %wake_id, attempts = h.attempts, "onWake hook delivered");
         }
         Err(error) => {
@@ -1126,6 +1143,15 @@ pub fn hook_backoff_ms(attempts: u32) -> i64 {
 
 /// Whether a resolved waitpoint is still inside its grace window (late reports still land in
 /// the pending wake).
+/// What deleting a session ended: its armed waitpoints (cancelled), its active timers
+/// (cancelled) and its active callbacks (revoked).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct SessionDeleted {
+    pub waitpoints: Vec<String>,
+    pub timers: Vec<String>,
+    pub callbacks: Vec<String>,
+}
+
 /// What a sender on the daemon's machine can know of its signal before sending it, from the
 /// home alone (see [`prejudge`]).
 #[derive(Debug, Clone, PartialEq, Eq)]

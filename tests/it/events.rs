@@ -515,11 +515,18 @@ fn deleting_a_session_revokes_its_callbacks_and_cancels_its_timers() {
         ]),
     ))
     .unwrap();
-    env.ok("delete", &env.waitpoint(&["session", "delete", "alice"]));
-    assert_eq!(
-        timer_file(&env, t["id"].as_str().unwrap())["status"],
-        "cancelled"
+    let said = env.ok("delete", &env.waitpoint(&["session", "delete", "alice"]));
+    // It says what it ended: the timer and the callback too, not only waitpoints.
+    let (tid, cid) = (
+        t["id"].as_str().unwrap(),
+        cb["external_trigger_id"].as_str().unwrap(),
     );
+    assert!(
+        said.contains(&format!("1 timer(s) ({tid})"))
+            && said.contains(&format!("1 callback(s) ({cid})")),
+        "{said}"
+    );
+    assert_eq!(timer_file(&env, tid)["status"], "cancelled");
     env.drop_file(
         "late",
         &format!(r#"{{"callback":"{token}","mode":"wake"}}"#),

@@ -340,6 +340,12 @@ cat > "$d/wake.json"; echo "$WAITPOINT_ID $WAITPOINT_WAKE_ID $WAITPOINT_ATTEMPT"
         !hook_state(&env, &id)["delivered_at"].is_null()
     });
     assert_eq!(hook_state(&env, &id)["attempts"], 3);
+    // Delivered: the earlier failures' error is not kept as if it were current.
+    assert!(
+        hook_state(&env, &id)["last_error"].is_null(),
+        "{}",
+        hook_state(&env, &id)
+    );
     let got: Value = serde_json::from_slice(&fs::read(dir.join("wake.json")).unwrap()).unwrap();
     assert_eq!(got["waitpoint"]["id"], id.as_str());
     let envline = fs::read_to_string(dir.join("env")).unwrap();

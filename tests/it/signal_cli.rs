@@ -118,7 +118,21 @@ fn oversize_message_or_data_is_a_usage_error_not_a_truncation() {
     let at = format!("@{}", big.display());
     let out = env.signal(&["--id", ID, "--secret", "s", "--data", &at]);
     env.expect_code("data file", &out, 2);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("16000"));
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        said.contains("16000") && said.contains(&format!("--data {at} is over")),
+        "{said}"
+    );
+    let out = env.signal(&["--id", ID, "--secret", "s", "--data", &"d".repeat(16_001)]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(said.contains("the --data text is over the limit"), "{said}");
+    // A file that is not there: a usage error (2), said once.
+    let missing = format!("@{}", env.home.join("../no-such.log").display());
+    let out = env.signal(&["--id", ID, "--secret", "s", "--data", &missing]);
+    env.expect_code("missing data file", &out, 2);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(said.matches("No such file").count(), 1, "{said}");
+    assert_eq!(said.lines().count(), 1, "{said}");
     assert!(env.spooled().is_empty());
 }
 

@@ -531,3 +531,26 @@ fn the_shell_line_names_every_file_afresh_under_dash_and_without_gnu_date() {
         env.state(&id)["counters"]["signals"] == 2
     });
 }
+
+#[test]
+fn after_a_kill_9_doctor_and_cortex_signal_say_the_same_about_the_lock() {
+    let env = Env::new();
+    let (id, secret) =
+        id_secret(&env.create(&["--label", "m", "--intent", "i", "--max-signals", "3"]));
+    let d = env.daemon_with(&["--http", "--port", "0"], &[]);
+    env.webhook_port();
+    let pid = d.pid();
+    d.kill();
+    let out = env.signal(&["--id", &id, "--secret", &secret, "--status", "progress"]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    env.ok("spooled", &out);
+    let doctor = String::from_utf8_lossy(&env.waitpoint(&["doctor"]).stdout).into_owned();
+    let lock = env.home.join("daemon.lock");
+    let words = format!("{} names pid {pid}, which is not running", lock.display());
+    assert!(said.contains(&words), "cortex-signal: {said}");
+    let line = doctor
+        .lines()
+        .find(|l| l.contains("daemon "))
+        .unwrap_or_default();
+    assert!(line.contains(&words), "doctor: {doctor}");
+}
