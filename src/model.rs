@@ -77,7 +77,8 @@ pub struct Counters {
     pub ok: u64,
     pub fail: u64,
     pub progress: u64,
-    /// Completed rounds: quorums met (or fail-fast failures). The `max_signals`th resolves.
+    /// Completed rounds: quorums met (or fail-fast failures). Rounds folded into one held wake
+    /// count here one by one; `max_signals` counts wakes, not rounds.
     pub rounds: u64,
     /// Wakes produced (delivered or still in the outbox). Several rounds folded into one late
     /// wake by the hourly cap count once here.

@@ -84,8 +84,10 @@ pub struct CompletedRound {
 ///
 /// `progress` is recorded and wakes nobody. A terminal signal counts toward the round's quorum
 /// (once per member when members are named); the round completes at the quorum, or at once on a
-/// `fail` when `fail_fast` is on. The `max_signals`th round resolves the waitpoint, earlier ones
-/// keep a monitor open. A signal that reaches a waitpoint no longer armed (only possible inside
+/// `fail` when `fail_fast` is on. `max_signals` is how many times the waitpoint may wake you
+/// (the spec's words): a round that starts the `max_signals`th wake resolves it; earlier ones keep
+/// a monitor open, and a round that folds into a wake already held (the grace window, the hourly
+/// cap) starts no wake of its own, so it resolves nothing. A signal that reaches a waitpoint no longer armed (only possible inside
 /// the grace window) is recorded and carried by the pending wake, and changes nothing else.
 pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedRound> {
     wp.counters.signals = rec.seq;
@@ -125,7 +127,9 @@ pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedR
         start_seq: rec.seq + 1,
         ..Round::default()
     };
-    let kind = if wp.counters.rounds >= u64::from(wp.max_signals) {
+    // Wakes sent so far, plus the one this round starts (none when it folds into a held wake).
+    let starts_a_wake = wp.pending_wake.is_none();
+    let kind = if starts_a_wake && wp.counters.wakes + 1 >= u64::from(wp.max_signals) {
         wp.status = Status::Resolved;
         wp.outcome = Some(outcome);
         wp.resolved_at = Some(rec.received_at);
@@ -294,13 +298,13 @@ pub fn compose_wake(
     let headline = match (kind, &deadline) {
         (WakeKind::Resolved, _) => format!("resolved {outcome_word} after {waited}"),
         (WakeKind::Report, _) if rounds > 1 => format!(
-            "reports up to {} of {} ({outcome_word}) after {waited}; the hourly wake limit folded \
-{rounds} reports into this wake",
-            wp.counters.rounds, wp.max_signals
+            "wake {} of {} ({outcome_word}) after {waited}; the hourly wake limit or the grace \
+window folded {rounds} reports into it",
+            wp.counters.wakes, wp.max_signals
         ),
         (WakeKind::Report, _) => format!(
-            "report {} of {} ({outcome_word}) after {waited}",
-            wp.counters.rounds, wp.max_signals
+            "wake {} of {} ({outcome_word}) after {waited}",
+            wp.counters.wakes, wp.max_signals
         ),
         (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, signals.len(), &waited),
         (WakeKind::Deadline, None) => format!("deadline passed after {waited}"),

@@ -55,6 +55,34 @@ fn grace_window_carries_a_late_members_report_in_the_same_wake() {
 }
 
 #[test]
+fn max_signals_counts_wakes_so_rounds_folded_in_the_grace_window_do_not_close_a_monitor() {
+    let env = Env::new();
+    let live = Live::start(&env, T0);
+    // A monitor of two members that may wake you twice.
+    let (id, secret) = live.create("pair", &["a", "b"], None, 2, None);
+    // Two rounds complete inside one grace window: one wake, and the monitor stays open.
+    for (n, m) in [(1, "a"), (2, "b"), (3, "a"), (4, "b")] {
+        env.drop_file(&format!("{n}-{m}"), &ok(&id, &secret, m));
+        env.wait_until("recorded", || env.state(&id)["counters"]["signals"] == n);
+    }
+    assert_eq!(env.state(&id)["counters"]["rounds"], 2);
+    live.advance_ms(3_000);
+    env.wait_until("the first wake", || wakes(&env).len() == 1);
+    let state = env.state(&id);
+    assert_eq!(state["status"], "armed", "two rounds, one wake: {state}");
+    assert_eq!(wakes(&env)[0]["kind"], "report");
+    assert_eq!(wakes(&env)[0]["reports"].as_array().unwrap().len(), 4);
+    // A third round starts the second wake: that one resolves it.
+    live.advance_ms(10_000);
+    env.drop_file("5-a", &ok(&id, &secret, "a"));
+    env.drop_file("6-b", &ok(&id, &secret, "b"));
+    env.wait_until("resolved", || env.state(&id)["status"] == "resolved");
+    live.advance_ms(3_000);
+    env.wait_until("the second wake", || wakes(&env).len() == 2);
+    assert_eq!(wakes(&env)[1]["kind"], "resolved");
+}
+
+#[test]
 fn a_single_signal_waitpoint_wakes_at_once() {
     let env = Env::new();
     let live = Live::start(&env, T0);

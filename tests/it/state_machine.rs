@@ -295,8 +295,9 @@ fn run_case(specs: &[Spec], ops: &[Op]) -> Result<(), TestCaseError> {
                 if verdict_kind(&got) == Want::Accepted {
                     w.recorded.insert(name);
                     let rules = w.rules.clone();
+                    let folds = w.pending.is_some();
                     if let Step::Round(_) =
-                        w.m.apply(&rules, status.as_str(), member_name.as_deref())
+                        w.m.apply(&rules, status.as_str(), member_name.as_deref(), folds)
                     {
                         w.schedule(t);
                     }
