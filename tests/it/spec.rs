@@ -554,3 +554,34 @@ fn after_a_kill_9_doctor_and_cortex_signal_say_the_same_about_the_lock() {
         .unwrap_or_default();
     assert!(line.contains(&words), "doctor: {doctor}");
 }
+
+#[test]
+fn not_found_errors_name_the_kind_and_only_scoped_lookups_mention_the_session() {
+    let env = Env::new();
+    for (args, says) in [
+        (
+            vec!["show", "wp_0123456789ab"],
+            "no waitpoint wp_0123456789ab\n",
+        ),
+        (
+            vec!["cancel", "wp_0123456789ab"],
+            "no waitpoint wp_0123456789ab (or it is not this session's)\n",
+        ),
+        (
+            vec!["timer", "cancel", "tm_0123456789ab"],
+            "no timer tm_0123456789ab (or it is not this session's)\n",
+        ),
+        (
+            vec!["callback", "show", "cb_0123456789ab"],
+            "no callback cb_0123456789ab (or it is not this session's)\n",
+        ),
+    ] {
+        let out = env.waitpoint(&args);
+        env.expect_code(&format!("{args:?}"), &out, 3);
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("waitpoint: {says}"),
+            "{args:?}"
+        );
+    }
+}
