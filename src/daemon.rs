@@ -362,14 +362,14 @@ impl Daemon {
             let mut idle = false;
             match self.rx.recv_timeout(timeout) {
                 Ok(Event::Shutdown) => break,
-                Ok(Event::Reload(settings)) => {
-                    self.reload(settings);
-                    sweep = self.engine.settings().sweep_ms;
-                    next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
-                }
                 Ok(event) => self.handle(event),
                 Err(RecvTimeoutError::Timeout) => idle = true,
                 Err(RecvTimeoutError::Disconnected) => break,
+            }
+            // A reload (wherever it was handled, batching included) may change the interval.
+            if self.engine.settings().sweep_ms != sweep {
+                sweep = self.engine.settings().sweep_ms;
+                next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
             }
             if let Some(at) = next_sweep
                 && Instant::now() >= at

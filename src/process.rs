@@ -1,6 +1,8 @@
 //! Processes around a job: running a command with its output passed through while keeping a
-//! bounded tail of it (`waitpoint run`), and waiting for a process we did not start to end
-//! (`waitpoint attach`).
+//! bounded tail of it (`waitpoint run`), waiting for a process we did not start to end
+//! (`waitpoint attach`), and the waiting both they and the `onWake` hook runner share: a child
+//! waited for with a deadline and no polling, and its output collected for a bounded time after
+//! it ends (a grandchild left in the background may hold the pipes open for ever).
 //!
 //! Memory stays bounded whatever the command prints: only the last lines are kept, each line and
 //! the whole tail are capped in characters, and a line that never ends is cut to its last bytes.
@@ -9,7 +11,7 @@ use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -214,7 +216,7 @@ pub fn run_command(
     // A grandchild left running in the background can hold the pipes open forever; the command
     // itself is over, so wait only briefly for the rest of its output.
     for _ in 0..running {
-        if done_rx.recv_timeout(Duration::from_secs(2)).is_err() {
+        if done_rx.recv_timeout(OUTPUT_GRACE).is_err() {
             break;
         }
     }
@@ -224,6 +226,57 @@ pub fn run_command(
         spawn_error: None,
         tail: text,
     })
+}
+
+/// How long a command's output is still read after the command itself has ended: what its
+/// pipes still hold arrives at once; a grandchild keeping them open is not waited for.
+pub const OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
+/// Waits for `child` to end, at most `timeout`: `Ok(None)` when it ran past it (it is then
+/// killed and reaped). A thread blocks in `wait(2)` for it, so nothing polls; the pid stays ours
+/// until that wait returns, so the kill can never reach another process.
+pub fn wait_with_timeout(child: Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
+    let pid = child.id() as libc::pid_t;
+    let (tx, rx) = mpsc::channel();
+    let mut child = child;
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(status) => {
+            let _ = waiter.join();
+            status.map(Some)
+        }
+        Err(_) => {
+            // SAFETY: kill(2) on our child, which the waiter has not reaped (it is still in
+            // wait(2), which returns only after this kill).
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            let _ = waiter.join();
+            Ok(None)
+        }
+    }
+}
+
+/// Reads `pipe` (at most `cap` bytes) on a thread; the receiver gets what was read once the
+/// pipe closes. Collect it with [`collect_output`].
+pub fn drain(pipe: Option<impl Read + Send + 'static>, cap: u64) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(p) = pipe {
+            let _ = p.take(cap).read_to_end(&mut buf);
+        }
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// What a [`drain`] read, once the process has ended: waiting at most [`OUTPUT_GRACE`] for the
+/// pipe to close, and empty if it did not (a grandchild holds it).
+pub fn collect_output(rx: &mpsc::Receiver<Vec<u8>>) -> Vec<u8> {
+    rx.recv_timeout(OUTPUT_GRACE).unwrap_or_default()
 }
 
 /// Copies `source` to `sink` and into the tail. A sink that fails (our stdout closed) stops

@@ -2,9 +2,11 @@
 //! wake JSON on stdin and `WAITPOINT_*` variables in its environment. Exit 0 means delivered;
 //! anything else, or running past the timeout, is a failed attempt to retry later.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::process;
 
 /// One run of the hook.
 #[derive(Debug, Clone)]
@@ -51,58 +53,31 @@ pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String>
         .map_err(|e| format!("cannot start {program:?}: {e}"))?;
     let mut stdin = child.stdin.take();
     let input = h.stdin.clone();
-    let feeder = std::thread::spawn(move || {
+    // Not joined: a grandchild holding stdin open could keep a large write blocked; the thread
+    // ends by itself once the pipe closes.
+    std::thread::spawn(move || {
         if let Some(s) = stdin.as_mut() {
             let _ = s.write_all(&input);
         }
     });
-    let drain = |pipe: Option<Box<dyn Read + Send>>, cap: u64| {
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(p) = pipe {
-                let _ = p.take(cap).read_to_end(&mut buf);
-            }
-            buf
-        })
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        MAX_STDOUT,
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-        64 * 1024,
-    );
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if start.elapsed() >= h.timeout => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let _ = feeder.join();
-                return Err(format!(
-                    "timed out after {} ms (killed)",
-                    h.timeout.as_millis()
-                ));
-            }
-            // Child processes have no readiness fd to block on here; a short sleep keeps this
-            // worker thread (never the engine loop) cheap while the program runs.
-            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(format!("cannot wait for {program:?}: {e}")),
+    let out = process::drain(child.stdout.take(), MAX_STDOUT);
+    let err = process::drain(child.stderr.take(), 64 * 1024);
+    // No polling, and no unbounded wait on the pipes: a hook whose grandchild keeps stderr
+    // open would otherwise hold this thread (and every later wake's hook) for ever.
+    let status = match process::wait_with_timeout(child, h.timeout) {
+        Ok(Some(status)) => status,
+        Ok(None) => {
+            return Err(format!(
+                "timed out after {} ms (killed)",
+                h.timeout.as_millis()
+            ));
         }
+        Err(e) => return Err(format!("cannot wait for {program:?}: {e}")),
     };
-    let _ = feeder.join();
     Ok(Finished {
         status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
+        stdout: process::collect_output(&out),
+        stderr: process::collect_output(&err),
     })
 }
 

@@ -968,27 +968,10 @@ fn refused(code: u16, error: impl Into<String>) -> Reply {
 }
 
 fn reason_phrase(code: u16) -> &'static str {
-    match code {
-        200 => "OK",
-        201 => "Created",
-        202 => "Accepted",
-        400 => "Bad Request",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        408 => "Request Timeout",
-        409 => "Conflict",
-        410 => "Gone",
-        411 => "Length Required",
-        413 => "Content Too Large",
-        422 => "Unprocessable Content",
-        429 => "Too Many Requests",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        _ => "Unknown",
-    }
+    http::StatusCode::from_u16(code)
+        .ok()
+        .and_then(|c| c.canonical_reason())
+        .unwrap_or("Unknown")
 }
 
 fn write_reply(stream: &mut TcpStream, r: &Reply, close: bool, head_only: bool) -> io::Result<()> {
@@ -1357,6 +1340,26 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_status_the_shim_sends_goes_out_with_its_reason_phrase() {
+        for (code, phrase) in [
+            (200, "OK"),
+            (201, "Created"),
+            (202, "Accepted"),
+            (401, "Unauthorized"),
+            (404, "Not Found"),
+            (405, "Method Not Allowed"),
+            (409, "Conflict"),
+            (410, "Gone"),
+            (413, "Payload Too Large"),
+            (422, "Unprocessable Entity"),
+            (429, "Too Many Requests"),
+            (503, "Service Unavailable"),
+        ] {
+            assert_eq!(reason_phrase(code), phrase, "{code}");
+        }
+    }
 
     #[test]
     fn only_loopback_binds_are_accepted() {

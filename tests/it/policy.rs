@@ -397,6 +397,27 @@ fn a_hook_that_hangs_is_killed_at_the_timeout_and_retried() {
 }
 
 #[test]
+fn a_hook_whose_grandchild_keeps_stderr_open_does_not_hold_the_hook_thread() {
+    // Exits 0 at once, leaving a background process that holds its stderr for ten minutes.
+    let (env, dir) = hook_env(r#"sleep 600 & echo $! >> "$(dirname "$0")/grandchild"; exit 0"#);
+    let live = Live::start(&env, T0);
+    let (id, secret) = live.create("first", &[], None, 1, None);
+    env.drop_file("x", &body(&id, &secret, ""));
+    env.wait_until("the first wake's hook delivered", || {
+        !hook_state(&env, &id)["delivered_at"].is_null()
+    });
+    // The hook thread is free: the next wake's hook runs too.
+    let (id2, secret2) = live.create("second", &[], None, 1, None);
+    env.drop_file("y", &body(&id2, &secret2, ""));
+    env.wait_until("the second wake's hook delivered", || {
+        !hook_state(&env, &id2)["delivered_at"].is_null()
+    });
+    for pid in fs::read_to_string(dir.join("grandchild")).unwrap().lines() {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    }
+}
+
+#[test]
 fn hook_retries_survive_a_restart() {
     let (env, dir) = hook_env(
         r#"d=$(dirname "$0"); if [ -e "$d/fixed" ]; then exit 0; fi; echo broken >&2; exit 3"#,
