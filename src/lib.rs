@@ -2,7 +2,8 @@
 //! finishes" objects.
 //!
 //! The pipeline, in module order: [`ingress`] (drop zone, device mirrors over SSH, the loopback
-//! HTTP shim) turns outside input into signal requests; the [`engine`] validates, authenticates
+//! HTTP shim) turns outside input into signal requests (the [`request`] vocabulary both sides
+//! share); the [`engine`] validates, authenticates
 //! and applies them; the [`journal`] makes each batch of signals durable with one fsync and
 //! [`store`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
@@ -25,6 +26,7 @@ pub mod mcp;
 pub mod model;
 pub mod process;
 pub mod render;
+pub mod request;
 pub mod secret;
 pub mod settings;
 pub mod signal;

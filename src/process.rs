@@ -16,8 +16,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::ingress::{MAX_BODY_BYTES, MAX_DATA_CHARS};
-use crate::signal::SignalBody;
+use crate::request::MAX_DATA_CHARS;
 
 /// The last lines of a command's output, bounded in lines and characters.
 #[derive(Debug, Clone)]
@@ -303,21 +302,6 @@ fn pump(mut source: Box<dyn Read + Send>, mut sink: Box<dyn Write + Send>, tail:
     splitter.flush(tail);
 }
 
-/// Serialises `body`, dropping the oldest part of its data until the whole body fits the
-/// request cap. Data heavy in control characters (colour codes) grows when JSON-escaped, so a
-/// tail within the character cap can still be too many bytes.
-pub fn fit_body(mut body: SignalBody) -> crate::error::Result<Vec<u8>> {
-    loop {
-        let encoded = serde_json::to_vec(&body).map_or(0, |b| b.len());
-        let data_chars = body.data.as_ref().map_or(0, |d| d.chars().count());
-        if encoded <= MAX_BODY_BYTES || data_chars == 0 {
-            return body.to_bytes();
-        }
-        let data = body.data.take().unwrap_or_default();
-        body.data = Some(data.chars().skip(data_chars - data_chars * 3 / 4).collect());
-    }
-}
-
 /// How [`wait_for_exit`] waited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitMethod {
@@ -395,7 +379,6 @@ fn wait_pidfd(pid: libc::pid_t) -> io::Result<Option<WaitMethod>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::SignalStatus;
 
     #[test]
     fn tail_keeps_the_last_lines_within_both_caps() {
@@ -426,22 +409,6 @@ mod tests {
         s.flush(&tail);
         let text = tail.lock().unwrap().text();
         assert_eq!(text, "xxxxxxxxyz\nnext");
-    }
-
-    #[test]
-    fn fit_body_shrinks_escaped_data_until_the_body_fits() {
-        let body = SignalBody {
-            id: "wp_0123456789ab".into(),
-            secret: "s".into(),
-            status: SignalStatus::Fail,
-            message: Some("exit=1".into()),
-            member: None,
-            data: Some("\u{1b}".repeat(MAX_DATA_CHARS)),
-        };
-        let bytes = fit_body(body).unwrap();
-        assert!(bytes.len() <= MAX_BODY_BYTES);
-        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        assert!(!v["data"].as_str().unwrap().is_empty());
     }
 
     fn child_and_waiter(prefer_pidfd: bool) {

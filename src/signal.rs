@@ -424,9 +424,40 @@ fn parse_reply(bytes: &[u8]) -> Option<HttpReply> {
     })
 }
 
+/// Serialises `body`, dropping the oldest part of its data until the whole body fits the
+/// request cap. Data heavy in control characters (colour codes) grows when JSON-escaped, so a
+/// tail within the character cap can still be too many bytes.
+pub fn fit_body(mut body: SignalBody) -> crate::error::Result<Vec<u8>> {
+    loop {
+        let encoded = serde_json::to_vec(&body).map_or(0, |b| b.len());
+        let data_chars = body.data.as_ref().map_or(0, |d| d.chars().count());
+        if encoded <= MAX_BODY_BYTES || data_chars == 0 {
+            return body.to_bytes();
+        }
+        let data = body.data.take().unwrap_or_default();
+        body.data = Some(data.chars().skip(data_chars - data_chars * 3 / 4).collect());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fit_body_shrinks_escaped_data_until_the_body_fits() {
+        let body = SignalBody {
+            id: "wp_0123456789ab".into(),
+            secret: "s".into(),
+            status: SignalStatus::Fail,
+            message: Some("exit=1".into()),
+            member: None,
+            data: Some("\u{1b}".repeat(MAX_DATA_CHARS)),
+        };
+        let bytes = fit_body(body).unwrap();
+        assert!(bytes.len() <= MAX_BODY_BYTES);
+        let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert!(!v["data"].as_str().unwrap().is_empty());
+    }
 
     #[test]
     fn urls_parse_with_defaults_and_refuse_what_we_cannot_speak() {

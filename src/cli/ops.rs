@@ -105,7 +105,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     let mut body = a.target.body(None)?;
     // The id, secret and member are checked before the command starts: a job started against
     // a waitpoint that will refuse its signal would run for hours for nothing.
-    let probe = process::fit_body(body.clone())?;
+    let probe = crate::signal::fit_body(body.clone())?;
     if let Some((exit::FAILURE, said)) = super::signal::judge_locally(home, &probe) {
         eprintln!("waitpoint run: {said}; the command was not started");
         return Ok(exit::FAILURE);
@@ -135,7 +135,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
 /// Sends after the job is over. A failure to signal is said loudly but does not replace the
 /// job's own outcome, which is what the caller's shell acts on.
 fn send_reporting_failure(home: &Home, body: SignalBody, program: &str) -> bool {
-    let sent = process::fit_body(body)
+    let sent = crate::signal::fit_body(body)
         .map_err(anyhow::Error::from)
         .and_then(|bytes| super::signal::send(home, &bytes, None, false, program));
     if let Err(e) = &sent {

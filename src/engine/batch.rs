@@ -13,11 +13,11 @@ use std::collections::HashMap;
 use std::io;
 
 use crate::error::{Error, Result};
-use crate::ingress::{SignalRequest, Source};
 use crate::journal::{self, Journal};
 use crate::model::{
     JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Status, Waitpoint, WakeKind,
 };
+use crate::request::{SignalRequest, Source};
 use crate::secret;
 use crate::store::{FileLock, Unsynced, read_json};
 
@@ -306,7 +306,7 @@ impl Engine {
             }
             let dir = self.home.signals_dir(id);
             for record in &change.records {
-                let identity = crate::ingress::identity_of(&record.source);
+                let identity = crate::request::identity_of(&record.source);
                 let path = dir.join(signal_file_name(record.seq, &identity_key(&identity)));
                 if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
                     files.add_json(&path, record);

@@ -151,7 +151,7 @@ impl Engine {
             let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
             let name = entry.file_name();
             let Some(id) = name.to_str() else { continue };
-            if !crate::ingress::is_waitpoint_id(id) {
+            if !crate::request::is_waitpoint_id(id) {
                 continue;
             }
             if let Some(wp) = self.read_record::<Waitpoint>(&entry.path().join("waitpoint.json"))? {

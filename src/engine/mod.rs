@@ -25,12 +25,12 @@ use crate::clock::{Clock, Timestamp};
 use crate::delivery;
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::ingress::{SignalRequest, Source, check_member_name};
 use crate::journal::{self, Journal};
 use crate::model::{
     Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
     WakeKind,
 };
+use crate::request::{SignalRequest, Source, check_member_name, is_waitpoint_id};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::store::{self, FileLock, Trash, commit_json, create_dir_private, read_json};
@@ -129,14 +129,7 @@ pub enum Verdict {
     Refused(Refusal),
 }
 
-/// True for `<prefix>` followed by 12 lowercase hex digits.
-pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
-    id.len() == prefix.len() + 12
-        && id.starts_with(prefix)
-        && id[prefix.len()..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
+pub use crate::request::is_prefixed_id;
 
 /// The shortest lifetime a waitpoint may be given: one second.
 pub const MIN_TTL_MS: i64 = 1_000;
@@ -361,7 +354,7 @@ impl Engine {
 
     /// Reads a waitpoint; `None` when there is no such id.
     pub fn load(&self, id: &str) -> Result<Option<Waitpoint>> {
-        if !crate::ingress::is_waitpoint_id(id) {
+        if !is_waitpoint_id(id) {
             return Ok(None);
         }
         read_json(&self.home.waitpoint_file(id))
@@ -370,7 +363,7 @@ impl Engine {
     /// Reads a waitpoint met while listing many: one that does not parse is set aside and
     /// skipped, so it stops no listing.
     fn load_listed(&self, id: &str) -> Result<Option<Waitpoint>> {
-        if !crate::ingress::is_waitpoint_id(id) {
+        if !is_waitpoint_id(id) {
             return Ok(None);
         }
         self.read_record(&self.home.waitpoint_file(id))
@@ -395,7 +388,7 @@ impl Engine {
     }
 
     fn lock(&self, id: &str) -> Result<Option<FileLock>> {
-        if !crate::ingress::is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
+        if !is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
             return Ok(None);
         }
         match FileLock::acquire_dir(&self.home.waitpoint_dir(id)) {
@@ -989,7 +982,7 @@ impl Engine {
     pub fn list(&self) -> Result<Vec<Waitpoint>> {
         let mut out = Vec::new();
         for (name, path) in store::list_dir(&self.home.waitpoints_dir())? {
-            if !crate::ingress::is_waitpoint_id(&name) {
+            if !is_waitpoint_id(&name) {
                 continue;
             }
             if let Some(wp) = self.read_record::<Waitpoint>(&path.join("waitpoint.json"))? {
@@ -1175,7 +1168,7 @@ pub fn prejudge(home: &Home, now: Timestamp, req: &SignalRequest) -> Result<Prej
     if !home.waitpoints_dir().is_dir() {
         return Ok(Prejudged::Unknowable);
     }
-    let wp = if crate::ingress::is_waitpoint_id(&req.id) {
+    let wp = if is_waitpoint_id(&req.id) {
         read_json::<Waitpoint>(&home.waitpoint_file(&req.id))?
     } else {
         None

@@ -4,6 +4,7 @@
 mod helpers;
 
 mod adapters;
+mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;
 mod devices;

@@ -1,0 +1,154 @@
+//! The engine's vocabulary: what a signal or a callback trigger asks for once parsed
+//! ([`SignalRequest`], [`CallbackRequest`]), where it came from ([`Source`]) and the identity
+//! that de-duplicates it, the caps every route applies, and the shape of ids.
+//!
+//! A leaf: it imports nothing of the crate but the model, so ingress (which produces these) and
+//! the engine (which decides on them) both use it without using each other's insides.
+
+use serde_json::Value;
+
+use crate::model::SignalStatus;
+
+/// Largest request or spool file accepted, in bytes (the spec's 64 KB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Longest `message`, in characters.
+pub const MAX_MESSAGE_CHARS: usize = 2_000;
+/// Longest `data`, in characters (a string's own length, or the JSON text of any other value).
+pub const MAX_DATA_CHARS: usize = 16_000;
+/// Longest member name, in characters.
+pub const MAX_MEMBER_CHARS: usize = 64;
+
+/// A well-formed signal, not yet authenticated. Its `Debug` leaves the secret out, so a request
+/// that ends up in a log line or a panic message never carries it.
+#[derive(Clone, PartialEq)]
+pub struct SignalRequest {
+    pub id: String,
+    /// The plaintext secret as sent. Never logged, never written; the engine hashes it.
+    pub secret: String,
+    pub status: SignalStatus,
+    pub message: Option<String>,
+    pub member: Option<String>,
+    pub data: Option<Value>,
+}
+
+impl std::fmt::Debug for SignalRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignalRequest")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .field("status", &self.status)
+            .field("message", &self.message)
+            .field("member", &self.member)
+            .field("data", &self.data)
+            .finish()
+    }
+}
+
+/// Where a signal came from. Its [`identity`](Source::identity) is what de-duplicates it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A file in the local drop zone, by file name.
+    Spool(String),
+    /// A file collected from a device's spool over SSH, by device and file name.
+    Device { device: String, file: String },
+    /// A request to the HTTP shim, by its `Idempotency-Key` (one the shim made up when the
+    /// request carried none).
+    Http(String),
+}
+
+/// The prefix of the keys `cortex-signal` (and `run`, `attach`) mint for each signal: `cs-` and
+/// 32 lowercase hex digits.
+pub const SENDER_KEY_PREFIX: &str = "cs-";
+
+/// True for a key `cortex-signal` minted ([`SENDER_KEY_PREFIX`]).
+pub fn is_sender_key(key: &str) -> bool {
+    key.strip_prefix(SENDER_KEY_PREFIX).is_some_and(|hex| {
+        hex.len() == 32
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+impl Source {
+    /// Where the signal came from, as its record says: `spool:<file name>`,
+    /// `device:<device>:<file name>`, `http:<Idempotency-Key>`.
+    pub fn origin(&self) -> String {
+        match self {
+            Source::Spool(name) => format!("spool:{name}"),
+            Source::Device { device, file } => format!("device:{device}:{file}"),
+            Source::Http(key) => format!("http:{key}"),
+        }
+    }
+
+    /// The signal's identity: the same file name, or the same idempotency key, is the same
+    /// signal ([`identity_of`] its origin).
+    pub fn identity(&self) -> String {
+        identity_of(&self.origin())
+    }
+}
+
+/// A signal's identity from its origin (a record's `source`). A key `cortex-signal` minted is the
+/// signal's identity whichever way it came, as the `Idempotency-Key` of its POST or as the name
+/// of the spool file it fell back to (`<key>.json`): `key:<key>`, so the second copy to arrive
+/// is a duplicate. Any other origin is its own identity.
+pub fn identity_of(origin: &str) -> String {
+    let sender_key = origin
+        .strip_prefix("spool:")
+        .and_then(|name| name.strip_suffix(".json"))
+        .or_else(|| origin.strip_prefix("http:"))
+        .filter(|k| is_sender_key(k));
+    match sender_key {
+        Some(key) => format!("key:{key}"),
+        None => origin.to_owned(),
+    }
+}
+
+/// True for a syntactically valid waitpoint id: `wp_` and 12 lowercase hex digits.
+pub fn is_waitpoint_id(id: &str) -> bool {
+    is_prefixed_id(id, "wp_")
+}
+
+/// Checks a member name's shape (the engine checks it against the waitpoint's list).
+pub fn check_member_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("member name is empty".into());
+    }
+    if name.chars().count() > MAX_MEMBER_CHARS {
+        return Err(format!(
+            "member name is longer than {MAX_MEMBER_CHARS} characters"
+        ));
+    }
+    if name.chars().any(char::is_control) {
+        return Err("member name contains control characters".into());
+    }
+    Ok(())
+}
+
+/// A callback trigger, not yet authenticated.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CallbackRequest {
+    /// The capability token. Never logged, never written.
+    pub token: String,
+    pub mode: crate::model::CallbackMode,
+    pub text: Option<String>,
+}
+
+impl std::fmt::Debug for CallbackRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CallbackRequest")
+            .field("token", &"[redacted]")
+            .field("mode", &self.mode)
+            .field("text", &self.text)
+            .finish()
+    }
+}
+
+/// True for `<prefix>` followed by 12 lowercase hex digits.
+pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
+    id.len() == prefix.len() + 12
+        && id.starts_with(prefix)
+        && id[prefix.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}

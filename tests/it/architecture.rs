@@ -1,0 +1,96 @@
+//! The dependency rules ARCHITECTURE.md states, checked on the source: the pipeline's modules
+//! form no cycle (ingress and front ends -> engine -> store), and the vocabulary they share is a
+//! leaf.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// The pipeline's modules, whose imports must form no cycle.
+const PIPELINE: [&str; 8] = [
+    "request", "engine", "ingress", "delivery", "store", "journal", "process", "signal",
+];
+
+fn rust_files(root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if root.is_file() {
+        out.push(root.to_owned());
+    } else if let Ok(rd) = fs::read_dir(root) {
+        for e in rd.flatten() {
+            out.extend(rust_files(&e.path()));
+        }
+    }
+    out.retain(|p| p.extension().is_some_and(|x| x == "rs"));
+    out
+}
+
+/// The crate's top-level modules `module` refers to (`crate::<name>`), itself excluded.
+fn imports_of(src: &Path, module: &str) -> BTreeSet<String> {
+    let mut files = rust_files(&src.join(format!("{module}.rs")));
+    files.extend(rust_files(&src.join(module)));
+    let mut out = BTreeSet::new();
+    for f in files {
+        let text = fs::read_to_string(&f).unwrap();
+        for (i, _) in text.match_indices("crate::") {
+            let name: String = text[i + 7..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if name != module && !name.is_empty() {
+                out.insert(name);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_pipeline_modules_import_each_other_without_a_cycle_and_the_vocabulary_is_a_leaf() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph: BTreeMap<&str, BTreeSet<String>> = PIPELINE
+        .iter()
+        .map(|m| {
+            let deps = imports_of(&src, m)
+                .into_iter()
+                .filter(|d| PIPELINE.contains(&d.as_str()))
+                .collect();
+            (*m, deps)
+        })
+        .collect();
+    // Depth-first search for a cycle, reporting the path.
+    fn visit<'a>(
+        m: &'a str,
+        graph: &'a BTreeMap<&str, BTreeSet<String>>,
+        path: &mut Vec<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) {
+        if let Some(i) = path.iter().position(|p| *p == m) {
+            panic!(
+                "an import cycle: {}",
+                [&path[i..], &[m]].concat().join(" -> ")
+            );
+        }
+        if done.contains(m) {
+            return;
+        }
+        path.push(m);
+        for d in &graph[m] {
+            visit(d.as_str(), graph, path, done);
+        }
+        path.pop();
+        done.insert(m);
+    }
+    let mut done = BTreeSet::new();
+    for m in PIPELINE {
+        visit(m, &graph, &mut Vec::new(), &mut done);
+    }
+    assert!(
+        graph["request"].is_empty(),
+        "request must be a leaf: {:?}",
+        graph["request"]
+    );
+    assert!(
+        !graph["engine"].contains("ingress"),
+        "the engine never imports ingress"
+    );
+}
