@@ -106,18 +106,16 @@ pub fn probe_inotify(home: &Home) -> Result<(), Error> {
         "cannot start the file watcher on",
         &home.drop_zone()
     );
-    // SAFETY: inotify_init1 takes flags only; a returned descriptor is ours to close.
-    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::io(
-            "cannot start the file watcher on",
-            home.drop_zone(),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    // SAFETY: fd is a descriptor we just opened and nothing else holds.
-    unsafe { libc::close(fd) };
-    Ok(())
+    // Dropped at once: the descriptor closes, the instance is given back.
+    rustix::fs::inotify::init(rustix::fs::inotify::CreateFlags::CLOEXEC)
+        .map(drop)
+        .map_err(|e| {
+            Error::io(
+                "cannot start the file watcher on",
+                home.drop_zone(),
+                e.into(),
+            )
+        })
 }
 
 /// Runs every check, in the order they are printed.
@@ -148,8 +146,7 @@ pub fn worst(checks: &[Check]) -> Level {
 }
 
 fn euid() -> u32 {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() }
+    rustix::process::geteuid().as_raw()
 }
 
 fn check_home(home: &Home) -> Check {

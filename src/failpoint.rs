@@ -107,9 +107,7 @@ pub fn act<T>(name: &str, action: Option<&str>, context: &'static str, path: &Pa
 
 fn crash() -> ! {
     // SAFETY: kill(2) on our own pid with SIGKILL; it does not return once delivered.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     // SIGKILL cannot be caught; this is only reached if kill(2) itself failed.
     std::process::abort()
 }

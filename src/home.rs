@@ -93,8 +93,7 @@ impl Home {
     /// be ours and writable by nobody else. Anyone who can write there could plant or swap
     /// state files, read secrets' effects, or redirect wakes, so the daemon does not start.
     pub fn check_private(&self) -> Result<()> {
-        // SAFETY: geteuid(2) cannot fail and touches no memory.
-        let euid = unsafe { libc::geteuid() };
+        let euid = rustix::process::geteuid().as_raw();
         let extra = [self.trash_dir(), self.quarantine_dir()];
         for dir in self.fixed_dirs().into_iter().chain(extra) {
             // Not following a link: a directory of the home swapped for a symlink would send

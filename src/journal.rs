@@ -14,7 +14,6 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -281,16 +280,7 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
 /// `syncfs(2)`: every dirty file and directory of the filesystem `fs` is on, written and
 /// flushed; fails when any writeback on it failed since `fs` was opened or last synced.
 fn syncfs(fs: &File, what: &Path) -> Result<()> {
-    // SAFETY: syncfs takes a valid open descriptor and touches no memory of ours.
-    if unsafe { libc::syncfs(fs.as_raw_fd()) } == 0 {
-        Ok(())
-    } else {
-        Err(Error::io(
-            "cannot sync the filesystem of",
-            what,
-            io::Error::last_os_error(),
-        ))
-    }
+    rustix::fs::syncfs(fs).map_err(|e| Error::io("cannot sync the filesystem of", what, e.into()))
 }
 
 /// The journal shared between the engine and the checkpointer thread.

@@ -8,6 +8,10 @@
 //! [`store`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
 
+// No unsafe code but in `ingress::sftp_long`, the one place that calls a C library (libssh2)
+// for what its Rust binding leaves out; every system call goes through rustix or std.
+#![deny(unsafe_code)]
+
 pub mod adapter;
 pub mod agent;
 pub mod cli;

@@ -178,11 +178,14 @@ pub fn run_command(
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
         for sig in signals.forever() {
-            if sig == signal_hook::consts::SIGTERM || sig == signal_hook::consts::SIGHUP {
-                // SAFETY: kill(2) with a pid we spawned and have not reaped yet.
-                unsafe {
-                    libc::kill(pid, sig);
-                }
+            let forward = match sig {
+                signal_hook::consts::SIGTERM => Some(rustix::process::Signal::TERM),
+                signal_hook::consts::SIGHUP => Some(rustix::process::Signal::HUP),
+                _ => None,
+            };
+            // A pid we spawned and have not reaped yet.
+            if let Some(s) = forward {
+                send_signal(pid, s);
             }
         }
     });
@@ -247,11 +250,9 @@ pub fn wait_with_timeout(child: Child, timeout: Duration) -> io::Result<Option<E
             status.map(Some)
         }
         Err(_) => {
-            // SAFETY: kill(2) on our child, which the waiter has not reaped (it is still in
-            // wait(2), which returns only after this kill).
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-            }
+            // Our child, which the waiter has not reaped (it is still in wait(2), which
+            // returns only after this kill), so the pid cannot have been reused.
+            send_signal(pid, rustix::process::Signal::KILL);
             let _ = waiter.join();
             Ok(None)
         }
@@ -313,9 +314,22 @@ pub enum WaitMethod {
 
 /// Whether a process with this pid exists (it may belong to another user).
 pub fn process_exists(pid: libc::pid_t) -> bool {
-    // SAFETY: signal 0 only checks for existence and permission; nothing is delivered.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else {
+        return false;
+    };
+    // Signal 0 only checks for existence and permission; nothing is delivered.
+    match rustix::process::test_kill_process(pid) {
+        Ok(()) | Err(rustix::io::Errno::PERM) => true,
+        Err(_) => false,
+    }
+}
+
+/// Sends `signal` to process `pid`; a pid that is not positive is ignored (it would name a
+/// process group).
+pub fn send_signal(pid: libc::pid_t, signal: rustix::process::Signal) {
+    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(pid, signal);
+    }
 }
 
 /// Blocks until process `pid` (not our child) has ended. Uses a pidfd when the kernel has
@@ -343,37 +357,24 @@ pub fn wait_for_exit(
 
 /// `Ok(None)` when pidfds are unavailable (old kernel, seccomp) and the caller should poll.
 fn wait_pidfd(pid: libc::pid_t) -> io::Result<Option<WaitMethod>> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ESRCH) => Ok(Some(WaitMethod::Pidfd)),
-            _ => Ok(None),
-        };
-    }
-    let fd = fd as libc::c_int;
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
+    use rustix::event::{PollFd, PollFlags};
+    let Some(raw) = rustix::process::Pid::from_raw(pid) else {
+        return Ok(None);
     };
-    let result = loop {
-        // SAFETY: one valid pollfd; -1 waits without a timeout.
-        let r = unsafe { libc::poll(&mut pfd, 1, -1) };
-        if r >= 0 {
-            break Ok(Some(WaitMethod::Pidfd));
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            break Err(e);
-        }
+    let fd = match rustix::process::pidfd_open(raw, rustix::process::PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        // Gone already: that is the end we wait for.
+        Err(rustix::io::Errno::SRCH) => return Ok(Some(WaitMethod::Pidfd)),
+        Err(_) => return Ok(None),
     };
-    // SAFETY: we own fd and close it once.
-    unsafe {
-        libc::close(fd);
+    loop {
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, None) {
+            Ok(_) => return Ok(Some(WaitMethod::Pidfd)),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
-    result
 }
 
 #[cfg(test)]

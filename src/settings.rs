@@ -236,8 +236,7 @@ fn read_trusted(path: &Path) -> Result<Option<String>> {
     if !meta.is_file() {
         return Err(refuse(NOT_REGULAR.into()));
     }
-    // SAFETY: geteuid(2) cannot fail and touches no memory.
-    let euid = unsafe { libc::geteuid() };
+    let euid = rustix::process::geteuid().as_raw();
     let insecure = |message: String| Error::Insecure {
         path: path.to_owned(),
         message,

@@ -15,7 +15,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fs2::FileExt;
 use rand::Rng;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -565,27 +564,14 @@ impl Drop for Reaper {
 /// Swaps the names `a` and `b` atomically (`renameat2(2)` with `RENAME_EXCHANGE`); both must
 /// exist.
 fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = |p: &Path| {
-        std::ffi::CString::new(p.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
-    };
-    let (a, b) = (c(a)?, c(b)?);
-    // SAFETY: both are valid NUL-terminated paths that live across the call.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            libc::RENAME_EXCHANGE,
-        )
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    use rustix::fs::{CWD, RenameFlags};
+    Ok(rustix::fs::renameat_with(
+        CWD,
+        a,
+        CWD,
+        b,
+        RenameFlags::EXCHANGE,
+    )?)
 }
 
 /// [`remove_all`], then each directory fsynced once, so the removals are durable.
@@ -874,23 +860,21 @@ impl FileLock {
     /// taken by every signal's commit).
     pub fn acquire_dir(dir: &Path) -> Result<Self> {
         let file = File::open(dir).map_err(|e| Error::io("cannot open lock", dir, e))?;
-        file.lock_exclusive()
-            .map_err(|e| Error::io("cannot lock", dir, e))?;
+        file.lock().map_err(|e| Error::io("cannot lock", dir, e))?;
         Ok(FileLock { file })
     }
 
     /// Blocks until the lock is ours. Used for short read-modify-write sections.
     pub fn acquire(path: &Path) -> Result<Self> {
         let file = Self::open(path)?;
-        file.lock_exclusive()
-            .map_err(|e| Error::io("cannot lock", path, e))?;
+        file.lock().map_err(|e| Error::io("cannot lock", path, e))?;
         Ok(FileLock { file })
     }
 
     /// Takes the lock or reports who holds it (the pid written in the file).
     pub fn try_acquire_writing_pid(path: &Path) -> Result<Self> {
         let mut file = Self::open(path)?;
-        if file.try_lock_exclusive().is_err() {
+        if file.try_lock().is_err() {
             let mut pid = String::new();
             let _ = file.read_to_string(&mut pid);
             return Err(Error::Locked {
@@ -915,9 +899,9 @@ impl FileLock {
     /// True when some process holds the lock at `path` right now.
     pub fn is_held(path: &Path) -> bool {
         match File::open(path) {
-            Ok(f) => match f.try_lock_exclusive() {
+            Ok(f) => match f.try_lock() {
                 Ok(()) => {
-                    let _ = FileExt::unlock(&f);
+                    let _ = f.unlock();
                     false
                 }
                 Err(_) => true,
@@ -978,7 +962,7 @@ impl LockHolder {
 
 impl Drop for FileLock {
     fn drop(&mut self) {
-        let _ = FileExt::unlock(&self.file);
+        let _ = self.file.unlock();
     }
 }
 

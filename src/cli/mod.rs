@@ -63,18 +63,17 @@ pub fn login_name() -> Option<String> {
             return Some(v);
         }
     }
-    // SAFETY: getpwuid returns a pointer into static storage or null; we copy the name out
-    // at once and do not call it from other threads here (the CLI is single-threaded).
-    unsafe {
-        let pw = libc::getpwuid(libc::geteuid());
-        if pw.is_null() || (*pw).pw_name.is_null() {
-            return None;
-        }
-        std::ffi::CStr::from_ptr((*pw).pw_name)
-            .to_str()
-            .ok()
-            .map(str::to_owned)
-    }
+    // The password file's line for our uid (`name:x:uid:...`). Users known only to a
+    // directory service have $USER set by their login anyway.
+    let uid = rustix::process::geteuid().as_raw().to_string();
+    std::fs::read_to_string("/etc/passwd")
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            let mut f = l.split(':');
+            let name = f.next()?;
+            (f.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
+        })
 }
 
 /// What SSH collectors take from the environment: the ssh-agent's socket.

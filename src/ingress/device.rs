@@ -297,15 +297,10 @@ pub fn claim_tag(home: &Home, device: &str) -> String {
 
 /// This machine's name, made safe for a file name.
 fn host_tag() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates within it.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let raw = if rc == 0 {
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    };
+    let raw = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
     let tag: String = raw
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-')

@@ -36,7 +36,6 @@
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -618,44 +617,51 @@ impl Reactor {
                 .iter()
                 .map(|c| c.deadline().saturating_duration_since(now))
                 .min();
-            let mut fds: Vec<libc::pollfd> = [self.wake_rx.as_raw_fd(), self.listener.as_raw_fd()]
-                .into_iter()
-                .chain(self.conns.iter().map(|c| c.stream.as_raw_fd()))
-                .map(|fd| libc::pollfd {
-                    fd,
-                    events: libc::POLLIN,
-                    revents: 0,
-                })
-                .collect();
-            // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
-            let n = unsafe {
-                libc::poll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    // Rounded up, so a deadline is not polled for in a busy loop of 0 ms waits.
-                    wait.map_or(-1, |w| {
-                        libc::c_int::try_from(w.as_millis())
-                            .unwrap_or(libc::c_int::MAX - 1)
-                            .saturating_add(1)
-                    }),
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!("webhook poll failed: {e}");
-                    std::thread::sleep(Duration::from_millis(50));
+            // poll(2) over every waiting connection, not an event library: the reactor waits on
+            // at most MAX_CONNECTIONS + 2 descriptors, rebuilt each turn, which poll does in one
+            // call with no registration to keep in step with the connection list.
+            use rustix::event::{PollFd, PollFlags, Timespec};
+            // Rounded up to the millisecond, so a deadline is not polled for in a busy loop.
+            let timeout = wait.map(|w| {
+                let ms = w
+                    .as_millis()
+                    .saturating_add(1)
+                    .min(i64::MAX as u128 / 1_000_000) as i64;
+                Timespec {
+                    tv_sec: ms / 1000,
+                    tv_nsec: (ms % 1000) * 1_000_000,
                 }
-                continue;
-            }
-            if fds[0].revents != 0 {
+            });
+            let ready: Vec<bool> = {
+                let mut fds: Vec<PollFd<'_>> = [
+                    PollFd::new(&self.wake_rx, PollFlags::IN),
+                    PollFd::new(&self.listener, PollFlags::IN),
+                ]
+                .into_iter()
+                .chain(
+                    self.conns
+                        .iter()
+                        .map(|c| PollFd::new(&c.stream, PollFlags::IN)),
+                )
+                .collect();
+                match rustix::event::poll(&mut fds, timeout.as_ref()) {
+                    Ok(_) => fds.iter().map(|f| !f.revents().is_empty()).collect(),
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => {
+                        tracing::error!("webhook poll failed: {e}");
+                        std::thread::sleep(Duration::from_millis(50));
+                        continue;
+                    }
+                }
+            };
+            if ready[0] {
                 let mut sink = [0u8; 64];
                 while matches!((&self.wake_rx).read(&mut sink), Ok(n) if n > 0) {}
             }
             // Highest index first, so `swap_remove` leaves the lower ones where `fds` says.
             let readable: Vec<usize> = (0..self.conns.len())
                 .rev()
-                .filter(|i| fds[i + 2].revents != 0)
+                .filter(|i| ready[i + 2])
                 .collect();
             let mut touched = Vec::with_capacity(readable.len());
             for i in readable {
@@ -667,7 +673,7 @@ impl Reactor {
             for conn in touched {
                 self.settle(conn);
             }
-            if fds[1].revents != 0 {
+            if ready[1] {
                 self.accept_all();
             }
         }

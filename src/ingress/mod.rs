@@ -8,6 +8,8 @@
 pub mod control;
 pub mod device;
 pub mod http;
+// FFI into libssh2 (see the module's docs): the crate's only unsafe code.
+#[allow(unsafe_code)]
 mod sftp_long;
 pub mod spool;
 

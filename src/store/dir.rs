@@ -6,16 +6,18 @@
 //! happens to the path meanwhile. Every step below the home's root is opened without following
 //! a link (the root itself may be one the user made, `~/.cortex -> /data/cortex`).
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
+use rustix::io::Errno;
 
 use crate::error::{Error, Result};
 use crate::store::{DIR_MODE, FILE_MODE, TEMP_PREFIX, TEMP_SUFFIX};
@@ -45,7 +47,10 @@ pub enum Entry {
     Other,
 }
 
-const OPEN_DIR: i32 = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+const OPEN_DIR: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
 
 impl Dir {
     /// Opens `path` (made if missing, with its parents), refusing a symlink, a non-directory,
@@ -66,9 +71,7 @@ impl Dir {
 
     /// Opens an existing `path`, its last component not followed if it is a link.
     pub fn open_existing(path: &Path) -> Result<Dir> {
-        let c = c_path(path)?;
-        // SAFETY: a valid NUL-terminated path; the descriptor returned is ours to own.
-        let fd = unsafe { libc::open(c.as_ptr(), OPEN_DIR) };
+        let fd = rustix::fs::openat(CWD, path, OPEN_DIR, Mode::empty());
         Self::checked(fd, path, || is_symlink_path(path))
     }
 
@@ -78,9 +81,8 @@ impl Dir {
     /// any depth, is refused rather than followed. Missing components are an `Io` error whose
     /// [`Error::is_not_found`] is true.
     pub fn open_beneath(root: &Path, rel: &Path) -> Result<Dir> {
-        let c = c_path(root)?;
-        // SAFETY: as in open_existing; only O_NOFOLLOW is left out, for the root alone.
-        let fd = unsafe { libc::open(c.as_ptr(), OPEN_DIR & !libc::O_NOFOLLOW) };
+        // Only the root may be a link: O_NOFOLLOW is left out for it alone.
+        let fd = rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty());
         let mut dir = Self::checked(fd, root, || false)?;
         for part in rel.components() {
             match part {
@@ -112,9 +114,7 @@ impl Dir {
     /// The directory `name` inside this one, not followed if it is a link, checked.
     pub fn child(&self, name: &OsStr) -> Result<Dir> {
         let path = self.path.join(name);
-        let c = self.c_name(name)?;
-        // SAFETY: a valid directory descriptor and NUL-terminated name.
-        let fd = unsafe { libc::openat(self.raw(), c.as_ptr(), OPEN_DIR) };
+        let fd = rustix::fs::openat(&self.fd, self.plain(name)?, OPEN_DIR, Mode::empty());
         Self::checked(fd, &path, || {
             matches!(self.entry(name), Ok(Some(Entry::Symlink)))
         })
@@ -122,40 +122,38 @@ impl Dir {
 
     /// The directory `name` inside this one, made (mode 0700) when missing.
     pub fn child_or_make(&self, name: &str) -> Result<Dir> {
-        let c = self.c_name(OsStr::new(name))?;
-        // SAFETY: a valid directory descriptor and NUL-terminated name.
-        if unsafe { libc::mkdirat(self.raw(), c.as_ptr(), DIR_MODE) } != 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::AlreadyExists {
+        let os = OsStr::new(name);
+        match rustix::fs::mkdirat(&self.fd, self.plain(os)?, Mode::from_raw_mode(DIR_MODE)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => {
                 return Err(Error::io(
                     "cannot create directory",
                     self.path.join(name),
-                    e,
+                    e.into(),
                 ));
             }
         }
-        self.child(OsStr::new(name))
+        self.child(os)
     }
 
-    fn checked(fd: i32, path: &Path, is_link: impl Fn() -> bool) -> Result<Dir> {
+    fn checked(
+        fd: rustix::io::Result<OwnedFd>,
+        path: &Path,
+        is_link: impl Fn() -> bool,
+    ) -> Result<Dir> {
         let insecure = |message: String| Error::Insecure {
             path: path.to_owned(),
             message,
         };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
-                Some(libc::ELOOP | libc::ENOTDIR) if is_link() => insecure(
-                    "is a symbolic link; the home's directories must be real ones (fix: \
-                     remove the link; the daemon makes the directory)"
-                        .into(),
-                ),
-                Some(libc::ENOTDIR) => insecure("is not a directory".into()),
-                _ => Error::io("cannot open", path, e),
-            });
-        }
-        // SAFETY: fd was just opened and nothing else owns it.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = fd.map_err(|e| match e {
+            Errno::LOOP | Errno::NOTDIR if is_link() => insecure(
+                "is a symbolic link; the home's directories must be real ones (fix: \
+                 remove the link; the daemon makes the directory)"
+                    .into(),
+            ),
+            Errno::NOTDIR => insecure("is not a directory".into()),
+            e => Error::io("cannot open", path, e.into()),
+        })?;
         let dir = Dir {
             fd,
             path: path.to_owned(),
@@ -164,8 +162,7 @@ impl Dir {
             .file()
             .metadata()
             .map_err(|e| Error::io("cannot inspect", path, e))?;
-        // SAFETY: geteuid(2) cannot fail and touches no memory.
-        let euid = unsafe { libc::geteuid() };
+        let euid = rustix::process::geteuid().as_raw();
         if meta.uid() != euid {
             return Err(insecure(format!(
                 "owned by uid {}, not by this user (uid {euid})",
@@ -196,23 +193,19 @@ impl Dir {
         )
     }
 
-    fn raw(&self) -> i32 {
-        self.fd.as_raw_fd()
-    }
-
-    fn c_name(&self, name: &OsStr) -> Result<CString> {
-        let bytes = name.as_bytes();
-        let plain = !bytes.is_empty() && !bytes.contains(&b'/') && bytes != b"." && bytes != b"..";
-        plain
-            .then(|| CString::new(bytes).ok())
-            .flatten()
-            .ok_or_else(|| {
-                Error::io(
-                    "not a plain name in",
-                    self.path.join(name),
-                    io::Error::from(io::ErrorKind::InvalidInput),
-                )
-            })
+    /// `name` if it names an entry of this directory itself: not empty, `.`, `..`, a path or
+    /// anything with a NUL.
+    fn plain<'a>(&self, name: &'a OsStr) -> Result<&'a OsStr> {
+        let b = name.as_bytes();
+        if !b.is_empty() && !b.contains(&b'/') && !b.contains(&0) && b != b"." && b != b".." {
+            Ok(name)
+        } else {
+            Err(Error::io(
+                "not a plain name in",
+                self.path.join(name),
+                io::Error::from(io::ErrorKind::InvalidInput),
+            ))
+        }
     }
 
     /// The names in the directory that are UTF-8, read through the handle.
@@ -227,7 +220,7 @@ impl Dir {
     /// Every name in the directory, UTF-8 or not, read through the handle.
     pub fn raw_names(&self) -> Result<Vec<OsString>> {
         // `/proc/self/fd/N` is the open directory itself, not a path resolved again.
-        let via = PathBuf::from(format!("/proc/self/fd/{}", self.raw()));
+        let via = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
         let mut out = Vec::new();
         let entries =
             std::fs::read_dir(&via).map_err(|e| Error::io("cannot list", &self.path, e))?;
@@ -240,44 +233,35 @@ impl Dir {
 
     /// What `name` is, without following it; `None` when there is no such name.
     pub fn entry(&self, name: &OsStr) -> io::Result<Option<Entry>> {
-        let c = self.c_name(name).map_err(|_| invalid())?;
-        // SAFETY: zeroed is a valid `stat`; fstatat fills it or fails.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: a valid directory descriptor, NUL-terminated name and out-pointer.
-        let rc =
-            unsafe { libc::fstatat(self.raw(), c.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::NotFound {
-                Ok(None)
-            } else {
-                Err(e)
-            };
-        }
-        Ok(Some(match st.st_mode & libc::S_IFMT {
-            libc::S_IFLNK => Entry::Symlink,
-            libc::S_IFREG => Entry::File {
+        let name = self.plain(name).map_err(|_| invalid())?;
+        let st = match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => Entry::Symlink,
+            FileType::RegularFile => Entry::File {
                 links: st.st_nlink as u64,
-                len: st.st_size as u64,
+                len: st.st_size.max(0) as u64,
                 modified: UNIX_EPOCH
-                    + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec.max(0) as u32),
+                    + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec as u32),
             },
-            libc::S_IFDIR => Entry::Dir,
+            FileType::Directory => Entry::Dir,
             _ => Entry::Other,
         }))
     }
 
     /// Opens `name` for reading: never following a link, never blocking on a FIFO.
     pub fn open_read(&self, name: &OsStr) -> io::Result<File> {
-        let c = self.c_name(name).map_err(|_| invalid())?;
-        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
-        // SAFETY: a valid directory descriptor and NUL-terminated name.
-        let fd = unsafe { libc::openat(self.raw(), c.as_ptr(), flags) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just opened and nothing else owns it.
-        Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+        let name = self.plain(name).map_err(|_| invalid())?;
+        let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        Ok(File::from(rustix::fs::openat(
+            &self.fd,
+            name,
+            flags,
+            Mode::empty(),
+        )?))
     }
 
     /// Removes `name` from this directory (never following anything). Gone already is fine.
@@ -287,16 +271,9 @@ impl Dir {
 
     /// [`Dir::unlink`] for any name, UTF-8 or not.
     pub fn unlink_raw(&self, name: &OsStr) -> Result<()> {
-        let c = self.c_name(name)?;
-        // SAFETY: a valid directory descriptor and NUL-terminated name.
-        if unsafe { libc::unlinkat(self.raw(), c.as_ptr(), 0) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::NotFound {
-            Ok(())
-        } else {
-            Err(Error::io("cannot remove", self.path.join(name), e))
+        match rustix::fs::unlinkat(&self.fd, self.plain(name)?, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(Error::io("cannot remove", self.path.join(name), e.into())),
         }
     }
 
@@ -308,26 +285,15 @@ impl Dir {
 
     /// Moves the file at `from` (a path) into this directory as `name`.
     pub fn rename_into(&self, from: &Path, name: &str) -> io::Result<()> {
-        let src = c_path(from).map_err(|_| invalid())?;
-        let dst = self.c_name(OsStr::new(name)).map_err(|_| invalid())?;
-        // SAFETY: valid NUL-terminated paths and a valid directory descriptor.
-        if unsafe { libc::renameat(libc::AT_FDCWD, src.as_ptr(), self.raw(), dst.as_ptr()) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        let to = self.plain(OsStr::new(name)).map_err(|_| invalid())?;
+        Ok(rustix::fs::renameat(CWD, from, &self.fd, to)?)
     }
 
     /// Moves `name` of this directory to `to_name` in `to`, both through their handles.
     pub fn rename_to(&self, name: &OsStr, to: &Dir, to_name: &str) -> io::Result<()> {
-        let src = self.c_name(name).map_err(|_| invalid())?;
-        let dst = to.c_name(OsStr::new(to_name)).map_err(|_| invalid())?;
-        // SAFETY: valid directory descriptors and NUL-terminated names.
-        if unsafe { libc::renameat(self.raw(), src.as_ptr(), to.raw(), dst.as_ptr()) } == 0 {
-            Ok(())
-        } else {
-            Err(io::Error::last_os_error())
-        }
+        let from = self.plain(name).map_err(|_| invalid())?;
+        let dest = to.plain(OsStr::new(to_name)).map_err(|_| invalid())?;
+        Ok(rustix::fs::renameat(&self.fd, from, &to.fd, dest)?)
     }
 
     /// [`Dir::rename_to`], made durable in both directories.
@@ -340,9 +306,8 @@ impl Dir {
 
     /// fsyncs the directory, so renames and removals in it are durable.
     pub fn sync(&self) -> Result<()> {
-        self.file()
-            .sync_all()
-            .map_err(|e| Error::io("cannot fsync directory", &self.path, e))
+        rustix::fs::fsync(&self.fd)
+            .map_err(|e| Error::io("cannot fsync directory", &self.path, e.into()))
     }
 
     /// Writes `name` atomically and durably through the handle, its content from `fill`: a
@@ -355,17 +320,16 @@ impl Dir {
     ) -> Result<()> {
         let tag: u64 = rand::rng().next_u64();
         let temp = format!("{TEMP_PREFIX}{name}.{tag:016x}{TEMP_SUFFIX}");
-        let c = self.c_name(OsStr::new(&temp))?;
         let flags =
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
-        // SAFETY: a valid directory descriptor and NUL-terminated name.
-        let fd = unsafe { libc::openat(self.raw(), c.as_ptr(), flags, FILE_MODE) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(Error::io("cannot create", self.path.join(&temp), e));
-        }
-        // SAFETY: fd was just opened and nothing else owns it.
-        let mut file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(
+            &self.fd,
+            self.plain(OsStr::new(&temp))?,
+            flags,
+            Mode::from_raw_mode(FILE_MODE),
+        )
+        .map_err(|e| Error::io("cannot create", self.path.join(&temp), e.into()))?;
+        let mut file = File::from(fd);
         let result = fill(&mut file)
             .map_err(|e| Error::io("cannot write", self.path.join(name), e))
             .and_then(|()| {
@@ -391,16 +355,6 @@ impl Dir {
 
 fn invalid() -> io::Error {
     io::Error::from(io::ErrorKind::InvalidInput)
-}
-
-fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
-        Error::io(
-            "cannot open",
-            path,
-            io::Error::from(io::ErrorKind::InvalidInput),
-        )
-    })
 }
 
 fn is_symlink_path(path: &Path) -> bool {

@@ -94,3 +94,31 @@ fn the_pipeline_modules_import_each_other_without_a_cycle_and_the_vocabulary_is_
         "the engine never imports ingress"
     );
 }
+
+#[test]
+fn unsafe_code_is_denied_everywhere_but_the_one_ffi_module() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = fs::read_to_string(src.join("lib.rs")).unwrap();
+    assert!(
+        lib.contains("#![deny(unsafe_code)]"),
+        "lib.rs must deny unsafe code"
+    );
+    let allowed: Vec<PathBuf> = rust_files(&src)
+        .into_iter()
+        .filter(|f| {
+            fs::read_to_string(f)
+                .unwrap()
+                .contains("#[allow(unsafe_code)]")
+        })
+        .collect();
+    assert_eq!(
+        allowed,
+        [src.join("ingress/mod.rs")],
+        "who allows unsafe code"
+    );
+    let ingress = fs::read_to_string(src.join("ingress/mod.rs")).unwrap();
+    assert!(
+        ingress.contains("#[allow(unsafe_code)]\nmod sftp_long;"),
+        "only the libssh2 module may hold unsafe code"
+    );
+}
