@@ -11,7 +11,7 @@ use crate::engine::Engine;
 use crate::error::{Error, exit};
 use crate::model::Wake;
 
-use super::waitpoint::SessionArg;
+use super::SessionArg;
 
 /// The exit status Claude Code's `asyncRewake` hooks wake the session on.
 pub const CLAUDE_REWAKE: u8 = 2;

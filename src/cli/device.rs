@@ -119,7 +119,7 @@ pub fn run(
             let all = device::list(home)?;
             if a.json {
                 let v: Vec<Value> = all.iter().map(|d| view(engine, d)).collect();
-                super::waitpoint::print_json(out, &json!({ "devices": v }))?;
+                super::print_json(out, &json!({ "devices": v }))?;
                 return Ok(exit::OK);
             }
             if all.is_empty() {
@@ -150,7 +150,7 @@ pub fn run(
         DeviceCommand::Show(a) => {
             let d = device::require(home, &a.name)?;
             if a.json {
-                super::waitpoint::print_json(out, &view(engine, &d))?;
+                super::print_json(out, &view(engine, &d))?;
                 return Ok(exit::OK);
             }
             let st = device::load_status(home, &d.name)?;
@@ -241,7 +241,7 @@ fn add(
     };
     device::add(engine.home(), &d)?;
     if a.json {
-        super::waitpoint::print_json(out, &d)?;
+        super::print_json(out, &d)?;
     } else {
         writeln!(
             out,
@@ -279,7 +279,7 @@ fn test(
         .count();
     let waiting = entries.len() - claimed;
     if a.json {
-        super::waitpoint::print_json(
+        super::print_json(
             out,
             &json!({
                 "device": d.name, "ok": true, "connect_ms": conn.connect_ms,
@@ -404,7 +404,7 @@ fn report(
                 "daemon"
             }),
         );
-        super::waitpoint::print_json(out, &v)?;
+        super::print_json(out, &v)?;
         return Ok(());
     }
     match (&st.last_error, local) {

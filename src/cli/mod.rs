@@ -2,6 +2,7 @@
 //! resolves them into a [`Home`], [`Settings`] and validated requests before calling the library.
 
 pub mod adapter;
+pub mod callback;
 pub mod device;
 pub mod man;
 pub mod ops;
@@ -237,4 +238,41 @@ pub fn setup_failpoints() {
 /// argv as clap sees it (kept here so tests could inject it).
 pub fn args() -> Vec<OsString> {
     std::env::args_os().collect()
+}
+
+/// The session a command acts for (`--session`, `$CORTEX_SESSION`), shared by the command groups.
+#[derive(Debug, clap::Args)]
+pub struct SessionArg {
+    /// The session acting [default: $CORTEX_SESSION, else "default"]
+    #[arg(
+        long,
+        value_name = "S",
+        env = "CORTEX_SESSION",
+        default_value = "default"
+    )]
+    pub session: String,
+}
+
+/// The owning agent of a timer or callback. The spec's operator CLI names it `--agent`; a
+/// session is the spec's agent, so `--session` is the same flag.
+#[derive(Debug, clap::Args)]
+pub struct AgentArg {
+    /// The agent (session) acting [default: $CORTEX_SESSION, else "default"]
+    #[arg(
+        long = "agent",
+        visible_alias = "session",
+        value_name = "ID",
+        env = "CORTEX_SESSION",
+        default_value = "default",
+        hide_default_value = true,
+        hide_env = true
+    )]
+    pub session: String,
+}
+
+/// Prints `v` as pretty JSON and a newline: every command's `--json` output.
+pub fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, v)?;
+    writeln!(out)?;
+    Ok(())
 }

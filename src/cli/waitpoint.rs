@@ -21,7 +21,7 @@ use crate::ingress::http::{self, HttpConfig};
 use crate::model::{Outcome, Status, Waitpoint, Wake};
 use crate::settings::Settings;
 
-use super::render;
+use super::{SessionArg, print_json, render};
 
 /// Durable "wake me when this finishes" objects.
 ///
@@ -65,7 +65,7 @@ pub enum Command {
     Timer(super::timer::TimerArgs),
     /// Callback capability URLs for senders that can only POST
     #[command(subcommand)]
-    Callback(super::timer::CallbackCommand),
+    Callback(super::callback::CallbackCommand),
     /// Run the collector, sweeper and delivery in the foreground
     ///
     /// The daemon takes the home's lock (one daemon per home), drains the drop zone (showing
@@ -168,18 +168,6 @@ pub struct WatchArgs {
     /// Print one compact JSON line per change instead of the table
     #[arg(long)]
     pub json: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct SessionArg {
-    /// The session acting [default: $CORTEX_SESSION, else "default"]
-    #[arg(
-        long,
-        value_name = "S",
-        env = "CORTEX_SESSION",
-        default_value = "default"
-    )]
-    pub session: String,
 }
 
 #[derive(Debug, Args)]
@@ -406,7 +394,7 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
             super::adapter::run(&engine, cmd)
         }
         Command::Callback(cmd) => {
-            super::timer::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
+            super::callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
         }
         Command::Device(a) => super::device::run(
             &engine,
@@ -457,12 +445,6 @@ fn http_config(a: &DaemonArgs, settings: &Settings) -> anyhow::Result<Option<Htt
     Ok(Some(
         HttpConfig::new(bind, port)?.with_control_token(token.as_deref().map(str::trim)),
     ))
-}
-
-pub(crate) fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, v)?;
-    writeln!(out)?;
-    Ok(())
 }
 
 fn parse_quorum(q: &str) -> anyhow::Result<Quorum> {
