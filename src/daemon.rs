@@ -60,6 +60,9 @@ pub enum Event {
     HttpSignal(Submission),
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
+    /// Answer on this channel once every earlier event is handled and what is due now has run:
+    /// a barrier that tests wait on instead of sleeping (see [`DaemonControl::barrier`]).
+    Barrier(Sender<()>),
     /// A device collector or the watcher of `devices/` has news (files landed, a record
     /// changed, a poll was asked for).
     Device(DeviceEvent),
@@ -114,6 +117,13 @@ impl DaemonControl {
     pub fn nudge(&self) {
         let _ = self.tx.send(Event::Nudge);
     }
+
+    /// Waits until the loop has handled every event sent before this one and run what was
+    /// due then; `false` if it did not answer within `limit` (or has stopped).
+    pub fn barrier(&self, limit: Duration) -> bool {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Event::Barrier(tx)).is_ok() && rx.recv_timeout(limit).is_ok()
+    }
 }
 
 /// A daemon that holds its home's lock and is ready to [`run`](Daemon::run).
@@ -128,6 +138,8 @@ pub struct Daemon {
     /// [`Daemon::park_some`]), and their names, which sweeps leave alone meanwhile.
     to_park: std::collections::VecDeque<crate::ingress::spool::QueuedPark>,
     parking: HashSet<String>,
+    /// Barriers to answer once this turn of the loop has run what is due.
+    barriers: Vec<Sender<()>>,
     hooks: Option<HookRunner>,
     next_gc: Timestamp,
     /// When to walk the engine's directories for stale temp files (see `gc_engine_temps`).
@@ -277,6 +289,7 @@ impl Daemon {
                 deferred: Vec::new(),
                 to_park: Default::default(),
                 parking: HashSet::new(),
+                barriers: Vec::new(),
                 hooks,
                 next_gc,
                 next_temp_walk,
@@ -391,6 +404,9 @@ impl Daemon {
             }
             if self.engine.now() >= self.next_temp_walk {
                 self.gc_engine_temps();
+            }
+            for ack in self.barriers.drain(..) {
+                let _ = ack.send(());
             }
         }
         if let Some(shim) = shim {
@@ -548,6 +564,7 @@ impl Daemon {
                 }
                 let _ = reply.send(outcome);
             }
+            Event::Barrier(ack) => self.barriers.push(ack),
             Event::Nudge | Event::Shutdown => {}
         }
     }

@@ -63,7 +63,7 @@ impl Drop for Faulty {
 /// report (record, state with the wake in the outbox, inbox, state with the outbox cleared), and
 /// the resolving one (the same again). Returns the dropped files.
 pub fn scenario(env: &Env) -> Vec<Dropped> {
-    let reply = env.create(&["--label", "crash", "--intent", "i", "--max-signals", "2"]);
+    let reply = env.arm("crash", &["--max-signals", "2"]);
     let (id, secret) = id_secret(&reply);
     let mut dropped = Vec::new();
     for (n, status) in ["progress", "ok", "fail"].iter().enumerate() {
@@ -89,10 +89,12 @@ pub fn scenario(env: &Env) -> Vec<Dropped> {
 /// durable commits (state with the wake in its outbox, inbox file, state with the outbox
 /// cleared) rather than the journal. Returns the dropped files.
 pub fn held_wake_scenario(env: &Env) -> Vec<Dropped> {
-    let reply = env.create(&[
-        "--label", "grace", "--intent", "i", "--member", "a", "--member", "b", "--member", "c",
-        "--quorum", "2",
-    ]);
+    let reply = env.arm(
+        "grace",
+        &[
+            "--member", "a", "--member", "b", "--member", "c", "--quorum", "2",
+        ],
+    );
     let (id, secret) = id_secret(&reply);
     let mut dropped = Vec::new();
     for (n, m) in ["a", "b", "c"].iter().enumerate() {

@@ -108,7 +108,7 @@ fn shell_line_on_a_device_resolves_its_waitpoint_through_the_mirror() {
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &[]);
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, _) = id_secret(&reply);
     assert_eq!(reply["how_to_signal"]["recommended"], "shell");
     let shell = line(&reply, "shell");
@@ -144,9 +144,10 @@ fn member_file_from_a_device_and_a_local_signal_together_resolve_a_barrier() {
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &[]);
     let _d = env.daemon();
-    let reply = env.create(&[
-        "--label", "b", "--intent", "i", "--member", "arm1", "--member", "arm2", "--device", "gpu",
-    ]);
+    let reply = env.arm(
+        "b",
+        &["--member", "arm1", "--member", "arm2", "--device", "gpu"],
+    );
     let (id, _) = id_secret(&reply);
     let shell = line(&reply, "shell").replace("MEMBER", "arm1");
     env.ok("arm1 on the device", &env.sh(&format!("true; {shell}")));
@@ -250,7 +251,7 @@ fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
     add_device(&env, &sshd, "gpu", &[]);
     sshd.kill();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, _) = id_secret(&reply);
     env.ok("job", &env.job_then(true, &line(&reply, "shell"), None));
     env.wait_until("two failed attempts", || {
@@ -289,7 +290,7 @@ fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
     assert!(check.contains(&id), "{check}");
 
     // Everything else keeps working meanwhile.
-    let local = env.create(&["--label", "l", "--intent", "i"]);
+    let local = env.arm("l", &[]);
     let (lid, _) = id_secret(&local);
     env.ok("local", &env.job_then(true, &line(&local, "cli"), None));
     env.ok(
@@ -317,7 +318,7 @@ fn progress_files_waiting(sshd: &Sshd, n: usize) -> (Env, DaemonGuard, String, B
     add_device(&env, sshd, "gpu", &["--sweep-ms", "0"]);
     let d = env.daemon();
     wait_first_round(&env);
-    let reply = env.create(&["--label", "m", "--intent", "i"]);
+    let reply = env.arm("m", &[]);
     let (id, secret) = id_secret(&reply);
     let mut names = BTreeSet::new();
     for i in 0..n {
@@ -392,7 +393,7 @@ fn a_claimed_file_left_by_a_crash_is_collected_on_the_next_round() {
     let Some(sshd) = Sshd::start() else { return };
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, secret) = id_secret(&reply);
     // What a collector that died between claiming and copying leaves on the device.
     let tag = waitpoint::ingress::device::claim_tag(&waitpoint::home::Home::new(&env.home), "gpu");
@@ -556,7 +557,7 @@ fn device_add_validates_and_list_show_remove_round_trip() {
             && show.contains("not polled"),
         "{show}"
     );
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     assert!(line(&reply, "shell").contains("d=~/.cortex/tmp/signals;"));
     env.ok("remove", &env.waitpoint(&["device", "remove", "gpu"]));
     env.expect_code(
@@ -574,16 +575,7 @@ fn two_device_records_of_one_spool_never_finish_each_others_claims() {
     let env = Env::new();
     add_device(&env, &sshd, "gpu-a", &["--sweep-ms", "0"]);
     add_device(&env, &sshd, "gpu-b", &["--sweep-ms", "0"]);
-    let reply = env.create(&[
-        "--label",
-        "t",
-        "--intent",
-        "i",
-        "--device",
-        "gpu-a",
-        "--max-signals",
-        "10",
-    ]);
+    let reply = env.arm("t", &["--device", "gpu-a", "--max-signals", "10"]);
     let (id, secret) = id_secret(&reply);
     // A claim gpu-a's collector made and did not finish.
     let home = waitpoint::home::Home::new(&env.home);
@@ -613,7 +605,7 @@ fn a_remote_file_over_the_cap_stays_on_the_device_whole() {
     let Some(sshd) = Sshd::start() else { return };
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, secret) = id_secret(&reply);
     let big = format!(
         r#"{{"id":"{id}","secret":"{secret}","data":"{}"}}"#,
@@ -641,16 +633,7 @@ fn a_remote_file_that_cannot_be_claimed_does_not_stall_the_device() {
     let Some(sshd) = Sshd::start() else { return };
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
-    let reply = env.create(&[
-        "--label",
-        "t",
-        "--intent",
-        "i",
-        "--device",
-        "gpu",
-        "--max-signals",
-        "5",
-    ]);
+    let reply = env.arm("t", &["--device", "gpu", "--max-signals", "5"]);
     let (id, secret) = id_secret(&reply);
     // A directory already holds the name the claim would rename the first file to, so that
     // one rename fails (as root, permissions would not stop it).
@@ -674,7 +657,7 @@ fn a_remote_file_written_in_place_in_two_steps_is_collected_whole() {
     let Some(sshd) = Sshd::start() else { return };
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, secret) = id_secret(&reply);
     let whole = body(&id, &secret, "");
     let (first, rest) = whole.split_at(whole.len() / 2);
@@ -709,7 +692,7 @@ fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
     let Some(sshd) = Sshd::start() else { return };
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, secret) = id_secret(&reply);
     // A file outside the spool, given a second name inside it.
     let outside = sshd.spool.join("../outside.json");
@@ -743,7 +726,7 @@ fn a_remote_file_swapped_for_a_link_after_the_listing_is_not_followed() {
     let Some(sshd) = Sshd::start() else { return };
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "gpu"]);
+    let reply = env.arm("t", &["--device", "gpu"]);
     let (id, secret) = id_secret(&reply);
     // Outside the remote spool: a valid signal, what following the link would copy home.
     let outside = sshd.spool.join("../elsewhere.json");

@@ -39,7 +39,7 @@ fn a_one_shot_timer_fires_once_as_a_timer_wake_and_completes() {
     let env = Env::new();
     let (live, t) = live_with_timer(&env, timer_req(60_000, None, "look at the queue"));
     live.advance_ms(59_000);
-    std::thread::sleep(std::time::Duration::from_millis(100));
+    live.settle();
     assert!(wakes(&env, "default").is_empty(), "not before its time");
     live.advance_ms(1_000);
     env.wait_until("the timer wake", || wakes(&env, "default").len() == 1);
@@ -66,7 +66,7 @@ fn a_repeating_timer_missed_while_down_fires_once_then_keeps_its_schedule() {
     // Down for 10.5 intervals.
     let live = Live::start(&env, T0.plus_ms(11_500));
     env.wait_until("one catch-up firing", || wakes(&env, "default").len() == 1);
-    std::thread::sleep(std::time::Duration::from_millis(150));
+    live.settle();
     assert_eq!(wakes(&env, "default").len(), 1, "not a burst");
     env.wait_until("recorded", || timer_file(&env, &t.id)["fire_count"] == 1);
     let rec = timer_file(&env, &t.id);
@@ -230,7 +230,7 @@ fn recheck_wakes_once_when_nothing_terminal_arrived_and_the_waitpoint_stays_arme
     assert_eq!(w["kind"], "recheck");
     assert_eq!(env.state(&id)["status"], "armed");
     live.advance_ms(60_000);
-    std::thread::sleep(std::time::Duration::from_millis(150));
+    live.settle();
     assert_eq!(
         wakes(&env, "default").len(),
         1,
@@ -242,7 +242,7 @@ fn recheck_wakes_once_when_nothing_terminal_arrived_and_the_waitpoint_stays_arme
 fn reset_secret_refuses_the_old_secret_and_prints_fresh_lines() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, old) = id_secret(&reply);
     let reset: Value =
         serde_json::from_str(&env.ok("reset", &env.waitpoint(&["reset-secret", &id, "--json"])))

@@ -201,7 +201,7 @@ fn a_full_disk_that_stays_full_keeps_every_file_and_the_daemon_up() {
 #[test]
 fn cortex_signal_on_a_full_disk_fails_and_leaves_nothing() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     let out = env
         .command(CORTEX_SIGNAL)
@@ -252,7 +252,7 @@ fn without_inotify_the_daemon_runs_on_the_sweep_alone_and_doctor_says_so() {
         log.contains("finding signals by the sweep alone, every 300 ms"),
         "{log}"
     );
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, _) = id_secret(&reply);
     env.ok("job", &env.job_then(true, &line(&reply, "cli"), None));
     env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
@@ -292,7 +292,7 @@ fn a_500_after_the_journal_commit_says_the_outcome_is_unknown_and_a_retry_counts
     let fault = format!("{}=1*return(enospc)", failpoint::ENGINE_AFTER_JOURNAL);
     let _d = env.daemon_with(&["--http", "--port", "0"], &[("FAILPOINTS", &fault)]);
     let port = env.webhook_port();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "10"]);
+    let reply = env.arm("t", &["--max-signals", "10"]);
     let (id, secret) = id_secret(&reply);
     let body = format!(r#"{{"id":"{id}","secret":"{secret}","status":"progress"}}"#);
     let post = || {

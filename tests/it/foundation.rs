@@ -73,7 +73,7 @@ fn device_waitpoint_recommends_the_shell_form_aimed_at_the_device_spool() {
         "device add",
         &env.waitpoint(&["device", "add", "trainer1", "--host", "gpu1", "--user", "u"]),
     );
-    let reply = env.create(&["--label", "t", "--intent", "i", "--device", "trainer1"]);
+    let reply = env.arm("t", &["--device", "trainer1"]);
     assert_eq!(reply["how_to_signal"]["recommended"], "shell");
     assert!(line(&reply, "shell").contains("d=~/.cortex/tmp/signals;"));
 }
@@ -82,7 +82,7 @@ fn device_waitpoint_recommends_the_shell_form_aimed_at_the_device_spool() {
 fn env_line_then_bare_cortex_signal_resolves() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, _) = id_secret(&reply);
     let script = format!(
         "{}; true; cortex-signal --exit-code $?",
@@ -96,7 +96,7 @@ fn env_line_then_bare_cortex_signal_resolves() {
 fn attach_to_pid_line_signals_when_the_process_ends() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, _) = id_secret(&reply);
     let attach = line(&reply, "attach_to_pid");
     let script = format!("sleep 1 & pid=$!\n{}\nwait", attach.replace("PID", "$pid"));
@@ -187,9 +187,7 @@ fn members_quorum_two_of_three_resolves_on_the_second_and_refuses_late_arms() {
 fn fail_fast_on_wakes_on_the_first_failure() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&[
-        "--label", "t", "--intent", "i", "--member", "a", "--member", "b",
-    ]);
+    let reply = env.arm("t", &["--member", "a", "--member", "b"]);
     let (id, _) = id_secret(&reply);
     let cli = line(&reply, "cli");
     env.ok("a fails", &env.job_then(false, &cli, Some("a")));
@@ -211,17 +209,7 @@ fn fail_fast_on_wakes_on_the_first_failure() {
 fn fail_fast_off_waits_for_the_quorum_even_after_a_failure() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&[
-        "--label",
-        "t",
-        "--intent",
-        "i",
-        "--member",
-        "a",
-        "--member",
-        "b",
-        "--no-fail-fast",
-    ]);
+    let reply = env.arm("t", &["--member", "a", "--member", "b", "--no-fail-fast"]);
     let (id, _) = id_secret(&reply);
     let cli = line(&reply, "cli");
     env.ok("a fails", &env.job_then(false, &cli, Some("a")));
@@ -241,7 +229,7 @@ fn fail_fast_off_waits_for_the_quorum_even_after_a_failure() {
 fn progress_is_recorded_and_never_wakes() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     for step in ["step 1000", "step 2000", "step 3000"] {
         env.ok(
@@ -273,7 +261,7 @@ fn progress_is_recorded_and_never_wakes() {
 fn monitor_with_max_signals_three_wakes_three_times_then_resolves() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "nightly", "--intent", "i", "--max-signals", "3"]);
+    let reply = env.arm("nightly", &["--max-signals", "3"]);
     let (id, secret) = id_secret(&reply);
     for n in 1..=3 {
         env.ok(
@@ -312,7 +300,7 @@ fn monitor_with_max_signals_three_wakes_three_times_then_resolves() {
 fn the_same_file_name_is_heard_once() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "5"]);
+    let reply = env.arm("t", &["--max-signals", "5"]);
     let (id, secret) = id_secret(&reply);
     env.drop_file("reused-name", &body(&id, &secret, r#","status":"ok""#));
     env.wait_until("first", || env.state(&id)["counters"]["signals"] == 1);
@@ -325,7 +313,7 @@ fn the_same_file_name_is_heard_once() {
 #[test]
 fn cancel_is_for_the_owning_session_only_and_wait_reports_it() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--session", "alice"]);
+    let reply = env.arm("t", &["--session", "alice"]);
     let (id, _) = id_secret(&reply);
     env.expect_code(
         "bob cannot see it",
@@ -348,7 +336,7 @@ fn cancel_is_for_the_owning_session_only_and_wait_reports_it() {
 fn cancelling_a_resolved_waitpoint_is_a_conflict() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     env.ok("signal", &env.signal(&["--id", &id, "--secret", &secret]));
     env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
@@ -360,7 +348,7 @@ fn cancelling_a_resolved_waitpoint_is_a_conflict() {
 #[test]
 fn wait_times_out_with_its_own_code() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, _) = id_secret(&reply);
     env.expect_code(
         "wait",
@@ -379,14 +367,7 @@ fn a_deadline_expires_the_waitpoint_with_a_notice_saying_nobody_reported() {
     let env = Env::new();
     let _d = env.daemon();
     // 0.0003 h is about one second.
-    let reply = env.create(&[
-        "--label",
-        "t",
-        "--intent",
-        "i",
-        "--expires-in-hours",
-        "0.0003",
-    ]);
+    let reply = env.arm("t", &["--expires-in-hours", "0.0003"]);
     let (id, _) = id_secret(&reply);
     env.expect_code(
         "wait",
@@ -404,16 +385,7 @@ fn check_follows_the_union_rule_and_hides_read_wakes() {
     let env = Env::new();
     let _d = env.daemon();
     // Armed by an earlier session but delivered to bob's channel: bob waits on it.
-    let reply = env.create(&[
-        "--label",
-        "relay",
-        "--intent",
-        "i",
-        "--session",
-        "old",
-        "--channel",
-        "bob",
-    ]);
+    let reply = env.arm("relay", &["--session", "old", "--channel", "bob"]);
     let (id, secret) = id_secret(&reply);
     let check = |s: &str| -> serde_json::Value {
         serde_json::from_str(&env.ok(
@@ -446,8 +418,8 @@ fn check_follows_the_union_rule_and_hides_read_wakes() {
 fn next_follow_streams_wakes_as_json_lines() {
     let env = Env::new();
     let _d = env.daemon();
-    let a = env.create(&["--label", "a", "--intent", "i"]);
-    let b = env.create(&["--label", "b", "--intent", "i"]);
+    let a = env.arm("a", &[]);
+    let b = env.arm("b", &[]);
     let mut follow = env
         .command(WAITPOINT)
         .args(["next", "--follow", "--json", "--timeout", "20"])

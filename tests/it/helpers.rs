@@ -150,6 +150,13 @@ impl Env {
     }
 
     /// `waitpoint create --json` with `args`, returning the reply.
+    /// Arms a waitpoint labelled `label` (intent "i") with `extra` flags; the reply's JSON.
+    pub fn arm(&self, label: &str, extra: &[&str]) -> Value {
+        let mut args = vec!["--label", label, "--intent", "i"];
+        args.extend_from_slice(extra);
+        self.create(&args)
+    }
+
     pub fn create(&self, args: &[&str]) -> Value {
         let mut all = vec!["create", "--json"];
         all.extend_from_slice(args);
@@ -538,6 +545,16 @@ impl Live {
     pub fn advance_ms(&self, ms: i64) {
         self.clock.advance_ms(ms);
         self.control.nudge();
+    }
+
+    /// Returns once the daemon has handled everything sent to it so far and run what is due
+    /// at the clock's time: after this, what has not happened is not going to without more
+    /// time (the barrier tests wait on instead of sleeping).
+    pub fn settle(&self) {
+        assert!(
+            self.control.barrier(PATIENCE),
+            "the daemon did not reach the barrier within {PATIENCE:?}"
+        );
     }
 
     /// Arms a waitpoint on the manual clock (`wait_create` through the library).

@@ -228,26 +228,9 @@ fn hostile_drop_zone_input_is_parked_or_recorded_and_nothing_outside_is_touched(
     let env = Env::new();
     let outside_dir = tempfile::tempdir().unwrap();
     let outside = outside_dir.path().to_owned();
-    let monitor = id_secret(&env.create(&[
-        "--label",
-        "monitor",
-        "--intent",
-        "i",
-        "--max-signals",
-        "1000",
-    ]));
-    let barrier = id_secret(&env.create(&[
-        "--label", "barrier", "--intent", "i", "--member", "arm1", "--member", "arm2",
-    ]));
-    let other = id_secret(&env.create(&[
-        "--label",
-        "theirs",
-        "--intent",
-        "i",
-        "--session",
-        "someone-else",
-    ]))
-    .0;
+    let monitor = id_secret(&env.arm("monitor", &["--max-signals", "1000"]));
+    let barrier = id_secret(&env.arm("barrier", &["--member", "arm1", "--member", "arm2"]));
+    let other = id_secret(&env.arm("theirs", &["--session", "someone-else"])).0;
     let ctx = Ctx {
         monitor,
         barrier,
@@ -482,7 +465,7 @@ fn hostile_http_requests_get_their_status_and_a_flood_spends_the_miss_budget() {
     let env = Env::new();
     let _d = env.daemon_with(&["--http", "--port", "0"], &[]);
     let port = env.webhook_port();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--member", "arm2"]);
+    let reply = env.arm("t", &["--member", "arm2"]);
     let (id, secret) = id_secret(&reply);
     let big = "x".repeat(64 * 1024);
     let wrong = "0".repeat(64);
@@ -538,7 +521,7 @@ fn a_flood_of_refused_files_does_not_hold_back_an_accepted_signal() {
     // The sweep is out of the way: every file is found through its inotify hint.
     let env = Env::with_settings(r#"{"waitpointSweepMs": 600000}"#);
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, _) = id_secret(&reply);
     const FLOOD: usize = 2_000;
     let dz = env.drop_zone();

@@ -172,10 +172,8 @@ fn http_daemon(env: &Env) -> (DaemonGuard, u16) {
 fn every_status_code_from_curl_and_from_rust() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let barrier = env.create(&[
-        "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
-    ]);
-    let monitor = env.create(&["--label", "m", "--intent", "i", "--max-signals", "10"]);
+    let barrier = env.arm("b", &["--member", "a", "--member", "b"]);
+    let monitor = env.arm("m", &["--max-signals", "10"]);
     let (bid, bsec) = id_secret(&barrier);
     let (mid, msec) = id_secret(&monitor);
     let mut misses = 0;
@@ -198,7 +196,7 @@ fn every_status_code_from_curl_and_from_rust() {
         );
         assert_eq!(b["result"], "duplicate");
 
-        let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
+        let (oid, osec) = id_secret(&env.arm("one", &[]));
         expect(
             "resolve",
             client.post(port, None, &body(&oid, &osec, "")),
@@ -275,7 +273,7 @@ fn the_miss_budget_answers_429_until_a_minute_has_passed_on_the_daemon_clock() {
     .unwrap();
     let runner = std::thread::spawn(move || daemon.run());
     let port = env.webhook_port();
-    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let (mid, msec) = id_secret(&env.arm("m", &[]));
     let good = progress(&mid, &msec);
     for i in 0..MISS_BUDGET {
         let (code, b) = if i % 2 == 0 {
@@ -307,8 +305,7 @@ fn the_miss_budget_answers_429_until_a_minute_has_passed_on_the_daemon_clock() {
 fn a_retried_post_with_the_same_idempotency_key_is_counted_once() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let (mid, msec) =
-        id_secret(&env.create(&["--label", "m", "--intent", "i", "--max-signals", "5"]));
+    let (mid, msec) = id_secret(&env.arm("m", &["--max-signals", "5"]));
     let ok = body(&mid, &msec, r#","status":"ok","message":"round 1""#);
     let (code, first) = Client::Rust.post(port, Some("job-7-attempt"), &ok);
     assert_eq!((code, first["result"].as_str()), (202, Some("accepted")));
@@ -345,7 +342,7 @@ fn a_retried_post_with_the_same_idempotency_key_is_counted_once() {
 fn cortex_signal_posts_to_the_shim_the_daemon_published() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
+    let (oid, osec) = id_secret(&env.arm("one", &[]));
     let signal = |args: &[&str]| {
         let mut all = vec!["--id", &oid, "--secret", &osec];
         all.extend_from_slice(args);
@@ -395,9 +392,7 @@ fn cortex_signal_posts_to_the_shim_the_daemon_published() {
         assert_eq!(said.contains("HTTP 401"), via.is_some(), "{said}");
     }
 
-    let (bid, bsec) = id_secret(&env.create(&[
-        "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
-    ]));
+    let (bid, bsec) = id_secret(&env.arm("b", &["--member", "a", "--member", "b"]));
     for via in [None, Some(url.as_str())] {
         let mut args = vec!["--id", bid.as_str(), "--secret", bsec.as_str()];
         args.extend(via.map(|u| ["--url", u]).into_iter().flatten());
@@ -414,7 +409,7 @@ fn cortex_signal_posts_to_the_shim_the_daemon_published() {
 fn cortex_signal_falls_back_to_the_spool_when_the_daemon_is_gone_and_it_is_collected_later() {
     let env = Env::new();
     let (d, _port) = http_daemon(&env);
-    let (oid, osec) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
+    let (oid, osec) = id_secret(&env.arm("one", &[]));
     d.kill();
     let address = env.home.join("webhook.json");
     assert!(
@@ -470,7 +465,7 @@ fn cortex_signal_falls_back_when_nothing_listens_at_the_url_or_port() {
 fn webhook_port_alone_never_gets_the_secret_and_the_signal_is_spooled() {
     let env = Env::new();
     let _d = env.daemon();
-    let (id, secret) = id_secret(&env.create(&["--label", "ours", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("ours", &[]));
     // Someone else's program listens on the port WEBHOOK_PORT names; ours runs without a shim.
     let stranger = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = stranger.local_addr().unwrap().port();
@@ -588,7 +583,7 @@ fn five_hundred_idle_connections_leave_healthz_answering_on_the_same_threads() {
     let (d, port) = http_daemon(&env);
     let pid = d.pid();
     let threads = proc_status(pid, "Threads");
-    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let (mid, msec) = id_secret(&env.arm("m", &[]));
     let mut idle = Vec::new();
     for i in 0..500 {
         let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -681,7 +676,7 @@ fn the_curl_line_of_how_to_signal_works_as_printed() {
 fn host_origin_and_unserved_routes_are_refused_without_spending_the_budget() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let (mid, msec) = id_secret(&env.arm("m", &[]));
     let miss = body(UNKNOWN, "x", "");
     let post_with = |header: &str| {
         raw(
@@ -736,7 +731,7 @@ Content-Length: {}\r\n\r\n{miss}",
 fn keep_alive_and_pipelined_requests_are_answered_in_order() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let (mid, msec) = id_secret(&env.create(&["--label", "m", "--intent", "i"]));
+    let (mid, msec) = id_secret(&env.arm("m", &[]));
     let signal = progress(&mid, &msec);
     let one = |key: &str| {
         format!(
@@ -789,7 +784,7 @@ fn settings_turn_the_shim_on_and_sigterm_takes_its_address_away() {
 fn a_client_that_half_closes_after_a_whole_request_is_answered_and_recorded() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "100"]);
+    let reply = env.arm("t", &["--max-signals", "100"]);
     let (id, secret) = id_secret(&reply);
     for (n, keep_alive) in [(0, false), (1, true), (2, true)] {
         let key = format!("Idempotency-Key: half-{n}");
@@ -842,7 +837,7 @@ fn a_client_that_half_closes_after_a_whole_request_is_answered_and_recorded() {
 fn a_spooled_fallback_after_an_unanswered_post_keeps_the_signals_identity() {
     let env = Env::new();
     let (_d, port) = http_daemon(&env);
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "100"]);
+    let reply = env.arm("t", &["--max-signals", "100"]);
     let (id, secret) = id_secret(&reply);
     // A relay that passes the POST on to the shim and, once the signal is recorded, hangs up
     // without passing the answer back: the daemon committed, the client heard nothing.

@@ -430,8 +430,7 @@ fn http_senders_through_kills_are_each_recorded_exactly_once() {
 #[test]
 fn the_checks_catch_lost_doubled_and_torn_files_and_missing_wakes() {
     let env = Env::new();
-    let (id, secret) =
-        id_secret(&env.create(&["--label", "t", "--intent", "i", "--max-signals", "5"]));
+    let (id, secret) = id_secret(&env.arm("t", &["--max-signals", "5"]));
     let mut dropped = Vec::new();
     for n in 0..3 {
         let name = format!("{n:03}");

@@ -133,19 +133,10 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     let mut secrets = Vec::new();
     // A resolved barrier with members, a monitor, a heartbeat-only deadline, a cancelled one,
     // a refused file and a pending spool file.
-    let barrier = env.create(&[
-        "--label", "b", "--intent", "i", "--member", "a", "--member", "b",
-    ]);
-    let monitor = env.create(&["--label", "m", "--intent", "i", "--max-signals", "2"]);
-    let deadline = env.create(&[
-        "--label",
-        "d",
-        "--intent",
-        "i",
-        "--expires-in-hours",
-        "0.0003",
-    ]);
-    let cancelled = env.create(&["--label", "c", "--intent", "i"]);
+    let barrier = env.arm("b", &["--member", "a", "--member", "b"]);
+    let monitor = env.arm("m", &["--max-signals", "2"]);
+    let deadline = env.arm("d", &["--expires-in-hours", "0.0003"]);
+    let cancelled = env.arm("c", &[]);
     for r in [&barrier, &monitor, &deadline, &cancelled] {
         secrets.push(id_secret(r).1);
     }
@@ -273,7 +264,7 @@ fn the_webhook_address_and_http_signal_records_match_their_layouts() {
     let env = Env::new();
     let _d = env.daemon_with(&["--http", "--port", "0"], &[]);
     env.webhook_port();
-    let (id, secret) = id_secret(&env.create(&["--label", "h", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("h", &[]));
     env.ok(
         "over http",
         &env.signal(&["--id", &id, "--secret", &secret, "--no-spool"]),

@@ -34,7 +34,7 @@ fn only_spooled_body(env: &Env) -> Value {
 #[test]
 fn run_passes_output_through_and_signals_ok_with_the_tail() {
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "job", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("job", &[]));
     let _d = env.daemon();
     let out = env.waitpoint(&[
         "run",
@@ -73,7 +73,7 @@ fn run_passes_output_through_and_signals_ok_with_the_tail() {
 #[test]
 fn run_signals_fail_with_the_exit_code_and_only_the_last_lines() {
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "job", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("job", &[]));
     let _d = env.daemon();
     // The id and secret come from the environment, as for cortex-signal.
     let out = env
@@ -147,7 +147,7 @@ fn run_without_a_secret_is_a_usage_error_and_does_not_run_the_command() {
 #[test]
 fn attach_signals_when_the_process_ends() {
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "attached", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("attached", &[]));
     let _d = env.daemon();
     let mut job = Command::new("sleep").arg("300").spawn().unwrap();
     let pid = job.id().to_string();
@@ -284,7 +284,7 @@ fn doctor_tells_a_stale_lock_from_a_clean_stop() {
 fn sigterm_during_a_busy_drain_loses_nothing_and_exits_zero() {
     const FILES: usize = 2_000;
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "backlog", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("backlog", &[]));
     let text = body(&id, &secret, r#","status":"progress""#);
     let names: Vec<String> = (0..FILES).map(|i| format!("b{i:05}")).collect();
     for name in &names {
@@ -370,7 +370,7 @@ fn sighup_reloads_settings_and_keeps_them_when_the_file_is_malformed() {
     });
     // Still collecting after both.
     fs::write(env.home.join("settings.json"), "{}").unwrap();
-    let (id, secret) = id_secret(&env.create(&["--label", "t", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("t", &[]));
     env.drop_file("after-hup", &body(&id, &secret, ""));
     env.wait_drained();
     assert_eq!(env.state(&id)["status"], "resolved");
@@ -381,8 +381,7 @@ fn sighup_reloads_settings_and_keeps_them_when_the_file_is_malformed() {
 #[test]
 fn json_logs_name_the_waitpoint_on_every_line_about_one() {
     let env = Env::new();
-    let (id, secret) =
-        id_secret(&env.create(&["--label", "t", "--intent", "i", "--max-signals", "3"]));
+    let (id, secret) = id_secret(&env.arm("t", &["--max-signals", "3"]));
     let mut d = env.daemon_started(&["--log-format", "json"]);
     env.drop_file("good", &body(&id, &secret, ""));
     env.drop_file("wrong-secret", &body(&id, "nope", ""));
@@ -407,7 +406,7 @@ fn json_logs_name_the_waitpoint_on_every_line_about_one() {
 #[test]
 fn text_logs_name_the_waitpoint_too() {
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "t", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("t", &[]));
     let _d = env.daemon();
     env.drop_file("good", &body(&id, &secret, ""));
     env.wait_drained();
@@ -484,7 +483,7 @@ fn data_from_stdin_past_the_cap_is_refused_clearly_without_reading_it_all() {
 fn a_large_backlog_shows_progress_on_a_terminal_only() {
     const FILES: usize = 150;
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "bar", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("bar", &[]));
     let text = body(&id, &secret, r#","status":"progress""#);
     for i in 0..FILES {
         env.drop_file(&format!("p{i:04}"), &text);

@@ -257,19 +257,9 @@ fn markers(env: &Env, name: &str) -> Vec<String> {
 #[test]
 fn the_session_index_follows_creates_and_check_uses_it() {
     let env = Env::new();
-    let mine = id_secret(&env.create(&["--label", "a", "--intent", "i", "--session", "me"])).0;
-    let routed = id_secret(&env.create(&[
-        "--label",
-        "b",
-        "--intent",
-        "i",
-        "--session",
-        "other",
-        "--channel",
-        "me",
-    ]))
-    .0;
-    let theirs = id_secret(&env.create(&["--label", "c", "--intent", "i", "--session", "x"])).0;
+    let mine = id_secret(&env.arm("a", &["--session", "me"])).0;
+    let routed = id_secret(&env.arm("b", &["--session", "other", "--channel", "me"])).0;
+    let theirs = id_secret(&env.arm("c", &["--session", "x"])).0;
     assert_eq!(markers(&env, "me"), {
         let mut v = vec![mine.clone(), routed.clone()];
         v.sort();

@@ -271,8 +271,8 @@ fn missed_deadlines_fire_once_on_start_not_once_per_missed_sweep() {
     });
     live.advance_ms(HOUR);
     live.stop();
-    let _live = Live::start(&env, T0.plus_ms(26 * HOUR));
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    let live = Live::start(&env, T0.plus_ms(26 * HOUR));
+    live.settle();
     let deadline_wakes = wakes(&env)
         .iter()
         .filter(|w| w["kind"] == "deadline")
@@ -439,8 +439,8 @@ fn hook_retries_survive_a_restart() {
 fn deleting_a_session_cancels_its_armed_waitpoints_so_late_signals_cannot_revive_it() {
     let env = Env::new();
     let _d = env.daemon();
-    let a = env.create(&["--label", "a", "--intent", "i", "--session", "alice"]);
-    let b = env.create(&["--label", "b", "--intent", "i", "--session", "bob"]);
+    let a = env.arm("a", &["--session", "alice"]);
+    let b = env.arm("b", &["--session", "bob"]);
     let out = env.ok(
         "delete",
         &env.waitpoint(&["session", "delete", "alice", "--json"]),
@@ -461,21 +461,14 @@ fn check_brief_is_one_line_and_empty_when_nothing_waits() {
     let env = Env::new();
     let brief = || env.ok("brief", &env.waitpoint(&["check", "--brief"]));
     assert_eq!(brief(), "");
-    env.create(&[
-        "--label",
-        "train-arm2",
-        "--intent",
-        "i",
-        "--expires-in-hours",
-        "3",
-    ]);
+    env.arm("train-arm2", &["--expires-in-hours", "3"]);
     let one = brief();
     assert!(
         one.starts_with("train-arm2 · 0/1 received · expires in 2h 59m")
             || one.starts_with("train-arm2 · 0/1 received · expires in 3h"),
         "{one}"
     );
-    env.create(&["--label", "second", "--intent", "i"]);
+    env.arm("second", &[]);
     assert_eq!(brief(), "2 waiting items · train-arm2\n");
 }
 
@@ -503,7 +496,7 @@ fn watch_redraws_when_a_waitpoint_changes() {
         serde_json::from_str(&rx.recv_timeout(PATIENCE).expect("a redraw")).unwrap()
     };
     assert_eq!(next()["waiting"], serde_json::json!([]));
-    let reply = env.create(&["--label", "watched", "--intent", "i"]);
+    let reply = env.arm("watched", &[]);
     assert_eq!(next()["waiting"][0]["label"], "watched");
     let (id, secret) = id_secret(&reply);
     env.ok(

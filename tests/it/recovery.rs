@@ -60,7 +60,7 @@ fn engine(env: &Env) -> Engine {
 #[test]
 fn signals_sent_while_the_daemon_is_down_are_collected_when_it_starts() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "2"]);
+    let reply = env.arm("t", &["--max-signals", "2"]);
     let (id, secret) = id_secret(&reply);
     env.ok(
         "first",
@@ -81,7 +81,7 @@ fn signals_sent_while_the_daemon_is_down_are_collected_when_it_starts() {
 #[test]
 fn crash_between_recording_and_removing_the_spool_file_counts_once() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     let text = body(&id, &secret, r#","message":"done""#);
     env.drop_file("once", &text);
@@ -111,7 +111,7 @@ fn crash_between_recording_and_removing_the_spool_file_counts_once() {
 #[test]
 fn crash_between_the_signal_record_and_the_state_replace_is_replayed_once() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     env.drop_file("half", &body(&id, &secret, ""));
     // Fabricate the crash: the signal file is recorded, the state never replaced.
@@ -136,7 +136,7 @@ fn crash_between_the_signal_record_and_the_state_replace_is_replayed_once() {
 #[test]
 fn a_wake_committed_but_not_delivered_is_delivered_on_start() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     apply_directly(&env, &id, &secret, "x.json");
     // Fabricate the crash after the state commit and before the inbox write: put the wake back
@@ -160,7 +160,7 @@ fn a_wake_committed_but_not_delivered_is_delivered_on_start() {
 #[test]
 fn a_wake_already_read_is_not_delivered_again() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     apply_directly(&env, &id, &secret, "x.json");
     env.ok("read it", &env.waitpoint(&["next", "--timeout", "1"]));
@@ -180,7 +180,7 @@ fn a_wake_already_read_is_not_delivered_again() {
 #[test]
 fn sigkill_while_signals_flow_loses_and_doubles_nothing() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "1000"]);
+    let reply = env.arm("t", &["--max-signals", "1000"]);
     let (id, secret) = id_secret(&reply);
     let total = 120;
     let mut sent = 0;
@@ -224,9 +224,7 @@ fn records_replayed_through_duplicate_files_still_send_the_grace_wake() {
     // Regression: replaying a crash's records from a duplicate file opens the barrier's grace
     // window, and the daemon must schedule its wake then, not only after an accepted signal.
     let env = Env::new();
-    let reply = env.create(&[
-        "--label", "ladder", "--intent", "i", "--member", "a", "--member", "b",
-    ]);
+    let reply = env.arm("ladder", &["--member", "a", "--member", "b"]);
     let (id, secret) = id_secret(&reply);
     for (seq, m) in [(1, "a"), (2, "b")] {
         env.drop_file(m, &body(&id, &secret, &format!(r#","member":"{m}""#)));
@@ -262,7 +260,7 @@ fn plant_stale_temp(env: &Env, id: &str) -> std::path::PathBuf {
 #[test]
 fn stale_temps_under_waitpoints_are_swept_at_a_start_after_a_death_not_after_a_clean_stop() {
     let env = Env::new();
-    let (id, _) = id_secret(&env.create(&["--label", "t", "--intent", "i"]));
+    let (id, _) = id_secret(&env.arm("t", &[]));
     let temp = plant_stale_temp(&env, &id);
     // After a clean stop (an empty daemon.lock) the start does not walk every waitpoint.
     let mut d = env.daemon();
@@ -296,8 +294,8 @@ fn waiting_ids(env: &Env) -> Vec<String> {
 #[test]
 fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
     let env = Env::new();
-    let good = env.create(&["--label", "good", "--intent", "i"]);
-    let linked = env.create(&["--label", "linked", "--intent", "i"]);
+    let good = env.arm("good", &[]);
+    let linked = env.arm("linked", &[]);
     let (good_id, _) = id_secret(&good);
     let (linked_id, _) = id_secret(&linked);
     // The linked waitpoint's directory now lives outside the home, reached through a link.
@@ -350,15 +348,8 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
 #[test]
 fn one_record_that_does_not_parse_is_set_aside_and_stops_nothing_else() {
     let env = Env::new();
-    let bad = env.create(&["--label", "bad", "--intent", "i"]);
-    let good = env.create(&[
-        "--label",
-        "good",
-        "--intent",
-        "i",
-        "--expires-in-hours",
-        "0.001",
-    ]);
+    let bad = env.arm("bad", &[]);
+    let good = env.arm("good", &["--expires-in-hours", "0.001"]);
     let (bad_id, _) = id_secret(&bad);
     let (good_id, _) = id_secret(&good);
     env.write(

@@ -30,7 +30,7 @@ fn reason_of(env: &Env, stem: &str) -> String {
 fn refused_files_are_parked_with_a_reason_beside_them() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--member", "arm2"]);
+    let reply = env.arm("t", &["--member", "arm2"]);
     let (id, secret) = id_secret(&reply);
     env.drop_file("not-json", "this is not json");
     env.drop_file("no-member", &body(&id, &secret, ""));
@@ -65,7 +65,7 @@ fn refused_files_are_parked_with_a_reason_beside_them() {
 fn wrong_secret_and_unknown_id_are_refused_alike() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, _) = id_secret(&reply);
     let wrong = "0".repeat(64);
     env.drop_file("wrong-secret", &body(&id, &wrong, ""));
@@ -89,7 +89,7 @@ fn wrong_secret_and_unknown_id_are_refused_alike() {
 fn a_parked_copy_never_keeps_the_real_secret() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--member", "a"]);
+    let reply = env.arm("t", &["--member", "a"]);
     let (id, secret) = id_secret(&reply);
     env.drop_file("forgot-member", &body(&id, &secret, ""));
     env.wait_until("parked", || parked(&env).len() == 1);
@@ -102,7 +102,7 @@ fn a_parked_copy_never_keeps_the_real_secret() {
 #[test]
 fn temp_files_are_never_read_and_stale_ones_are_removed() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     fs::create_dir_all(env.drop_zone()).unwrap();
     let fresh = env.drop_zone().join("inflight.tmp");
@@ -127,7 +127,7 @@ fn temp_files_are_never_read_and_stale_ones_are_removed() {
 fn a_file_written_in_place_is_not_parked_while_still_being_written() {
     let env = Env::new();
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i"]);
+    let reply = env.arm("t", &[]);
     let (id, secret) = id_secret(&reply);
     // A writer that skips the .tmp step: open, write half, pause, write the rest.
     let path = env.drop_zone().join("in-place.json");

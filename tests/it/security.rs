@@ -511,7 +511,7 @@ fn payload_text_reaches_a_wake_only_as_framed_data() {
 #[test]
 fn printed_lines_keep_the_secret_out_of_argv_and_run_keeps_it_from_the_job() {
     let env = Env::new();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--member", "arm1"]);
+    let reply = env.arm("t", &["--member", "arm1"]);
     let (id, secret) = id_secret(&reply);
     // Stand-ins first on PATH, recording their argv, environment and stdin.
     let bin = env.home.join("../standins");
@@ -649,7 +649,7 @@ fn directories_swapped_for_symlinks_while_running_send_nothing_outside() {
     let (outside, precious) = outside_with_a_file(&env);
     let before = snapshot(&outside);
     let _d = env.daemon();
-    let reply = env.create(&["--label", "t", "--intent", "i", "--max-signals", "10"]);
+    let reply = env.arm("t", &["--max-signals", "10"]);
     let cli = line(&reply, "cli");
     // The trash, swapped: what the daemon frees goes to (and is removed from) the directory it
     // opened, never through the link.

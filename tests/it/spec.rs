@@ -175,7 +175,7 @@ fn the_control_routes_need_the_operator_token_and_do_what_the_spec_says() {
     let timers = api("/api/control/agents/a1/timers");
 
     // Without the token, or with a wrong one (or a waitpoint's secret): 401.
-    let (wid, wsecret) = id_secret(&env.create(&["--label", "w", "--intent", "i"]));
+    let (wid, wsecret) = id_secret(&env.arm("w", &[]));
     let create = r#"{"duration_ms": 600000, "interval_ms": 3600000, "summary": "look again", "authority_class": "operator"}"#;
     for auth in [None, Some("wrong-token-0123456789"), Some(wsecret.as_str())] {
         let (code, body) = curl(&env, "POST", &timers, auth, Some(create));
@@ -360,10 +360,8 @@ fn the_control_routes_need_the_operator_token_and_do_what_the_spec_says() {
 #[test]
 fn without_the_shim_cortex_signal_exits_1_for_what_the_daemon_would_refuse() {
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "one", "--intent", "i"]));
-    let (bid, bsec) = id_secret(&env.create(&[
-        "--label", "b", "--intent", "i", "--member", "arm2", "--member", "arm6",
-    ]));
+    let (id, secret) = id_secret(&env.arm("one", &[]));
+    let (bid, bsec) = id_secret(&env.arm("b", &["--member", "arm2", "--member", "arm6"]));
     let cases: [(&str, Vec<&str>, &str); 4] = [
         (
             "wrong secret",
@@ -426,7 +424,7 @@ fn without_the_shim_cortex_signal_exits_1_for_what_the_daemon_would_refuse() {
 #[test]
 fn a_cancelled_waitpoint_tells_the_job_what_cancel_said() {
     let env = Env::new();
-    let (id, secret) = id_secret(&env.create(&["--label", "c", "--intent", "i"]));
+    let (id, secret) = id_secret(&env.arm("c", &[]));
     let cancel = env.ok("cancel", &env.waitpoint(&["cancel", &id]));
     let out = env.signal(&["--id", &id, "--secret", &secret]);
     let job = env.ok("late signal", &out);
@@ -444,7 +442,7 @@ fn a_cancelled_waitpoint_tells_the_job_what_cancel_said() {
 #[test]
 fn the_curl_line_says_it_needs_the_shim_when_none_listens() {
     let env = Env::new();
-    let off = env.create(&["--label", "t", "--intent", "i"]);
+    let off = env.arm("t", &[]);
     let note = off["how_to_signal"]["curl_note"]
         .as_str()
         .unwrap_or_default();
@@ -456,7 +454,7 @@ fn the_curl_line_says_it_needs_the_shim_when_none_listens() {
     assert!(human.contains("waitpoint daemon --http"), "{human}");
     let _d = env.daemon_with(&["--http", "--port", "0"], &[]);
     let port = env.webhook_port();
-    let on = env.create(&["--label", "t", "--intent", "i"]);
+    let on = env.arm("t", &[]);
     assert!(on["how_to_signal"].get("curl_note").is_none(), "{on}");
     let curl_line = on["how_to_signal"]["curl"].as_str().unwrap();
     assert!(
@@ -469,8 +467,7 @@ fn the_curl_line_says_it_needs_the_shim_when_none_listens() {
 fn a_heartbeat_shows_in_check_and_brief_with_its_age() {
     let env = Env::new();
     let _d = env.daemon();
-    let (id, secret) =
-        id_secret(&env.create(&["--label", "train", "--intent", "i", "--max-signals", "5"]));
+    let (id, secret) = id_secret(&env.arm("train", &["--max-signals", "5"]));
     let beat = [
         &["--id", id.as_str(), "--secret", secret.as_str()][..],
         &["--status", "progress", "--message", "step 12000"],
@@ -498,7 +495,7 @@ fn a_heartbeat_shows_in_check_and_brief_with_its_age() {
 #[test]
 fn the_shell_line_names_every_file_afresh_under_dash_and_without_gnu_date() {
     let env = Env::new();
-    let reply = env.create(&["--label", "m", "--intent", "i", "--max-signals", "5"]);
+    let reply = env.arm("m", &["--max-signals", "5"]);
     let (id, _) = id_secret(&reply);
     let shell = line(&reply, "shell");
     assert!(
@@ -535,8 +532,7 @@ fn the_shell_line_names_every_file_afresh_under_dash_and_without_gnu_date() {
 #[test]
 fn after_a_kill_9_doctor_and_cortex_signal_say_the_same_about_the_lock() {
     let env = Env::new();
-    let (id, secret) =
-        id_secret(&env.create(&["--label", "m", "--intent", "i", "--max-signals", "3"]));
+    let (id, secret) = id_secret(&env.arm("m", &["--max-signals", "3"]));
     let d = env.daemon_with(&["--http", "--port", "0"], &[]);
     env.webhook_port();
     let pid = d.pid();

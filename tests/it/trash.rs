@@ -92,7 +92,7 @@ fn the_daemon_empties_a_trash_left_by_a_dead_daemon_and_what_its_own_batches_put
         b"{\"secret\":\"left by a crash\"}",
     );
     env.write("tmp/trash/00000000000000ab", b"");
-    let reply = env.create(&["--label", "m", "--intent", "i", "--max-signals", "50"]);
+    let reply = env.arm("m", &["--max-signals", "50"]);
     let (id, secret) = id_secret(&reply);
     let _d = env.daemon_with_env(&[("RUST_LOG", "debug")]);
     env.wait_trash_emptied();
