@@ -1009,13 +1009,11 @@ impl Daemon {
             ids.push(id);
         }
         for id in ids {
-            // One queue for every kind of owner; the id's prefix says which.
-            let serviced = if engine::timers::is_timer_id(&id) {
-                self.engine.service_timer(&id)
-            } else if engine::callbacks::is_callback_id(&id) {
-                self.engine.service_callback(&id)
-            } else {
-                self.engine.service(&id)
+            // One queue for every kind of owner.
+            let serviced = match crate::request::Owner::of(&id) {
+                Some(crate::request::Owner::Timer(t)) => self.engine.service_timer(&t),
+                Some(crate::request::Owner::Callback(c)) => self.engine.service_callback(&c),
+                _ => self.engine.service(&id),
             };
             match serviced {
                 Ok(service) => {

@@ -152,3 +152,66 @@ pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
+
+/// What owns a wake, and so its hook deliveries and its place in the daemon's due queue: a
+/// waitpoint, a timer or a callback. Parsed once from an id ([`Owner::of`]) so no caller
+/// dispatches on prefixes itself.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Owner {
+    Waitpoint(String),
+    Timer(String),
+    Callback(String),
+}
+
+impl Owner {
+    /// The owner an id names, by its shape (`wp_`, `tm_`, `cb_` and 12 hex digits); `None` for
+    /// anything else.
+    pub fn of(id: &str) -> Option<Owner> {
+        if is_prefixed_id(id, "wp_") {
+            Some(Owner::Waitpoint(id.to_owned()))
+        } else if is_prefixed_id(id, "tm_") {
+            Some(Owner::Timer(id.to_owned()))
+        } else if is_prefixed_id(id, "cb_") {
+            Some(Owner::Callback(id.to_owned()))
+        } else {
+            None
+        }
+    }
+
+    /// The id.
+    pub fn id(&self) -> &str {
+        match self {
+            Owner::Waitpoint(id) | Owner::Timer(id) | Owner::Callback(id) => id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_is_named_by_its_id_and_nothing_else_is_one() {
+        assert_eq!(
+            Owner::of("wp_0123456789ab"),
+            Some(Owner::Waitpoint("wp_0123456789ab".into()))
+        );
+        assert_eq!(
+            Owner::of("tm_0123456789ab"),
+            Some(Owner::Timer("tm_0123456789ab".into()))
+        );
+        assert_eq!(
+            Owner::of("cb_0123456789ab").map(|o| o.id().to_owned()),
+            Some("cb_0123456789ab".into())
+        );
+        for bad in [
+            "tm_0123",
+            "xx_0123456789ab",
+            "tm_0123456789aB",
+            "",
+            "cb_0123456789abc",
+        ] {
+            assert_eq!(Owner::of(bad), None, "{bad}");
+        }
+    }
+}

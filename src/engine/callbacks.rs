@@ -13,7 +13,7 @@ use crate::model::{
 use crate::secret;
 use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
 
-use super::{Engine, check_name, note_hook_attempt};
+use super::{Engine, check_name};
 
 /// Callback ids are `cb_` and 12 hex digits.
 pub const ID_PREFIX: &str = "cb_";
@@ -279,17 +279,13 @@ impl Engine {
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
         let _lock = self.callbacks_lock()?;
-        let Some(mut cb) = self.load_callback(id)? else {
-            return Ok(None);
-        };
-        let now = self.clock.now();
-        if note_hook_attempt(&mut cb.hook_deliveries, id, wake_id, result, now) {
-            self.save_callback(&cb)?;
-        }
-        Ok(super::next_hook_after(
-            &cb.hook_deliveries,
-            Timestamp::from_millis(i64::MIN),
-        ))
+        self.note_owned_hook(
+            self.load_callback(id)?,
+            |cb| &mut cb.hook_deliveries,
+            |cb| self.save_callback(cb),
+            |cb| super::next_hook_after(&cb.hook_deliveries, Timestamp::from_millis(i64::MIN)),
+            (id, wake_id, result),
+        )
     }
 
     /// Services a callback's pending hook deliveries.

@@ -30,7 +30,7 @@ use crate::model::{
     Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
     WakeKind,
 };
-use crate::request::{SignalRequest, Source, check_member_name, is_waitpoint_id};
+use crate::request::{Owner, SignalRequest, Source, check_member_name, is_waitpoint_id};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::store::{self, FileLock, Trash, commit_json, create_dir_private, read_json};
@@ -847,11 +847,11 @@ impl Engine {
         wake_id: &str,
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
-        if owner.starts_with(timers::ID_PREFIX) {
-            return self.record_timer_hook(owner, wake_id, result);
-        }
-        if owner.starts_with(callbacks::ID_PREFIX) {
-            return self.record_callback_hook(owner, wake_id, result);
+        match Owner::of(owner) {
+            Some(Owner::Timer(id)) => return self.record_timer_hook(&id, wake_id, result),
+            Some(Owner::Callback(id)) => return self.record_callback_hook(&id, wake_id, result),
+            Some(Owner::Waitpoint(_)) => {}
+            None => return Ok(None),
         }
         let Some(_lock) = self.lock(owner)? else {
             return Ok(None);
@@ -1076,6 +1076,35 @@ pub struct HookJob {
 }
 
 /// Applies one hook attempt's result to the matching pending delivery; false when there is none.
+impl Engine {
+    /// The hook bookkeeping of a record that owns wakes besides a waitpoint (a timer, a
+    /// callback), the same for each: note the attempt on `record` (its owner's lock held by the
+    /// caller), save it when that changed it, and say when to look at it again. `None` record:
+    /// gone meanwhile, nothing to do.
+    pub(super) fn note_owned_hook<T>(
+        &self,
+        record: Option<T>,
+        deliveries: impl Fn(&mut T) -> &mut Vec<HookDelivery>,
+        save: impl Fn(&T) -> Result<()>,
+        next_due: impl Fn(&T) -> Option<Timestamp>,
+        (id, wake_id, result): (&str, &str, std::result::Result<(), String>),
+    ) -> Result<Option<Timestamp>> {
+        let Some(mut record) = record else {
+            return Ok(None);
+        };
+        if note_hook_attempt(
+            deliveries(&mut record),
+            id,
+            wake_id,
+            result,
+            self.clock.now(),
+        ) {
+            save(&record)?;
+        }
+        Ok(next_due(&record))
+    }
+}
+
 fn note_hook_attempt(
     list: &mut [HookDelivery],
     owner: &str,

@@ -13,7 +13,7 @@ use crate::model::{
 };
 use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
 
-use super::{Engine, Service, check_name, hooks_due, next_hook_after, note_hook_attempt};
+use super::{Engine, Service, check_name, hooks_due, next_hook_after};
 
 /// Timer ids are `tm_` and 12 hex digits.
 pub const ID_PREFIX: &str = "tm_";
@@ -219,14 +219,13 @@ impl Engine {
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
         let _lock = self.timers_lock()?;
-        let Some(mut t) = self.load_timer(id)? else {
-            return Ok(None);
-        };
-        let now = self.clock.now();
-        if note_hook_attempt(&mut t.hook_deliveries, id, wake_id, result, now) {
-            commit_json(&self.home.timer_file(id), &t)?;
-        }
-        Ok(timer_next_due(&t, Timestamp::from_millis(i64::MIN)))
+        self.note_owned_hook(
+            self.load_timer(id)?,
+            |t| &mut t.hook_deliveries,
+            |t| commit_json(&self.home.timer_file(id), t),
+            |t| timer_next_due(t, Timestamp::from_millis(i64::MIN)),
+            (id, wake_id, result),
+        )
     }
 }
 
