@@ -7,13 +7,15 @@
 
 use std::fmt;
 use std::fs;
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::error::Error;
 use crate::home::Home;
+use crate::ingress::device;
+use crate::model::WebhookAddress;
 use crate::settings::Settings;
 use crate::store::{self, FileLock};
 
@@ -77,8 +79,6 @@ fn bad(
     }
 }
 
-/// Device definitions: `devices/<name>.json`.
-pub const DEVICES_DIR: &str = "devices";
 /// Temp files older than this are leftovers of interrupted writes, not writes in flight.
 const STALE_TEMP: Duration = Duration::from_secs(3600);
 /// Below these, inotify limits deserve a warning (the defaults of current kernels are above).
@@ -467,33 +467,29 @@ scripts/waitpoint.service";
     }
 }
 
-/// An address as the shim may publish it: `host:port`, or JSON with an `addr` or `address`.
-fn parse_address(text: &str) -> Option<SocketAddr> {
-    let text = text.trim();
-    let from_json = serde_json::from_str::<serde_json::Value>(text)
-        .ok()
-        .and_then(|v| {
-            ["addr", "address"]
-                .iter()
-                .find_map(|k| v.get(*k).and_then(|a| a.as_str()).map(str::to_owned))
-        });
-    let raw = from_json.unwrap_or_else(|| text.to_owned());
-    raw.parse().ok()
-}
-
 fn check_shim(home: &Home) -> Check {
     let path = home.webhook_address_file();
-    let Ok(text) = fs::read_to_string(&path) else {
-        return ok("http-shim", "no address published (signals use the spool)");
+    // Read as its owner writes it (`model::WebhookAddress`), not guessed at.
+    let record = match store::read_json::<WebhookAddress>(&path) {
+        Ok(None) => return ok("http-shim", "no address published (signals use the spool)"),
+        Ok(Some(r)) => r,
+        Err(e) => {
+            return bad(
+                "http-shim",
+                Level::Fail,
+                format!("{} is not a shim address record: {e}", path.display()),
+                format!("restart the daemon, or remove {}", path.display()),
+            );
+        }
     };
-    let Some(addr) = parse_address(&text) else {
+    let Ok(addr) = record.addr.parse::<SocketAddr>() else {
         return bad(
             "http-shim",
             Level::Fail,
             format!(
                 "{} does not hold an address: {:?}",
                 path.display(),
-                text.trim()
+                record.addr
             ),
             format!("restart the daemon, or remove {}", path.display()),
         );
@@ -528,25 +524,30 @@ back to the spool meanwhile",
 }
 
 fn check_devices(home: &Home) -> Check {
-    let dir = home.root().join(DEVICES_DIR);
-    let files: Vec<(String, PathBuf)> = store::list_dir(&dir)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(n, _)| n.ends_with(".json") && !store::is_temp_name(n))
-        .collect();
-    if files.is_empty() {
+    // The records through their owner's loader, reached through its connect loop.
+    let devices = match device::list(home) {
+        Ok(d) => d,
+        Err(e) => {
+            return bad(
+                "devices",
+                Level::Warn,
+                format!("cannot read the device records: {e}"),
+                format!(
+                    "look at {} (`waitpoint device list` says more)",
+                    home.devices_dir().display()
+                ),
+            );
+        }
+    };
+    if devices.is_empty() {
         return ok("devices", "none configured");
     }
     let mut reachable = Vec::new();
     let mut problems = Vec::new();
-    for (name, path) in &files {
-        let device = name.trim_end_matches(".json");
-        match device_address(path) {
-            Err(why) => problems.push(format!("{device}: {why}")),
-            Ok(target) => match connect_any(&target) {
-                Ok(()) => reachable.push(device.to_owned()),
-                Err(why) => problems.push(format!("{device}: {target} {why}")),
-            },
+    for d in &devices {
+        match device::probe(d) {
+            Ok(()) => reachable.push(d.name.clone()),
+            Err(why) => problems.push(format!("{}: {why}", d.name)),
         }
     }
     if problems.is_empty() {
@@ -561,40 +562,12 @@ fn check_devices(home: &Home) -> Check {
             format!(
                 "{} of {} unreachable ({}); their files wait there until they are back",
                 problems.len(),
-                files.len(),
+                devices.len(),
                 problems.join("; ")
             ),
             "check the host is up and its SSH port open; `waitpoint device test NAME` says more",
         )
     }
-}
-
-/// `host:port` of a device file (`host`, optional `port`, default 22).
-fn device_address(path: &Path) -> Result<String, String> {
-    let text = fs::read_to_string(path).map_err(|e| format!("cannot read: {e}"))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("does not parse: {e}"))?;
-    let host = v
-        .get("host")
-        .and_then(|h| h.as_str())
-        .ok_or("has no \"host\"")?;
-    let port = v.get("port").and_then(|p| p.as_u64()).unwrap_or(22);
-    Ok(format!("{host}:{port}"))
-}
-
-fn connect_any(target: &str) -> Result<(), String> {
-    let addrs: Vec<SocketAddr> = target
-        .to_socket_addrs()
-        .map_err(|e| format!("does not resolve ({e})"))?
-        .collect();
-    let mut last = String::from("has no address");
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(2)) {
-            Ok(_) => return Ok(()),
-            Err(e) => last = format!("refuses connections ({e})"),
-        }
-    }
-    Err(last)
 }
 
 /// Segments a running daemon checkpoints within a few seconds; left without one, they hold
@@ -773,27 +746,49 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        fs::write(home.webhook_address_file(), format!("127.0.0.1:{port}\n")).unwrap();
+        let published = |addr: String| {
+            store::commit_json(
+                &home.webhook_address_file(),
+                &WebhookAddress {
+                    url: format!("http://{addr}/webhook/signal"),
+                    addr,
+                    pid: 1,
+                    started_at: crate::clock::Timestamp::from_millis(0),
+                },
+            )
+            .unwrap()
+        };
+        published(format!("127.0.0.1:{port}"));
         assert_eq!(check_shim(&home).level, Level::Fail);
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        fs::write(
-            home.webhook_address_file(),
-            format!(r#"{{"addr":"{addr}"}}"#),
-        )
-        .unwrap();
+        published(addr.to_string());
         assert_eq!(check_shim(&home).level, Level::Ok);
+        fs::write(home.webhook_address_file(), "127.0.0.1:1\n").unwrap();
+        assert!(
+            check_shim(&home)
+                .detail
+                .contains("not a shim address record")
+        );
 
-        fs::create_dir_all(home.root().join(DEVICES_DIR)).unwrap();
-        fs::write(home.root().join("devices/gpu.json"), "{}").unwrap();
+        let mut gpu = device::Device {
+            name: "gpu".into(),
+            host: "127.0.0.1".into(),
+            port,
+            user: "u".into(),
+            identity: None,
+            known_hosts: "/dev/null".into(),
+            spool: "~/.cortex/tmp/signals".into(),
+            sweep_ms: None,
+            added_at: crate::clock::Timestamp::from_millis(0),
+        };
+        device::add(&home, &gpu).unwrap();
         let c = check_devices(&home);
         assert_eq!(c.level, Level::Warn);
         assert!(c.detail.contains("gpu"), "{}", c.detail);
-        fs::write(
-            home.root().join("devices/gpu.json"),
-            format!(r#"{{"host":"127.0.0.1","port":{}}}"#, addr.port()),
-        )
-        .unwrap();
+        device::remove(&home, "gpu").unwrap();
+        gpu.port = addr.port();
+        device::add(&home, &gpu).unwrap();
         assert_eq!(check_devices(&home).level, Level::Ok);
     }
 

@@ -451,11 +451,9 @@ pub enum RemoteEntry {
     Claimed(String),
 }
 
-/// Connects, verifies the host key against `known_hosts`, and authenticates with the identity
-/// file or the agent. Nothing is sent to a host whose key is not known.
-pub fn connect(device: &Device, opts: &SshOptions) -> Result<Connection, DeviceError> {
-    let started = Instant::now();
-    let target = target_of(device);
+/// A TCP connection to the device's SSH port: each address it resolves to in turn, each
+/// bounded by [`CONNECT_TIMEOUT`].
+fn tcp_connect(device: &Device) -> Result<TcpStream, DeviceError> {
     let addrs: Vec<_> = (device.host.as_str(), device.port)
         .to_socket_addrs()
         .map_err(|source| DeviceError::Resolve {
@@ -464,20 +462,30 @@ pub fn connect(device: &Device, opts: &SshOptions) -> Result<Connection, DeviceE
         })?
         .collect();
     let mut last = std::io::Error::new(std::io::ErrorKind::NotFound, "no address");
-    let mut stream = None;
     for addr in &addrs {
         match TcpStream::connect_timeout(addr, CONNECT_TIMEOUT) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
+            Ok(s) => return Ok(s),
             Err(e) => last = e,
         }
     }
-    let stream = stream.ok_or(DeviceError::Connect {
-        target: target.clone(),
+    Err(DeviceError::Connect {
+        target: target_of(device),
         source: last,
-    })?;
+    })
+}
+
+/// Whether the device's SSH port takes a connection (no session, no authentication): what
+/// `doctor` asks. The error is the operator's message.
+pub fn probe(device: &Device) -> std::result::Result<(), String> {
+    tcp_connect(device).map(drop).map_err(|e| e.to_string())
+}
+
+/// Connects, verifies the host key against `known_hosts`, and authenticates with the identity
+/// file or the agent. Nothing is sent to a host whose key is not known.
+pub fn connect(device: &Device, opts: &SshOptions) -> Result<Connection, DeviceError> {
+    let started = Instant::now();
+    let target = target_of(device);
+    let stream = tcp_connect(device)?;
     let mut session = Session::new().map_err(ssh_err("session setup", device))?;
     // Set before the handshake, so a server that accepts TCP and then says nothing cannot hang us.
     session.set_timeout(SESSION_TIMEOUT_MS);
