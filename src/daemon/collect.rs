@@ -1,0 +1,312 @@
+//! Collection: the drop zone (hinted files, batches, the sweep, the startup drain), device
+//! mirrors, signals over HTTP, and what follows a verdict (parking refusals a few at a time,
+//! scheduling the wake's owner).
+
+use super::*;
+
+impl Daemon {
+    /// The first sweep at start: like any sweep, plus progress and summary lines when the
+    /// backlog is large. Returns how many files were handled.
+    pub(super) fn drain_backlog(&mut self) -> usize {
+        let names = self.pending_names();
+        let total = names.len();
+        if total < BACKLOG_REPORT_MIN {
+            return self.collect_all(&names);
+        }
+        tracing::info!(total, "draining a backlog of {total} signal files");
+        let started = Instant::now();
+        let mut progress = self.progress.take();
+        if let Some(p) = progress.as_mut() {
+            p.start(total);
+        }
+        let mut done = 0;
+        for chunk in names.chunks(engine::MAX_BATCH) {
+            if self.stopping() {
+                break;
+            }
+            let before = done;
+            self.collect_batch(chunk);
+            done += chunk.len();
+            if let Some(p) = progress.as_mut() {
+                p.advance(done);
+            }
+            if done / BACKLOG_LOG_EVERY > before / BACKLOG_LOG_EVERY && done < total {
+                tracing::info!(done, total, "drained {done} of {total} backlog files");
+            }
+        }
+        if let Some(p) = progress.as_mut() {
+            p.finish();
+        }
+        self.progress = progress;
+        let ms = started.elapsed().as_millis() as u64;
+        if done < total {
+            tracing::info!(
+                done,
+                total,
+                ms,
+                "stopping: drained {done} of {total} backlog files; the rest stay spooled"
+            );
+        } else {
+            tracing::info!(done, total, ms, "backlog drained: {total} files in {ms} ms");
+        }
+        done
+    }
+
+    pub(super) fn collect(&mut self, name: &str) {
+        self.collect_batch(&[name.to_owned()]);
+    }
+
+    /// Collects the hinted file together with every other file already hinted (up to a
+    /// batch), so a burst of signals shares its fsyncs. Other events met on the way go back on
+    /// the channel in their order; a shutdown needs nothing, its flag is already set.
+    pub(super) fn collect_hinted(&mut self, first: String) {
+        let mut names = vec![first];
+        self.gather(|event, n| match event {
+            Event::SpoolFile(name) => {
+                if !names.contains(&name) {
+                    names.push(name);
+                }
+                *n = names.len();
+                None
+            }
+            other => Some(other),
+        });
+        self.collect_batch(&names);
+    }
+
+    /// Takes the events already waiting on the channel, offering each to `take`, which keeps
+    /// it (returns `None`, setting the count it now holds) or hands it back. Stops at an empty
+    /// channel, a shutdown (its flag is already set) or a full batch; the events handed back
+    /// go back on the channel in their order.
+    pub(super) fn gather(&mut self, mut take: impl FnMut(Event, &mut usize) -> Option<Event>) {
+        let mut held = 1;
+        let mut others = Vec::new();
+        while held < engine::MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(Event::Shutdown) | Err(_) => break,
+                Ok(event) => others.extend(take(event, &mut held)),
+            }
+        }
+        for event in others {
+            let _ = self.tx.send(event);
+        }
+    }
+
+    /// Applies an HTTP signal together with every other one already waiting on the channel
+    /// (up to a batch), so concurrent clients share one journal commit; each answer is sent
+    /// once the batch is durable. Other events go back on the channel in their order.
+    pub(super) fn apply_http(
+        &mut self,
+        request: crate::ingress::SignalRequest,
+        key: String,
+        reply: mpsc::Sender<Result<Verdict>>,
+    ) {
+        let mut items = vec![(request, Source::Http(key))];
+        let mut replies = vec![reply];
+        self.gather(|event, n| match event {
+            Event::HttpSignal(Submission::Signal {
+                request,
+                key,
+                reply,
+            }) => {
+                items.push((request, Source::Http(key)));
+                replies.push(reply);
+                *n = items.len();
+                None
+            }
+            other => Some(other),
+        });
+        for (verdict, reply) in self.engine.apply_batch(&items).into_iter().zip(replies) {
+            if let Ok(v) = &verdict {
+                self.after_verdict(v);
+            }
+            let _ = reply.send(verdict);
+        }
+    }
+
+    /// Collects `names` (at most a batch) as one group commit.
+    pub(super) fn collect_batch(&mut self, names: &[String]) {
+        let names: Vec<String> = names
+            .iter()
+            .filter(|n| !self.parking.contains(*n))
+            .cloned()
+            .collect();
+        for (name, outcome) in self.spool.collect_batch(&self.engine, &names) {
+            self.after_collect(&name, outcome);
+        }
+        for q in self.spool.take_queued() {
+            if self.parking.insert(q.name.clone()) {
+                self.to_park.push_back(q);
+            }
+        }
+    }
+
+    /// Parks a few queued refusals: each costs several fsyncs, and done on the spot a flood of
+    /// them made accepted signals wait behind it. The loop calls this only when no event is
+    /// waiting, a few at a time, so a signal that arrives meanwhile goes ahead of the flood.
+    pub(super) fn park_some(&mut self) {
+        for _ in 0..PARK_PER_TURN {
+            let Some(q) = self.to_park.pop_front() else {
+                return;
+            };
+            if let Err(e) = self.spool.park_queued(&q) {
+                tracing::error!(file = ?q.name, "cannot park refused signal file (kept for the next sweep): {e}");
+            }
+            self.parking.remove(&q.name);
+        }
+    }
+
+    pub(super) fn after_collect(&mut self, name: &str, outcome: Result<FileOutcome>) {
+        match outcome {
+            Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
+            Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
+            Ok(FileOutcome::Deferred) => {
+                let at = Instant::now() + Duration::from_millis(SETTLE_MS as u64 + 100);
+                if !self.deferred.iter().any(|(_, n)| n == name) {
+                    self.deferred.push((at, name.to_owned()));
+                }
+            }
+            Ok(_) => {}
+            // The file stays in the spool; the next sweep tries again.
+            Err(e) => {
+                tracing::error!(file = ?name, "cannot collect signal file (kept for retry): {e}")
+            }
+        }
+    }
+
+    pub(super) fn retry_deferred(&mut self) {
+        let now = Instant::now();
+        let (due, later): (Vec<_>, Vec<_>) =
+            self.deferred.drain(..).partition(|(at, _)| *at <= now);
+        self.deferred = later;
+        for (_, name) in due {
+            self.collect(&name);
+        }
+    }
+
+    /// Collects every pending file in the drop zone; returns how many were handled.
+    pub(super) fn sweep_spool(&mut self) -> usize {
+        let names = self.pending_names();
+        self.collect_all(&names)
+    }
+
+    pub(super) fn pending_names(&self) -> Vec<String> {
+        self.spool.pending().unwrap_or_else(|e| {
+            tracing::error!("cannot list the drop zone: {e}");
+            Vec::new()
+        })
+    }
+
+    /// Collects `names` in order, a batch at a time, stopping early (between batches) on
+    /// shutdown.
+    pub(super) fn collect_all(&mut self, names: &[String]) -> usize {
+        let mut done = 0;
+        for chunk in names.chunks(engine::MAX_BATCH) {
+            if self.stopping() {
+                break;
+            }
+            self.collect_batch(chunk);
+            done += chunk.len();
+            // A long sweep (a backlog, a flood of junk) lets what arrived meanwhile go first.
+            self.serve_waiting_events();
+        }
+        done
+    }
+
+    /// Handles the signals that arrived while a sweep was going (hinted files, HTTP requests),
+    /// at most a batch of events; anything that would start a sweep of its own, or stop or
+    /// reconfigure the loop, goes back on the channel for the loop.
+    pub(super) fn serve_waiting_events(&mut self) {
+        let mut later = Vec::new();
+        for _ in 0..engine::MAX_BATCH {
+            match self.rx.try_recv() {
+                Ok(e @ (Event::SpoolFile(_) | Event::HttpSignal(_))) => self.handle(e),
+                Ok(Event::Shutdown) => {
+                    later.push(Event::Shutdown);
+                    break;
+                }
+                Ok(other) => later.push(other),
+                Err(_) => break,
+            }
+        }
+        for event in later {
+            let _ = self.tx.send(event);
+        }
+    }
+
+    pub(super) fn on_device(&mut self, event: DeviceEvent) {
+        match event {
+            DeviceEvent::Landed { device, files } => {
+                for file in files {
+                    self.collect_mirrored(&device, &file);
+                }
+            }
+            DeviceEvent::File { device, file } => self.collect_mirrored(&device, &file),
+            DeviceEvent::Record(_) => self.devices.reconcile(),
+            DeviceEvent::Poll(name) => self.devices.poll(&name),
+        }
+    }
+
+    /// Every route's accepted signal ends here: its waitpoint's next due time joins the queue
+    /// (a grace window, a hook delivery), so no ingress path can skip the wake rules.
+    pub(super) fn after_verdict(&mut self, verdict: &Verdict) {
+        // A duplicate or late file can still have changed the state (the engine replays
+        // records a crash left unapplied before it answers), so every verdict that names a
+        // waitpoint carries its next due time.
+        let (id, next_due) = match verdict {
+            Verdict::Accepted { id, next_due, .. }
+            | Verdict::Duplicate { id, next_due }
+            | Verdict::Closed { id, next_due, .. } => (id, *next_due),
+            Verdict::Refused(_) => return,
+        };
+        self.due.set(id, next_due);
+        // Anything due right now (a wake for the hook) is handled on this same turn.
+        if next_due.is_some_and(|t| t <= self.engine.now()) {
+            self.run_due();
+        }
+    }
+
+    /// A triggered callback's wake may have an `onWake` delivery to start.
+    pub(super) fn after_trigger(&mut self, callback: &str) {
+        if self.hooks.is_some() {
+            self.due.set(callback, Some(self.engine.now()));
+            self.run_due();
+        }
+    }
+
+    /// Applies one file from a device's mirror; on error it stays there for the next sweep.
+    pub(super) fn collect_mirrored(&mut self, device: &str, file: &str) {
+        let spool = device::mirror(self.engine.home(), device);
+        match spool.collect(&self.engine, file) {
+            Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
+            Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
+            Ok(_) => {}
+            Err(e) => tracing::error!(
+                device,
+                file,
+                "cannot collect mirrored signal file (kept for retry): {e}"
+            ),
+        }
+    }
+
+    /// Collects every file waiting in any device mirror (also of devices since removed: those
+    /// files were already taken off the device). Returns how many there were.
+    pub(super) fn sweep_devices(&mut self) -> usize {
+        let home = self.engine.home().clone();
+        let mut n = 0;
+        for name in device::mirrored_devices(&home) {
+            let names = match device::mirror(&home, &name).pending() {
+                Ok(names) => names,
+                Err(e) => {
+                    tracing::error!(device = %name, "cannot list the device mirror: {e}");
+                    continue;
+                }
+            };
+            n += names.len();
+            for file in names {
+                self.collect_mirrored(&name, &file);
+            }
+        }
+        n
+    }
+}

@@ -1,0 +1,475 @@
+//! The daemon: one loop that owns every state transition while it runs. This file is the
+//! loop and its router; each job it routes to has its own file: [`collect`] (drop zone, device
+//! mirrors, HTTP), [`schedule`] (the due queue), [`hooks`] (the `onWake` runner), [`watch`]
+//! (the filesystem watch) and [`janitor`] (clean-up).
+//!
+//! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
+//! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
+//! holds the [`DaemonControl`] (shutdown, a nudge to re-check the clock). Timers are the loop's own: the periodic sweep of the drop zone, which is
+//! the source of truth (inotify is only a hint and may overflow), and a deadline queue, so a
+//! deadline fires on time without scanning every waitpoint.
+//!
+//! Devices (`ingress::device`) run one collector thread each; they only copy files into local
+//! mirrors and report [`Event::Device`], and the loop applies the mirrored files like drop-zone
+//! files.
+//!
+//! The entry point takes its inputs — home, settings, clock — so tests can run a daemon
+//! in-process on a temp home with a manual clock. The process's signals are the CLI's business:
+//! it turns SIGTERM/SIGINT into [`DaemonControl::shutdown`] and SIGHUP into
+//! [`DaemonControl::reload`] with freshly resolved settings.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use notify::{EventKind, RecursiveMode, Watcher};
+
+use crate::clock::{Clock, Timestamp};
+use crate::delivery::{self, hook, hook::HookRun};
+use crate::engine::{self, Engine, HookJob, Verdict};
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::ingress::Source;
+use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
+use crate::ingress::http::{self, HttpConfig, Shim, Submission};
+use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
+use crate::journal;
+use crate::settings::{DAY_MS, Settings};
+use crate::store::{self, FileLock};
+
+mod collect;
+mod hooks;
+mod janitor;
+mod schedule;
+mod watch;
+
+use hooks::HookRunner;
+use schedule::DueQueue;
+
+/// Everything the engine loop reacts to.
+#[derive(Debug)]
+pub enum Event {
+    /// A file in the drop zone may be ready (a hint; the file may be gone already).
+    SpoolFile(String),
+    /// A new waitpoint directory appeared; its deadline joins the queue.
+    WaitpointAppeared(String),
+    /// A timer was created or changed (e.g. cancelled by the CLI); its due time is re-read.
+    TimerChanged(String),
+    /// The watcher lost events (queue overflow) or failed: sweep everything.
+    Rescan,
+    /// An `onWake` hook attempt finished.
+    HookDone {
+        /// The wake's owner: a waitpoint, timer or callback id.
+        owner: String,
+        wake_id: String,
+        result: std::result::Result<(), String>,
+    },
+    /// A signal that came in over the HTTP shim. The loop applies it like a spool file and
+    /// sends the verdict back once it is durable; the shim answers only then.
+    HttpSignal(Submission),
+    /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
+    Nudge,
+    /// Answer on this channel once every earlier event is handled and what is due now has run:
+    /// a barrier that tests wait on instead of sleeping (see [`DaemonControl::barrier`]).
+    Barrier(Sender<()>),
+    /// A device collector or the watcher of `devices/` has news (files landed, a record
+    /// changed, a poll was asked for).
+    Device(DeviceEvent),
+    /// Finish the work in hand and return.
+    Shutdown,
+    /// Use these settings from now on (the caller re-read them, e.g. on SIGHUP).
+    Reload(Settings),
+}
+
+/// Told how the startup drain of a backlog advances (the CLI draws a bar on a terminal).
+pub trait DrainProgress: Send {
+    fn start(&mut self, total: usize);
+    fn advance(&mut self, done: usize);
+    fn finish(&mut self);
+}
+
+/// A startup backlog at least this large is reported as it drains.
+pub const BACKLOG_REPORT_MIN: usize = 100;
+/// How often (in files) the log gets a summary line while a backlog drains.
+const BACKLOG_LOG_EVERY: usize = 500;
+
+/// What the daemon needs to run.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub home: Home,
+    pub settings: Settings,
+    /// Serve the loopback HTTP shim too (off by default).
+    pub http: Option<HttpConfig>,
+}
+
+/// A handle to a running (or about to run) daemon.
+#[derive(Debug, Clone)]
+pub struct DaemonControl {
+    tx: Sender<Event>,
+    stop: Arc<AtomicBool>,
+}
+
+impl DaemonControl {
+    /// Asks the loop to stop after the batch or event in hand (a sweep in progress stops
+    /// between batches; the rest stay spooled for the next start).
+    pub fn shutdown(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.tx.send(Event::Shutdown);
+    }
+
+    /// Replaces the settings the loop runs with.
+    pub fn reload(&self, settings: Settings) {
+        let _ = self.tx.send(Event::Reload(settings));
+    }
+
+    /// Asks the loop to re-read the clock now.
+    pub fn nudge(&self) {
+        let _ = self.tx.send(Event::Nudge);
+    }
+
+    /// Waits until the loop has handled every event sent before this one and run what was
+    /// due then; `false` if it did not answer within `limit` (or has stopped).
+    pub fn barrier(&self, limit: Duration) -> bool {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Event::Barrier(tx)).is_ok() && rx.recv_timeout(limit).is_ok()
+    }
+}
+
+/// A daemon that holds its home's lock and is ready to [`run`](Daemon::run).
+pub struct Daemon {
+    engine: Engine,
+    spool: Spool,
+    rx: Receiver<Event>,
+    tx: Sender<Event>,
+    due: DueQueue,
+    deferred: Vec<(Instant, String)>,
+    /// Refused drop-zone files waiting to be parked, a few each turn of the loop (see
+    /// [`Daemon::park_some`]), and their names, which sweeps leave alone meanwhile.
+    to_park: std::collections::VecDeque<crate::ingress::spool::QueuedPark>,
+    parking: HashSet<String>,
+    /// Barriers to answer once this turn of the loop has run what is due.
+    barriers: Vec<Sender<()>>,
+    hooks: Option<HookRunner>,
+    next_gc: Timestamp,
+    /// When to walk the engine's directories for stale temp files (see `gc_engine_temps`).
+    next_temp_walk: Timestamp,
+    clock: Arc<dyn Clock>,
+    stop: Arc<AtomicBool>,
+    progress: Option<Box<dyn DrainProgress>>,
+    devices: Fleet,
+    /// The shim's listener, bound in `new` so a port in use fails the start.
+    http: Option<http::Bound>,
+    lock: FileLock,
+}
+
+/// Read wakes are cleaned from `cur/` this often.
+const GC_EVERY_MS: i64 = 3_600_000;
+
+/// Stale `*.tmp` files in the drop zone are removed after a day.
+const STALE_TEMP_MS: i64 = DAY_MS as i64;
+/// How often the engine's directories are walked for stale temp files without a death.
+const TEMP_WALK_EVERY_MS: i64 = DAY_MS as i64;
+/// The longest the loop sleeps without looking at the clock, so a clock step is noticed.
+const MAX_IDLE: Duration = Duration::from_secs(60);
+/// Refused files parked per turn of the loop (see [`Daemon::park_some`]).
+const PARK_PER_TURN: usize = 32;
+
+impl Daemon {
+    /// Takes the home's daemon lock (a second daemon gets [`Error::Locked`]).
+    pub fn new(config: DaemonConfig, clock: Arc<dyn Clock>) -> Result<(Daemon, DaemonControl)> {
+        config.home.ensure()?;
+        config.home.check_private()?;
+        // A clean stop empties the lock file: a pid left in it means the last daemon died, and
+        // only a death (of the daemon or of a command) mid-commit leaves temp files behind.
+        let died = std::fs::read_to_string(config.home.daemon_lock())
+            .is_ok_and(|pid| !pid.trim().is_empty());
+        let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
+        let http = config.http.map(|c| c.bind()).transpose()?;
+        let (tx, rx) = mpsc::channel();
+        let spool = Spool::new(&config.home).with_queued_parking();
+        let hooks = config
+            .settings
+            .on_wake
+            .is_some()
+            .then(|| HookRunner::start(tx.clone()));
+        let device_tx = tx.clone();
+        let devices = Fleet::new(
+            config.home.clone(),
+            SshOptions::default(),
+            config.settings.sweep_ms,
+            Arc::clone(&clock),
+            Arc::new(move |e| {
+                let _ = device_tx.send(Event::Device(e));
+            }),
+        );
+        let engine = Engine::new(config.home, config.settings, Arc::clone(&clock));
+        let stop = Arc::new(AtomicBool::new(false));
+        let control = DaemonControl {
+            tx: tx.clone(),
+            stop: Arc::clone(&stop),
+        };
+        let next_gc = engine.now();
+        let next_temp_walk = if died {
+            engine.now()
+        } else {
+            engine.now().plus_ms(TEMP_WALK_EVERY_MS)
+        };
+        Ok((
+            Daemon {
+                engine,
+                spool,
+                rx,
+                tx,
+                due: DueQueue::default(),
+                deferred: Vec::new(),
+                to_park: Default::default(),
+                parking: HashSet::new(),
+                barriers: Vec::new(),
+                hooks,
+                next_gc,
+                next_temp_walk,
+                clock,
+                stop,
+                progress: None,
+                devices,
+                http,
+                lock,
+            },
+            control,
+        ))
+    }
+
+    /// Reports the startup drain of a large backlog to `progress` as well as to the log.
+    pub fn with_progress(mut self, progress: Box<dyn DrainProgress>) -> Self {
+        self.progress = Some(progress);
+        self
+    }
+
+    /// Sets what device collectors need from the environment (the ssh-agent socket).
+    pub fn with_ssh_options(mut self, opts: SshOptions) -> Self {
+        self.devices.set_options(opts);
+        self
+    }
+
+    /// Runs until [`DaemonControl::shutdown`]. Returns an error only if the daemon cannot
+    /// start; failures while running are logged and retried.
+    pub fn run(mut self) -> Result<()> {
+        // inotify is a hint: without it (the user's instances all in use) the sweep finds
+        // everything, only later. With the sweep off too, nothing would ever be collected.
+        let _watcher = match self.watch() {
+            Ok(w) => Some(w),
+            Err(e) if self.engine.settings().sweep_ms > 0 => {
+                tracing::warn!(
+                    sweep_ms = self.engine.settings().sweep_ms,
+                    "no file watcher ({e}); finding signals by the sweep alone, every {} ms",
+                    self.engine.settings().sweep_ms
+                );
+                None
+            }
+            Err(e) => {
+                return Err(Error::Usage(format!(
+                    "{e}; and waitpointSweepMs is 0, so nothing would ever be collected: free an \
+                     inotify instance (sysctl fs.inotify.max_user_instances) or turn the sweep on"
+                )));
+            }
+        };
+        let home = self.engine.home().clone();
+        tracing::info!(home = %home.root().display(), "daemon starting");
+        // Before any state is read: a crash may have left committed batches whose files are
+        // not all written. Dropped at the end of `run`, the checkpointer empties the journal.
+        let (journal, _replayed) = self.engine.replay_journal()?;
+        let _checkpointer = journal::Checkpointer::start(journal);
+        // From here on, what the engine frees goes to the trash, emptied as it fills.
+        let _reaper = crate::store::Reaper::start(self.engine.open_trash()?);
+        self.rescan_waitpoints();
+        let drained = self.drain_backlog() + self.sweep_devices();
+        // After the drain: readers scan until the index is complete, signals should not wait.
+        self.ensure_index();
+        self.devices.reconcile();
+        // After a death, before "ready": the temp files it left are gone by then.
+        if self.engine.now() >= self.next_temp_walk {
+            self.gc_engine_temps();
+        }
+        let shim = self.start_shim()?;
+        tracing::info!(
+            drained,
+            devices = self.devices.names().len(),
+            scheduled = self.due.len(),
+            "daemon ready"
+        );
+        self.run_due();
+        let mut sweep = self.engine.settings().sweep_ms;
+        let mut next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
+        loop {
+            if self.stopping() {
+                break;
+            }
+            let timeout = self.time_to_next(next_sweep);
+            // Set when no event was waiting: only then are refusals parked, so events (new
+            // signals above all) always go first.
+            let mut idle = false;
+            match self.rx.recv_timeout(timeout) {
+                Ok(Event::Shutdown) => break,
+                Ok(event) => self.handle(event),
+                Err(RecvTimeoutError::Timeout) => idle = true,
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            // A reload (wherever it was handled, batching included) may change the interval.
+            if self.engine.settings().sweep_ms != sweep {
+                sweep = self.engine.settings().sweep_ms;
+                next_sweep = (sweep > 0).then(|| Instant::now() + Duration::from_millis(sweep));
+            }
+            if let Some(at) = next_sweep
+                && Instant::now() >= at
+            {
+                self.sweep_spool();
+                self.sweep_devices();
+                self.devices.reconcile();
+                self.ensure_index();
+                self.gc();
+                next_sweep = Some(Instant::now() + Duration::from_millis(sweep));
+            }
+            self.retry_deferred();
+            self.run_due();
+            if idle {
+                self.park_some();
+            }
+            if self.engine.now() >= self.next_gc {
+                self.gc_read_wakes();
+            }
+            if self.engine.now() >= self.next_temp_walk {
+                self.gc_engine_temps();
+            }
+            for ack in self.barriers.drain(..) {
+                let _ = ack.send(());
+            }
+        }
+        if let Some(shim) = shim {
+            shim.stop();
+        }
+        // A clean stop leaves the lock file empty, so a pid left in it later means a crash.
+        self.lock.clear();
+        tracing::info!("daemon stopped");
+        Ok(())
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// New settings take effect for everything after this event. The engine is rebuilt with
+    /// them; its cache of recorded identities reloads from disk on first use.
+    fn reload(&mut self, settings: Settings) {
+        if &settings == self.engine.settings() {
+            tracing::info!("settings re-read; nothing changed");
+            return;
+        }
+        tracing::info!(
+            ttl_ms = settings.ttl_ms,
+            sweep_ms = settings.sweep_ms,
+            max_wakes_per_hour = settings.max_wakes_per_hour,
+            "settings reloaded"
+        );
+        if settings.on_wake.is_some() && self.hooks.is_none() {
+            self.hooks = Some(HookRunner::start(self.tx.clone()));
+        }
+        let home = self.engine.home().clone();
+        self.engine =
+            Engine::new(home, settings, Arc::clone(&self.clock)).with_journal_of(&self.engine);
+    }
+
+    fn handle(&mut self, event: Event) {
+        match event {
+            Event::SpoolFile(name) => self.collect_hinted(name),
+            Event::WaitpointAppeared(id) => match self.engine.load(&id) {
+                Ok(Some(wp)) => self.due.set(&wp.id, engine::next_due(&wp)),
+                Ok(None) => {}
+                Err(e) => tracing::error!(waitpoint = %id, "cannot read new waitpoint: {e}"),
+            },
+            Event::TimerChanged(id) => self.reschedule_timer(&id),
+            Event::HookDone {
+                owner: waitpoint,
+                wake_id,
+                result,
+            } => {
+                if let Some(h) = &mut self.hooks {
+                    h.in_flight.remove(&wake_id);
+                }
+                match self
+                    .engine
+                    .record_hook_attempt(&waitpoint, &wake_id, result)
+                {
+                    Ok(next) => self.due.set(&waitpoint, next),
+                    Err(e) => {
+                        tracing::error!(waitpoint = %waitpoint, wake = %wake_id, "cannot record hook attempt: {e}");
+                        self.due
+                            .set(&waitpoint, Some(self.engine.now().plus_ms(1000)));
+                    }
+                }
+            }
+            Event::Rescan => {
+                tracing::warn!("watcher asked for a rescan; sweeping everything");
+                self.rescan_waitpoints();
+                self.sweep_spool();
+                self.sweep_devices();
+            }
+            Event::Reload(settings) => self.reload(settings),
+            Event::Device(e) => self.on_device(e),
+            Event::HttpSignal(Submission::Signal {
+                request,
+                key,
+                reply,
+            }) => self.apply_http(request, key, reply),
+            Event::HttpSignal(Submission::Callback {
+                request,
+                key,
+                reply,
+            }) => {
+                // The request's Idempotency-Key is the trigger's identity: a retry under the
+                // same key is a duplicate, not a second wake.
+                let key = key.unwrap_or_else(|| format!("gen-{}", crate::secret::random_hex(16)));
+                let source = Some(format!("http:{key}"));
+                let outcome = self.engine.trigger_callback(
+                    &request.token,
+                    request.mode,
+                    request.text,
+                    source,
+                );
+                if let Ok(engine::callbacks::Trigger::Delivered { id, .. }) = &outcome {
+                    self.after_trigger(id);
+                }
+                let _ = reply.send(outcome);
+            }
+            Event::HttpSignal(Submission::Control { request, reply }) => {
+                let outcome = crate::ingress::control::run(&self.engine, request);
+                if let Some(id) = outcome
+                    .as_ref()
+                    .ok()
+                    .and_then(crate::ingress::control::changed_timer)
+                {
+                    let id = id.to_owned();
+                    self.reschedule_timer(&id);
+                }
+                let _ = reply.send(outcome);
+            }
+            Event::Barrier(ack) => self.barriers.push(ack),
+            Event::Nudge | Event::Shutdown => {}
+        }
+    }
+
+    /// Starts the HTTP shim when configured (publishing its address), and otherwise removes an
+    /// address file a daemon that did not stop cleanly left behind.
+    fn start_shim(&mut self) -> Result<Option<Shim>> {
+        let file = self.engine.home().webhook_address_file();
+        let Some(bound) = self.http.take() else {
+            http::remove_stale_address(&file)?;
+            return Ok(None);
+        };
+        let tx = self.tx.clone();
+        let submit: http::Submit = Box::new(move |s| tx.send(Event::HttpSignal(s)).is_ok());
+        Shim::start(bound, self.clock.clone(), submit, file).map(Some)
+    }
+}

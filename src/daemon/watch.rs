@@ -1,0 +1,93 @@
+//! The filesystem watch: which paths are watched, and how a notification becomes an [`Event`]
+//! (a hint; the periodic sweep stays the source of truth).
+
+use super::*;
+
+/// Filesystem events after which a drop-zone file is complete: renamed in, or closed after
+/// writing. A bare create is not one (the writer may still be writing).
+pub(super) fn is_ready_kind(kind: &EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+    matches!(
+        kind,
+        EventKind::Modify(ModifyKind::Name(
+            RenameMode::To | RenameMode::Both | RenameMode::Any
+        )) | EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Create(notify::event::CreateKind::Folder)
+    )
+}
+
+pub(super) fn to_io(e: notify::Error) -> std::io::Error {
+    match e.kind {
+        notify::ErrorKind::Io(io) => io,
+        other => std::io::Error::other(format!("{other:?}")),
+    }
+}
+
+impl Daemon {
+    /// Sets up the watcher on the drop zone and the waitpoints directory. Its callback only
+    /// forwards hints; all work happens on the loop.
+    pub(super) fn watch(&self) -> Result<notify::RecommendedWatcher> {
+        let tx = self.tx.clone();
+        let drop_zone = self.spool.dir.clone();
+        crate::failpoint!(
+            crate::failpoint::WATCHER,
+            "cannot start the file watcher on",
+            &drop_zone
+        );
+        let waitpoints = self.engine.home().waitpoints_dir();
+        let devices = self.engine.home().devices_dir();
+        let timers = self.engine.home().timers_dir();
+        let (dz, wd, dd, td) = (
+            drop_zone.clone(),
+            waitpoints.clone(),
+            devices.clone(),
+            timers.clone(),
+        );
+        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let event = match res {
+                Ok(e) => e,
+                Err(_) => {
+                    let _ = tx.send(Event::Rescan);
+                    return;
+                }
+            };
+            if event.need_rescan() {
+                let _ = tx.send(Event::Rescan);
+                return;
+            }
+            if !is_ready_kind(&event.kind) {
+                return;
+            }
+            for path in &event.paths {
+                let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                    continue;
+                };
+                let parent = path.parent().unwrap_or(Path::new(""));
+                if parent == dz && is_candidate(name) {
+                    let _ = tx.send(Event::SpoolFile(name.to_owned()));
+                } else if parent == wd && crate::ingress::is_waitpoint_id(name) {
+                    let _ = tx.send(Event::WaitpointAppeared(name.to_owned()));
+                } else if parent == td
+                    && let Some(id) = name.strip_suffix(".json")
+                    && engine::timers::is_timer_id(id)
+                {
+                    let _ = tx.send(Event::TimerChanged(id.to_owned()));
+                } else if let Some(hint) = device::hint_for(path, &dd) {
+                    let _ = tx.send(Event::Device(hint));
+                }
+            }
+        })
+        .map_err(|e| Error::io("cannot start the file watcher on", &drop_zone, to_io(e)))?;
+        crate::store::create_dir_private(&timers)?;
+        for dir in [&drop_zone, &waitpoints, &timers] {
+            watcher
+                .watch(dir, RecursiveMode::NonRecursive)
+                .map_err(|e| Error::io("cannot watch", dir, to_io(e)))?;
+        }
+        // Recursive, so each device's mirror is watched from the moment its directory appears.
+        watcher
+            .watch(&devices, RecursiveMode::Recursive)
+            .map_err(|e| Error::io("cannot watch", &devices, to_io(e)))?;
+        Ok(watcher)
+    }
+}
