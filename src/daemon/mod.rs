@@ -1,7 +1,7 @@
 //! The daemon: one loop that owns every state transition while it runs. This file is the
-//! loop and its router; each job it routes to has its own file: [`collect`] (drop zone, device
-//! mirrors, HTTP), [`schedule`] (the due queue), [`hooks`] (the `onWake` runner), [`watch`]
-//! (the filesystem watch) and [`janitor`] (clean-up).
+//! loop and its router; each job it routes to has its own file: `collect` (drop zone, device
+//! mirrors, HTTP), `schedule` (the due queue), `hooks` (the `onWake` runner), `watch` (the
+//! filesystem watch) and `janitor` (clean-up).
 //!
 //! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
 //! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
