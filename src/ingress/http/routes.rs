@@ -1,0 +1,483 @@
+//! The shim's routes, apart from its transport: what each request means (the signal route, the
+//! callback routes, the control routes, `/healthz`), the miss budget, and the status code each
+//! verdict is answered with. Nothing here touches a socket, so it is tested with requests built
+//! in memory.
+
+use super::*;
+
+/// The miss budget: timestamps of the misses inside the sliding window.
+#[derive(Debug, Default)]
+pub struct MissBudget {
+    misses: VecDeque<Timestamp>,
+}
+
+impl MissBudget {
+    fn forget_before(&mut self, now: Timestamp) {
+        while let Some(first) = self.misses.front() {
+            if now.millis_since(*first) >= MISS_WINDOW_MS {
+                self.misses.pop_front();
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Whether the window already holds [`MISS_BUDGET`] misses.
+    pub fn spent(&mut self, now: Timestamp) -> bool {
+        self.forget_before(now);
+        self.misses.len() >= MISS_BUDGET
+    }
+
+    /// How many misses the window holds at `now`.
+    pub fn misses_in_window(&mut self, now: Timestamp) -> usize {
+        self.forget_before(now);
+        self.misses.len()
+    }
+
+    pub fn record(&mut self, now: Timestamp) {
+        self.forget_before(now);
+        self.misses.push_back(now);
+    }
+}
+
+/// Decides the answer to a request; `body` is `None` when it was not read.
+pub(super) fn route(
+    shared: &Shared,
+    head: &Head,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+) -> Reply {
+    match &head.host {
+        None => return refused(400, "a Host header is required"),
+        Some(h) if !is_loopback_host(h) => {
+            return refused(
+                403,
+                "the Host header must name a loopback address or localhost",
+            );
+        }
+        Some(_) => {}
+    }
+    if head.origin {
+        return refused(
+            403,
+            "requests from web pages (with an Origin header) are not served",
+        );
+    }
+    match (head.method.as_str(), head.path.as_str()) {
+        ("GET" | "HEAD", HEALTH_PATH) => reply(200, json!({ "result": "ok" })),
+        (_, HEALTH_PATH) => Reply {
+            allow: Some("GET, HEAD"),
+            ..refused(405, "use GET on /healthz")
+        },
+        ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
+        ("POST", p) if callback_rest(p).is_some() => callback(shared, head, body, peer),
+        (_, p) if control::is_control_path(p) => control_route(shared, head, body, peer),
+        (_, SIGNAL_PATH) => Reply {
+            allow: Some("POST"),
+            ..refused(405, "use POST on /webhook/signal")
+        },
+        _ => reply(
+            404,
+            json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), and GET /healthz" }),
+        ),
+    }
+}
+
+fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+    let body = match body {
+        Some(b) => b,
+        None => {
+            return body_length(head)
+                .err()
+                .unwrap_or_else(|| refused(400, "the body was not read"));
+        }
+    };
+    if head.content_length.is_empty() {
+        return refused(411, "a Content-Length header is required");
+    }
+    let key = match idempotency_key(head) {
+        Ok(k) => k.unwrap_or_else(|| format!("gen-{}", crate::secret::random_hex(16))),
+        Err(r) => return r,
+    };
+    if let Some(r) = budget_spent(shared) {
+        return r;
+    }
+    match parse_signal(body) {
+        Err(reason) => refused(400, reason),
+        Ok(request) => apply(shared, request, key, peer),
+    }
+}
+
+/// The request's `Idempotency-Key`, if it sent a well-formed one.
+fn idempotency_key(head: &Head) -> std::result::Result<Option<String>, Reply> {
+    match &head.idempotency_key {
+        None => Ok(None),
+        Some(k)
+            if !k.is_empty()
+                && k.len() <= MAX_KEY_CHARS
+                && k.iter().all(|b| (0x21..=0x7e).contains(b)) =>
+        {
+            Ok(Some(String::from_utf8_lossy(k).into_owned()))
+        }
+        Some(_) => Err(refused(
+            400,
+            format!("Idempotency-Key must be 1-{MAX_KEY_CHARS} visible ASCII characters"),
+        )),
+    }
+}
+
+/// The control routes: off (404) without an operator token; 401 without the right one (a wrong
+/// one spends the miss budget, so the token cannot be guessed at speed); then the operation,
+/// run on the daemon's loop.
+fn control_route(
+    shared: &Shared,
+    head: &Head,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+) -> Reply {
+    let Some(expected) = &shared.control else {
+        return refused(
+            404,
+            "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to turn them on",
+        );
+    };
+    if let Some(r) = budget_spent(shared) {
+        return r;
+    }
+    let presented = head
+        .authorization
+        .as_deref()
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented {
+        Some(token) if crate::secret::verify(token, expected) => {}
+        Some(_) => {
+            record_miss(shared);
+            let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+            tracing::warn!(%peer, path = %head.path, "control route refused: wrong operator token");
+            return refused(401, "wrong operator token");
+        }
+        None => {
+            return refused(
+                401,
+                "the control routes need the operator token: Authorization: Bearer $CORTEX_WEBHOOK_TOKEN",
+            );
+        }
+    }
+    let Some(body) = body else {
+        return body_length(head)
+            .err()
+            .unwrap_or_else(|| refused(400, "the body was not read"));
+    };
+    let request = match control::parse(&head.method, &head.path, body) {
+        Ok(r) => r,
+        Err((405, why)) => {
+            return Reply {
+                allow: Some(if head.path.starts_with(control::CONTROL_PREFIX) {
+                    "POST"
+                } else {
+                    "GET"
+                }),
+                ..refused(405, why)
+            };
+        }
+        Err((code, why)) => return refused(code, why),
+    };
+    let (tx, rx) = mpsc::channel();
+    let submitted = (shared.submit)(Submission::Control { request, reply: tx });
+    let outcome = match rx.recv() {
+        Ok(v) if submitted => v,
+        _ => return refused(503, "the daemon is shutting down; nothing was done"),
+    };
+    let port = shared.addr.port();
+    let (code, body) = control::answer(outcome, |mode, token| trigger_url(port, mode, token));
+    reply(code, body)
+}
+
+/// The 429 answer while the shared miss budget is spent (unknown ids, wrong secrets and bad
+/// callback tokens all draw on it).
+fn budget_spent(shared: &Shared) -> Option<Reply> {
+    let spent = shared
+        .budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .spent(shared.clock.now());
+    spent.then(|| {
+        refused(
+            429,
+            "too many unknown ids, wrong secrets or bad tokens in the last minute; try again later",
+        )
+    })
+}
+
+/// Counts one miss against the budget.
+fn record_miss(shared: &Shared) {
+    shared
+        .budget
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .record(shared.clock.now());
+}
+
+/// `POST /callbacks/<mode>/<token>`: an empty body is enough for `wake`; `enqueue` takes an
+/// optional `{"text": ...}`. Unknown, revoked and wrong-mode tokens spend the miss budget like
+/// unknown ids, so the routes cannot be used to guess tokens.
+fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+    let Some(body) = body else {
+        return body_length(head)
+            .err()
+            .unwrap_or_else(|| refused(400, "the body was not read"));
+    };
+    let rest = callback_rest(&head.path).unwrap_or_default();
+    let Some((mode, token)) = rest
+        .split_once('/')
+        .and_then(|(m, t)| CallbackMode::parse(m).map(|m| (m, t)))
+    else {
+        return reply(
+            404,
+            json!({ "result": "not_found", "error": "callback routes are /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
+        );
+    };
+    if let Some(r) = budget_spent(shared) {
+        return r;
+    }
+    let text = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        #[derive(serde::Deserialize)]
+        struct EnqueueBody {
+            #[serde(default)]
+            text: Option<String>,
+        }
+        match serde_json::from_slice::<EnqueueBody>(body) {
+            Ok(b) => b.text,
+            Err(e) => {
+                return refused(
+                    400,
+                    format!("the body must be JSON like {{\"text\": \"...\"}}: {e}"),
+                );
+            }
+        }
+    };
+    let key = match idempotency_key(head) {
+        Ok(k) => k,
+        Err(r) => return r,
+    };
+    let (tx, rx) = mpsc::channel();
+    let submitted = (shared.submit)(Submission::Callback {
+        request: CallbackRequest {
+            token: token.to_owned(),
+            mode,
+            text,
+        },
+        key,
+        reply: tx,
+    });
+    let outcome = match rx.recv() {
+        Ok(v) if submitted => v,
+        _ => return refused(503, "the daemon is shutting down; nothing was delivered"),
+    };
+    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let miss = |what: &str| {
+        record_miss(shared);
+        tracing::warn!(%peer, "callback refused: {what}");
+    };
+    match outcome {
+        Ok(Trigger::Delivered { id, wake_id }) => reply(
+            202,
+            json!({ "result": "accepted", "id": id, "wake_id": wake_id, "message": "delivered; an accepted callback does not prove that work completed" }),
+        ),
+        Ok(Trigger::Duplicate { id }) => reply(202, json!({ "result": "duplicate", "id": id })),
+        Ok(Trigger::Invalid) => {
+            miss("unknown, revoked or malformed token");
+            refused(404, "unknown, revoked or malformed callback token")
+        }
+        Ok(Trigger::WrongMode { expected }) => {
+            miss("token used on the other mode's route");
+            refused(
+                409,
+                format!(
+                    "this callback's mode is {}; use {CALLBACK_PREFIX}{}/<token>",
+                    expected.as_str(),
+                    expected.as_str()
+                ),
+            )
+        }
+        Err(e) => {
+            tracing::error!("cannot deliver a callback: {e}");
+            reply(
+                500,
+                json!({ "result": "error", "error": "the daemon could not deliver the callback (see its log)" }),
+            )
+        }
+    }
+}
+
+/// Hands the signal to the engine loop, waits for the durable verdict, and maps it.
+fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<SocketAddr>) -> Reply {
+    let id = request.id.clone();
+    let (tx, rx) = mpsc::channel();
+    let submitted = (shared.submit)(Submission::Signal {
+        request,
+        key,
+        reply: tx,
+    });
+    let verdict = match rx.recv() {
+        Ok(v) if submitted => v,
+        _ => {
+            return refused(503, "the daemon is shutting down; nothing was recorded");
+        }
+    };
+    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let miss = |what: &str| {
+        record_miss(shared);
+        tracing::warn!(waitpoint = %id, %peer, "webhook signal refused: {what}");
+    };
+    match verdict {
+        Ok(Verdict::Accepted {
+            id,
+            seq,
+            wake,
+            status,
+            ..
+        }) => reply(
+            202,
+            json!({ "result": "accepted", "id": id, "seq": seq, "woke": wake.is_some(), "status": status.as_str() }),
+        ),
+        Ok(Verdict::Duplicate { id, .. }) => reply(
+            202,
+            json!({ "result": "duplicate", "id": id, "message": "already recorded under this Idempotency-Key; not counted again" }),
+        ),
+        Ok(Verdict::Closed { id, status, .. }) => reply(
+            410,
+            json!({ "result": "closed", "id": id, "status": status.as_str(), "message": format!("already {}", status.as_str()) }),
+        ),
+        Ok(Verdict::Refused(Refusal::UnknownId)) => {
+            miss("unknown waitpoint id");
+            refused(404, "unknown waitpoint id")
+        }
+        Ok(Verdict::Refused(Refusal::Unauthorized)) => {
+            miss("wrong secret");
+            refused(401, "wrong secret")
+        }
+        Ok(Verdict::Refused(r)) => {
+            let expected = match &r {
+                Refusal::MemberMissing { expected } | Refusal::MemberUnknown { expected, .. } => {
+                    expected.clone()
+                }
+                Refusal::Unauthorized | Refusal::UnknownId => Vec::new(),
+            };
+            reply(
+                422,
+                json!({ "result": "refused", "error": r.reason(), "expected": expected }),
+            )
+        }
+        Err(e) => {
+            tracing::error!(waitpoint = %id, "cannot record a webhook signal: {e}");
+            reply(
+                500,
+                // The failure may have come after the batch's journal line was durable (its
+                // files then come with the replay), so "not recorded" would be a guess: the
+                // truth is that the outcome is unknown, and a retry under the same key is safe.
+                json!({ "result": "unknown", "error": "the daemon could not finish recording the signal (see its log); it may or may not count: send it again with the same Idempotency-Key, which counts once" }),
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::engine::Refusal;
+
+    /// A shim's shared state with no socket behind it; `verdict` answers every signal.
+    fn shared(control: Option<&str>, verdict: fn() -> Verdict) -> Shared {
+        Shared {
+            submit: Box::new(move |s| {
+                if let Submission::Signal { reply, .. } = s {
+                    let _ = reply.send(Ok(verdict()));
+                }
+                true
+            }),
+            addr: "127.0.0.1:3001".parse().unwrap(),
+            control: control.map(crate::secret::hash),
+            clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
+            budget: Mutex::new(MissBudget::default()),
+            busy: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    fn head(text: &str) -> Head {
+        let raw = text.replace('\n', "\r\n");
+        parse_head(raw.as_bytes()).ok().expect("a well-formed head")
+    }
+
+    const BODY: &[u8] = br#"{"id":"wp_0123456789ab","secret":"s"}"#;
+
+    fn post_signal(s: &Shared) -> u16 {
+        let h = head(&format!(
+            "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nContent-Length: {}\n\n",
+            BODY.len()
+        ));
+        route(s, &h, Some(BODY), None).code
+    }
+
+    #[test]
+    fn wrong_secrets_spend_the_miss_budget_and_then_the_route_answers_429() {
+        let s = shared(None, || Verdict::Refused(Refusal::Unauthorized));
+        for _ in 0..MISS_BUDGET {
+            assert_eq!(post_signal(&s), 401);
+        }
+        assert_eq!(post_signal(&s), 429, "the budget is spent");
+        // A minute later it has room again.
+        let clock = ManualClock::new(Timestamp::from_millis(MISS_WINDOW_MS));
+        let s2 = Shared {
+            clock: Arc::new(clock),
+            budget: Mutex::new(std::mem::take(&mut *s.budget.lock().unwrap())),
+            ..shared(None, || Verdict::Refused(Refusal::Unauthorized))
+        };
+        assert_eq!(post_signal(&s2), 401);
+    }
+
+    #[test]
+    fn web_pages_and_foreign_hosts_are_refused_before_the_budget() {
+        let s = shared(None, || Verdict::Refused(Refusal::UnknownId));
+        let from_page = head(
+            "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nOrigin: https://evil.example\nContent-Length: 2\n\n",
+        );
+        assert_eq!(route(&s, &from_page, Some(b"{}"), None).code, 403);
+        let rebound = head("GET /healthz HTTP/1.1\nHost: evil.example\n\n");
+        assert_eq!(route(&s, &rebound, None, None).code, 403);
+        assert!(!s.budget.lock().unwrap().spent(Timestamp::from_millis(0)));
+        let health = head("GET /healthz HTTP/1.1\nHost: localhost\n\n");
+        assert_eq!(route(&s, &health, None, None).code, 200);
+    }
+
+    #[test]
+    fn control_routes_are_off_without_a_token_and_need_the_right_one() {
+        let get = |auth: &str| {
+            head(&format!(
+                "GET /api/agents/a1/timers HTTP/1.1\nHost: 127.0.0.1\n{auth}\n"
+            ))
+        };
+        let off = shared(None, || Verdict::Refused(Refusal::UnknownId));
+        assert_eq!(route(&off, &get(""), Some(b""), None).code, 404);
+        let on = shared(Some("operator-token-0123456789"), || {
+            Verdict::Refused(Refusal::UnknownId)
+        });
+        assert_eq!(route(&on, &get(""), Some(b""), None).code, 401);
+        let wrong = get("Authorization: Bearer nope\n");
+        assert_eq!(route(&on, &wrong, Some(b""), None).code, 401);
+        assert_eq!(
+            on.budget
+                .lock()
+                .unwrap()
+                .misses_in_window(Timestamp::from_millis(0)),
+            1,
+            "a wrong token spends the budget; a missing one does not"
+        );
+    }
+}
