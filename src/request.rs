@@ -8,6 +8,7 @@
 use serde_json::Value;
 
 use crate::model::SignalStatus;
+use crate::secret::Secret;
 
 /// Largest request or spool file accepted, in bytes (the spec's 64 KB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -18,30 +19,18 @@ pub const MAX_DATA_CHARS: usize = 16_000;
 /// Longest member name, in characters.
 pub const MAX_MEMBER_CHARS: usize = 64;
 
-/// A well-formed signal, not yet authenticated. Its `Debug` leaves the secret out, so a request
-/// that ends up in a log line or a panic message never carries it.
-#[derive(Clone, PartialEq)]
+/// A well-formed signal, not yet authenticated. Its secret is a [`Secret`], which cannot be
+/// printed or serialised, so a request that ends up in a log line or a panic message never
+/// carries it.
+#[derive(Clone, PartialEq, Debug)]
 pub struct SignalRequest {
     pub id: String,
-    /// The plaintext secret as sent. Never logged, never written; the engine hashes it.
-    pub secret: String,
+    /// The plaintext secret as sent; the engine only checks it against the stored hash.
+    pub secret: Secret,
     pub status: SignalStatus,
     pub message: Option<String>,
     pub member: Option<String>,
     pub data: Option<Value>,
-}
-
-impl std::fmt::Debug for SignalRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SignalRequest")
-            .field("id", &self.id)
-            .field("secret", &"<redacted>")
-            .field("status", &self.status)
-            .field("message", &self.message)
-            .field("member", &self.member)
-            .field("data", &self.data)
-            .finish()
-    }
 }
 
 /// Where a signal came from. Its [`identity`](Source::identity) is what de-duplicates it.

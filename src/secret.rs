@@ -9,6 +9,61 @@ use sha2::{Digest, Sha256};
 /// daemon runs.
 pub const OPERATOR_TOKEN_ENV: &str = "CORTEX_WEBHOOK_TOKEN";
 
+/// A plaintext secret in hand: a sender's, on its way to being checked. It cannot be printed
+/// (no `Display`, and `Debug` says `<redacted>`) nor serialised (no `Serialize`), so it cannot
+/// reach a log line, a file or an error text by accident; it can only be checked against a
+/// stored hash ([`Secret::verify`], constant time) or fingerprinted. Equality is the same
+/// constant-time comparison of hashes.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(plain: impl Into<String>) -> Self {
+        Secret(plain.into())
+    }
+
+    /// Whether this is the secret `stored_hash` is the SHA-256 of ([`verify`]).
+    pub fn verify(&self, stored_hash: &str) -> bool {
+        verify(&self.0, stored_hash)
+    }
+
+    /// The first 12 hex digits of its hash, for logs ([`fingerprint`]).
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.0)
+    }
+
+    /// Whether it is empty (a request must carry one).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl PartialEq for Secret {
+    fn eq(&self, other: &Self) -> bool {
+        other.verify(&hash(&self.0))
+    }
+}
+
+impl Eq for Secret {}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+impl From<String> for Secret {
+    fn from(s: String) -> Self {
+        Secret(s)
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_owned())
+    }
+}
+
 /// A fresh secret: 32 random bytes as 64 lowercase hex characters.
 pub fn generate() -> String {
     random_hex(32)
@@ -222,5 +277,24 @@ mod redaction_tests {
         assert_eq!(echo("wp_0123456789ab"), "wp_0123456789ab");
         assert!(echo(&generate()).contains("not shown"));
         assert_eq!(echo(&"x".repeat(50)).chars().count(), 41);
+    }
+}
+
+#[cfg(test)]
+mod secret_type_tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_checks_against_its_hash_and_never_prints() {
+        let plain = generate();
+        let s = Secret::new(plain.clone());
+        assert!(s.verify(&hash(&plain)));
+        assert!(!s.verify(&hash("other")));
+        assert!(!s.verify("not hex"));
+        assert_eq!(s.fingerprint(), fingerprint(&plain));
+        let shown = format!("{s:?} {:?}", Some(&s));
+        assert!(!shown.contains(&plain), "{shown}");
+        assert_eq!(s, Secret::new(plain));
+        assert_ne!(s, Secret::from("other"));
     }
 }

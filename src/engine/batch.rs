@@ -18,7 +18,6 @@ use crate::model::{
     JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Status, Waitpoint, WakeKind,
 };
 use crate::request::{SignalRequest, Source};
-use crate::secret;
 use crate::store::{FileLock, Unsynced, read_json};
 
 use super::{
@@ -183,7 +182,7 @@ impl Engine {
                 io::Error::other(m.clone()),
             )));
         }
-        if !secret::verify(&req.secret, &group.wp.secret_sha256) {
+        if !req.secret.verify(&group.wp.secret_sha256) {
             return Slot::Done(Ok(Verdict::Refused(Refusal::Unauthorized)));
         }
         if !group.ready {

@@ -1205,7 +1205,7 @@ pub fn prejudge(home: &Home, now: Timestamp, req: &SignalRequest) -> Result<Prej
     let Some(wp) = wp else {
         return Ok(Prejudged::Refused(Refusal::UnknownId));
     };
-    if !secret::verify(&req.secret, &wp.secret_sha256) {
+    if !req.secret.verify(&wp.secret_sha256) {
         return Ok(Prejudged::Refused(Refusal::Unauthorized));
     }
     if wp.status != Status::Armed && !in_grace_window(&wp, now) {

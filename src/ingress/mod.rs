@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::model::SignalStatus;
+use crate::secret::Secret;
 
 // The engine's vocabulary lives in the leaf module `request`; ingress produces it.
 pub use crate::request::{
@@ -144,7 +145,7 @@ pub fn parse_signal(bytes: &[u8]) -> Result<SignalRequest, String> {
     };
     Ok(SignalRequest {
         id: wire.id,
-        secret: wire.secret,
+        secret: Secret::new(wire.secret),
         status,
         message: wire.message,
         member: wire.member,

@@ -344,7 +344,7 @@ impl Spool {
         match verdict {
             Verdict::Refused(refusal) => {
                 let reason = refusal.reason();
-                tracing::warn!(waitpoint = %request.id, file = ?name, secret_fp = %secret::fingerprint(&request.secret), "refused signal file: {reason}");
+                tracing::warn!(waitpoint = %request.id, file = ?name, secret_fp = %request.secret.fingerprint(), "refused signal file: {reason}");
                 self.park(
                     dz,
                     name,

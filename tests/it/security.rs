@@ -170,7 +170,7 @@ fn the_plaintext_secret_is_in_no_file_and_no_log_line_even_at_trace_level() {
 fn secrets_are_compared_in_constant_time_on_their_hashes() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let secret_rs = fs::read_to_string(src.join("secret.rs")).unwrap();
-    let verify = &secret_rs[secret_rs.find("pub fn verify").unwrap()..];
+    let verify = &secret_rs[secret_rs.find("pub fn verify(candidate").unwrap()..];
     let verify = &verify[..verify.find("\n}\n").unwrap()];
     assert!(
         verify.contains("Sha256::digest(candidate"),

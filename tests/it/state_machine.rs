@@ -263,9 +263,9 @@ fn run_case(specs: &[Spec], ops: &[Op]) -> Result<(), TestCaseError> {
                 let req = SignalRequest {
                     id: w.id.clone(),
                     secret: if *wrong_secret {
-                        "0".repeat(64)
+                        "0".repeat(64).into()
                     } else {
-                        w.secret.clone()
+                        w.secret.clone().into()
                     },
                     status: *status,
                     message: None,
