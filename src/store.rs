@@ -693,6 +693,13 @@ fn read_record_bytes(
     let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
         return read_bytes_if_exists(path).map(Ok);
     };
+    // The common case in one call: the record opened beneath the root with no link followed
+    // anywhere on the way (openat2's RESOLVE_NO_SYMLINKS). A link, a kernel without openat2, or
+    // anything unusual takes the slow path below, which walks the directories one by one and
+    // names the culprit.
+    if let Some(bytes) = read_record_fast(root, rel)? {
+        return Ok(bytes);
+    }
     let dir = match Dir::open_beneath(root, parent) {
         Err(e) if e.is_not_found() => return Ok(Ok(None)),
         // A directory on the way swapped for a link: the link goes aside, not what it names.
@@ -733,6 +740,47 @@ fn read_record_bytes(
         ));
     }
     Ok(Ok(Some(bytes)))
+}
+
+/// [`read_record_bytes`]'s one-call path: `None` when the slow path must decide.
+#[allow(clippy::type_complexity)]
+fn read_record_fast(
+    root: &Path,
+    rel: &Path,
+) -> Result<Option<std::result::Result<Option<Vec<u8>>, Refused>>> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let Ok(root_fd) = rustix::fs::openat(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(None);
+    };
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
+    let fd = match rustix::fs::openat2(&root_fd, rel, flags, Mode::empty(), resolve) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(Some(Ok(None))),
+        // A link somewhere, no openat2, or something else: the slow path says which.
+        Err(_) => return Ok(None),
+    };
+    let file = File::from(fd);
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(_) => return Ok(None),
+    };
+    if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", root.join(rel), e))?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Ok(None);
+    }
+    Ok(Some(Ok(Some(bytes))))
 }
 
 fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
