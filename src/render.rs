@@ -8,6 +8,7 @@ use serde_json::Value;
 use crate::clock::{Timestamp, human_duration};
 use crate::engine::{self, rules::HOUR_MS};
 use crate::home::Home;
+use crate::ingress::device::{Device, DeviceStatus};
 use crate::model::{HoldReason, Outcome, SignalRecord, Status, Timer, Waitpoint};
 
 /// A badge on a waiting item: each one a way a wake can fail silently, or a failure.
@@ -452,4 +453,56 @@ pub fn timer_line(t: &Timer) -> String {
         t.fire_count,
         t.summary.as_deref().unwrap_or("")
     )
+}
+
+/// The last success, and for an unreachable device the error and the next try.
+pub fn device_detail(st: &DeviceStatus, now: Timestamp) -> String {
+    let ago = |t: Timestamp| format!("{} ago", human_duration(now.millis_since(t)));
+    let last_ok = st
+        .last_success_at
+        .map_or("never collected".to_owned(), |t| {
+            format!("last collected {}", ago(t))
+        });
+    let summary = match (&st.last_error, st.reachable) {
+        (Some(e), Some(false)) => format!(
+            "{last_ok}; {} failure(s), next try {}; last error: {e}",
+            st.failures,
+            st.next_attempt_at
+                .map_or("on poll".to_owned(), |t| if t > now {
+                    format!("in {}", human_duration(t.millis_since(now)))
+                } else {
+                    "now".to_owned()
+                })
+        ),
+        _ => last_ok,
+    };
+    // What the operator has to look at: the files left on the device, and why.
+    const SHOWN: usize = 3;
+    let mut left: Vec<String> = st
+        .left_on_device
+        .iter()
+        .take(SHOWN)
+        .map(|l| format!("{} ({})", l.file, l.reason))
+        .collect();
+    if st.left_on_device.len() > SHOWN {
+        left.push(format!(
+            "and {} more (see status.json)",
+            st.left_on_device.len() - SHOWN
+        ));
+    }
+    if left.is_empty() {
+        summary
+    } else {
+        format!("{summary}; left on the device: {}", left.join(", "))
+    }
+}
+
+/// A device record with its collector state, as `--json` prints it.
+pub fn device_view(d: &Device, st: &DeviceStatus) -> Value {
+    let mut v = serde_json::to_value(d).expect("devices serialise");
+    v.as_object_mut().expect("an object").insert(
+        "status".into(),
+        serde_json::to_value(st).expect("status serialises"),
+    );
+    v
 }

@@ -6,5 +6,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    waitpoint::cli::waitpoint::main()
+    waitpoint::cli::main()
 }

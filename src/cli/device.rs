@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::clock::{Timestamp, human_duration};
 use crate::engine::Engine;
 use crate::error::{Error, exit};
 use crate::ingress::device::{
     self, Collector, DEFAULT_REMOTE_SPOOL, Device, DeviceStatus, SshOptions,
 };
 use crate::ingress::spool::FileOutcome;
+use crate::render;
 use crate::store::{self, FileLock};
 
 #[derive(Debug, Args)]
@@ -118,7 +118,15 @@ pub fn run(
         DeviceCommand::List(a) => {
             let all = device::list(home)?;
             if a.json {
-                let v: Vec<Value> = all.iter().map(|d| view(engine, d)).collect();
+                let v: Vec<Value> = all
+                    .iter()
+                    .map(|d| {
+                        render::device_view(
+                            d,
+                            &device::load_status(engine.home(), &d.name).unwrap_or_default(),
+                        )
+                    })
+                    .collect();
                 super::print_json(out, &json!({ "devices": v }))?;
                 return Ok(exit::OK);
             }
@@ -142,7 +150,7 @@ pub fn run(
                     d.name,
                     format!("{}@{}:{}", d.user, d.host, d.port),
                     state_word(&st),
-                    detail(&st, engine.now())
+                    render::device_detail(&st, engine.now())
                 )?;
             }
             Ok(exit::OK)
@@ -150,7 +158,13 @@ pub fn run(
         DeviceCommand::Show(a) => {
             let d = device::require(home, &a.name)?;
             if a.json {
-                super::print_json(out, &view(engine, &d))?;
+                super::print_json(
+                    out,
+                    &render::device_view(
+                        &d,
+                        &device::load_status(engine.home(), &d.name).unwrap_or_default(),
+                    ),
+                )?;
                 return Ok(exit::OK);
             }
             let st = device::load_status(home, &d.name)?;
@@ -181,7 +195,7 @@ pub fn run(
                 out,
                 "  state        {} {}",
                 state_word(&st),
-                detail(&st, now)
+                render::device_detail(&st, now)
             )?;
             writeln!(out, "  collected    {} file(s) in all", st.total_collected)?;
             Ok(exit::OK)
@@ -429,57 +443,4 @@ fn state_word(st: &DeviceStatus) -> &'static str {
         Some(true) => "reachable",
         Some(false) => "unreachable",
     }
-}
-
-/// The last success, and for an unreachable device the error and the next try.
-pub fn detail(st: &DeviceStatus, now: Timestamp) -> String {
-    let ago = |t: Timestamp| format!("{} ago", human_duration(now.millis_since(t)));
-    let last_ok = st
-        .last_success_at
-        .map_or("never collected".to_owned(), |t| {
-            format!("last collected {}", ago(t))
-        });
-    let summary = match (&st.last_error, st.reachable) {
-        (Some(e), Some(false)) => format!(
-            "{last_ok}; {} failure(s), next try {}; last error: {e}",
-            st.failures,
-            st.next_attempt_at
-                .map_or("on poll".to_owned(), |t| if t > now {
-                    format!("in {}", human_duration(t.millis_since(now)))
-                } else {
-                    "now".to_owned()
-                })
-        ),
-        _ => last_ok,
-    };
-    // What the operator has to look at: the files left on the device, and why.
-    const SHOWN: usize = 3;
-    let mut left: Vec<String> = st
-        .left_on_device
-        .iter()
-        .take(SHOWN)
-        .map(|l| format!("{} ({})", l.file, l.reason))
-        .collect();
-    if st.left_on_device.len() > SHOWN {
-        left.push(format!(
-            "and {} more (see status.json)",
-            st.left_on_device.len() - SHOWN
-        ));
-    }
-    if left.is_empty() {
-        summary
-    } else {
-        format!("{summary}; left on the device: {}", left.join(", "))
-    }
-}
-
-/// A device record with its collector state, as `--json` prints it.
-pub fn view(engine: &Engine, d: &Device) -> Value {
-    let mut v = serde_json::to_value(d).expect("devices serialise");
-    let st = device::load_status(engine.home(), &d.name).unwrap_or_default();
-    v.as_object_mut().expect("an object").insert(
-        "status".into(),
-        serde_json::to_value(st).expect("status serialises"),
-    );
-    v
 }

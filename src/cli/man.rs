@@ -6,7 +6,6 @@
 //! The committed pages under `man/` must equal [`pages`]; `scripts/gen-man` rewrites them.
 //! `waitpoint(5)` is hand-written and not generated.
 
-use clap::CommandFactory;
 use clap_mangen::Man;
 use clap_mangen::roff::{Inline, Roff, bold, italic, roman};
 
@@ -75,7 +74,7 @@ pub fn pages() -> Vec<Page> {
 /// The `waitpoint` command as the pages and completions see it: named, with its subcommands'
 /// names and globals resolved.
 pub fn waitpoint_command() -> clap::Command {
-    let mut cmd = super::waitpoint::Cli::command()
+    let mut cmd = super::waitpoint_command()
         .bin_name("waitpoint")
         .subcommand_value_name("COMMAND")
         .subcommand_help_heading("COMMANDS")
@@ -86,7 +85,7 @@ pub fn waitpoint_command() -> clap::Command {
 
 /// The `cortex-signal` command, built.
 pub fn cortex_signal_command() -> clap::Command {
-    let mut cmd = super::signal::SignalArgs::command().bin_name("cortex-signal");
+    let mut cmd = super::cortex_signal_command().bin_name("cortex-signal");
     cmd.build();
     cmd
 }

@@ -8,25 +8,46 @@ pub mod man;
 pub mod ops;
 pub mod progress;
 pub use crate::render;
+mod sending;
 pub mod signal;
 pub mod timer;
 pub mod waitpoint;
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
-use std::io::{IsTerminal, Write};
+use std::io::{self, IsTerminal, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
+use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::error::{exit_code_for, is_broken_pipe};
+use crate::agent;
+use crate::clock::{Clock, SystemClock};
+use crate::engine::Engine;
+use crate::error::{exit, exit_code_for, is_broken_pipe};
+use crate::ingress::http;
+
 use crate::home::Home;
 use crate::settings::Settings;
+pub use sending::{SignalTarget, judge_locally, require_id_secret, send};
+
+/// The `waitpoint` command's clap definition (man pages and completions are made from it).
+pub fn waitpoint_command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+/// The `cortex-signal` command's clap definition.
+pub fn cortex_signal_command() -> clap::Command {
+    <signal::SignalArgs as clap::CommandFactory>::command()
+}
+
+/// The drain's progress bar, for the daemon command.
+pub use progress::Bar as DrainBar;
 
 /// `--home` > `CORTEX_HOME` > `~/.cortex`.
 pub fn resolve_home(flag: Option<PathBuf>) -> Home {
@@ -275,4 +296,233 @@ pub fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Re
     serde_json::to_writer_pretty(&mut *out, v)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// Entry point of the `waitpoint` binary.
+pub fn main() -> ExitCode {
+    setup_failpoints();
+    let cli: Cli = match parse_args(args()) {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let log_format = match &cli.command {
+        Command::Daemon(a) => Some(a.log_format),
+        _ => None,
+    };
+    // An onWake command is told its home by the daemon that runs it.
+    let home_flag = match (&cli.command, cli.home) {
+        (Command::Adapter(_), None) => std::env::var_os("WAITPOINT_HOME")
+            .filter(|h| !h.is_empty())
+            .map(PathBuf::from),
+        (_, flag) => flag,
+    };
+    let home = resolve_home(home_flag);
+    init_logging(
+        log_format.is_some().then_some(&home),
+        log_format.unwrap_or_default(),
+    );
+    finish("waitpoint", run(home, cli.command))
+}
+
+/// Durable "wake me when this finishes" objects.
+///
+/// Arm a waitpoint with `create`, paste one of its `how_to_signal` lines after your job's
+/// command, and let `waitpoint daemon` wake your session when the job reports.
+#[derive(Debug, Parser)]
+#[command(name = "waitpoint", version, propagate_version = true)]
+pub struct Cli {
+    /// The home directory holding all state [default: $CORTEX_HOME, else ~/.cortex]
+    #[arg(long, global = true, value_name = "DIR")]
+    pub home: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Arm a waitpoint and print its secret and ready-to-paste signal lines
+    Create(waitpoint::CreateArgs),
+    /// List what a session is waiting on
+    Check(waitpoint::CheckArgs),
+    /// Show one waitpoint in full: intent, progress, every signal
+    Show(waitpoint::ShowArgs),
+    /// Disarm a waitpoint (stops the waiting, not the job)
+    Cancel(waitpoint::CancelArgs),
+    /// Print the next wake of a session's channel and mark it read
+    Next(waitpoint::NextArgs),
+    /// Block until a waitpoint resolves, expires or is cancelled
+    Wait(waitpoint::WaitArgs),
+    /// A live view of `check` that redraws whenever something changes
+    Watch(waitpoint::WatchArgs),
+    /// Manage sessions
+    #[command(subcommand)]
+    Session(waitpoint::SessionCommand),
+    /// Replace a waitpoint's secret: the old one is refused from now on
+    ResetSecret(waitpoint::ResetSecretArgs),
+    /// Durable timers: wakes after a delay, optionally repeating
+    ///
+    /// `waitpoint timer --after-ms N [--every-ms N] [--summary TEXT]`, without a subcommand, is
+    /// the legacy form of `timer create` and does the same.
+    Timer(timer::TimerArgs),
+    /// Callback capability URLs for senders that can only POST
+    #[command(subcommand)]
+    Callback(callback::CallbackCommand),
+    /// Run the collector, sweeper and delivery in the foreground
+    ///
+    /// The daemon takes the home's lock (one daemon per home), drains the drop zone (showing
+    /// progress on a terminal when the backlog is large), re-delivers any wake a restart
+    /// interrupted, then collects signal files as they arrive (inotify, with a periodic sweep
+    /// as the source of truth), fires deadlines on time and delivers wakes into session inboxes.
+    /// It logs to stderr and to log/daemon.log under the home.
+    ///
+    /// SIGTERM and SIGINT stop it cleanly: the file in hand is finished, the rest stay spooled,
+    /// the lock is released and the exit status is 0. SIGHUP re-reads settings.json and the
+    /// environment; a malformed file is logged and the current settings are kept.
+    Daemon(ops::DaemonArgs),
+    /// Manage the devices whose spools the daemon collects over SSH
+    Device(device::DeviceArgs),
+    /// Serve the agent tools over the Model Context Protocol on stdin and stdout
+    ///
+    /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
+    /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
+    /// ListTimers, GetTimer and CancelTimer, acting for one session (--session, else
+    /// $CORTEX_SESSION, else "default"). It needs no running daemon; without one, signals wait
+    /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
+    /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
+    Mcp(McpArgs),
+    /// Wake adapters: hand a session's wakes to an agent harness (hooks, onWake resumes)
+    ///
+    /// One-line commands for a harness's configuration. Hooks block on the session's next wake
+    /// and give its text to a live session (claude-hook for Claude Code's asyncRewake hooks,
+    /// codex-stop-hook for Codex's Stop hook); resumes run as the daemon's onWake command and
+    /// resume a closed session with the wake as its prompt (claude-resume, codex-resume). A
+    /// wake is marked read only when the harness took it; a failure leaves it unread, and the
+    /// daemon retries an onWake command. Run as an onWake command, the home is
+    /// $WAITPOINT_HOME unless --home says otherwise.
+    #[command(subcommand)]
+    Adapter(adapter::AdapterCommand),
+    // ---- operations and shell ergonomics (src/cli/ops.rs) ----
+    /// Run a command, pass its output through, and signal its exit code and output tail
+    ///
+    /// Like `COMMAND; cortex-signal --exit-code $? --data <tail>`: the waitpoint gets ok for exit
+    /// 0 and fail otherwise, the message `exit=N`, and the last lines of standard output and
+    /// error as data. The id and secret are checked before the command starts. The exit status
+    /// is the command's own: 128+N when signal N killed it, 127 when it cannot be found and 126
+    /// when it cannot be run. A failure to signal is reported on stderr and does not change it.
+    Run(ops::RunArgs),
+    /// Wait for a running process to end, then signal ok
+    ///
+    /// The attach_to_pid shape without a sleep loop: a pidfd where the kernel has them (Linux
+    /// 5.3 and later), otherwise a check every second. The exit code of a process that is not
+    /// your child is not knowable, so the signal is ok with the message "pid PID exited".
+    Attach(ops::AttachArgs),
+    /// Check the home, the daemon and the machine, one line per check with how to fix it
+    ///
+    /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
+    /// limits, whether a daemon holds the lock (and whether a dead one left it stale), the HTTP
+    /// shim's address file, each device's reachability, stale *.tmp files and parked refused
+    /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
+    /// when any check FAILs.
+    Doctor(ops::DoctorArgs),
+    /// Print a completion script for bash, zsh or fish
+    ///
+    /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
+    /// or `--program cortex-signal` for the signal command.
+    Completions(ops::CompletionsArgs),
+    // ---- end operations ----
+}
+
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub session: SessionArg,
+    /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
+    /// a wake arrives: a doorbell telling the agent to call wait_next, which takes the wake
+    #[arg(long)]
+    pub claude_channel: bool,
+}
+
+fn run(home: Home, command: Command) -> anyhow::Result<u8> {
+    // These need neither settings nor a prepared home (doctor must see the home as it is).
+    let command = match command {
+        Command::Run(a) => return ops::run(&home, a),
+        Command::Attach(a) => return ops::attach(&home, a),
+        Command::Doctor(a) => return ops::doctor(&home, a),
+        Command::Completions(a) => return ops::completions(a),
+        other => other,
+    };
+    let settings = load_settings(&home)?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    if let Command::Daemon(a) = command {
+        let http = ops::http_config(&a, &settings)?;
+        return ops::run_daemon(home, settings, http);
+    }
+    home.ensure()?;
+    let engine = Engine::new(home, settings, clock);
+    // Before reading or changing any state: what a dead daemon left in the journal.
+    engine.replay_left_journal()?;
+    if let Command::Mcp(a) = command {
+        // Before stdout is locked here: the server writes it from other threads.
+        let lines = line_context(engine.home())?;
+        crate::mcp::serve_stdio(crate::mcp::Config {
+            engine,
+            session: a.session.session,
+            lines,
+            claude_channel: a.claude_channel,
+        })?;
+        return Ok(exit::OK);
+    }
+    let mut out = io::stdout().lock();
+    match command {
+        Command::Create(a) => waitpoint::create(&engine, a, &mut out),
+        Command::Check(a) => waitpoint::check(&engine, a, &mut out),
+        Command::Show(a) => waitpoint::show(&engine, a, &mut out),
+        Command::Cancel(a) => waitpoint::cancel(&engine, a, &mut out),
+        Command::Next(a) => waitpoint::next(&engine, a, &mut out),
+        Command::Wait(a) => waitpoint::wait(&engine, a, &mut out),
+        Command::Watch(a) => waitpoint::watch(&engine, a, &mut out),
+        Command::Session(waitpoint::SessionCommand::Delete(a)) => {
+            waitpoint::session_delete(&engine, a, &mut out)
+        }
+        Command::ResetSecret(a) => {
+            let created = engine.reset_secret(&a.id, &a.session.session)?;
+            waitpoint::print_created(&engine, &created, a.print, a.json, &mut out)
+        }
+        Command::Timer(args) => timer::run_timer(&engine, args.into_command(), &mut out),
+        Command::Adapter(cmd) => {
+            // The Codex hook writes its reply to stdout itself.
+            drop(out);
+            adapter::run(&engine, cmd)
+        }
+        Command::Callback(cmd) => {
+            callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
+        }
+        Command::Device(a) => device::run(
+            &engine,
+            a,
+            &home_dir(),
+            login_name(),
+            &ssh_options(),
+            &mut out,
+        ),
+        Command::Daemon(_)
+        | Command::Mcp(_)
+        | Command::Run(_)
+        | Command::Attach(_)
+        | Command::Doctor(_)
+        | Command::Completions(_) => unreachable!("handled above"),
+    }
+}
+
+/// What the reply's lines depend on in this process's environment.
+pub(crate) fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
+    Ok(agent::LineContext {
+        fallback_port: webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
+        home_is_implicit: is_implicit_default(home),
+    })
+}
+
+/// The port printed lines use (see [`agent::webhook_port`]).
+pub(crate) fn webhook_port(home: &Home) -> anyhow::Result<u16> {
+    Ok(agent::webhook_port(home, line_context(home)?.fallback_port))
 }

@@ -8,22 +8,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, CommandFactory, ValueEnum};
+use clap::{Args, ValueEnum};
 
 use crate::clock::{Clock, SystemClock};
 use crate::daemon::{Daemon, DaemonConfig};
 use crate::doctor;
-use crate::error::exit;
+use crate::error::{Error, exit};
 use crate::home::Home;
+use crate::ingress::http::{self as shim, HttpConfig};
 use crate::model::SignalStatus;
 use crate::process;
 use crate::settings::Settings;
 use crate::signal::SignalBody;
 
-impl super::signal::SignalTarget {
+impl super::SignalTarget {
     /// A body for this waitpoint, checked now so a typo fails before the job runs, not after.
     fn body(&self, message: Option<String>) -> anyhow::Result<SignalBody> {
-        let (id, secret) = super::signal::require_id_secret(self.id.clone(), self.secret.clone())?;
+        let (id, secret) = super::require_id_secret(self.id.clone(), self.secret.clone())?;
         let body = SignalBody {
             id,
             secret,
@@ -40,7 +41,7 @@ impl super::signal::SignalTarget {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
-    pub target: super::signal::SignalTarget,
+    pub target: super::SignalTarget,
     /// How many of the last lines of output to send as data (within the 16,000-character cap)
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub tail_lines: usize,
@@ -62,7 +63,7 @@ pub struct AttachArgs {
     #[arg(long, value_name = "PID", value_parser = clap::value_parser!(i32).range(1..))]
     pub pid: i32,
     #[command(flatten)]
-    pub target: super::signal::SignalTarget,
+    pub target: super::SignalTarget,
     /// One-line summary for the wake [default: "pid PID exited"]
     #[arg(long, value_name = "TEXT")]
     pub message: Option<String>,
@@ -106,7 +107,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     // The id, secret and member are checked before the command starts: a job started against
     // a waitpoint that will refuse its signal would run for hours for nothing.
     let probe = crate::signal::fit_body(body.clone())?;
-    if let Some((exit::FAILURE, said)) = super::signal::judge_locally(home, &probe) {
+    if let Some((exit::FAILURE, said)) = super::judge_locally(home, &probe) {
         eprintln!("waitpoint run: {said}; the command was not started");
         return Ok(exit::FAILURE);
     }
@@ -137,7 +138,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
 fn send_reporting_failure(home: &Home, body: SignalBody, program: &str) -> bool {
     let sent = crate::signal::fit_body(body)
         .map_err(anyhow::Error::from)
-        .and_then(|bytes| super::signal::send(home, &bytes, None, false, program));
+        .and_then(|bytes| super::send(home, &bytes, None, false, program));
     if let Err(e) = &sent {
         eprintln!("{program}: cannot signal the waitpoint: {e:#}");
     }
@@ -186,8 +187,8 @@ pub fn doctor(home: &Home, _a: DoctorArgs) -> anyhow::Result<u8> {
 /// `waitpoint completions SHELL`: the completion script on stdout.
 pub fn completions(a: CompletionsArgs) -> anyhow::Result<u8> {
     let (mut cmd, name) = match a.program {
-        Program::Waitpoint => (super::waitpoint::Cli::command(), "waitpoint"),
-        Program::CortexSignal => (super::signal::SignalArgs::command(), "cortex-signal"),
+        Program::Waitpoint => (super::waitpoint_command(), "waitpoint"),
+        Program::CortexSignal => (super::cortex_signal_command(), "cortex-signal"),
     };
     let shell = match a.shell {
         Shell::Bash => clap_complete::Shell::Bash,
@@ -223,7 +224,7 @@ pub fn run_daemon(
     )?;
     let daemon = daemon.with_ssh_options(super::ssh_options());
     let daemon = if io::stderr().is_terminal() {
-        daemon.with_progress(Box::new(super::progress::Bar))
+        daemon.with_progress(Box::new(super::DrainBar))
     } else {
         daemon
     };
@@ -249,4 +250,59 @@ pub fn run_daemon(
     let _ = listener.join();
     result?;
     Ok(exit::OK)
+}
+
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// How log lines are written, on stderr and in log/daemon.log
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = super::LogFormat::Text)]
+    pub log_format: super::LogFormat,
+    /// Also serve the loopback HTTP shim (POST /webhook/signal, GET /healthz); also turned on
+    /// by "webhook": {"enabled": true} in settings.json
+    #[arg(long)]
+    pub http: bool,
+    /// The shim's port; 0 picks a free one [default: settings webhook.port, else
+    /// $WEBHOOK_PORT, else 3001]
+    #[arg(long, value_name = "P")]
+    pub port: Option<u16>,
+    /// The shim's address; loopback only [default: 127.0.0.1]
+    #[arg(long, value_name = "ADDR")]
+    pub bind: Option<String>,
+}
+
+/// The shim's address from `--http/--port/--bind`, settings and `WEBHOOK_PORT`, in that order.
+pub(super) fn http_config(
+    a: &DaemonArgs,
+    settings: &Settings,
+) -> anyhow::Result<Option<HttpConfig>> {
+    if !a.http && !settings.webhook.enabled {
+        if a.port.is_some() || a.bind.is_some() {
+            return Err(Error::Usage(
+                "--port and --bind configure the HTTP shim; add --http (or set \"webhook\": \
+{\"enabled\": true} in settings.json)"
+                    .into(),
+            )
+            .into());
+        }
+        return Ok(None);
+    }
+    let port = match a.port.or(settings.webhook.port) {
+        Some(p) => p,
+        None => super::webhook_port_env()?.unwrap_or(shim::DEFAULT_PORT),
+    };
+    let bind = a.bind.as_deref().unwrap_or("127.0.0.1");
+    // The operator token turns the control routes on; the shim keeps only its hash.
+    let token = std::env::var(crate::secret::OPERATOR_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    if token.as_deref().is_some_and(|t| t.trim().len() < 16) {
+        return Err(Error::Usage(format!(
+            "{} must be at least 16 characters (it guards every agent's timers and callbacks)",
+            crate::secret::OPERATOR_TOKEN_ENV
+        ))
+        .into());
+    }
+    Ok(Some(
+        HttpConfig::new(bind, port)?.with_control_token(token.as_deref().map(str::trim)),
+    ))
 }

@@ -1,135 +1,21 @@
-//! `waitpoint`: the operator and agent CLI (create, check, show, cancel, next, wait) and
-//! `waitpoint daemon`. Clap types end here; the library sees validated requests.
+//! The `waitpoint` commands about waitpoints themselves: create, check, show, cancel, next,
+//! wait, watch, session delete and reset-secret. Clap types end here; the library sees
+//! validated requests. The command line itself (`Cli`) and its dispatch are in `cli/mod.rs`.
 
 use std::io::{self, Write};
-use std::path::PathBuf;
-use std::process::ExitCode;
-use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use notify::{RecursiveMode, Watcher};
 use serde_json::{Value, json};
 
 use crate::agent;
-use crate::clock::{Clock, SystemClock};
 use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
-use crate::home::Home;
-use crate::ingress::http::{self, HttpConfig};
 use crate::model::{Outcome, Status, Waitpoint, Wake};
-use crate::settings::Settings;
 
 use super::{SessionArg, print_json, render};
-
-/// Durable "wake me when this finishes" objects.
-///
-/// Arm a waitpoint with `create`, paste one of its `how_to_signal` lines after your job's
-/// command, and let `waitpoint daemon` wake your session when the job reports.
-#[derive(Debug, Parser)]
-#[command(name = "waitpoint", version, propagate_version = true)]
-pub struct Cli {
-    /// The home directory holding all state [default: $CORTEX_HOME, else ~/.cortex]
-    #[arg(long, global = true, value_name = "DIR")]
-    pub home: Option<PathBuf>,
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Arm a waitpoint and print its secret and ready-to-paste signal lines
-    Create(CreateArgs),
-    /// List what a session is waiting on
-    Check(CheckArgs),
-    /// Show one waitpoint in full: intent, progress, every signal
-    Show(ShowArgs),
-    /// Disarm a waitpoint (stops the waiting, not the job)
-    Cancel(CancelArgs),
-    /// Print the next wake of a session's channel and mark it read
-    Next(NextArgs),
-    /// Block until a waitpoint resolves, expires or is cancelled
-    Wait(WaitArgs),
-    /// A live view of `check` that redraws whenever something changes
-    Watch(WatchArgs),
-    /// Manage sessions
-    #[command(subcommand)]
-    Session(SessionCommand),
-    /// Replace a waitpoint's secret: the old one is refused from now on
-    ResetSecret(ResetSecretArgs),
-    /// Durable timers: wakes after a delay, optionally repeating
-    ///
-    /// `waitpoint timer --after-ms N [--every-ms N] [--summary TEXT]`, without a subcommand, is
-    /// the legacy form of `timer create` and does the same.
-    Timer(super::timer::TimerArgs),
-    /// Callback capability URLs for senders that can only POST
-    #[command(subcommand)]
-    Callback(super::callback::CallbackCommand),
-    /// Run the collector, sweeper and delivery in the foreground
-    ///
-    /// The daemon takes the home's lock (one daemon per home), drains the drop zone (showing
-    /// progress on a terminal when the backlog is large), re-delivers any wake a restart
-    /// interrupted, then collects signal files as they arrive (inotify, with a periodic sweep
-    /// as the source of truth), fires deadlines on time and delivers wakes into session inboxes.
-    /// It logs to stderr and to log/daemon.log under the home.
-    ///
-    /// SIGTERM and SIGINT stop it cleanly: the file in hand is finished, the rest stay spooled,
-    /// the lock is released and the exit status is 0. SIGHUP re-reads settings.json and the
-    /// environment; a malformed file is logged and the current settings are kept.
-    Daemon(DaemonArgs),
-    /// Manage the devices whose spools the daemon collects over SSH
-    Device(super::device::DeviceArgs),
-    /// Serve the agent tools over the Model Context Protocol on stdin and stdout
-    ///
-    /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
-    /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
-    /// ListTimers, GetTimer and CancelTimer, acting for one session (--session, else
-    /// $CORTEX_SESSION, else "default"). It needs no running daemon; without one, signals wait
-    /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
-    /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
-    Mcp(McpArgs),
-    /// Wake adapters: hand a session's wakes to an agent harness (hooks, onWake resumes)
-    ///
-    /// One-line commands for a harness's configuration. Hooks block on the session's next wake
-    /// and give its text to a live session (claude-hook for Claude Code's asyncRewake hooks,
-    /// codex-stop-hook for Codex's Stop hook); resumes run as the daemon's onWake command and
-    /// resume a closed session with the wake as its prompt (claude-resume, codex-resume). A
-    /// wake is marked read only when the harness took it; a failure leaves it unread, and the
-    /// daemon retries an onWake command. Run as an onWake command, the home is
-    /// $WAITPOINT_HOME unless --home says otherwise.
-    #[command(subcommand)]
-    Adapter(super::adapter::AdapterCommand),
-    // ---- operations and shell ergonomics (src/cli/ops.rs) ----
-    /// Run a command, pass its output through, and signal its exit code and output tail
-    ///
-    /// Like `COMMAND; cortex-signal --exit-code $? --data <tail>`: the waitpoint gets ok for exit
-    /// 0 and fail otherwise, the message `exit=N`, and the last lines of standard output and
-    /// error as data. The id and secret are checked before the command starts. The exit status
-    /// is the command's own: 128+N when signal N killed it, 127 when it cannot be found and 126
-    /// when it cannot be run. A failure to signal is reported on stderr and does not change it.
-    Run(super::ops::RunArgs),
-    /// Wait for a running process to end, then signal ok
-    ///
-    /// The attach_to_pid shape without a sleep loop: a pidfd where the kernel has them (Linux
-    /// 5.3 and later), otherwise a check every second. The exit code of a process that is not
-    /// your child is not knowable, so the signal is ok with the message "pid PID exited".
-    Attach(super::ops::AttachArgs),
-    /// Check the home, the daemon and the machine, one line per check with how to fix it
-    ///
-    /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
-    /// limits, whether a daemon holds the lock (and whether a dead one left it stale), the HTTP
-    /// shim's address file, each device's reachability, stale *.tmp files and parked refused
-    /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
-    /// when any check FAILs.
-    Doctor(super::ops::DoctorArgs),
-    /// Print a completion script for bash, zsh or fish
-    ///
-    /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
-    /// or `--program cortex-signal` for the signal command.
-    Completions(super::ops::CompletionsArgs),
-    // ---- end operations ----
-}
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
@@ -278,16 +164,6 @@ pub struct NextArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct McpArgs {
-    #[command(flatten)]
-    pub session: SessionArg,
-    /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
-    /// a wake arrives: a doorbell telling the agent to call wait_next, which takes the wake
-    #[arg(long)]
-    pub claude_channel: bool,
-}
-
-#[derive(Debug, Args)]
 pub struct WaitArgs {
     /// The waitpoint id
     pub id: String,
@@ -299,154 +175,6 @@ pub struct WaitArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Args)]
-pub struct DaemonArgs {
-    /// How log lines are written, on stderr and in log/daemon.log
-    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = super::LogFormat::Text)]
-    pub log_format: super::LogFormat,
-    /// Also serve the loopback HTTP shim (POST /webhook/signal, GET /healthz); also turned on
-    /// by "webhook": {"enabled": true} in settings.json
-    #[arg(long)]
-    pub http: bool,
-    /// The shim's port; 0 picks a free one [default: settings webhook.port, else
-    /// $WEBHOOK_PORT, else 3001]
-    #[arg(long, value_name = "P")]
-    pub port: Option<u16>,
-    /// The shim's address; loopback only [default: 127.0.0.1]
-    #[arg(long, value_name = "ADDR")]
-    pub bind: Option<String>,
-}
-
-/// Entry point of the `waitpoint` binary.
-pub fn main() -> ExitCode {
-    super::setup_failpoints();
-    let cli: Cli = match super::parse_args(super::args()) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    let log_format = match &cli.command {
-        Command::Daemon(a) => Some(a.log_format),
-        _ => None,
-    };
-    // An onWake command is told its home by the daemon that runs it.
-    let home_flag = match (&cli.command, cli.home) {
-        (Command::Adapter(_), None) => std::env::var_os("WAITPOINT_HOME")
-            .filter(|h| !h.is_empty())
-            .map(PathBuf::from),
-        (_, flag) => flag,
-    };
-    let home = super::resolve_home(home_flag);
-    super::init_logging(
-        log_format.is_some().then_some(&home),
-        log_format.unwrap_or_default(),
-    );
-    super::finish("waitpoint", run(home, cli.command))
-}
-
-fn run(home: Home, command: Command) -> anyhow::Result<u8> {
-    // These need neither settings nor a prepared home (doctor must see the home as it is).
-    let command = match command {
-        Command::Run(a) => return super::ops::run(&home, a),
-        Command::Attach(a) => return super::ops::attach(&home, a),
-        Command::Doctor(a) => return super::ops::doctor(&home, a),
-        Command::Completions(a) => return super::ops::completions(a),
-        other => other,
-    };
-    let settings = super::load_settings(&home)?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    if let Command::Daemon(a) = command {
-        let http = http_config(&a, &settings)?;
-        return super::ops::run_daemon(home, settings, http);
-    }
-    home.ensure()?;
-    let engine = Engine::new(home, settings, clock);
-    // Before reading or changing any state: what a dead daemon left in the journal.
-    engine.replay_left_journal()?;
-    if let Command::Mcp(a) = command {
-        // Before stdout is locked here: the server writes it from other threads.
-        let lines = line_context(engine.home())?;
-        crate::mcp::serve_stdio(crate::mcp::Config {
-            engine,
-            session: a.session.session,
-            lines,
-            claude_channel: a.claude_channel,
-        })?;
-        return Ok(exit::OK);
-    }
-    let mut out = io::stdout().lock();
-    match command {
-        Command::Create(a) => create(&engine, a, &mut out),
-        Command::Check(a) => check(&engine, a, &mut out),
-        Command::Show(a) => show(&engine, a, &mut out),
-        Command::Cancel(a) => cancel(&engine, a, &mut out),
-        Command::Next(a) => next(&engine, a, &mut out),
-        Command::Wait(a) => wait(&engine, a, &mut out),
-        Command::Watch(a) => watch(&engine, a, &mut out),
-        Command::Session(SessionCommand::Delete(a)) => session_delete(&engine, a, &mut out),
-        Command::ResetSecret(a) => {
-            let created = engine.reset_secret(&a.id, &a.session.session)?;
-            print_created(&engine, &created, a.print, a.json, &mut out)
-        }
-        Command::Timer(args) => super::timer::run_timer(&engine, args.into_command(), &mut out),
-        Command::Adapter(cmd) => {
-            // The Codex hook writes its reply to stdout itself.
-            drop(out);
-            super::adapter::run(&engine, cmd)
-        }
-        Command::Callback(cmd) => {
-            super::callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
-        }
-        Command::Device(a) => super::device::run(
-            &engine,
-            a,
-            &super::home_dir(),
-            super::login_name(),
-            &super::ssh_options(),
-            &mut out,
-        ),
-        Command::Daemon(_)
-        | Command::Mcp(_)
-        | Command::Run(_)
-        | Command::Attach(_)
-        | Command::Doctor(_)
-        | Command::Completions(_) => unreachable!("handled above"),
-    }
-}
-
-/// The shim's address from `--http/--port/--bind`, settings and `WEBHOOK_PORT`, in that order.
-fn http_config(a: &DaemonArgs, settings: &Settings) -> anyhow::Result<Option<HttpConfig>> {
-    if !a.http && !settings.webhook.enabled {
-        if a.port.is_some() || a.bind.is_some() {
-            return Err(Error::Usage(
-                "--port and --bind configure the HTTP shim; add --http (or set \"webhook\": \
-{\"enabled\": true} in settings.json)"
-                    .into(),
-            )
-            .into());
-        }
-        return Ok(None);
-    }
-    let port = match a.port.or(settings.webhook.port) {
-        Some(p) => p,
-        None => super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
-    };
-    let bind = a.bind.as_deref().unwrap_or("127.0.0.1");
-    // The operator token turns the control routes on; the shim keeps only its hash.
-    let token = std::env::var(crate::secret::OPERATOR_TOKEN_ENV)
-        .ok()
-        .filter(|t| !t.trim().is_empty());
-    if token.as_deref().is_some_and(|t| t.trim().len() < 16) {
-        return Err(Error::Usage(format!(
-            "{} must be at least 16 characters (it guards every agent's timers and callbacks)",
-            crate::secret::OPERATOR_TOKEN_ENV
-        ))
-        .into());
-    }
-    Ok(Some(
-        HttpConfig::new(bind, port)?.with_control_token(token.as_deref().map(str::trim)),
-    ))
-}
-
 fn parse_quorum(q: &str) -> anyhow::Result<Quorum> {
     if q == "all" {
         return Ok(Quorum::All);
@@ -456,7 +184,7 @@ fn parse_quorum(q: &str) -> anyhow::Result<Quorum> {
     })
 }
 
-fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let quorum = a.quorum.as_deref().map(parse_quorum).transpose()?;
     let session = a.session.session;
     let channel = a.channel.unwrap_or_else(|| session.clone());
@@ -479,28 +207,15 @@ fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> anyhow::Resul
     print_created(engine, &created, a.print, a.json, out)
 }
 
-/// What the reply's lines depend on in this process's environment.
-fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
-    Ok(agent::LineContext {
-        fallback_port: super::webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
-        home_is_implicit: super::is_implicit_default(home),
-    })
-}
-
-/// The port printed lines use (see [`agent::webhook_port`]).
-fn webhook_port(home: &Home) -> anyhow::Result<u16> {
-    Ok(agent::webhook_port(home, line_context(home)?.fallback_port))
-}
-
 /// Prints a `wait_create` reply (also used by `reset-secret`, whose reply has the same shape).
-fn print_created(
+pub(super) fn print_created(
     engine: &Engine,
     created: &engine::Created,
     print: Option<PrintField>,
     json_out: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
-    let lines = agent::how_to_signal(engine, created, line_context(engine.home())?)?;
+    let lines = agent::how_to_signal(engine, created, super::line_context(engine.home())?)?;
     let wp = &created.waitpoint;
     if let Some(field) = print {
         let text = match field {
@@ -563,7 +278,7 @@ fn print_created(
     Ok(exit::OK)
 }
 
-fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let session = a.session.session;
     let items = agent::waiting_for(engine, &session)?;
     let devices = devices_to_mention(engine, &items)?;
@@ -572,7 +287,13 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
         if !devices.is_empty() {
             let d: Vec<Value> = devices
                 .iter()
-                .map(|d| super::device::view(engine, d))
+                .map(|d| {
+                    render::device_view(
+                        d,
+                        &crate::ingress::device::load_status(engine.home(), &d.name)
+                            .unwrap_or_default(),
+                    )
+                })
                 .collect();
             reply["devices"] = json!(d);
         }
@@ -591,7 +312,7 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
                     out,
                     "device {} is unreachable ({}); its files wait there",
                     d.name,
-                    super::device::detail(&st, now)
+                    render::device_detail(&st, now)
                 )?;
             }
         }
@@ -604,7 +325,7 @@ fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<
     Ok(exit::OK)
 }
 
-fn session_delete(
+pub(super) fn session_delete(
     engine: &Engine,
     a: SessionDeleteArgs,
     out: &mut impl Write,
@@ -660,7 +381,7 @@ fn devices_to_mention(
 
 /// Redraws `check` whenever a waitpoint of the session or its inbox changes (inotify), and once
 /// a minute so the time left stays true. Plain and separated by blank lines when piped.
-fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     use std::collections::HashSet;
     use std::io::IsTerminal;
     let session = a.session.session;
@@ -711,7 +432,7 @@ fn terminal_style() -> render::Style {
     }
 }
 
-fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let wp = engine.load_visible(&a.id, None)?;
     let signals = engine.read_signals(&wp.id, 1)?;
     let now = engine.now();
@@ -729,7 +450,7 @@ fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow::Result<u8
     Ok(exit::OK)
 }
 
-fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let wp = engine.cancel(&a.id, &a.session.session)?;
     if a.json {
         print_json(out, &render::public_view(&wp))?;
@@ -784,7 +505,7 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
     Ok(())
 }
 
-fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let channel = a.channel.unwrap_or(a.session.session);
     let deadline = deadline_of(a.timeout)?;
     let inbox = agent::Inbox::open(engine.home(), &channel)?;
@@ -799,7 +520,7 @@ fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow::Result<u8
     }
 }
 
-fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+pub(super) fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let deadline = deadline_of(a.timeout)?;
     let dir = engine.home().waitpoint_dir(&a.id);
     engine.load_visible(&a.id, None)?;

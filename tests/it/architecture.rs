@@ -122,3 +122,34 @@ fn unsafe_code_is_denied_everywhere_but_the_one_ffi_module() {
         "only the libssh2 module may hold unsafe code"
     );
 }
+
+#[test]
+fn no_cli_module_reaches_into_a_sibling() {
+    let cli = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cli");
+    let siblings: Vec<String> = rust_files(&cli)
+        .iter()
+        .filter_map(|f| f.file_stem()?.to_str().map(str::to_owned))
+        .filter(|m| m != "mod")
+        .collect();
+    for f in rust_files(&cli) {
+        if f.ends_with("mod.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&f).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if let Some(i) = line.find("super::") {
+                let rest = &line[i + 7..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(
+                    !(siblings.contains(&name) && rest[name.len()..].starts_with("::")),
+                    "{}:{}: reaches into the sibling `{name}`: {line}",
+                    f.display(),
+                    n + 1
+                );
+            }
+        }
+    }
+}

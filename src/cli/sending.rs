@@ -1,0 +1,201 @@
+//! Sending a finished signal, shared by `cortex-signal`, `waitpoint run` and `waitpoint attach`:
+//! the waitpoint's flags and environment defaults ([`SignalTarget`]), the local judgement of a
+//! refusal, and the choice of transport: `--url` if given, else the shim address this home's
+//! daemon published, else the spool (never a port from `WEBHOOK_PORT` alone: the body carries
+//! the secret). An HTTP attempt that reaches no daemon, or one the daemon answers with "not
+//! recorded" (429, 500, 503), falls back to the spool unless `--no-spool`.
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::error::{Error, exit};
+use crate::home::Home;
+use crate::signal::{
+    HttpTransport, HttpUrl, Published, Sent, SpoolTransport, Transport, published_endpoint,
+};
+
+/// The waitpoint a command signals, with `cortex-signal`'s flags and environment defaults.
+#[derive(Debug, Args)]
+pub struct SignalTarget {
+    /// The waitpoint's id (wp_ and 12 hex digits)
+    #[arg(
+        long,
+        value_name = "wp_…",
+        env = "CORTEX_SIGNAL_ID",
+        hide_env_values = true
+    )]
+    pub id: Option<String>,
+    /// The waitpoint's secret, as printed when it was armed
+    #[arg(
+        long,
+        value_name = "HEX",
+        env = "CORTEX_SIGNAL_SECRET",
+        hide_env_values = true
+    )]
+    pub secret: Option<String>,
+    /// Which member this is; required when the waitpoint names members
+    #[arg(long, value_name = "NAME", env = "CORTEX_SIGNAL_MEMBER")]
+    pub member: Option<String>,
+}
+
+/// Judges a finished body against the home (see [`crate::engine::prejudge`]) and says what the
+/// daemon would: `Some((exit code, what to say))` when that settles it (refused: 1, in the HTTP
+/// route's words; already closed: 0, nothing to do), `None` when the signal must be sent.
+pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
+    use crate::clock::Clock;
+    use crate::engine::{Prejudged, Refusal};
+    let req = crate::ingress::parse_signal(body).ok()?;
+    let now = crate::clock::SystemClock.now();
+    // Unreadable here (the daemon may still read it): send.
+    let why = match crate::engine::prejudge(home, now, &req).ok()? {
+        Prejudged::Open | Prejudged::Unknowable => return None,
+        Prejudged::Closed(status) => {
+            return Some((
+                exit::OK,
+                format!(
+                    "the waitpoint is already {}; nothing to do",
+                    status.as_str()
+                ),
+            ));
+        }
+        Prejudged::Refused(Refusal::UnknownId) => "unknown waitpoint id".to_owned(),
+        Prejudged::Refused(Refusal::Unauthorized) => "wrong secret".to_owned(),
+        Prejudged::Refused(r) => r.reason(),
+    };
+    Some((exit::FAILURE, format!("refused: {why}")))
+}
+
+/// The id and secret, or the usage error the spec asks for when either is missing.
+pub fn require_id_secret(
+    id: Option<String>,
+    secret: Option<String>,
+) -> Result<(String, String), Error> {
+    let id = id.ok_or_else(|| Error::Usage("missing --id (or CORTEX_SIGNAL_ID)".into()))?;
+    let secret =
+        secret.ok_or_else(|| Error::Usage("missing --secret (or CORTEX_SIGNAL_SECRET)".into()))?;
+    Ok((id, secret))
+}
+
+/// Sends a finished body the way `cortex-signal` does. This is the one place that picks the
+/// transport, shared by `cortex-signal`, `waitpoint run` and `waitpoint attach`; `program`
+/// prefixes what it says on stderr. Returns the exit code for a sent signal.
+pub fn send(
+    home: &Home,
+    body: &[u8],
+    url: Option<&str>,
+    no_spool: bool,
+    program: &str,
+) -> anyhow::Result<u8> {
+    // On the daemon's machine the home says at once whether the signal would be refused; only
+    // what it cannot say is sent. Not with --url: that names some other daemon's endpoint.
+    if url.is_none()
+        && let Some((code, said)) = judge_locally(home, body)
+    {
+        eprintln!(
+            "{program}: {said} (judged from {}; nothing was sent)",
+            home.root().display()
+        );
+        return Ok(code);
+    }
+    let mut why_spool = "no HTTP shim is published for this home".to_owned();
+    // The signal's identity, whichever way it goes: the POST's Idempotency-Key and, if it falls
+    // back, the spool file's name. A daemon that recorded the POST but whose answer never came
+    // then finds the spooled copy a duplicate.
+    let key = format!(
+        "{}{}",
+        crate::ingress::SENDER_KEY_PREFIX,
+        crate::secret::random_hex(16)
+    );
+    if let Some((url, found)) = endpoint(url, home, &mut why_spool)? {
+        let http = HttpTransport {
+            url: url.clone(),
+            idempotency_key: key.clone(),
+        };
+        let via = format!("transport: http, {url} from {found}");
+        match http.send(body)? {
+            Sent::Answered(reply) => match reply.code {
+                202 => {
+                    let what = if reply.result().as_deref() == Some("duplicate") {
+                        "already recorded (duplicate)"
+                    } else {
+                        "accepted"
+                    };
+                    eprintln!("{program}: {what} ({via})");
+                    return Ok(exit::OK);
+                }
+                410 => {
+                    eprintln!(
+                        "{program}: the waitpoint {}; nothing to do ({via})",
+                        reply.summary()
+                    );
+                    return Ok(exit::OK);
+                }
+                429 | 503 => {
+                    why_spool = format!(
+                        "the daemon answered HTTP {} ({}); nothing was recorded",
+                        reply.code,
+                        reply.summary()
+                    );
+                }
+                500 => {
+                    why_spool = "the daemon could not finish recording it (HTTP 500); the \
+spooled copy carries the same key, so it counts once"
+                        .to_owned();
+                }
+                code => {
+                    eprintln!(
+                        "{program}: refused with HTTP {code}: {} ({via})",
+                        reply.summary()
+                    );
+                    return Ok(exit::FAILURE);
+                }
+            },
+            Sent::Unreachable(why) => why_spool = format!("the daemon is unreachable: {why}"),
+            Sent::NoAnswer(why) => {
+                why_spool = format!(
+                    "the daemon did not answer ({why}); the spooled copy carries the same key, so \
+it counts once even if the daemon did record the signal"
+                )
+            }
+            Sent::Spooled(_) => unreachable!("the HTTP transport does not spool"),
+        }
+    }
+    if no_spool {
+        anyhow::bail!("{why_spool}, and --no-spool forbids the spool");
+    }
+    let transport = SpoolTransport::keyed(home.drop_zone(), &key);
+    let Sent::Spooled(path) = transport
+        .send(body)
+        .context("cannot write the signal to the spool")?
+    else {
+        unreachable!("the spool transport only spools");
+    };
+    eprintln!(
+        "{program}: spooled {} (transport: spool, because {why_spool}; the daemon collects it)",
+        path.display()
+    );
+    Ok(exit::OK)
+}
+
+/// The HTTP endpoint to try and where it came from: `--url` when given (the user named it), else
+/// the address this home's daemon published while it holds the home's lock. Never a port taken
+/// from `WEBHOOK_PORT` alone: whatever listens there may be another user's program, and the body
+/// carries the secret. A stale address file is noted in `why_spool` and skipped.
+fn endpoint(
+    url: Option<&str>,
+    home: &Home,
+    why_spool: &mut String,
+) -> anyhow::Result<Option<(HttpUrl, String)>> {
+    if let Some(u) = url {
+        return Ok(Some((HttpUrl::parse(u)?, "--url".into())));
+    }
+    let file = home.webhook_address_file();
+    match published_endpoint(home) {
+        Published::Up(url) => return Ok(Some((url, file.display().to_string()))),
+        Published::Stale(why) => {
+            *why_spool = format!("{} is stale: {why}", file.display());
+        }
+        Published::Absent => {}
+    }
+    Ok(None)
+}
