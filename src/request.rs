@@ -114,23 +114,14 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A callback trigger, not yet authenticated.
-#[derive(Clone, PartialEq, Eq)]
+/// A callback trigger, not yet authenticated. The token is a [`Secret`]: it cannot be printed
+/// or serialised.
+#[derive(Clone, PartialEq, Eq, Debug)]
 pub struct CallbackRequest {
-    /// The capability token. Never logged, never written.
-    pub token: String,
+    /// The capability token (`cb_<12 hex>_<secret>`).
+    pub token: Secret,
     pub mode: crate::model::CallbackMode,
     pub text: Option<String>,
-}
-
-impl std::fmt::Debug for CallbackRequest {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CallbackRequest")
-            .field("token", &"[redacted]")
-            .field("mode", &self.mode)
-            .field("text", &self.text)
-            .finish()
-    }
 }
 
 /// True for `<prefix>` followed by 12 lowercase hex digits.

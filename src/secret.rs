@@ -32,6 +32,12 @@ impl Secret {
         fingerprint(&self.0)
     }
 
+    /// The plaintext, for what must read it: parsing the public id a callback token starts
+    /// with. Nothing that prints, logs or stores may be handed it.
+    pub fn expose_secret(&self) -> &str {
+        &self.0
+    }
+
     /// Whether it is empty (a request must carry one).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

@@ -231,19 +231,19 @@ impl Engine {
     /// `Idempotency-Key`): the same one again is a duplicate, not a second delivery.
     pub fn trigger_callback(
         &self,
-        token: &str,
+        token: &secret::Secret,
         route: CallbackMode,
         text: Option<String>,
         source: Option<String>,
     ) -> Result<Trigger> {
-        let Some(id) = id_of(token) else {
+        let Some(id) = id_of(token.expose_secret()) else {
             return Ok(Trigger::Invalid);
         };
         let _lock = self.callbacks_lock()?;
         let Some(mut cb) = self.load_callback(id)? else {
             return Ok(Trigger::Invalid);
         };
-        if !secret::verify(token, &cb.token_sha256) || cb.status != CallbackStatus::Active {
+        if !token.verify(&cb.token_sha256) || cb.status != CallbackStatus::Active {
             return Ok(Trigger::Invalid);
         }
         if cb.mode != route {

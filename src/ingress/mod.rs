@@ -78,7 +78,7 @@ pub fn parse_spool_body(bytes: &[u8]) -> Result<SpoolBody, String> {
     let mode = crate::model::CallbackMode::parse(&wire.mode)
         .ok_or_else(|| "`mode` must be wake or enqueue".to_owned())?;
     Ok(SpoolBody::Callback(CallbackRequest {
-        token: wire.callback,
+        token: Secret::new(wire.callback),
         mode,
         text: wire.text,
     }))

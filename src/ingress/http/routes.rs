@@ -267,7 +267,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     let (tx, rx) = mpsc::channel();
     let submitted = (shared.submit)(Submission::Callback {
         request: CallbackRequest {
-            token: token.to_owned(),
+            token: crate::secret::Secret::new(token),
             mode,
             text,
         },
