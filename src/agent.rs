@@ -32,18 +32,17 @@ pub struct LineContext {
 /// The port printed lines use: the shim's, when this home's daemon published one; else the
 /// front end's fallback.
 pub fn webhook_port(home: &Home, fallback: u16) -> u16 {
-    match crate::signal::published_endpoint(home) {
-        crate::signal::Published::Up(url) => url.port,
-        _ => fallback,
-    }
+    shim_of(home, fallback, false).0
 }
 
-/// Whether the HTTP shim the `curl` line posts to is listening for this home.
-fn shim_state(engine: &Engine) -> howto::Shim {
-    match crate::signal::published_endpoint(engine.home()) {
-        crate::signal::Published::Up(_) => howto::Shim::Listening,
-        _ if engine.settings().webhook.enabled => howto::Shim::Configured,
-        _ => howto::Shim::Off,
+/// The shim the `curl` line posts to, from one read of the published address: its port (the
+/// published one, else `fallback`) and whether it is listening, turned on in settings
+/// (`enabled`) but not running, or off.
+fn shim_of(home: &Home, fallback: u16, enabled: bool) -> (u16, howto::Shim) {
+    match crate::signal::published_endpoint(home) {
+        crate::signal::Published::Up(url) => (url.port, howto::Shim::Listening),
+        _ if enabled => (fallback, howto::Shim::Configured),
+        _ => (fallback, howto::Shim::Off),
     }
 }
 
@@ -63,17 +62,20 @@ pub fn how_to_signal(engine: &Engine, created: &Created, ctx: LineContext) -> Re
         .transpose()?;
     let root = home.root().to_string_lossy().into_owned();
     let drop_zone = home.drop_zone().to_string_lossy().into_owned();
+    let settings = engine.settings();
+    let (port, shim) = shim_of(
+        home,
+        settings.webhook.port.unwrap_or(ctx.fallback_port),
+        settings.webhook.enabled,
+    );
     Ok(howto::build(
         &created.waitpoint,
         &created.secret,
         &howto::Target {
             home_override: (!ctx.home_is_implicit).then_some(root.as_str()),
             local_drop_zone: &drop_zone,
-            webhook_port: webhook_port(
-                home,
-                engine.settings().webhook.port.unwrap_or(ctx.fallback_port),
-            ),
-            shim: shim_state(engine),
+            webhook_port: port,
+            shim,
             device_spool: device.as_ref().map(|d| d.spool.as_str()),
         },
     ))

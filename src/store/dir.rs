@@ -60,15 +60,6 @@ impl Dir {
         Self::open_existing(path)
     }
 
-    /// Checks that `path`, if it exists, is a directory [`Dir::open_private`] would accept; a
-    /// missing one is fine (it is made when needed). For a check before each batch: no mkdir.
-    pub fn check(path: &Path) -> Result<()> {
-        match Self::open_existing(path) {
-            Err(e) if e.is_not_found() => Ok(()),
-            other => other.map(drop),
-        }
-    }
-
     /// Opens an existing `path`, its last component not followed if it is a link.
     pub fn open_existing(path: &Path) -> Result<Dir> {
         let fd = rustix::fs::openat(CWD, path, OPEN_DIR, Mode::empty());
