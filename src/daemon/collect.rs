@@ -145,11 +145,10 @@ impl Daemon {
     /// them made accepted signals wait behind it. The loop calls this only when no event is
     /// waiting, a few at a time, so a signal that arrives meanwhile goes ahead of the flood.
     pub(super) fn park_some(&mut self) {
-        for _ in 0..PARK_PER_TURN {
-            let Some(q) = self.to_park.pop_front() else {
-                return;
-            };
-            if let Err(e) = self.spool.park_queued(&q) {
+        let n = self.to_park.len().min(PARK_PER_TURN);
+        let turn: Vec<_> = self.to_park.drain(..n).collect();
+        for (q, parked) in turn.iter().zip(self.spool.park_queued(&turn)) {
+            if let Err(e) = parked {
                 tracing::error!(file = ?q.name, "cannot park refused signal file (kept for the next sweep): {e}");
             }
             self.parking.remove(&q.name);

@@ -124,19 +124,37 @@ impl Spool {
             .unwrap_or_default()
     }
 
-    /// Parks a queued refusal now (its file still in the spool; one gone meanwhile is fine).
-    pub fn park_queued(&self, q: &QueuedPark) -> Result<()> {
-        let Some(dz) = self.open()? else {
-            return Ok(());
+    /// Parks queued refusals now, the spool opened once for all of them (their files still in
+    /// the spool; one gone meanwhile is fine). One result per refusal, in order.
+    pub fn park_queued(&self, queue: &[QueuedPark]) -> Vec<Result<()>> {
+        let dz = match self.open() {
+            Ok(Some(dz)) => dz,
+            Ok(None) => return queue.iter().map(|_| Ok(())).collect(),
+            Err(e) => {
+                let message = e.to_string();
+                return queue
+                    .iter()
+                    .map(|_| {
+                        Err(Error::Insecure {
+                            path: self.dir.clone(),
+                            message: message.clone(),
+                        })
+                    })
+                    .collect();
+            }
         };
-        if dz
-            .entry(OsStr::new(&q.name))
-            .map_err(|e| Error::io("cannot inspect", self.dir.join(&q.name), e))?
-            .is_none()
-        {
-            return Ok(());
-        }
-        self.park_now(&dz, q)
+        queue
+            .iter()
+            .map(|q| {
+                let there = dz
+                    .entry(OsStr::new(&q.name))
+                    .map_err(|e| Error::io("cannot inspect", self.dir.join(&q.name), e))?;
+                match there {
+                    None => Ok(()),
+                    Some(_) => self.park_now(&dz, q),
+                }
+            })
+            .collect()
     }
 
     /// The local mirror of a device's spool. Only the collector writes there, always through
