@@ -713,8 +713,12 @@ fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
     crate::invariants::report(
         "8-trust-devices",
         &[(
-            "trust: device files that are hard links, over the cap or cannot be claimed: left on the device, listed in status.json; one written in two steps: collected whole, nothing parked",
-            "3 / 1 of 3 / 1 (real sshd on 127.0.0.1)".into(),
+            "trust: a hard-linked device file: left on the device and listed in status.json (real sshd on 127.0.0.1)",
+            format!(
+                "{} of 1 left, {} counted",
+                left.as_array().map_or(0, Vec::len),
+                env.state(&id)["counters"]["signals"]
+            ),
         )],
     );
 }

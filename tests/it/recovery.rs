@@ -321,13 +321,22 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
         fs::read_to_string(quarantine.join(format!("{name}.reason")))
             .unwrap_or_else(|e| panic!("{name}: {e}\n{}", env.tree()))
     };
-    assert!(
-        reason(&format!("waitpoints%{linked_id}")).contains("is a symbolic link"),
-        "{}",
-        env.tree()
-    );
-    assert!(reason("timers%tm_0123456789ab.json").contains("not a regular file"));
-    assert!(reason("timers%tm_0123456789ac.json").contains("more than a record may be"));
+    let expected = [
+        (format!("waitpoints%{linked_id}"), "is a symbolic link"),
+        (
+            "timers%tm_0123456789ab.json".to_owned(),
+            "not a regular file",
+        ),
+        (
+            "timers%tm_0123456789ac.json".to_owned(),
+            "more than a record may be",
+        ),
+    ];
+    let set_aside = expected
+        .iter()
+        .filter(|(name, why)| reason(name).contains(why))
+        .count();
+    assert_eq!(set_aside, expected.len(), "{}", env.tree());
     // The link itself went aside; what it pointed at is untouched.
     assert!(
         fs::symlink_metadata(quarantine.join(format!("waitpoints%{linked_id}")))
@@ -340,7 +349,7 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
         "8-trust-records",
         &[(
             "trust: records that are a link out of the home, a FIFO, or over 16 MB: set aside unread, the rest listed",
-            "3 of 3".into(),
+            format!("{set_aside} of {}", expected.len()),
         )],
     );
 }
