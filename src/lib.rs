@@ -34,4 +34,5 @@ pub mod request;
 pub mod secret;
 pub mod settings;
 pub mod signal;
+pub mod state;
 pub mod store;

@@ -166,6 +166,27 @@ impl Owner {
     }
 }
 
+/// The identity as it appears in a signal file's name: bytes outside a safe set are
+/// percent-encoded, and a very long identity is cut and suffixed with its hash so the name
+/// stays under the filesystem's limit while staying unique.
+pub fn identity_key(identity: &str) -> String {
+    let mut out = String::with_capacity(identity.len());
+    for b in identity.bytes() {
+        if b.is_ascii_alphanumeric() || b"._-:+=@,".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    if out.len() > 180 {
+        let digest = crate::secret::hash(identity);
+        out.truncate(150);
+        out.push('~');
+        out.push_str(&digest[..16]);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

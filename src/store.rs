@@ -1020,6 +1020,19 @@ pub fn set_mode(path: &Path, mode: u32) -> Result<()> {
         .map_err(|e| Error::io("cannot chmod", path, e))
 }
 
+/// Filesystem events after which a drop-zone file is complete: renamed in, or closed after
+/// writing. A bare create is not one (the writer may still be writing).
+pub fn is_ready_kind(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
+    matches!(
+        kind,
+        notify::EventKind::Modify(ModifyKind::Name(
+            RenameMode::To | RenameMode::Both | RenameMode::Any
+        )) | notify::EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | notify::EventKind::Create(notify::event::CreateKind::Folder)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

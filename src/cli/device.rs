@@ -343,7 +343,7 @@ fn poll(
             let mirror = device::mirror(home, &d.name);
             let (mut applied, mut parked) = (0, 0);
             for file in mirror.pending()? {
-                match mirror.collect(engine, &file)? {
+                match crate::daemon::collect_file(&mirror, engine, &file)? {
                     FileOutcome::Consumed(_) | FileOutcome::Triggered(_) => applied += 1,
                     FileOutcome::Parked(_) => parked += 1,
                     FileOutcome::Deferred | FileOutcome::Vanished => {}

@@ -4,6 +4,32 @@
 
 use super::*;
 
+/// Collects `names` from `spool` as one commit: reads and parses them, applies their signals
+/// ([`Engine::apply_batch`]), then removes or parks each file. This is the one place signals
+/// from files are applied; a command that acts as the daemon for one round (`device poll`
+/// without one) and the tests call it too. One result per name, in order.
+pub fn collect_files(
+    spool: &Spool,
+    engine: &Engine,
+    names: &[String],
+) -> Vec<(String, Result<FileOutcome>)> {
+    let read = spool.read_batch(engine, names);
+    let verdicts = if read.items().is_empty() {
+        Vec::new()
+    } else {
+        engine.apply_batch(read.items())
+    };
+    spool.settle_batch(engine, read, verdicts)
+}
+
+/// [`collect_files`] for one file.
+pub fn collect_file(spool: &Spool, engine: &Engine, name: &str) -> Result<FileOutcome> {
+    let (_, outcome) = collect_files(spool, engine, &[name.to_owned()])
+        .pop()
+        .expect("one outcome per name");
+    outcome
+}
+
 impl Daemon {
     /// The first sweep at start: like any sweep, plus progress and summary lines when the
     /// backlog is large. Returns how many files were handled.
@@ -131,7 +157,7 @@ impl Daemon {
             .filter(|n| !self.parking.contains(*n))
             .cloned()
             .collect();
-        for (name, outcome) in self.spool.collect_batch(&self.engine, &names) {
+        for (name, outcome) in collect_files(&self.spool, &self.engine, &names) {
             self.after_collect(&name, outcome);
         }
         for q in self.spool.take_queued() {
@@ -276,7 +302,7 @@ impl Daemon {
     /// Applies one file from a device's mirror; on error it stays there for the next sweep.
     pub(super) fn collect_mirrored(&mut self, device: &str, file: &str) {
         let spool = device::mirror(self.engine.home(), device);
-        match spool.collect(&self.engine, file) {
+        match collect_file(&spool, &self.engine, file) {
             Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
             Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
             Ok(_) => {}

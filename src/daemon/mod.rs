@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use notify::{EventKind, RecursiveMode, Watcher};
+use notify::{RecursiveMode, Watcher};
 
 use crate::clock::{Clock, Timestamp};
 use crate::delivery::{self, hook, hook::HookRun};
@@ -36,7 +36,6 @@ use crate::ingress::Source;
 use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
-use crate::journal;
 use crate::settings::{DAY_MS, Settings};
 use crate::store::{self, FileLock};
 
@@ -46,6 +45,7 @@ mod janitor;
 mod schedule;
 mod watch;
 
+pub use collect::{collect_file, collect_files};
 use hooks::HookRunner;
 use schedule::DueQueue;
 
@@ -279,9 +279,10 @@ impl Daemon {
         let home = self.engine.home().clone();
         tracing::info!(home = %home.root().display(), "daemon starting");
         // Before any state is read: a crash may have left committed batches whose files are
-        // not all written. Dropped at the end of `run`, the checkpointer empties the journal.
-        let (journal, _replayed) = self.engine.replay_journal()?;
-        let _checkpointer = journal::Checkpointer::start(journal);
+        // not all written. Dropped at the end of `run`, the store's background work (on files,
+        // the journal's checkpointer) finishes.
+        self.engine.recover_store()?;
+        let _store_work = self.engine.store().background()?;
         // From here on, what the engine frees goes to the trash, emptied as it fills.
         let _reaper = crate::store::Reaper::start(self.engine.open_trash()?);
         self.rescan_waitpoints();
@@ -378,7 +379,7 @@ impl Daemon {
         }
         let home = self.engine.home().clone();
         self.engine =
-            Engine::new(home, settings, Arc::clone(&self.clock)).with_journal_of(&self.engine);
+            Engine::new(home, settings, Arc::clone(&self.clock)).with_store_of(&self.engine);
     }
 
     fn handle(&mut self, event: Event) {

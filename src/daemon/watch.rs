@@ -1,20 +1,12 @@
 //! The filesystem watch: which paths are watched, and how a notification becomes an [`Event`]
 //! (a hint; the periodic sweep stays the source of truth).
 
-use super::*;
+use std::any::Any;
+use std::sync::Mutex;
 
-/// Filesystem events after which a drop-zone file is complete: renamed in, or closed after
-/// writing. A bare create is not one (the writer may still be writing).
-pub(super) fn is_ready_kind(kind: &EventKind) -> bool {
-    use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
-    matches!(
-        kind,
-        EventKind::Modify(ModifyKind::Name(
-            RenameMode::To | RenameMode::Both | RenameMode::Any
-        )) | EventKind::Access(AccessKind::Close(AccessMode::Write))
-            | EventKind::Create(notify::event::CreateKind::Folder)
-    )
-}
+use crate::state::Hint;
+
+use super::*;
 
 pub(super) fn to_io(e: notify::Error) -> std::io::Error {
     match e.kind {
@@ -24,9 +16,10 @@ pub(super) fn to_io(e: notify::Error) -> std::io::Error {
 }
 
 impl Daemon {
-    /// Sets up the watcher on the drop zone and the waitpoints directory. Its callback only
-    /// forwards hints; all work happens on the loop.
-    pub(super) fn watch(&self) -> Result<notify::RecommendedWatcher> {
+    /// Sets up the watcher on the drop zone, the timers and the device mirrors, and the
+    /// store's watch on the waitpoints. Their callbacks only forward hints; all work happens
+    /// on the loop. Both stop when the returned guards drop.
+    pub(super) fn watch(&self) -> Result<(notify::RecommendedWatcher, Box<dyn Any + Send>)> {
         let tx = self.tx.clone();
         let drop_zone = self.spool.dir.clone();
         crate::failpoint!(
@@ -34,15 +27,9 @@ impl Daemon {
             "cannot start the file watcher on",
             &drop_zone
         );
-        let waitpoints = self.engine.home().waitpoints_dir();
         let devices = self.engine.home().devices_dir();
         let timers = self.engine.home().timers_dir();
-        let (dz, wd, dd, td) = (
-            drop_zone.clone(),
-            waitpoints.clone(),
-            devices.clone(),
-            timers.clone(),
-        );
+        let (dz, dd, td) = (drop_zone.clone(), devices.clone(), timers.clone());
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             let event = match res {
                 Ok(e) => e,
@@ -55,7 +42,7 @@ impl Daemon {
                 let _ = tx.send(Event::Rescan);
                 return;
             }
-            if !is_ready_kind(&event.kind) {
+            if !crate::store::is_ready_kind(&event.kind) {
                 return;
             }
             for path in &event.paths {
@@ -65,8 +52,6 @@ impl Daemon {
                 let parent = path.parent().unwrap_or(Path::new(""));
                 if parent == dz && is_candidate(name) {
                     let _ = tx.send(Event::SpoolFile(name.to_owned()));
-                } else if parent == wd && crate::ingress::is_waitpoint_id(name) {
-                    let _ = tx.send(Event::WaitpointAppeared(name.to_owned()));
                 } else if parent == td
                     && let Some(id) = name.strip_suffix(".json")
                     && engine::timers::is_timer_id(id)
@@ -79,7 +64,7 @@ impl Daemon {
         })
         .map_err(|e| Error::io("cannot start the file watcher on", &drop_zone, to_io(e)))?;
         crate::store::create_dir_private(&timers)?;
-        for dir in [&drop_zone, &waitpoints, &timers] {
+        for dir in [&drop_zone, &timers] {
             watcher
                 .watch(dir, RecursiveMode::NonRecursive)
                 .map_err(|e| Error::io("cannot watch", dir, to_io(e)))?;
@@ -88,6 +73,14 @@ impl Daemon {
         watcher
             .watch(&devices, RecursiveMode::Recursive)
             .map_err(|e| Error::io("cannot watch", &devices, to_io(e)))?;
-        Ok(watcher)
+        let tx = Mutex::new(self.tx.clone());
+        let state = self.engine.store().watch(Box::new(move |hint| {
+            let event = match hint {
+                Hint::Changed(id) => Event::WaitpointAppeared(id),
+                Hint::Resync => Event::Rescan,
+            };
+            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(event);
+        }))?;
+        Ok((watcher, state))
     }
 }

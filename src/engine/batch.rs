@@ -1,38 +1,33 @@
-//! Applying signals: a batch decided in memory, committed as one journal line, then its files.
+//! Applying signals: a batch decided in memory, then committed all or nothing.
 //!
 //! [`Engine::apply_batch`] decides every signal exactly as one-by-one collection would, in
-//! order, against each waitpoint's in-memory state. The batch then becomes one line of the
-//! journal (every record, state and wake it changes), fdatasynced: that is the commit. Its
-//! files are written after it, atomically but without their own fsync; the journal's
-//! checkpoint makes them durable, and after a crash the daemon re-applies the lines left
-//! ([`Engine::replay_journal`]) before it reads any state. The caller removes the spool files
-//! only after `apply_batch` returns, so each signal is durable before its file goes. See
-//! `ARCHITECTURE.md`, "Commit order".
+//! order, against each waitpoint's state as its transaction read it. The batch then becomes one
+//! [`Txn::commit`] (every record, state and wake it changes), guarded by the versions read: on
+//! the home's files, one fdatasynced journal line (see `state/files.rs`). The caller removes
+//! the spool files only after `apply_batch` returns, so each signal is durable before its file
+//! goes. See `ARCHITECTURE.md`, "Commit order".
 
 use std::collections::HashMap;
 use std::io;
 
 use crate::error::{Error, Result};
-use crate::journal::{self, Journal};
-use crate::model::{
-    JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Status, Waitpoint, WakeKind,
-};
+use crate::model::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
 use crate::request::{SignalRequest, Source};
-use crate::store::{FileLock, Unsynced, read_json};
+use crate::state::{Change, Txn, Version};
 
 use super::{
     Engine, Refusal, Verdict, identity_key, in_grace_window, next_due, next_record, rules,
-    signal_file_name,
 };
 
 /// The most signals [`Engine::apply_batch`] is given at once by the daemon. It bounds the open
 /// files a batch holds (one lock per waitpoint and one temp file per staged file).
 pub const MAX_BATCH: usize = 128;
 
-/// One waitpoint touched by the batch, locked until the batch is done.
+/// One waitpoint touched by the batch, held by the batch's transaction until it is done.
 struct Group {
-    _lock: FileLock,
     wp: Waitpoint,
+    /// The version the transaction read it at, which the commit must still match.
+    version: Version,
     /// Whether `recover` and the outbox flush have run (once, before the first signal counts).
     ready: bool,
     /// Records decided in this batch, not yet on disk, with their identity keys.
@@ -64,17 +59,15 @@ impl Engine {
     /// as one journal line (see the module docs). One result per item; an `Err` means nothing
     /// was decided for it and its source must be kept.
     pub fn apply_batch(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
-        let shared = match self.journal() {
-            Ok(j) => j,
-            Err(e) => return self.fail_all(items.len(), "cannot open the journal:", &e),
+        let mut txn = match self.store.begin_batch() {
+            Ok(t) => t,
+            Err(e) => return self.fail_all(items.len(), "cannot apply signals:", &e),
         };
-        let mut journal = journal::lock(shared);
-        if journal.needs_replay()
-            && let Err(e) = self.replay_locked(&mut journal)
-        {
-            let why = "cannot apply signals before the journal is replayed:";
-            return self.fail_all(items.len(), why, &e);
+        if txn.replayed() {
+            // What this process believed about any waitpoint may predate the replayed records.
+            self.forget_all();
         }
+        let txn = txn.as_mut();
         let mut groups: Vec<Group> = Vec::new();
         // `None`: no such waitpoint (every item naming it is refused).
         let mut by_id: HashMap<&str, Option<usize>> = HashMap::new();
@@ -82,7 +75,7 @@ impl Engine {
         for (req, source) in items {
             let g = match by_id.get(req.id.as_str()) {
                 Some(g) => *g,
-                None => match self.open_group(&req.id) {
+                None => match self.open_group(txn, &req.id) {
                     Ok(group) => {
                         let g = group.map(|group| {
                             groups.push(group);
@@ -99,10 +92,10 @@ impl Engine {
             };
             slots.push(match g {
                 None => Slot::Done(Ok(Verdict::Refused(Refusal::UnknownId))),
-                Some(g) => self.decide(g, &mut groups[g], req, source),
+                Some(g) => self.decide(txn, g, &mut groups[g], req, source),
             });
         }
-        if let Err(e) = self.commit_groups(&mut journal, &mut groups) {
+        if let Err(e) = self.commit_groups(txn, &mut groups) {
             let message = e.to_string();
             for (id, g) in &by_id {
                 if let Some(g) = g
@@ -160,13 +153,10 @@ impl Engine {
             .collect()
     }
 
-    fn open_group(&self, id: &str) -> Result<Option<Group>> {
-        let Some(lock) = self.lock(id)? else {
-            return Ok(None);
-        };
-        Ok(self.load(id)?.map(|wp| Group {
-            _lock: lock,
+    fn open_group(&self, txn: &mut dyn Txn, id: &str) -> Result<Option<Group>> {
+        Ok(txn.read(id)?.map(|(wp, version)| Group {
             wp,
+            version,
             ready: false,
             fresh: Vec::new(),
             failed: None,
@@ -174,7 +164,14 @@ impl Engine {
     }
 
     /// The single path's decisions for one signal, against the group's in-memory state.
-    fn decide(&self, g: usize, group: &mut Group, req: &SignalRequest, source: &Source) -> Slot {
+    fn decide(
+        &self,
+        txn: &mut dyn Txn,
+        g: usize,
+        group: &mut Group,
+        req: &SignalRequest,
+        source: &Source,
+    ) -> Slot {
         if let Some(m) = &group.failed {
             return Slot::Done(Err(Error::io(
                 "cannot apply a signal to",
@@ -187,11 +184,24 @@ impl Engine {
         }
         if !group.ready {
             let prepared = self
-                .recover(&mut group.wp)
-                .and_then(|()| self.flush_outbox(&mut group.wp));
+                .recover(txn, &mut group.wp)
+                .and_then(|()| self.flush_outbox(txn, &mut group.wp));
             if let Err(e) = prepared {
                 group.failed = Some(e.to_string());
                 return Slot::Done(Err(e));
+            }
+            // Recovery and the flush write the state; the commit is checked against that.
+            match txn.read(&group.wp.id) {
+                Ok(Some((_, version))) => group.version = version,
+                Ok(None) => {
+                    let e = Error::not_found(&group.wp.id);
+                    group.failed = Some(e.to_string());
+                    return Slot::Done(Err(e));
+                }
+                Err(e) => {
+                    group.failed = Some(e.to_string());
+                    return Slot::Done(Err(e));
+                }
             }
             group.ready = true;
         }
@@ -232,125 +242,35 @@ impl Engine {
         }
     }
 
-    /// Commits the batch: one journal entry with every change, fdatasynced, then the files it
-    /// describes written without their own fsync (the checkpoint syncs them). The caller holds
-    /// `journal` from before the decisions until this returns, so the checkpointer never runs
-    /// between an entry and its files.
-    fn commit_groups(&self, journal: &mut Journal, groups: &mut [Group]) -> Result<()> {
+    /// Commits the batch: one [`Txn::commit`] with every live group's change, each guarded by
+    /// the version its state was read at. The transaction holds every group from before the
+    /// decisions until this returns.
+    fn commit_groups(&self, txn: &mut dyn Txn, groups: &mut [Group]) -> Result<()> {
         let mut changes = Vec::new();
         for g in groups.iter_mut().filter(|g| g.is_live()) {
             let wakes = g.wp.outbox.clone();
             self.mark_delivered(&mut g.wp);
-            changes.push(JournalChange {
-                state: g.wp.clone(),
-                records: g.fresh.iter().map(|(r, _)| r.clone()).collect(),
-                wakes,
+            changes.push(Change {
+                expect: g.version,
+                change: JournalChange {
+                    state: g.wp.clone(),
+                    records: g.fresh.iter().map(|(r, _)| r.clone()).collect(),
+                    wakes,
+                },
             });
         }
         if changes.is_empty() {
             return Ok(());
         }
-        let entry = JournalEntry {
-            journal: JOURNAL_FORMAT,
-            committed_at: self.clock.now(),
-            changes,
-        };
-        journal.append(&serde_json::to_vec(&entry).expect("our records always serialise"))?;
+        txn.commit(&changes)?;
         for g in groups.iter().filter(|g| g.is_live()) {
             for (_, key) in &g.fresh {
                 self.seen_insert(&g.wp.id, key.clone());
             }
-        }
-        if let Err(e) = self.write_journaled(&entry.changes) {
-            // Committed, but not every file is written: the next batch re-applies the journal
-            // before it decides anything, and the signals of this one then count as duplicates.
-            journal.set_needs_replay(true);
-            return Err(e);
-        }
-        for g in groups.iter().filter(|g| g.is_live()) {
             if g.wp.status != Status::Armed && g.wp.pending_wake.is_none() {
                 self.forget(&g.wp.id);
             }
         }
         Ok(())
-    }
-
-    /// Writes a just-committed entry's files.
-    fn write_journaled(&self, changes: &[JournalChange]) -> Result<()> {
-        crate::failpoint!(
-            crate::failpoint::ENGINE_AFTER_JOURNAL,
-            "cannot write the files of",
-            &self.home.journal_dir()
-        );
-        self.write_changes(changes, false)
-    }
-
-    /// Writes the files `changes` describe, atomically but without fsync. A `replay` writes only
-    /// what is missing or older on disk: a state whose signal count is below the entry's, a
-    /// record or wake that is absent or unreadable. A waitpoint whose directory is gone
-    /// (retention, a deleted session) is skipped.
-    fn write_changes(&self, changes: &[JournalChange], replay: bool) -> Result<()> {
-        let mut files = Unsynced::new();
-        for change in changes {
-            let id = &change.state.id;
-            if replay && !self.home.waitpoint_dir(id).is_dir() {
-                continue;
-            }
-            // The wakes first: a small batch is written in this order, and the wake is what a
-            // waiting reader looks for.
-            for wake in &change.wakes {
-                if !replay || !crate::delivery::is_intact_in_new(&self.home, wake) {
-                    crate::delivery::stage(&self.home, wake, &mut files);
-                }
-            }
-            let dir = self.home.signals_dir(id);
-            for record in &change.records {
-                let identity = crate::request::identity_of(&record.source);
-                let path = dir.join(signal_file_name(record.seq, &identity_key(&identity)));
-                if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
-                    files.add_json(&path, record);
-                }
-            }
-            let state = self.home.waitpoint_file(id);
-            let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
-            if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
-                files.replace_json(&state, &change.state);
-            }
-        }
-        files.commit(self.trash())
-    }
-
-    /// Re-applies every entry left in the journal (after a crash, or a batch whose files could
-    /// not all be written), then checkpoints it. Returns how many entries there were.
-    pub(super) fn replay_locked(&self, journal: &mut Journal) -> Result<usize> {
-        let entries = journal.entries()?;
-        for e in &entries {
-            let entry: JournalEntry =
-                serde_json::from_slice(&e.bytes).map_err(|err| Error::Corrupt {
-                    path: e.segment.clone(),
-                    message: format!("line {}: {err}", e.line),
-                })?;
-            if entry.journal != JOURNAL_FORMAT {
-                return Err(Error::Corrupt {
-                    path: e.segment.clone(),
-                    message: format!(
-                        "line {}: journal format {} (this build reads {JOURNAL_FORMAT})",
-                        e.line, entry.journal
-                    ),
-                });
-            }
-            self.write_changes(&entry.changes, true)?;
-        }
-        if !entries.is_empty() {
-            tracing::warn!(
-                entries = entries.len(),
-                "replayed the journal a crash or a failed write left"
-            );
-        }
-        // What this process believed about any waitpoint may predate the replayed records.
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        journal.set_needs_replay(false);
-        journal.checkpoint()?;
-        Ok(entries.len())
     }
 }

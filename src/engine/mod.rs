@@ -10,7 +10,6 @@
 
 mod batch;
 pub mod callbacks;
-mod index;
 pub mod rules;
 pub mod timers;
 
@@ -25,7 +24,6 @@ use crate::clock::{Clock, Timestamp};
 use crate::delivery;
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::journal::{self, Journal};
 use crate::model::{
     Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
     WakeKind,
@@ -33,7 +31,8 @@ use crate::model::{
 use crate::request::{Owner, SignalRequest, Source, check_member_name, is_waitpoint_id};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
-use crate::store::{self, FileLock, Trash, commit_json, create_dir_private, read_json};
+use crate::state::{self, Store, Txn};
+use crate::store::{self, FileLock, Trash, read_json};
 
 pub use batch::MAX_BATCH;
 pub use rules::Refusal;
@@ -129,7 +128,8 @@ pub enum Verdict {
     Refused(Refusal),
 }
 
-pub use crate::request::is_prefixed_id;
+pub use crate::request::{identity_key, is_prefixed_id};
+pub use crate::state::signal_file_name;
 
 /// The shortest lifetime a waitpoint may be given: one second.
 pub const MIN_TTL_MS: i64 = 1_000;
@@ -160,26 +160,48 @@ pub struct Engine {
     home: Home,
     settings: Settings,
     clock: Arc<dyn Clock>,
+    /// Where waitpoints live (the home's files unless built [`with_store`](Engine::with_store)).
+    store: Arc<dyn Store>,
     // Identity keys of the signals recorded per armed waitpoint. Only the daemon records signals,
-    // so once loaded from a directory listing this set stays exact for the process's lifetime.
+    // so once loaded from the store this set stays exact for the process's lifetime.
     seen: Mutex<HashMap<String, HashSet<String>>>,
-    /// The journal signal batches commit through; opened by the first batch (see `batch.rs`).
-    journal: OnceLock<journal::Shared>,
     /// Where replaced states and consumed spool files go, when the daemon empties it in the
-    /// background; without one (a command), they are freed in place.
-    trash: OnceLock<Arc<Trash>>,
+    /// background; without one (a command), they are freed in place. Shared with the file store.
+    trash: Arc<OnceLock<Arc<Trash>>>,
 }
 
 impl Engine {
+    /// An engine on the home's files, the embedded store ([`state::Files`]).
     pub fn new(home: Home, settings: Settings, clock: Arc<dyn Clock>) -> Self {
+        let trash = Arc::new(OnceLock::new());
+        let files = state::Files::new(home.clone(), Arc::clone(&clock), Arc::clone(&trash));
         Engine {
             home,
             settings,
             clock,
+            store: Arc::new(files),
             seen: Mutex::new(HashMap::new()),
-            journal: OnceLock::new(),
-            trash: OnceLock::new(),
+            trash,
         }
+    }
+
+    /// An engine whose waitpoints live in `store` (timers, callbacks and inboxes stay in the
+    /// home).
+    pub fn with_store(
+        home: Home,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        store: Arc<dyn Store>,
+    ) -> Self {
+        Engine {
+            store,
+            ..Engine::new(home, settings, clock)
+        }
+    }
+
+    /// Where this engine's waitpoints live.
+    pub fn store(&self) -> &dyn Store {
+        self.store.as_ref()
     }
 
     pub fn home(&self) -> &Home {
@@ -309,7 +331,7 @@ impl Engine {
             recheck_at: req.recheck_after_ms.map(|ms| now.plus_ms(ms as i64)),
             recheck_sent: false,
         };
-        self.commit_new(&waitpoint)?;
+        self.store.create(&waitpoint)?;
         Ok(Created { waitpoint, secret })
     }
 
@@ -329,44 +351,9 @@ impl Engine {
         }
     }
 
-    /// Builds the waitpoint's directory under a dot-name and renames it into place, so the
-    /// daemon's watcher sees one complete directory appear and never a half-made one.
-    fn commit_new(&self, wp: &Waitpoint) -> Result<()> {
-        let parent = self.home.waitpoints_dir();
-        create_dir_private(&parent)?;
-        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
-        create_dir_private(&staging.join("signals"))?;
-        // The index markers first: a waitpoint never exists without them (engine/index.rs).
-        let result = self
-            .index_add(wp)
-            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
-            .and_then(|()| store::fsync_dir(&staging))
-            .and_then(|()| {
-                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
-                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
-            })
-            .and_then(|()| store::fsync_dir(&parent));
-        if result.is_err() {
-            let _ = fs::remove_dir_all(&staging);
-        }
-        result
-    }
-
     /// Reads a waitpoint; `None` when there is no such id.
     pub fn load(&self, id: &str) -> Result<Option<Waitpoint>> {
-        if !is_waitpoint_id(id) {
-            return Ok(None);
-        }
-        read_json(&self.home.waitpoint_file(id))
-    }
-
-    /// Reads a waitpoint met while listing many: one that does not parse is set aside and
-    /// skipped, so it stops no listing.
-    fn load_listed(&self, id: &str) -> Result<Option<Waitpoint>> {
-        if !is_waitpoint_id(id) {
-            return Ok(None);
-        }
-        self.read_record(&self.home.waitpoint_file(id))
+        self.store.get(id)
     }
 
     /// Reads one record of a collection, setting it aside if it does not parse
@@ -387,22 +374,6 @@ impl Engine {
         }
     }
 
-    fn lock(&self, id: &str) -> Result<Option<FileLock>> {
-        if !is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
-            return Ok(None);
-        }
-        match FileLock::acquire_dir(&self.home.waitpoint_dir(id)) {
-            Ok(l) => Ok(Some(l)),
-            // Removed between the check and the open (retention): it is unknown now.
-            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    fn save(&self, wp: &Waitpoint) -> Result<()> {
-        commit_json(&self.home.waitpoint_file(&wp.id), wp)
-    }
-
     /// Applies one well-formed signal. Returns the verdict; an `Err` means nothing was decided
     /// (an I/O failure) and the source must be kept for another attempt. One signal is a batch
     /// of one: the same decisions and the same journal commit.
@@ -411,24 +382,11 @@ impl Engine {
         self.apply_batch(&item).pop().expect("one verdict per item")
     }
 
-    /// The home's journal, opened on first use (only the daemon applies signals).
-    fn journal(&self) -> Result<&journal::Shared> {
-        if let Some(j) = self.journal.get() {
-            return Ok(j);
-        }
-        let j = Journal::open(&self.home.journal_dir(), self.home.root())?;
-        Ok(self.journal.get_or_init(|| Arc::new(Mutex::new(j))))
-    }
-
-    /// This engine, committing through `previous`'s journal and trash (a settings reload
-    /// builds a new engine; one home has one journal).
-    pub fn with_journal_of(self, previous: &Engine) -> Engine {
-        if let Some(j) = previous.journal.get() {
-            let _ = self.journal.set(j.clone());
-        }
-        if let Some(t) = previous.trash.get() {
-            let _ = self.trash.set(t.clone());
-        }
+    /// This engine, committing through `previous`'s store and trash (a settings reload builds
+    /// a new engine; one home has one journal).
+    pub fn with_store_of(mut self, previous: &Engine) -> Engine {
+        self.store = Arc::clone(&previous.store);
+        self.trash = Arc::clone(&previous.trash);
         self
     }
 
@@ -453,7 +411,7 @@ impl Engine {
     /// running daemon replayed it at its start; then this does nothing. Returns how many lines
     /// were re-applied.
     pub fn replay_left_journal(&self) -> Result<usize> {
-        if !journal::has_segments(&self.home.journal_dir()) {
+        if !self.store.needs_recovery() {
             return Ok(0);
         }
         let lock = match FileLock::try_acquire_writing_pid(&self.home.daemon_lock()) {
@@ -461,32 +419,24 @@ impl Engine {
             Err(Error::Locked { .. }) => return Ok(0),
             Err(e) => return Err(e),
         };
-        let (_, replayed) = self.replay_journal()?;
+        let replayed = self.store.recover()?;
+        self.forget_all();
         lock.clear();
         Ok(replayed)
     }
 
-    /// Checkpoints the journal if this engine committed through it (a command that applied
-    /// signals without a daemon: `device poll`), so it leaves the journal empty.
+    /// Makes the store's commits final if this engine committed through it (a command that
+    /// applied signals without a daemon: `device poll`), so it leaves the journal empty.
     pub fn checkpoint_journal(&self) -> Result<()> {
-        match self.journal.get() {
-            Some(j) => journal::lock(j).checkpoint(),
-            None => Ok(()),
-        }
+        self.store.checkpoint()
     }
 
-    /// Opens the journal and re-applies whatever a crash left in it; the daemon calls this at
-    /// start, before it reads any state, and runs the returned journal's checkpointer.
-    pub fn replay_journal(&self) -> Result<(journal::Shared, usize)> {
-        let shared = self.journal()?;
-        let mut j = journal::lock(shared);
-        let replayed = if j.needs_replay() {
-            self.replay_locked(&mut j)?
-        } else {
-            0
-        };
-        drop(j);
-        Ok((shared.clone(), replayed))
+    /// Finishes whatever a crash left in the store; the daemon calls this at start, before it
+    /// reads any state, then keeps the store's background work running.
+    pub fn recover_store(&self) -> Result<usize> {
+        let replayed = self.store.recover()?;
+        self.forget_all();
+        Ok(replayed)
     }
 
     /// Applies a recorded signal to the in-memory state. A completed round's wake goes into the
@@ -567,7 +517,7 @@ impl Engine {
 
     /// Brings the state up to date with the signal files after a crash between recording a
     /// signal and replacing the state: replays every recorded signal newer than the state.
-    fn recover(&self, wp: &mut Waitpoint) -> Result<()> {
+    fn recover(&self, txn: &mut dyn Txn, wp: &mut Waitpoint) -> Result<()> {
         if self
             .seen
             .lock()
@@ -586,7 +536,7 @@ impl Engine {
                 tracing::warn!(waitpoint = %wp.id, seq = record.seq, "replaying a signal recorded before a crash");
                 self.step(wp, record)?;
             }
-            self.save(wp)?;
+            txn.put(wp)?;
         }
         let keys = listing.into_iter().map(|(_, k)| k).collect();
         self.seen
@@ -606,6 +556,12 @@ impl Engine {
         seen.entry(id.to_owned()).or_default().insert(key);
     }
 
+    /// Drops everything remembered about recorded identities (the store finished an
+    /// interrupted commit, so the records may be newer than what was remembered).
+    fn forget_all(&self) {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
     fn forget(&self, id: &str) {
         self.seen
             .lock()
@@ -614,7 +570,7 @@ impl Engine {
     }
 
     /// Delivers every wake in the outbox, then records that they left it.
-    fn flush_outbox(&self, wp: &mut Waitpoint) -> Result<()> {
+    fn flush_outbox(&self, txn: &mut dyn Txn, wp: &mut Waitpoint) -> Result<()> {
         if wp.outbox.is_empty() {
             return Ok(());
         }
@@ -627,7 +583,7 @@ impl Engine {
             &self.home.waitpoint_file(&wp.id)
         );
         self.mark_delivered(wp);
-        self.save(wp)
+        txn.put(wp)
     }
 
     /// After the outbox's wakes are durable in the inbox: logs them, empties the outbox and
@@ -654,27 +610,21 @@ impl Engine {
 
     /// Re-delivers a waitpoint's outbox (used by the daemon at start for interrupted deliveries).
     pub fn redeliver(&self, id: &str) -> Result<()> {
-        let Some(_lock) = self.lock(id)? else {
-            return Ok(());
-        };
-        if let Some(mut wp) = self.load(id)? {
-            self.recover(&mut wp)?;
-            self.flush_outbox(&mut wp)?;
+        let mut txn = self.store.begin()?;
+        if let Some((mut wp, _)) = txn.read(id)? {
+            self.recover(txn.as_mut(), &mut wp)?;
+            self.flush_outbox(txn.as_mut(), &mut wp)?;
         }
         Ok(())
     }
 
     /// `(seq, identity key)` of every recorded signal of a waitpoint.
     fn list_signal_files(&self, id: &str) -> Result<Vec<(u64, String)>> {
-        Ok(store::list_dir(&self.home.signals_dir(id))?
-            .into_iter()
-            .filter_map(|(name, _)| parse_signal_file_name(&name))
-            .collect())
+        self.store.identities(id)
     }
 
     /// The recorded signals of a waitpoint from `first_seq` on, in order.
     pub fn read_signals(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
-        let dir = self.home.signals_dir(id);
         let mut files: Vec<(u64, String)> = self
             .list_signal_files(id)?
             .into_iter()
@@ -683,8 +633,7 @@ impl Engine {
         files.sort();
         let mut out = Vec::with_capacity(files.len());
         for (seq, key) in files {
-            let path = dir.join(signal_file_name(seq, &key));
-            if let Some(r) = read_json::<SignalRecord>(&path)? {
+            if let Some(r) = self.store.record(id, seq, &key)? {
                 out.push(r);
             }
         }
@@ -698,11 +647,10 @@ impl Engine {
         id: &str,
         pick: impl Fn(&SignalRecord) -> bool,
     ) -> Result<Option<SignalRecord>> {
-        let dir = self.home.signals_dir(id);
         let mut files = self.list_signal_files(id)?;
         files.sort_unstable_by(|a, b| b.cmp(a));
         for (seq, key) in files {
-            if let Some(r) = read_json::<SignalRecord>(&dir.join(signal_file_name(seq, &key)))?
+            if let Some(r) = self.store.record(id, seq, &key)?
                 && pick(&r)
             {
                 return Ok(Some(r));
@@ -714,10 +662,8 @@ impl Engine {
     /// Replaces a waitpoint's secret: the old one is refused from now on (exactly like a wrong
     /// secret) and the new one is returned, once.
     pub fn reset_secret(&self, id: &str, session: &str) -> Result<Created> {
-        let Some(_lock) = self.lock(id)? else {
-            return Err(Error::not_found_for_session(id));
-        };
-        let mut wp = self.load_visible(id, Some(session))?;
+        let mut txn = self.store.begin()?;
+        let mut wp = read_visible(txn.as_mut(), id, session)?;
         if wp.status != Status::Armed {
             return Err(Error::Conflict(format!(
                 "{id} is already {}; its secret no longer opens anything",
@@ -726,7 +672,7 @@ impl Engine {
         }
         let secret = secret::generate();
         wp.secret_sha256 = secret::hash(&secret);
-        self.save(&wp)?;
+        txn.put(&wp)?;
         tracing::info!(waitpoint = %id, session, "secret reset; the old one is refused from now on");
         Ok(Created {
             waitpoint: wp,
@@ -737,10 +683,8 @@ impl Engine {
     /// Disarms a waitpoint on behalf of `session`. Cancelling a cancelled one is a no-op;
     /// cancelling one that already resolved or expired is a conflict.
     pub fn cancel(&self, id: &str, session: &str) -> Result<Waitpoint> {
-        let Some(_lock) = self.lock(id)? else {
-            return Err(Error::not_found_for_session(id));
-        };
-        let mut wp = self.load_visible(id, Some(session))?;
+        let mut txn = self.store.begin()?;
+        let mut wp = read_visible(txn.as_mut(), id, session)?;
         match wp.status {
             Status::Cancelled => return Ok(wp),
             Status::Resolved | Status::Expired => {
@@ -754,7 +698,7 @@ impl Engine {
         wp.status = Status::Cancelled;
         wp.resolved_at = Some(self.clock.now());
         wp.pending_wake = None;
-        self.save(&wp)?;
+        txn.put(&wp)?;
         self.forget(id);
         tracing::info!(waitpoint = %id, session, "cancelled");
         Ok(wp)
@@ -765,14 +709,13 @@ impl Engine {
     /// however late), and removes it when its retention has passed. Reports the hook deliveries
     /// that are due and when to look again.
     pub fn service(&self, id: &str) -> Result<Service> {
-        let Some(_lock) = self.lock(id)? else {
+        let mut txn = self.store.begin()?;
+        let Some((mut wp, _)) = txn.read(id)? else {
             return Ok(Service::default());
         };
-        let Some(mut wp) = self.load(id)? else {
-            return Ok(Service::default());
-        };
-        self.recover(&mut wp)?;
-        self.flush_outbox(&mut wp)?;
+        let txn = txn.as_mut();
+        self.recover(txn, &mut wp)?;
+        self.flush_outbox(txn, &mut wp)?;
         let now = self.clock.now();
         let cap = self.settings.max_wakes_per_hour;
         let before = wp.clone();
@@ -815,13 +758,15 @@ impl Engine {
             wp.outbox.push(wake);
         }
         if wp != before {
-            self.save(&wp)?;
-            self.flush_outbox(&mut wp)?;
+            txn.put(&wp)?;
+            self.flush_outbox(txn, &mut wp)?;
         }
         if let Some(at) = retention_ends(&wp)
             && now >= at
         {
-            self.remove(&wp)?;
+            txn.remove(&wp)?;
+            self.forget(id);
+            tracing::info!(waitpoint = %id, "retention over; removed");
             return Ok(Service::default());
         }
         if wp.status != Status::Armed && wp.pending_wake.is_none() {
@@ -853,10 +798,8 @@ impl Engine {
             Some(Owner::Waitpoint(_)) => {}
             None => return Ok(None),
         }
-        let Some(_lock) = self.lock(owner)? else {
-            return Ok(None);
-        };
-        let Some(mut wp) = self.load(owner)? else {
+        let mut txn = self.store.begin()?;
+        let Some((mut wp, _)) = txn.read(owner)? else {
             return Ok(None);
         };
         if note_hook_attempt(
@@ -866,7 +809,7 @@ impl Engine {
             result,
             self.clock.now(),
         ) {
-            self.save(&wp)?;
+            txn.put(&wp)?;
         }
         Ok(next_due(&wp))
     }
@@ -885,22 +828,6 @@ impl Engine {
                 delivered_at: None,
             });
         }
-        Ok(())
-    }
-
-    /// Removes a waitpoint whose retention has passed: its id is unknown from then on.
-    fn remove(&self, wp: &Waitpoint) -> Result<()> {
-        let id = wp.id.as_str();
-        let dir = self.home.waitpoint_dir(id);
-        let parent = self.home.waitpoints_dir();
-        // Rename first so a crash mid-delete never leaves a half-removed waitpoint that parses.
-        let grave = parent.join(format!(".gone-{id}"));
-        fs::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
-        store::fsync_dir(&parent)?;
-        fs::remove_dir_all(&grave).map_err(|e| Error::io("cannot remove", &grave, e))?;
-        self.index_remove(wp)?;
-        self.forget(id);
-        tracing::info!(waitpoint = %id, "retention over; removed");
         Ok(())
     }
 
@@ -978,58 +905,38 @@ impl Engine {
         Ok(removed)
     }
 
-    /// Every waitpoint in the home (a full scan).
+    /// Every waitpoint in the home, oldest first (a full scan).
     pub fn list(&self) -> Result<Vec<Waitpoint>> {
         let mut out = Vec::new();
-        for (name, path) in store::list_dir(&self.home.waitpoints_dir())? {
-            if !is_waitpoint_id(&name) {
-                continue;
-            }
-            if let Some(wp) = self.read_record::<Waitpoint>(&path.join("waitpoint.json"))? {
-                out.push(wp);
-            }
-        }
+        self.for_each_waitpoint(|wp| {
+            out.push(wp);
+            Ok(())
+        })?;
         out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(out)
     }
-}
 
-/// The identity as it appears in a signal file's name: bytes outside a safe set are
-/// percent-encoded, and a very long identity is cut and suffixed with its hash so the name
-/// stays under the filesystem's limit while staying unique.
-pub fn identity_key(identity: &str) -> String {
-    let mut out = String::with_capacity(identity.len());
-    for b in identity.bytes() {
-        if b.is_ascii_alphanumeric() || b"._-:+=@,".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+    /// Calls `f` with every waitpoint, one at a time, so a scan of a large home holds one
+    /// waitpoint in memory, not all of them.
+    pub fn for_each_waitpoint(&self, mut f: impl FnMut(Waitpoint) -> Result<()>) -> Result<()> {
+        self.store.for_each(&mut f)
     }
-    if out.len() > 180 {
-        let digest = secret::hash(identity);
-        out.truncate(150);
-        out.push('~');
-        out.push_str(&digest[..16]);
-    }
-    out
-}
 
-/// `<seq>-<identity key>.json`, the seq zero-padded so `ls` sorts in arrival order.
-pub fn signal_file_name(seq: u64, key: &str) -> String {
-    format!("{seq:06}-{key}.json")
-}
+    /// The waitpoints `session` may see, oldest first; cost grows with the session's
+    /// waitpoints, not with the home's, once the index is complete.
+    pub fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
+        self.store.list_visible(session)
+    }
 
-fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
-    if store::is_temp_name(name) {
-        return None;
+    /// Whether [`list_visible`](Self::list_visible) is answered without a full scan.
+    pub fn index_is_complete(&self) -> bool {
+        self.store.index_is_complete()
     }
-    let stem = name.strip_suffix(".json")?;
-    let (seq, key) = stem.split_once('-')?;
-    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+
+    /// Brings the session index in line with the waitpoints (the daemon, at start).
+    pub fn rebuild_index(&self) -> Result<usize> {
+        self.store.rebuild_index()
     }
-    Some((seq.parse().ok()?, key.to_owned()))
 }
 
 /// The record a well-formed, accepted signal becomes: the waitpoint's next seq.
@@ -1049,9 +956,6 @@ fn next_record(
         received_at: now,
     }
 }
-
-/// A waitpoint's directory is built under this prefix and renamed into place.
-const STAGING_PREFIX: &str = ".new-";
 
 /// How long a closed waitpoint is kept, so a late signal is told "already resolved".
 pub const RETAIN_MS: i64 = 3 * 86_400_000;
@@ -1286,25 +1190,10 @@ pub fn latest_wake(home: &Home, wp: &Waitpoint) -> Result<Option<Wake>> {
     Ok(None)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn signal_file_names_round_trip_their_identity_key() {
-        let key = identity_key("spool:1733-42-7.json");
-        assert_eq!(key, "spool:1733-42-7.json");
-        let name = signal_file_name(7, &key);
-        assert_eq!(name, "000007-spool:1733-42-7.json.json");
-        assert_eq!(parse_signal_file_name(&name), Some((7, key)));
-    }
-
-    #[test]
-    fn odd_identities_are_encoded_and_long_ones_hashed() {
-        assert_eq!(identity_key("spool:a b/\n"), "spool:a%20b%2F%0A");
-        let long = format!("spool:{}", "x".repeat(400));
-        let k = identity_key(&long);
-        assert!(k.len() < 200);
-        assert_ne!(k, identity_key(&format!("spool:{}y", "x".repeat(399))));
+/// Reads a waitpoint for update that `session` may see.
+fn read_visible(txn: &mut dyn Txn, id: &str, session: &str) -> Result<Waitpoint> {
+    match txn.read(id)? {
+        Some((wp, _)) if wp.visible_to(session) => Ok(wp),
+        _ => Err(Error::not_found_for_session(id)),
     }
 }

@@ -73,6 +73,26 @@ pub struct QueuedPark {
 /// The name of the directory inside a spool where refused files are parked.
 const BAD: &str = "bad";
 
+/// A batch of spool files read and parsed, waiting for its verdicts (see
+/// [`Spool::read_batch`]).
+pub struct Collection {
+    /// The spool as opened for this batch; `None` when it could not be (every result is in).
+    dz: Option<Dir>,
+    names: Vec<String>,
+    /// One per name; `None` until the file's verdict settles it.
+    results: Vec<Option<Result<FileOutcome>>>,
+    /// The files that hold a signal to apply: index into `names`, the request, the bytes read.
+    readable: Vec<(usize, SignalRequest, Vec<u8>)>,
+    items: Vec<(SignalRequest, Source)>,
+}
+
+impl Collection {
+    /// The signals to apply, in order, with their sources.
+    pub fn items(&self) -> &[(SignalRequest, Source)] {
+        &self.items
+    }
+}
+
 impl Spool {
     /// The home's drop zone (`tmp/signals/`).
     pub fn new(home: &Home) -> Self {
@@ -202,96 +222,105 @@ impl Spool {
         Ok(names)
     }
 
-    /// Collects one file: read, parse, apply, then remove it or park it.
-    pub fn collect(&self, engine: &Engine, name: &str) -> Result<FileOutcome> {
-        let (_, outcome) = self
-            .collect_batch(engine, &[name.to_owned()])
-            .pop()
-            .expect("one outcome per name");
-        outcome
-    }
-
-    /// Collects several files as one journal commit ([`Engine::apply_batch`]): each decided as
-    /// if collected alone, in order, and the consumed files removed together once every signal
-    /// is durable. One result per name, in order; an
-    /// `Err` leaves that file in the spool for the next attempt.
-    pub fn collect_batch(
-        &self,
-        engine: &Engine,
-        names: &[String],
-    ) -> Vec<(String, Result<FileOutcome>)> {
+    /// The first half of collecting `names`: opens the spool afresh, reads and parses each
+    /// file. The signals to apply are in [`Collection::items`]; the daemon applies them
+    /// ([`Engine::apply_batch`]) and hands the verdicts to [`settle_batch`](Self::settle_batch).
+    pub fn read_batch(&self, engine: &Engine, names: &[String]) -> Collection {
+        let mut c = Collection {
+            dz: None,
+            names: names.to_vec(),
+            results: Vec::with_capacity(names.len()),
+            readable: Vec::new(),
+            items: Vec::new(),
+        };
         // The spool must still be the real directory it was: a symlink swapped in would have
         // foreign files read, moved and removed. Every file is kept for a later attempt.
         let dz = match self.open() {
             Ok(Some(dz)) => dz,
             Ok(None) => {
-                return names
+                c.results = names
                     .iter()
-                    .map(|n| (n.clone(), Ok(FileOutcome::Vanished)))
+                    .map(|_| Some(Ok(FileOutcome::Vanished)))
                     .collect();
+                return c;
             }
             Err(e) => {
                 let message = e.to_string();
-                return names
+                c.results = names
                     .iter()
-                    .map(|n| {
-                        let err = Error::Insecure {
+                    .map(|_| {
+                        Some(Err(Error::Insecure {
                             path: self.dir.clone(),
                             message: message.clone(),
-                        };
-                        (n.clone(), Err(err))
+                        }))
                     })
                     .collect();
+                return c;
             }
         };
-        let mut results: Vec<Option<Result<FileOutcome>>> = Vec::with_capacity(names.len());
-        let mut readable = Vec::new();
         for (i, name) in names.iter().enumerate() {
             match self.read_request(&dz, engine, name) {
                 Ok(Ok((request, bytes))) => {
-                    readable.push((i, request, bytes));
-                    results.push(None);
+                    c.items.push((request.clone(), self.source_of(name)));
+                    c.readable.push((i, request, bytes));
+                    c.results.push(None);
                 }
-                Ok(Err(outcome)) => results.push(Some(Ok(outcome))),
-                Err(e) => results.push(Some(Err(e))),
+                Ok(Err(outcome)) => c.results.push(Some(Ok(outcome))),
+                Err(e) => c.results.push(Some(Err(e))),
             }
         }
-        let items: Vec<_> = readable
-            .iter()
-            .map(|(i, request, _)| (request.clone(), self.source_of(&names[*i])))
-            .collect();
-        let verdicts = engine.apply_batch(&items);
-        let mut consumed = Vec::new();
-        for ((i, request, bytes), verdict) in readable.iter().zip(verdicts) {
-            let name = &names[*i];
-            results[*i] = Some(match verdict {
-                Err(e) => Err(e),
-                Ok(v) => match self.settle(&dz, engine, name, request, bytes, &v) {
-                    Ok(Some(parked)) => Ok(parked),
-                    Ok(None) => {
-                        consumed.push(*i);
-                        Ok(FileOutcome::Consumed(v))
-                    }
+        c.dz = Some(dz);
+        c
+    }
+
+    /// The second half: with one verdict per item of `c` (an `Err` keeps that file), parks or
+    /// removes each file, the consumed ones together now that every signal of theirs is
+    /// durable. One result per name, in order; an `Err` leaves that file in the spool for the
+    /// next attempt.
+    pub fn settle_batch(
+        &self,
+        engine: &Engine,
+        c: Collection,
+        verdicts: Vec<Result<Verdict>>,
+    ) -> Vec<(String, Result<FileOutcome>)> {
+        let Collection {
+            dz,
+            names,
+            mut results,
+            readable,
+            ..
+        } = c;
+        if let Some(dz) = &dz {
+            let mut consumed = Vec::new();
+            for ((i, request, bytes), verdict) in readable.iter().zip(verdicts) {
+                let name = &names[*i];
+                results[*i] = Some(match verdict {
                     Err(e) => Err(e),
-                },
-            });
-        }
-        let taken: Vec<&str> = consumed.iter().map(|i| names[*i].as_str()).collect();
-        let removed = self.remove_consumed(engine, &dz, &taken);
-        if let Err(e) = removed {
-            // Recorded but maybe not removed: the next attempt finds each a duplicate.
-            let message = e.to_string();
-            for i in consumed {
-                results[i] = Some(Err(Error::io(
-                    "cannot remove",
-                    self.dir.join(&names[i]),
-                    io::Error::other(message.clone()),
-                )));
+                    Ok(v) => match self.settle(dz, engine, name, request, bytes, &v) {
+                        Ok(Some(parked)) => Ok(parked),
+                        Ok(None) => {
+                            consumed.push(*i);
+                            Ok(FileOutcome::Consumed(v))
+                        }
+                        Err(e) => Err(e),
+                    },
+                });
+            }
+            let taken: Vec<&str> = consumed.iter().map(|i| names[*i].as_str()).collect();
+            if let Err(e) = self.remove_consumed(engine, dz, &taken) {
+                // Recorded but maybe not removed: the next attempt finds each a duplicate.
+                let message = e.to_string();
+                for i in consumed {
+                    results[i] = Some(Err(Error::io(
+                        "cannot remove",
+                        self.dir.join(&names[i]),
+                        io::Error::other(message.clone()),
+                    )));
+                }
             }
         }
         names
-            .iter()
-            .cloned()
+            .into_iter()
             .zip(
                 results
                     .into_iter()

@@ -326,7 +326,7 @@ fn the_drop_zone_read_path_takes_any_file_without_panicking_or_losing_it() {
                 .unwrap()
                 .set_modified(old)
                 .unwrap();
-            let outcome = spool.collect(&engine, &name);
+            let outcome = waitpoint::daemon::collect_file(&spool, &engine, &name);
             prop_assert!(outcome.is_ok(), "{outcome:?}");
             match outcome.unwrap() {
                 FileOutcome::Consumed(_) => consumed.fetch_add(1, Ordering::Relaxed),

@@ -154,7 +154,7 @@ fn replay_rewrites_what_a_power_cut_lost() {
     fs::write(&wake, b"").unwrap();
     fs::write(home.waitpoint_file(&id), &state_before).unwrap();
 
-    let (_, replayed) = engine(&home).replay_journal().unwrap();
+    let replayed = engine(&home).recover_store().unwrap();
     assert_eq!(replayed, 1);
     assert!(record.exists(), "the record is written again");
     assert_eq!(
@@ -186,7 +186,7 @@ fn replay_never_rolls_back_a_change_made_after_the_entry() {
         fs::rename(wake.path(), cur.join(wake.file_name())).unwrap();
     }
     drop(e);
-    let (_, replayed) = engine(&home).replay_journal().unwrap();
+    let replayed = engine(&home).recover_store().unwrap();
     assert_eq!(replayed, 1, "the batch's line was still there to replay");
     assert_eq!(
         fs::read(home.waitpoint_file(&id)).unwrap(),

@@ -32,4 +32,5 @@ mod snapshots;
 mod spec;
 mod sshd;
 mod state_machine;
+mod store_seam;
 mod trash;

@@ -116,12 +116,11 @@ fn a_group_commit_decides_what_one_by_one_collection_decides() {
         .pending()
         .unwrap()
         .iter()
-        .map(|n| outcome_shape(&spool_s.collect(&es, n).unwrap()))
+        .map(|n| outcome_shape(&waitpoint::daemon::collect_file(&spool_s, &es, n).unwrap()))
         .collect();
     let spool_b = Spool::new(&waitpoint::home::Home::new(&batched.home));
     let names = spool_b.pending().unwrap();
-    let together: Vec<String> = spool_b
-        .collect_batch(&eb, &names)
+    let together: Vec<String> = waitpoint::daemon::collect_files(&spool_b, &eb, &names)
         .iter()
         .map(|(_, o)| outcome_shape(o.as_ref().unwrap()))
         .collect();
@@ -150,7 +149,7 @@ fn a_group_commit_decides_what_one_by_one_collection_decides() {
     for (name, text) in &files_b {
         batched.drop_file(name, text);
     }
-    let again = spool_b.collect_batch(&eb, &spool_b.pending().unwrap());
+    let again = waitpoint::daemon::collect_files(&spool_b, &eb, &spool_b.pending().unwrap());
     for (name, o) in &again {
         let o = outcome_shape(o.as_ref().unwrap());
         assert!(
@@ -176,14 +175,14 @@ fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
     fs::write(wakes.join("new"), b"in the way").unwrap();
     let spool = Spool::new(&waitpoint::home::Home::new(&env.home));
     let names = spool.pending().unwrap();
-    let first = spool.collect_batch(&e, &names);
+    let first = waitpoint::daemon::collect_files(&spool, &e, &names);
     assert!(first.iter().all(|(_, o)| o.is_err()), "{first:?}");
     assert_eq!(env.spooled().len(), 5, "every file kept");
 
     fs::remove_file(wakes.join("new")).unwrap();
     // A new engine, as after a restart, and the same engine (the daemon retrying) must both
     // finish the job with each signal counted once and every wake delivered.
-    let retry = spool.collect_batch(&e, &spool.pending().unwrap());
+    let retry = waitpoint::daemon::collect_files(&spool, &e, &spool.pending().unwrap());
     assert!(retry.iter().all(|(_, o)| o.is_ok()), "{retry:?}");
     assert!(env.spooled().is_empty());
     for (id, _) in &ids {

@@ -39,7 +39,7 @@ fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_fre
         .ino();
 
     let spool = Spool::new(&waitpoint::home::Home::new(&env.home));
-    let outcome = spool.collect(&e, "job.json").unwrap();
+    let outcome = waitpoint::daemon::collect_file(&spool, &e, "job.json").unwrap();
     assert!(matches!(outcome, FileOutcome::Consumed(_)), "{outcome:?}");
 
     assert!(
@@ -63,7 +63,7 @@ fn a_batch_moves_the_old_state_and_the_consumed_file_to_the_trash_instead_of_fre
     let reaper = Reaper::start(e.open_trash().unwrap());
     env.wait_trash_emptied();
     env.drop_file("again", &body(&id, &secret, r#","status":"progress""#));
-    spool.collect(&e, "again.json").unwrap();
+    waitpoint::daemon::collect_file(&spool, &e, "again.json").unwrap();
     env.wait_trash_emptied();
     drop(reaper);
     assert_eq!(env.state(&id)["counters"]["signals"], 2);
@@ -76,9 +76,8 @@ fn without_a_trash_a_command_frees_files_in_place() {
     let e = env.engine();
     let (id, secret) = monitor(&e);
     env.drop_file("job", &body(&id, &secret, ""));
-    let outcome = Spool::new(&waitpoint::home::Home::new(&env.home))
-        .collect(&e, "job.json")
-        .unwrap();
+    let spool = Spool::new(&waitpoint::home::Home::new(&env.home));
+    let outcome = waitpoint::daemon::collect_file(&spool, &e, "job.json").unwrap();
     assert!(matches!(outcome, FileOutcome::Consumed(_)), "{outcome:?}");
     assert!(env.spooled().is_empty());
     assert!(env.trashed().is_empty(), "{:?}", env.trashed());

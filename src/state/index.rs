@@ -11,19 +11,22 @@
 //! - session and channel never change, so nothing else touches the index.
 //!
 //! A home made before the index existed has waitpoints without markers. Readers trust the index
-//! only once `index/sessions.complete` exists, which [`Engine::rebuild_index`] writes after a
+//! only once `index/sessions.complete` exists, which [`Files::rebuild_index`](super::Store::rebuild_index) writes after a
 //! full scan (the daemon runs it at start when the file is missing); until then they scan.
 
 use std::fs;
-use std::io;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::model::Waitpoint;
 use crate::store::{self, Batch, create_dir_private};
 
-use super::Engine;
+use super::Store;
+use super::files::{Files, STAGING_PREFIX};
 
-impl Engine {
+/// Markers staged per commit while rebuilding, bounding the temp files held open at once.
+const MARKERS_PER_COMMIT: usize = 128;
+
+impl Files {
     /// The names a waitpoint is indexed under: its session, and its channel when different.
     fn index_names(wp: &Waitpoint) -> Vec<&str> {
         let mut names = vec![wp.session.as_str()];
@@ -53,20 +56,15 @@ impl Engine {
         store::remove_all_durably(&paths)
     }
 
-    /// Whether readers may trust the index (see the module docs).
-    pub fn index_is_complete(&self) -> bool {
-        self.home.session_index_complete().exists()
-    }
-
     /// Brings the index in line with the waitpoints: adds missing markers, prunes markers of
     /// waitpoints that no longer exist, then marks the index complete. Returns how many markers
     /// it added. Safe to run while CLI commands create waitpoints (they add their own markers).
-    pub fn rebuild_index(&self) -> Result<usize> {
+    pub(super) fn rebuild_index_files(&self) -> Result<usize> {
         create_dir_private(&self.home.session_index_root())?;
         let mut added = 0;
         let mut batch = Batch::new();
         let mut expected = std::collections::HashSet::new();
-        self.for_each_waitpoint(|wp| {
+        self.for_each(&mut |wp| {
             for name in Self::index_names(&wp) {
                 let dir = self.home.session_index(name);
                 let marker = dir.join(&wp.id);
@@ -77,7 +75,7 @@ impl Engine {
                     added += 1;
                 }
             }
-            if batch.len() >= super::MAX_BATCH {
+            if batch.len() >= MARKERS_PER_COMMIT {
                 std::mem::take(&mut batch).commit()?;
             }
             Ok(())
@@ -109,13 +107,13 @@ impl Engine {
     fn being_created(&self, id: &str) -> bool {
         self.home
             .waitpoints_dir()
-            .join(format!("{}{id}", super::STAGING_PREFIX))
+            .join(format!("{STAGING_PREFIX}{id}"))
             .exists()
     }
 
     /// The waitpoints `session` may see, oldest first: through the index when it is complete,
     /// by a full scan otherwise. Cost grows with the session's waitpoints, not with the home's.
-    pub fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
+    pub(super) fn list_visible_files(&self, session: &str) -> Result<Vec<Waitpoint>> {
         if !self.index_is_complete() {
             let mut all = self.list()?;
             all.retain(|wp| wp.visible_to(session));
@@ -127,7 +125,7 @@ impl Engine {
                 continue;
             }
             // A marker may outlive its waitpoint (see the module docs); skip it.
-            if let Some(wp) = self.load_listed(&id)?
+            if let Some(wp) = self.read_listed(&id)?
                 && wp.visible_to(session)
             {
                 out.push(wp);
@@ -135,29 +133,5 @@ impl Engine {
         }
         out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(out)
-    }
-
-    /// Calls `f` with every waitpoint in the home, one at a time, so a scan of a large home
-    /// holds one waitpoint in memory, not all of them. A waitpoint removed during the scan is
-    /// skipped.
-    pub fn for_each_waitpoint(&self, mut f: impl FnMut(Waitpoint) -> Result<()>) -> Result<()> {
-        let dir = self.home.waitpoints_dir();
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io("cannot list", &dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
-            let name = entry.file_name();
-            let Some(id) = name.to_str() else { continue };
-            if !crate::request::is_waitpoint_id(id) {
-                continue;
-            }
-            if let Some(wp) = self.read_record::<Waitpoint>(&entry.path().join("waitpoint.json"))? {
-                f(wp)?;
-            }
-        }
-        Ok(())
     }
 }

@@ -1,0 +1,490 @@
+//! The embedded store: waitpoints as directories of JSON files under the home, changed under
+//! a per-waitpoint lock, with batches committed through the journal.
+//!
+//! A waitpoint is `waitpoints/<id>/waitpoint.json` (its state) and `signals/<seq>-<key>.json`
+//! (one file per recorded signal, named after its identity key, so the listing is the set of
+//! recorded identities). A transaction holds each waitpoint's lock (`flock` on its directory)
+//! from its read to its end, so the version it read cannot change under it. A batch is one
+//! journal line (every record, state and wake), fdatasynced: that is the commit; its files are
+//! written after it, atomically but without their own fsync, and the journal's checkpoint makes
+//! them durable. After a crash the lines left are re-applied ([`Files::recover`]) before any
+//! state is read. See `ARCHITECTURE.md`, "Commit order".
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fs;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::journal::{self, Journal};
+use crate::model::{JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Waitpoint};
+use crate::request::{identity_key, identity_of, is_waitpoint_id};
+use crate::store::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
+
+use super::{Change, Hint, Store, Txn, Version};
+
+/// A new waitpoint's directory is built under this prefix and renamed into place.
+pub(super) const STAGING_PREFIX: &str = ".new-";
+
+/// The home's waitpoints. Cheap to build; one per engine, shared across a settings reload.
+pub struct Files {
+    pub(super) home: Home,
+    clock: Arc<dyn Clock>,
+    /// The journal batches commit through; opened by the first batch (only the daemon, or a
+    /// command run while no daemon is, applies batches).
+    journal: OnceLock<journal::Shared>,
+    /// Where replaced states go when the daemon empties it in the background; without one (a
+    /// command), they are freed in place. Shared with the engine, which opens it.
+    trash: Arc<OnceLock<Arc<Trash>>>,
+}
+
+impl Files {
+    pub fn new(home: Home, clock: Arc<dyn Clock>, trash: Arc<OnceLock<Arc<Trash>>>) -> Files {
+        Files {
+            home,
+            clock,
+            journal: OnceLock::new(),
+            trash,
+        }
+    }
+
+    fn journal(&self) -> Result<&journal::Shared> {
+        if let Some(j) = self.journal.get() {
+            return Ok(j);
+        }
+        let j = Journal::open(&self.home.journal_dir(), self.home.root())?;
+        Ok(self.journal.get_or_init(|| Arc::new(Mutex::new(j))))
+    }
+
+    /// Reads one record met while listing many, setting it aside if it does not parse
+    /// ([`store::read_json_or_set_aside`]), so one bad file stops no listing.
+    pub(super) fn read_listed(&self, id: &str) -> Result<Option<Waitpoint>> {
+        if !is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        store::read_json_or_set_aside(
+            &self.home.quarantine_dir(),
+            self.home.root(),
+            &self.home.waitpoint_file(id),
+        )
+    }
+
+    /// Every waitpoint, oldest first (a full scan).
+    pub(super) fn list(&self) -> Result<Vec<Waitpoint>> {
+        let mut out = Vec::new();
+        self.for_each(&mut |wp| {
+            out.push(wp);
+            Ok(())
+        })?;
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
+    }
+
+    fn lock(&self, id: &str) -> Result<Option<FileLock>> {
+        if !is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
+            return Ok(None);
+        }
+        match FileLock::acquire_dir(&self.home.waitpoint_dir(id)) {
+            Ok(l) => Ok(Some(l)),
+            // Removed between the check and the open (retention): it is unknown now.
+            Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the files `changes` describe, atomically but without fsync. A `replay` writes only
+    /// what is missing or older on disk: a state whose signal count is below the entry's, a
+    /// record or wake that is absent or unreadable. A waitpoint whose directory is gone
+    /// (retention, a deleted session) is skipped.
+    fn write_changes(&self, changes: &[JournalChange], replay: bool) -> Result<()> {
+        let mut files = Unsynced::new();
+        for change in changes {
+            let id = &change.state.id;
+            if replay && !self.home.waitpoint_dir(id).is_dir() {
+                continue;
+            }
+            // The wakes first: a small batch is written in this order, and the wake is what a
+            // waiting reader looks for.
+            for wake in &change.wakes {
+                if !replay || !crate::delivery::is_intact_in_new(&self.home, wake) {
+                    crate::delivery::stage(&self.home, wake, &mut files);
+                }
+            }
+            let dir = self.home.signals_dir(id);
+            for record in &change.records {
+                let key = identity_key(&identity_of(&record.source));
+                let path = dir.join(signal_file_name(record.seq, &key));
+                if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
+                    files.add_json(&path, record);
+                }
+            }
+            let state = self.home.waitpoint_file(id);
+            let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
+            if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
+                files.replace_json(&state, &change.state);
+            }
+        }
+        files.commit(self.trash.get().map(|t| t.as_ref()))
+    }
+
+    /// Re-applies every entry left in the journal (after a crash, or a batch whose files could
+    /// not all be written), then checkpoints it. Returns how many entries there were.
+    fn replay_locked(&self, journal: &mut Journal) -> Result<usize> {
+        let entries = journal.entries()?;
+        for e in &entries {
+            let entry: JournalEntry =
+                serde_json::from_slice(&e.bytes).map_err(|err| Error::Corrupt {
+                    path: e.segment.clone(),
+                    message: format!("line {}: {err}", e.line),
+                })?;
+            if entry.journal != JOURNAL_FORMAT {
+                return Err(Error::Corrupt {
+                    path: e.segment.clone(),
+                    message: format!(
+                        "line {}: journal format {} (this build reads {JOURNAL_FORMAT})",
+                        e.line, entry.journal
+                    ),
+                });
+            }
+            self.write_changes(&entry.changes, true)?;
+        }
+        if !entries.is_empty() {
+            tracing::warn!(
+                entries = entries.len(),
+                "replayed the journal a crash or a failed write left"
+            );
+        }
+        journal.set_needs_replay(false);
+        journal.checkpoint()?;
+        Ok(entries.len())
+    }
+}
+
+impl Store for Files {
+    fn begin(&self) -> Result<Box<dyn Txn + '_>> {
+        Ok(Box::new(FileTxn {
+            files: self,
+            journal: None,
+            held: HashMap::new(),
+            replayed: false,
+        }))
+    }
+
+    fn begin_batch(&self) -> Result<Box<dyn Txn + '_>> {
+        let shared = self.journal()?;
+        let mut journal = journal::lock(shared);
+        let replayed = journal.needs_replay();
+        if replayed {
+            self.replay_locked(&mut journal)
+                .map_err(|e| Error::Corrupt {
+                    path: self.home.journal_dir(),
+                    message: format!("cannot replay the journal before applying signals: {e}"),
+                })?;
+        }
+        Ok(Box::new(FileTxn {
+            files: self,
+            journal: Some(journal),
+            held: HashMap::new(),
+            replayed,
+        }))
+    }
+
+    fn get(&self, id: &str) -> Result<Option<Waitpoint>> {
+        if !is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        read_json(&self.home.waitpoint_file(id))
+    }
+
+    /// Builds the waitpoint's directory under a dot-name and renames it into place, so the
+    /// daemon's watcher sees one complete directory appear and never a half-made one.
+    fn create(&self, wp: &Waitpoint) -> Result<()> {
+        let parent = self.home.waitpoints_dir();
+        create_dir_private(&parent)?;
+        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
+        create_dir_private(&staging.join("signals"))?;
+        // The index markers first: a waitpoint never exists without them (index.rs).
+        let result = self
+            .index_add(wp)
+            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
+            .and_then(|()| store::fsync_dir(&staging))
+            .and_then(|()| {
+                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
+                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
+            })
+            .and_then(|()| store::fsync_dir(&parent));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&staging);
+        }
+        result
+    }
+
+    fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
+        Ok(store::list_dir(&self.home.signals_dir(id))?
+            .into_iter()
+            .filter_map(|(name, _)| parse_signal_file_name(&name))
+            .collect())
+    }
+
+    fn record(&self, id: &str, seq: u64, key: &str) -> Result<Option<SignalRecord>> {
+        read_json(&self.home.signals_dir(id).join(signal_file_name(seq, key)))
+    }
+
+    /// Streams the waitpoints directory, so a scan of a large home holds one waitpoint in
+    /// memory, not all of them. A waitpoint removed during the scan is skipped.
+    fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()> {
+        let dir = self.home.waitpoints_dir();
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(Error::io("cannot list", &dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
+            let name = entry.file_name();
+            let Some(id) = name.to_str() else { continue };
+            if let Some(wp) = self.read_listed(id)? {
+                f(wp)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
+        self.list_visible_files(session)
+    }
+
+    fn index_is_complete(&self) -> bool {
+        self.home.session_index_complete().exists()
+    }
+
+    fn rebuild_index(&self) -> Result<usize> {
+        self.rebuild_index_files()
+    }
+
+    /// A watcher on the waitpoints directory: a directory renamed into place is a new waitpoint
+    /// (a command made it). Changes the daemon makes itself need no hint.
+    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
+        use notify::{RecursiveMode, Watcher};
+        let dir = self.home.waitpoints_dir();
+        create_dir_private(&dir)?;
+        let parent = dir.clone();
+        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let event = match res {
+                Ok(e) if !e.need_rescan() => e,
+                _ => return hint(Hint::Resync),
+            };
+            if !store::is_ready_kind(&event.kind) {
+                return;
+            }
+            for path in &event.paths {
+                if path.parent() == Some(parent.as_path())
+                    && let Some(id) = path.file_name().and_then(|n| n.to_str())
+                    && is_waitpoint_id(id)
+                {
+                    hint(Hint::Changed(id.to_owned()));
+                }
+            }
+        })
+        .map_err(|e| Error::io("cannot watch", &dir, io::Error::other(e.to_string())))?;
+        watcher
+            .watch(&dir, RecursiveMode::NonRecursive)
+            .map_err(|e| Error::io("cannot watch", &dir, io::Error::other(e.to_string())))?;
+        Ok(Box::new(watcher))
+    }
+
+    fn needs_recovery(&self) -> bool {
+        journal::has_segments(&self.home.journal_dir())
+    }
+
+    fn recover(&self) -> Result<usize> {
+        let mut journal = journal::lock(self.journal()?);
+        if journal.needs_replay() {
+            self.replay_locked(&mut journal)
+        } else {
+            Ok(0)
+        }
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        match self.journal.get() {
+            Some(j) => journal::lock(j).checkpoint(),
+            None => Ok(()),
+        }
+    }
+
+    /// The journal's checkpointer, which syncs the files of committed batches and empties it.
+    fn background(&self) -> Result<Box<dyn Any + Send>> {
+        Ok(Box::new(journal::Checkpointer::start(
+            self.journal()?.clone(),
+        )))
+    }
+}
+
+/// A transaction on the files: the locks of the waitpoints it read, and for a batch the journal,
+/// held until it drops so the checkpointer never runs between an entry and its files.
+struct FileTxn<'a> {
+    files: &'a Files,
+    journal: Option<MutexGuard<'a, Journal>>,
+    held: HashMap<String, (FileLock, Version)>,
+    replayed: bool,
+}
+
+impl FileTxn<'_> {
+    /// The version `id` was read at in this transaction, or the conflict of writing one it did
+    /// not read.
+    fn version_of(&self, id: &str) -> Result<Version> {
+        match self.held.get(id) {
+            Some((_, v)) => Ok(*v),
+            None => Err(Error::Conflict(format!(
+                "{id} was not read for update before it was written"
+            ))),
+        }
+    }
+
+    fn set_version(&mut self, wp: &Waitpoint) {
+        if let Some((_, v)) = self.held.get_mut(&wp.id) {
+            *v = Version(wp.counters.signals);
+        }
+    }
+}
+
+impl Txn for FileTxn<'_> {
+    fn read(&mut self, id: &str) -> Result<Option<(Waitpoint, Version)>> {
+        if !self.held.contains_key(id) {
+            let Some(lock) = self.files.lock(id)? else {
+                return Ok(None);
+            };
+            self.held.insert(id.to_owned(), (lock, Version(0)));
+        }
+        match self.files.get(id)? {
+            Some(wp) => {
+                let v = Version(wp.counters.signals);
+                self.set_version(&wp);
+                Ok(Some((wp, v)))
+            }
+            None => {
+                self.held.remove(id);
+                Ok(None)
+            }
+        }
+    }
+
+    fn put(&mut self, wp: &Waitpoint) -> Result<()> {
+        self.version_of(&wp.id)?;
+        commit_json(&self.files.home.waitpoint_file(&wp.id), wp)?;
+        self.set_version(wp);
+        Ok(())
+    }
+
+    /// Renames the directory away first, so a crash mid-delete never leaves a half-removed
+    /// waitpoint that parses; its index markers go last (index.rs).
+    fn remove(&mut self, wp: &Waitpoint) -> Result<()> {
+        self.version_of(&wp.id)?;
+        let home = &self.files.home;
+        let id = wp.id.as_str();
+        let dir = home.waitpoint_dir(id);
+        let parent = home.waitpoints_dir();
+        let grave = parent.join(format!(".gone-{id}"));
+        fs::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
+        store::fsync_dir(&parent)?;
+        fs::remove_dir_all(&grave).map_err(|e| Error::io("cannot remove", &grave, e))?;
+        self.files.index_remove(wp)?;
+        self.held.remove(id);
+        Ok(())
+    }
+
+    fn commit(&mut self, changes: &[Change]) -> Result<()> {
+        for c in changes {
+            let read = self.version_of(&c.change.state.id)?;
+            if read != c.expect {
+                return Err(Error::Conflict(format!(
+                    "{} changed since it was read (version {} then, {} now)",
+                    c.change.state.id, c.expect.0, read.0
+                )));
+            }
+        }
+        let Some(journal) = self.journal.as_mut() else {
+            return Err(Error::Conflict(
+                "a batch commits only in a transaction begun for one".into(),
+            ));
+        };
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let entry = JournalEntry {
+            journal: JOURNAL_FORMAT,
+            committed_at: self.files.clock.now(),
+            changes: changes.iter().map(|c| c.change.clone()).collect(),
+        };
+        journal.append(&serde_json::to_vec(&entry).expect("our records always serialise"))?;
+        let written = written_after_journal(self.files, &entry.changes);
+        if let Err(e) = written {
+            // Committed, but not every file is written: the next batch re-applies the journal
+            // before it decides anything, and the signals of this one then count as duplicates.
+            journal.set_needs_replay(true);
+            return Err(e);
+        }
+        for c in changes {
+            self.set_version(&c.change.state);
+        }
+        Ok(())
+    }
+
+    fn replayed(&self) -> bool {
+        self.replayed
+    }
+}
+
+/// Writes a just-committed entry's files.
+fn written_after_journal(files: &Files, changes: &[JournalChange]) -> Result<()> {
+    crate::failpoint!(
+        crate::failpoint::ENGINE_AFTER_JOURNAL,
+        "cannot write the files of",
+        &files.home.journal_dir()
+    );
+    files.write_changes(changes, false)
+}
+
+/// `<seq>-<identity key>.json`, the seq zero-padded so `ls` sorts in arrival order.
+pub fn signal_file_name(seq: u64, key: &str) -> String {
+    format!("{seq:06}-{key}.json")
+}
+
+pub(crate) fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
+    if store::is_temp_name(name) {
+        return None;
+    }
+    let stem = name.strip_suffix(".json")?;
+    let (seq, key) = stem.split_once('-')?;
+    if seq.is_empty() || !seq.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((seq.parse().ok()?, key.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_file_names_round_trip_their_identity_key() {
+        let key = identity_key("spool:1733-42-7.json");
+        assert_eq!(key, "spool:1733-42-7.json");
+        let name = signal_file_name(7, &key);
+        assert_eq!(name, "000007-spool:1733-42-7.json.json");
+        assert_eq!(parse_signal_file_name(&name), Some((7, key)));
+    }
+
+    #[test]
+    fn odd_identities_are_encoded_and_long_ones_hashed() {
+        assert_eq!(identity_key("spool:a b/\n"), "spool:a%20b%2F%0A");
+        let long = format!("spool:{}", "x".repeat(400));
+        let k = identity_key(&long);
+        assert!(k.len() < 200);
+        assert_ne!(k, identity_key(&format!("spool:{}y", "x".repeat(399))));
+    }
+}

@@ -1,0 +1,108 @@
+//! The seam between the engine and where waitpoints live: the [`Store`] and [`Txn`] traits,
+//! and the home's files as their embedded implementation ([`Files`]).
+//!
+//! The engine decides (rules, counting, wakes); a store keeps what it decided. Everything the
+//! engine reads or writes about a waitpoint goes through these traits: its state with the
+//! version a write must still match, its signal records, the set of waitpoints a session sees,
+//! every waitpoint for the scheduler, and hints that something changed. The operations are the
+//! ones `docs/scale-out.md` maps onto a distributed store (transactions guarded by key
+//! revisions, prefix reads, watches): a second backend implements these two traits and nothing
+//! in the engine changes.
+//!
+//! What the traits promise, whatever the backend:
+//! - a waitpoint read through a [`Txn`] is not changed by any other writer until the
+//!   transaction ends, and every write of the transaction is checked against the
+//!   [`Version`] it was read at ([`Conflict`](crate::error::Error::Conflict) otherwise);
+//! - [`Txn::commit`] is all or nothing and durable when it returns: the records, states and
+//!   wakes of every change, or none of them;
+//! - a recorded identity stays recorded as long as its waitpoint ([`Store::identities`]), which
+//!   is what makes a second copy of a signal a duplicate.
+
+mod files;
+mod index;
+
+use std::any::Any;
+
+use crate::error::Result;
+use crate::model::{JournalChange, SignalRecord, Waitpoint};
+
+pub use files::{Files, signal_file_name};
+
+/// The version of a waitpoint's state a transaction read, which each of its writes must still
+/// match. On files it is the state's signal count under the waitpoint's lock; on a store with
+/// revisions it is the key's revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Version(pub u64);
+
+/// One waitpoint's part of a commit: the state it was read at, its new state, and the records
+/// and wakes the commit adds (the journal's change, with its precondition).
+#[derive(Clone, Debug)]
+pub struct Change {
+    pub expect: Version,
+    pub change: JournalChange,
+}
+
+/// Something about the waitpoints changed; a hint, never the truth (the reader reads again).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hint {
+    /// This waitpoint appeared or changed.
+    Changed(String),
+    /// Hints were lost (an overflow, a compaction): read everything again.
+    Resync,
+}
+
+/// Where waitpoints live. See the module docs for what every implementation promises.
+pub trait Store: Send + Sync {
+    /// Starts a transaction for reading waitpoints for update and writing them one by one.
+    fn begin(&self) -> Result<Box<dyn Txn + '_>>;
+    /// Starts a transaction that may also [`commit`](Txn::commit) a batch. Whatever an
+    /// interrupted commit left unfinished is finished first ([`Txn::replayed`] says so).
+    fn begin_batch(&self) -> Result<Box<dyn Txn + '_>>;
+    /// A waitpoint as it is now, for a reader; `None` when there is no such id.
+    fn get(&self, id: &str) -> Result<Option<Waitpoint>>;
+    /// Stores a new waitpoint; it is visible to readers, whole, once this returns.
+    fn create(&self, wp: &Waitpoint) -> Result<()>;
+    /// `(seq, identity key)` of every signal recorded for a waitpoint, in no order.
+    fn identities(&self, id: &str) -> Result<Vec<(u64, String)>>;
+    /// One recorded signal; `None` when it is not there.
+    fn record(&self, id: &str, seq: u64, key: &str) -> Result<Option<SignalRecord>>;
+    /// Calls `f` with every waitpoint, one at a time (the scheduler's scan at start).
+    fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()>;
+    /// The waitpoints `session` may see ([`Waitpoint::visible_to`]), oldest first.
+    fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>>;
+    /// Whether [`list_visible`](Self::list_visible) is answered without a full scan.
+    fn index_is_complete(&self) -> bool;
+    /// Brings whatever makes `list_visible` cheap in line with the waitpoints; returns how many
+    /// entries it added.
+    fn rebuild_index(&self) -> Result<usize>;
+    /// Calls `hint` whenever a waitpoint appears or changes, until the returned guard drops.
+    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>>;
+    /// Whether interrupted commits may have left something to finish (cheap; a command asks
+    /// before it takes the daemon's lock to [`recover`](Self::recover)).
+    fn needs_recovery(&self) -> bool;
+    /// Finishes what interrupted commits left (after a crash); returns how many there were.
+    fn recover(&self) -> Result<usize>;
+    /// Makes every commit so far durable in its final form, so nothing is left to recover.
+    fn checkpoint(&self) -> Result<()>;
+    /// Starts the store's own background work for a long-running owner (the daemon); it runs
+    /// until the returned guard drops.
+    fn background(&self) -> Result<Box<dyn Any + Send>>;
+}
+
+/// A unit of work on a [`Store`]: what it reads for update stays unchanged by others until it
+/// ends (drops).
+pub trait Txn {
+    /// Reads a waitpoint for update; `None` when there is no such id.
+    fn read(&mut self, id: &str) -> Result<Option<(Waitpoint, Version)>>;
+    /// Replaces the state of a waitpoint read in this transaction, durably, now.
+    fn put(&mut self, wp: &Waitpoint) -> Result<()>;
+    /// Removes a waitpoint read in this transaction, with its records: its id is unknown from
+    /// then on.
+    fn remove(&mut self, wp: &Waitpoint) -> Result<()>;
+    /// Commits every change, all or nothing, durable when it returns. Only a transaction from
+    /// [`Store::begin_batch`] commits.
+    fn commit(&mut self, changes: &[Change]) -> Result<()>;
+    /// Whether starting this transaction finished an interrupted commit, so what the caller
+    /// remembers about any waitpoint may be older than the store.
+    fn replayed(&self) -> bool;
+}
