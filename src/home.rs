@@ -24,11 +24,10 @@
 //! ```
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::store::create_dir_private;
+use crate::store::{Dir, create_dir_private};
 
 /// A home directory and its layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,50 +92,17 @@ impl Home {
     /// be ours and writable by nobody else. Anyone who can write there could plant or swap
     /// state files, read secrets' effects, or redirect wakes, so the daemon does not start.
     pub fn check_private(&self) -> Result<()> {
-        let euid = rustix::process::geteuid().as_raw();
         let extra = [self.trash_dir(), self.quarantine_dir()];
         for dir in self.fixed_dirs().into_iter().chain(extra) {
-            // Not following a link: a directory of the home swapped for a symlink would send
-            // its files, their removals and their renames elsewhere.
-            let meta = match fs::symlink_metadata(&dir) {
-                Ok(m) => m,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(Error::io("cannot inspect", &dir, e)),
-            };
-            let insecure = |message: String| Error::Insecure {
-                path: dir.clone(),
-                message,
-            };
-            // The root may be a link the user made (`~/.cortex -> /data/cortex`); what is
-            // under it may not.
-            if meta.file_type().is_symlink() && dir != self.root {
-                return Err(insecure(format!(
-                    "is a symbolic link; the home's directories must be real ones; fix: rm {} \
-                     (the daemon makes the directory)",
-                    dir.display()
-                )));
-            }
-            let meta = if meta.file_type().is_symlink() {
-                fs::metadata(&dir).map_err(|e| Error::io("cannot inspect", &dir, e))?
-            } else {
-                meta
-            };
-            if !meta.is_dir() {
-                return Err(insecure("is not a directory".into()));
-            }
-            if meta.uid() != euid {
-                return Err(insecure(format!(
-                    "owned by uid {}, not by this user (uid {euid}); fix: chown -R {euid} {}",
-                    meta.uid(),
-                    self.root.display()
-                )));
-            }
-            let mode = meta.mode() & 0o7777;
-            if mode & 0o022 != 0 {
-                return Err(insecure(format!(
-                    "mode {mode:04o} lets other users write here; fix: chmod go-w {}",
-                    dir.display()
-                )));
+            // Opened one directory at a time from the root without following a link, as every
+            // pass over the home does: a directory swapped for a symlink would send its files,
+            // their removals and their renames elsewhere. The root alone may be a link the user
+            // made (`~/.cortex -> /data/cortex`).
+            let rel = dir.strip_prefix(&self.root).unwrap_or(Path::new(""));
+            match Dir::open_beneath(&self.root, rel) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => continue,
+                Err(e) => return Err(e),
             }
         }
         Ok(())

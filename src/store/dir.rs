@@ -137,11 +137,11 @@ impl Dir {
             message,
         };
         let fd = fd.map_err(|e| match e {
-            Errno::LOOP | Errno::NOTDIR if is_link() => insecure(
-                "is a symbolic link; the home's directories must be real ones (fix: \
-                 remove the link; the daemon makes the directory)"
-                    .into(),
-            ),
+            Errno::LOOP | Errno::NOTDIR if is_link() => insecure(format!(
+                "is a symbolic link; the home's directories must be real ones; fix: rm {} \
+                 (the daemon makes the directory)",
+                path.display()
+            )),
             Errno::NOTDIR => insecure("is not a directory".into()),
             e => Error::io("cannot open", path, e.into()),
         })?;
@@ -156,8 +156,9 @@ impl Dir {
         let euid = rustix::process::geteuid().as_raw();
         if meta.uid() != euid {
             return Err(insecure(format!(
-                "owned by uid {}, not by this user (uid {euid})",
-                meta.uid()
+                "owned by uid {}, not by this user (uid {euid}); fix: chown -R {euid} {}",
+                meta.uid(),
+                path.display()
             )));
         }
         if meta.mode() & 0o022 != 0 {

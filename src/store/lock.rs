@@ -1,0 +1,133 @@
+//! Advisory file locks (`flock`): the daemon's lock on the home and the per-waitpoint locks that
+//! serialise writers, with who holds one and whether it is stale.
+
+use super::*;
+
+/// An exclusive advisory lock on a file, released on drop.
+#[derive(Debug)]
+pub struct FileLock {
+    file: File,
+}
+
+impl FileLock {
+    fn open(path: &Path) -> Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(FILE_MODE)
+            .open(path)
+            .map_err(|e| Error::io("cannot open lock", path, e))
+    }
+
+    /// Blocks until the lock on the directory `dir` itself is ours: a lock that needs no file
+    /// of its own, so taking it for the first time creates nothing (a waitpoint's lock is
+    /// taken by every signal's commit).
+    pub fn acquire_dir(dir: &Path) -> Result<Self> {
+        let file = File::open(dir).map_err(|e| Error::io("cannot open lock", dir, e))?;
+        file.lock().map_err(|e| Error::io("cannot lock", dir, e))?;
+        Ok(FileLock { file })
+    }
+
+    /// Blocks until the lock is ours. Used for short read-modify-write sections.
+    pub fn acquire(path: &Path) -> Result<Self> {
+        let file = Self::open(path)?;
+        file.lock().map_err(|e| Error::io("cannot lock", path, e))?;
+        Ok(FileLock { file })
+    }
+
+    /// Takes the lock or reports who holds it (the pid written in the file).
+    pub fn try_acquire_writing_pid(path: &Path) -> Result<Self> {
+        let mut file = Self::open(path)?;
+        if file.try_lock().is_err() {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            return Err(Error::Locked {
+                path: path.to_owned(),
+                pid: pid.trim().to_owned(),
+            });
+        }
+        file.set_len(0)
+            .and_then(|()| writeln!(file, "{}", std::process::id()))
+            .and_then(|()| file.sync_all())
+            .map_err(|e| Error::io("cannot write lock", path, e))?;
+        Ok(FileLock { file })
+    }
+
+    /// Empties the lock file while still holding it (the daemon's clean stop), so a pid found
+    /// in an unheld lock later means its holder died without stopping. Best effort: a failure
+    /// only makes a clean stop look like a crash to `doctor`.
+    pub fn clear(&self) {
+        let _ = self.file.set_len(0).and_then(|()| self.file.sync_all());
+    }
+
+    /// True when some process holds the lock at `path` right now.
+    pub fn is_held(path: &Path) -> bool {
+        match File::open(path) {
+            Ok(f) => match f.try_lock() {
+                Ok(()) => {
+                    let _ = f.unlock();
+                    false
+                }
+                Err(_) => true,
+            },
+            Err(_) => false,
+        }
+    }
+
+    /// Who holds the lock at `path`, by the one test that counts (the lock itself) and the pid
+    /// its holder wrote there. `doctor` and `cortex-signal` both say it this way, so they never
+    /// disagree about a daemon that died.
+    pub fn holder(path: &Path) -> LockHolder {
+        let pid = fs::read_to_string(path)
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        if Self::is_held(path) {
+            return LockHolder::Held { pid };
+        }
+        if pid.is_empty() {
+            return LockHolder::Free;
+        }
+        let reused = pid
+            .parse::<libc::pid_t>()
+            .ok()
+            .filter(|p| *p > 0)
+            .is_some_and(crate::process::process_exists);
+        LockHolder::Stale { pid, reused }
+    }
+}
+
+/// What [`FileLock::holder`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockHolder {
+    /// Held, by the process that wrote `pid`.
+    Held { pid: String },
+    /// Not held, though a holder wrote `pid` there and never cleared it (it died); `reused`
+    /// when some other process has that pid now.
+    Stale { pid: String, reused: bool },
+    /// Not held and never taken, or released cleanly.
+    Free,
+}
+
+impl LockHolder {
+    /// `names pid N, which is not running` (or `... which is running but does not hold the
+    /// lock (its pid was reused)`), for a stale lock.
+    pub fn stale_text(&self, lock: &Path) -> Option<String> {
+        let LockHolder::Stale { pid, reused } = self else {
+            return None;
+        };
+        let why = if *reused {
+            "is running but does not hold the lock (its pid was reused)"
+        } else {
+            "is not running"
+        };
+        Some(format!("{} names pid {pid}, which {why}", lock.display()))
+    }
+}
+
+impl Drop for FileLock {
+    fn drop(&mut self) {
+        let _ = self.file.unlock();
+    }
+}

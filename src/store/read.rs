@@ -1,0 +1,201 @@
+//! Reading records: JSON files read whole, and records met while listing many, reached beneath
+//! the home without following links, bounded in size, and set aside into `quarantine/` with a
+//! reason when they are not what they should be.
+
+use super::*;
+
+/// Reads and parses a JSON file; `Ok(None)` when it does not exist.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::Corrupt {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+/// Reads one record of a collection (a waitpoint, timer, callback or wake among many): a file
+/// that does not parse is set aside into `quarantine` with its reason and skipped (`None`), so
+/// one bad record stops nothing else. If even setting it aside fails, it is skipped all the
+/// same, and the log says why.
+///
+/// The record is reached from `root` one directory at a time, none followed if it is a link,
+/// and read only if it is a regular file of at most [`MAX_RECORD_BYTES`]: a record (or the
+/// directory holding it) that is a link, a FIFO or huge is set aside the same way, unread, so
+/// nothing outside the home is read and nothing blocks or fills memory.
+pub fn read_json_or_set_aside<T: DeserializeOwned>(
+    quarantine: &Path,
+    root: &Path,
+    path: &Path,
+) -> Result<Option<T>> {
+    let (culprit, message) = match read_record_bytes(root, path)? {
+        Ok(None) => return Ok(None),
+        Ok(Some(b)) => match serde_json::from_slice(&b) {
+            Ok(record) => return Ok(Some(record)),
+            Err(e) => (path.to_owned(), format!("does not parse: {e}")),
+        },
+        Err(refused) => refused,
+    };
+    match set_aside(quarantine, root, &culprit, &message) {
+        Ok(to) => tracing::warn!(
+            file = %culprit.display(),
+            quarantined = %to.display(),
+            "a record that cannot be read was set aside: {message}"
+        ),
+        Err(e) => tracing::error!(
+            file = %culprit.display(),
+            "a record that cannot be read is skipped, and could not be set aside ({e}): {message}"
+        ),
+    }
+    Ok(None)
+}
+
+/// The largest record [`read_json_or_set_aside`] reads.
+pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// What to set aside instead of reading: the path (the record, or a directory on the way to
+/// it that is a link) and why.
+type Refused = (PathBuf, String);
+
+/// The bytes of the record at `path` beneath `root` (see [`read_json_or_set_aside`]);
+/// `None` when it does not exist.
+pub(super) fn read_record_bytes(
+    root: &Path,
+    path: &Path,
+) -> Result<std::result::Result<Option<Vec<u8>>, Refused>> {
+    let Ok(rel) = path.strip_prefix(root) else {
+        return read_bytes_if_exists(path).map(Ok);
+    };
+    let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
+        return read_bytes_if_exists(path).map(Ok);
+    };
+    // The common case in one call: the record opened beneath the root with no link followed
+    // anywhere on the way (openat2's RESOLVE_NO_SYMLINKS). A link, a kernel without openat2, or
+    // anything unusual takes the slow path below, which walks the directories one by one and
+    // names the culprit.
+    if let Some(bytes) = read_record_fast(root, rel)? {
+        return Ok(bytes);
+    }
+    let dir = match Dir::open_beneath(root, parent) {
+        Err(e) if e.is_not_found() => return Ok(Ok(None)),
+        // A directory on the way swapped for a link: the link goes aside, not what it names.
+        Err(Error::Insecure { path: p, message })
+            if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) =>
+        {
+            return Ok(Err((p, message)));
+        }
+        other => other?,
+    };
+    let refuse = |message: String| Ok(Err((path.to_owned(), message)));
+    match dir.entry(name) {
+        Ok(None) => return Ok(Ok(None)),
+        Ok(Some(Entry::File { len, .. })) if len > MAX_RECORD_BYTES => {
+            return refuse(format!(
+                "is {len} bytes, more than a record may be ({MAX_RECORD_BYTES})"
+            ));
+        }
+        Ok(Some(Entry::File { .. })) => {}
+        Ok(Some(Entry::Symlink)) => {
+            return refuse("is a symbolic link; records must be real files".into());
+        }
+        Ok(Some(_)) => return refuse("is not a regular file".into()),
+        Err(e) => return Err(Error::io("cannot inspect", path, e)),
+    }
+    let file = match dir.open_read(name) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(None)),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    let mut bytes = Vec::new();
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return refuse(format!(
+            "grew past {MAX_RECORD_BYTES} bytes while being read"
+        ));
+    }
+    Ok(Ok(Some(bytes)))
+}
+
+/// [`read_record_bytes`]'s one-call path: `None` when the slow path must decide.
+#[allow(clippy::type_complexity)]
+pub(super) fn read_record_fast(
+    root: &Path,
+    rel: &Path,
+) -> Result<Option<std::result::Result<Option<Vec<u8>>, Refused>>> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let Ok(root_fd) = rustix::fs::openat(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Ok(None);
+    };
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
+    let fd = match rustix::fs::openat2(&root_fd, rel, flags, Mode::empty(), resolve) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(Some(Ok(None))),
+        // A link somewhere, no openat2, or something else: the slow path says which.
+        Err(_) => return Ok(None),
+    };
+    let file = File::from(fd);
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(_) => return Ok(None),
+    };
+    if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", root.join(rel), e))?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Ok(None);
+    }
+    Ok(Some(Ok(Some(bytes))))
+}
+
+pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
+    match fs::read(path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("cannot read", path, e)),
+    }
+}
+
+/// Moves `path` into `quarantine` (named after its place under `root`, `/` as `%`) with a
+/// `.reason` file beside it, both durable. Returns where it went.
+pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> Result<PathBuf> {
+    create_dir_private(quarantine)?;
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    let stem: String = rel
+        .to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' || c.is_control() { '%' } else { c })
+        .collect();
+    let mut target = quarantine.join(&stem);
+    let mut n = 1;
+    while target.exists() {
+        target = quarantine.join(format!("{stem}.{n}"));
+        n += 1;
+    }
+    let note = format!("{}: {reason}\n", rel.display());
+    commit(
+        &target.with_file_name(format!(
+            "{}.reason",
+            target.file_name().unwrap_or_default().to_string_lossy()
+        )),
+        note.as_bytes(),
+    )?;
+    rename_durably(path, &target)?;
+    Ok(target)
+}

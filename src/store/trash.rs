@@ -1,0 +1,217 @@
+//! The trash: where a running daemon puts what it frees (consumed spool files, replaced states)
+//! so the hot path renames instead of unlinking, and the reaper thread that empties it.
+
+use super::*;
+
+/// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
+/// thread removes them, moments later.
+///
+/// Freeing a file's blocks (removing it, or renaming another file over it) waits for the
+/// device on a filesystem mounted with `discard`: about 150 us a file on the VM the README's
+/// figures come from, two thirds of what a signal cost. The daemon therefore moves a consumed
+/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and a state's old
+/// file, exchanged for the new one (see [`Unsynced::replace_json`]).
+/// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
+/// died left here is removed as soon as the next one starts. A consumed spool file still holds
+/// its job's secret, which is why the reaper removes files as they come rather than in rounds.
+#[derive(Debug)]
+pub struct Trash {
+    /// Held open: what arrives and what is removed is named relative to it, never by path.
+    dir: Dir,
+    /// Names are a counter from a random start, so two processes (or a leftover) rarely meet;
+    /// when they do, the rename replaces garbage, which is harmless.
+    next: AtomicU64,
+    state: Mutex<TrashState>,
+    arrived: Condvar,
+}
+
+#[derive(Debug)]
+pub(super) struct TrashState {
+    /// Whether anything may have arrived since the last emptying (true at first: a daemon
+    /// that died may have left files).
+    pending: bool,
+    stopped: bool,
+}
+
+impl Trash {
+    /// The trash in `dir`, made if missing.
+    pub fn open(dir: &Path) -> Result<Trash> {
+        Ok(Trash {
+            dir: Dir::open_private(dir)?,
+            next: AtomicU64::new(rand::rng().next_u64() >> 1),
+            state: Mutex::new(TrashState {
+                pending: true,
+                stopped: false,
+            }),
+            arrived: Condvar::new(),
+        })
+    }
+
+    fn fresh_name(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{n:016x}")
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, TrashState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn note_arrival(&self) {
+        let mut s = self.lock_state();
+        if !s.pending {
+            s.pending = true;
+            self.arrived.notify_one();
+        }
+    }
+
+    /// Puts `temp` in place of `target` and `target`'s old file here, freeing nothing: one
+    /// atomic exchange of the two names (readers see the old file or the new one), then the
+    /// old file, now under the temp name, moved here. The exchange also skips what a rename
+    /// over an existing file costs on ext4 (`auto_da_alloc` starts writing the new file back
+    /// at once; the checkpoint's `syncfs` does that later, once for every change in between).
+    /// Without an old file, or where the filesystem cannot exchange, it is a plain rename.
+    pub(super) fn replace(&self, temp: &Path, target: &Path) -> Result<()> {
+        crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", target);
+        match exchange(temp, target) {
+            Ok(()) => {
+                self.take_all(std::slice::from_ref(&temp.to_owned()))
+                    .unwrap_or_else(|e| {
+                        // The new file is in place; only the old one lingers under a temp name,
+                        // which the stale-temp walk removes.
+                        tracing::warn!("cannot move a replaced file to the trash: {e}");
+                    });
+                Ok(())
+            }
+            Err(_) => fs::rename(temp, target).map_err(|e| Error::io("cannot rename", target, e)),
+        }
+    }
+
+    /// Moves each of `paths` here, concurrently, without making the moves durable (the
+    /// files' contents must be durable elsewhere, as with [`remove_all`]). A file that cannot
+    /// be moved here is removed instead; files already gone are not an error.
+    pub fn take_all(&self, paths: &[PathBuf]) -> Result<()> {
+        let take = |path: &PathBuf| match self.dir.rename_into(path, &self.fresh_name()) {
+            Ok(()) => {
+                self.note_arrival();
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(_) => remove_all(std::slice::from_ref(path)),
+        };
+        if paths.len() <= INLINE_UNSYNCED {
+            return paths.iter().try_for_each(take);
+        }
+        each_concurrently(paths, take)
+    }
+
+    /// Moves each of `names` from the directory `from` here, through both handles, as
+    /// [`Trash::take_all`] does for paths.
+    pub fn take_all_from(&self, from: &Dir, names: &[&str]) -> Result<()> {
+        let take = |name: &&str| match from.rename_to(
+            std::ffi::OsStr::new(name),
+            &self.dir,
+            &self.fresh_name(),
+        ) {
+            Ok(()) => {
+                self.note_arrival();
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(_) => from.unlink(name),
+        };
+        if names.len() <= INLINE_UNSYNCED {
+            return names.iter().try_for_each(take);
+        }
+        each_concurrently(names, take)
+    }
+
+    /// The reaper thread's loop: empties the trash whenever something arrived, until stopped.
+    fn reap_until_stopped(&self) {
+        while self.wait_for_arrival() {
+            match self.empty() {
+                Ok(0) => {}
+                Ok(files) => tracing::debug!(files, "emptied the trash"),
+                Err(e) => {
+                    tracing::error!("cannot empty the trash (trying again): {e}");
+                    let mut s = self.lock_state();
+                    s.pending = true;
+                    let _ = self.arrived.wait_timeout(s, REAPER_RETRY);
+                }
+            }
+        }
+    }
+
+    /// Waits until something arrived (taking the news: `true`) or the reaper is stopped.
+    fn wait_for_arrival(&self) -> bool {
+        let mut s = self.lock_state();
+        while !s.pending && !s.stopped {
+            s = self.arrived.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        let arrived = !s.stopped;
+        s.pending = false;
+        arrived
+    }
+
+    /// Removes every file here. Returns how many.
+    fn empty(&self) -> Result<usize> {
+        let names = self.dir.names()?;
+        // Concurrently, as `remove_all` does: on a `discard` mount each removal waits for the
+        // device, and issued together the waits overlap.
+        each_concurrently(&names, |name| self.dir.unlink(name))?;
+        Ok(names.len())
+    }
+}
+
+/// The thread that empties a [`Trash`] whenever something arrives; on drop it stops and
+/// empties it a last time, so a clean stop leaves the trash empty.
+#[derive(Debug)]
+pub struct Reaper {
+    trash: Arc<Trash>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// How long the reaper waits before it tries again after failing to empty the trash.
+pub(super) const REAPER_RETRY: Duration = Duration::from_secs(1);
+
+impl Reaper {
+    pub fn start(trash: Arc<Trash>) -> Reaper {
+        let t = trash.clone();
+        let thread = std::thread::Builder::new()
+            .name("reaper".into())
+            .spawn(move || t.reap_until_stopped())
+            .expect("spawn the reaper thread");
+        Reaper {
+            trash,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        {
+            let mut s = self.trash.lock_state();
+            s.stopped = true;
+            self.trash.arrived.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Err(e) = self.trash.empty() {
+            tracing::error!("cannot empty the trash at stop (the next start does): {e}");
+        }
+    }
+}
+
+/// Swaps the names `a` and `b` atomically (`renameat2(2)` with `RENAME_EXCHANGE`); both must
+/// exist.
+pub(super) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    use rustix::fs::{CWD, RenameFlags};
+    Ok(rustix::fs::renameat_with(
+        CWD,
+        a,
+        CWD,
+        b,
+        RenameFlags::EXCHANGE,
+    )?)
+}
