@@ -92,6 +92,52 @@ pub fn human_duration(ms: i64) -> String {
     }
 }
 
+/// Parses a duration as people write it: `90s`, `10m`, `1h30m`, `2d`, `500ms`; a bare number is
+/// seconds. Returns milliseconds.
+pub fn parse_duration(text: &str) -> Result<u64, String> {
+    let bad = || {
+        format!(
+            "{text:?} is not a duration: write it like 90s, 10m, 1h30m or 2d (a bare number is seconds)"
+        )
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return t
+            .parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(1000))
+            .ok_or_else(bad);
+    }
+    let mut total: u64 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad());
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let unit_ms: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total = n
+            .checked_mul(unit_ms)
+            .and_then(|ms| total.checked_add(ms))
+            .ok_or_else(bad)?;
+    }
+    Ok(total)
+}
+
 /// Where "now" comes from.
 pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
@@ -153,6 +199,19 @@ mod tests {
         let text = t.to_string();
         assert_eq!(text, "2025-12-01T05:44:50.123Z");
         assert_eq!(Timestamp::parse(&text), Some(t));
+    }
+
+    #[test]
+    fn durations_parse_as_written() {
+        assert_eq!(parse_duration("90s"), Ok(90_000));
+        assert_eq!(parse_duration("10m"), Ok(600_000));
+        assert_eq!(parse_duration("1h30m"), Ok(5_400_000));
+        assert_eq!(parse_duration("2d"), Ok(172_800_000));
+        assert_eq!(parse_duration("500ms"), Ok(500));
+        assert_eq!(parse_duration("45"), Ok(45_000));
+        for bad in ["", "m", "10x", "1.5h", "-3s", "10 m"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

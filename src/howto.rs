@@ -29,6 +29,20 @@ pub struct HowToSignal {
     /// When no HTTP shim is listening for this home: what the `curl` line needs first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub curl_note: Option<String>,
+    /// With `heartbeat_within`: the job wrapped in `waitpoint run --heartbeat`, which reports
+    /// `progress` every interval while it lives and the result when it ends (put the command
+    /// where the line says `COMMAND`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+}
+
+/// The placeholder the `run` line carries where the job's command goes.
+pub const COMMAND_PLACEHOLDER: &str = "COMMAND";
+
+/// The `run --heartbeat` interval for a `heartbeat_within` window: two thirds of it (at least a
+/// second), so one late beat does not look like silence.
+pub fn heartbeat_interval_s(window_ms: u64) -> u64 {
+    (window_ms * 2 / 3 / 1000).max(1)
 }
 
 impl HowToSignal {
@@ -155,7 +169,17 @@ printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":
         "(while kill -0 {PID_PLACEHOLDER} 2>/dev/null; do sleep 5; done; \
 {signal} --status ok --message \"pid {PID_PLACEHOLDER} exited\") &"
     );
+    let run = wp.silence.heartbeat_within_ms.map(|window| {
+        let env_prefix = signal
+            .trim_end_matches(&member_flag)
+            .trim_end_matches(" cortex-signal");
+        format!(
+            "{env_prefix} waitpoint run --heartbeat {}s{member_flag} -- {COMMAND_PLACEHOLDER}",
+            heartbeat_interval_s(window)
+        )
+    });
     HowToSignal {
+        run,
         env,
         cli: format!("{signal} --exit-code $?"),
         curl,

@@ -140,6 +140,77 @@ pub struct Waitpoint {
     /// Whether that recheck wake went out.
     #[serde(default)]
     pub recheck_sent: bool,
+    /// The silence watches armed with it and where they stand (all off by default).
+    #[serde(default, skip_serializing_if = "Silence::is_off")]
+    pub silence: Silence,
+}
+
+/// `started_within` and `heartbeat_within`: an early wake when a job never reports, or stops
+/// reporting, long before the deadline. The watches' due times are computed from this record
+/// and the last report alone, so a restart recomputes them and an idle watch costs nothing but
+/// its place in the daemon's due queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Silence {
+    /// One "never started" wake if no signal at all (progress included) has arrived this long
+    /// after arming.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_within_ms: Option<u64>,
+    /// After the first signal: a "went quiet" wake each time no further report arrives within
+    /// this window (a later report re-arms it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_within_ms: Option<u64>,
+    /// The last report of any status: when, which, and its message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_report: Option<LastReport>,
+    /// Whether the "never started" wake went out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_started_sent: bool,
+    /// The seq of the report after which the "went quiet" wake went out: the job is quiet
+    /// until a later report arrives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quiet_after_seq: Option<u64>,
+    /// When the hourly wake cap held a silence wake back: not before then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until: Option<Timestamp>,
+    /// The start of the device outage a "device unreachable" wake was sent for (once per
+    /// outage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outage_noticed: Option<Timestamp>,
+    /// Silence wakes sent, numbering their wake ids apart from the result wakes (they do not
+    /// count toward `max_signals`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub notices: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl Silence {
+    /// Whether no watch was ever armed (the record then carries no `silence` object at all).
+    pub fn is_off(&self) -> bool {
+        self.started_within_ms.is_none() && self.heartbeat_within_ms.is_none()
+    }
+}
+
+/// The newest signal a waitpoint recorded, of any status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastReport {
+    pub seq: u64,
+    pub at: Timestamp,
+    pub status: SignalStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// What the daemon knows of a device's reachability, for the silence wakes that name it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    /// `None` until its collector's first attempt.
+    pub reachable: Option<bool>,
+    /// The last round that reached it.
+    pub last_success_at: Option<Timestamp>,
+    pub last_error: Option<String>,
 }
 
 /// Why a wake is waiting.
@@ -194,6 +265,11 @@ impl Waitpoint {
     pub fn wake_id(&self, n: u64) -> String {
         format!("wk_{}_{n:04}", self.id.trim_start_matches("wp_"))
     }
+
+    /// The id of the `n`th silence wake, apart from the result wakes' numbering.
+    pub fn silence_wake_id(&self, n: u64) -> String {
+        format!("wk_{}_s{n:03}", self.id.trim_start_matches("wp_"))
+    }
 }
 
 /// `waitpoints/<id>/signals/<seq>-<identity>.json`: one accepted signal. Never rewritten.
@@ -228,6 +304,12 @@ pub enum WakeKind {
     WakeHint,
     /// A callback in `enqueue` mode delivered a message (external evidence).
     EnqueueMessage,
+    /// `started_within` passed with no signal at all; the waitpoint stays armed.
+    NotStarted,
+    /// `heartbeat_within` passed since the last report; the waitpoint stays armed.
+    WentQuiet,
+    /// The waitpoint's device stayed unreachable longer than `heartbeat_within`.
+    DeviceUnreachable,
 }
 
 impl WakeKind {
@@ -240,6 +322,9 @@ impl WakeKind {
             WakeKind::Timer => "timer",
             WakeKind::WakeHint => "wake_hint",
             WakeKind::EnqueueMessage => "enqueue_message",
+            WakeKind::NotStarted => "not_started",
+            WakeKind::WentQuiet => "went_quiet",
+            WakeKind::DeviceUnreachable => "device_unreachable",
         }
     }
 }

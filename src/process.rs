@@ -21,6 +21,8 @@ use crate::request::MAX_DATA_CHARS;
 /// The last lines of a command's output, bounded in lines and characters.
 #[derive(Debug, Clone)]
 pub struct Tail {
+    /// The newest line seen, kept whatever the caps (a heartbeat's message).
+    last: Option<String>,
     lines: VecDeque<String>,
     chars: usize,
     max_lines: usize,
@@ -31,6 +33,7 @@ impl Tail {
     /// Keeps at most `max_lines` lines and `max_chars` characters (newlines included).
     pub fn new(max_lines: usize, max_chars: usize) -> Self {
         Tail {
+            last: None,
             lines: VecDeque::new(),
             chars: 0,
             max_lines,
@@ -41,6 +44,9 @@ impl Tail {
     /// Adds one line (with its newline, if it had one), dropping the oldest lines past the caps.
     /// A line longer than the character cap keeps its end, which is where errors usually are.
     pub fn push(&mut self, line: String) {
+        if !line.trim().is_empty() {
+            self.last = Some(line.clone());
+        }
         if self.max_lines == 0 || self.max_chars == 0 {
             return;
         }
@@ -67,6 +73,11 @@ impl Tail {
 
     pub fn is_empty(&self) -> bool {
         self.lines.is_empty()
+    }
+
+    /// The newest non-blank line, without its newline.
+    pub fn last_line(&self) -> Option<String> {
+        self.last.as_ref().map(|l| l.trim_end().to_owned())
     }
 }
 
@@ -130,18 +141,17 @@ pub fn shell_code(status: ExitStatus) -> i32 {
 }
 
 /// Runs `program args` with inherited standard input, copying its standard output and error
-/// to `out` and `err` as they come and keeping the last `tail_lines` lines (at most the data
-/// cap in characters). While it runs, SIGTERM and SIGHUP sent to us are passed on to it, and
+/// to `out` and `err` as they come and keeping the last lines in `tail` (which the caller may
+/// read meanwhile: a heartbeat's message). While it runs, SIGTERM and SIGHUP sent to us are passed on to it, and
 /// SIGINT and SIGQUIT (which a terminal already sends to the whole foreground group) do not
 /// kill us, so the outcome is always reported.
 pub fn run_command(
     program: &OsString,
     args: &[OsString],
-    tail_lines: usize,
+    tail: Arc<Mutex<Tail>>,
     out: Box<dyn Write + Send>,
     err: Box<dyn Write + Send>,
 ) -> io::Result<RunOutcome> {
-    let tail = Arc::new(Mutex::new(Tail::new(tail_lines, MAX_DATA_CHARS)));
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGHUP,

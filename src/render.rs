@@ -35,6 +35,45 @@ pub struct CheckItem {
     pub badges: Vec<Badge>,
     /// The newest `progress` report, if any: a heartbeat shows up when you next look.
     pub latest_heartbeat: Option<Heartbeat>,
+    /// With a silence watch: the last report of any status, and how long ago it came.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_report: Option<LastReportView>,
+}
+
+/// The last report of a waitpoint with a silence watch, as `check` and `show` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LastReportView {
+    pub at: Timestamp,
+    /// How long ago, in words (`3m 2s ago`).
+    pub age: String,
+    pub status: &'static str,
+}
+
+impl LastReportView {
+    pub fn of(wp: &Waitpoint, now: Timestamp) -> Option<LastReportView> {
+        let last = wp.silence.last_report.as_ref()?;
+        Some(LastReportView {
+            at: last.at,
+            age: time_left(last.at, now),
+            status: last.status.as_str(),
+        })
+    }
+}
+
+/// The `quiet` badge: which silence, and for how long.
+fn quiet_text(wp: &Waitpoint, now: Timestamp) -> String {
+    let s = &wp.silence;
+    match &s.last_report {
+        Some(last) => format!(
+            "quiet: no report for {} (heartbeat_within {})",
+            human_duration(now.millis_since(last.at)),
+            human_duration(s.heartbeat_within_ms.unwrap_or(0) as i64)
+        ),
+        None => format!(
+            "not started: nothing reported in {} since it was armed",
+            human_duration(now.millis_since(wp.created_at))
+        ),
+    }
 }
 
 /// A waitpoint's newest `progress` report, as `check` shows it.
@@ -186,6 +225,13 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
             attention: true,
         });
     }
+    if wp.status == Status::Armed && engine::silence::is_quiet(wp) {
+        out.push(Badge {
+            kind: "quiet",
+            text: quiet_text(wp, now),
+            attention: true,
+        });
+    }
     if wp.status != Status::Armed && engine::has_undelivered_wake(home, wp) {
         out.push(Badge {
             kind: "unread",
@@ -223,6 +269,7 @@ pub fn check_items(
                     .get(i)
                     .and_then(Option::as_ref)
                     .map(|s| Heartbeat::of(s, now)),
+                last_report: LastReportView::of(wp, now),
             }
         })
         .collect()
@@ -260,6 +307,10 @@ pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
         }
         if let Some(h) = &it.latest_heartbeat {
             let text = style.paint("2", &format!("♥ {}", h.line(60)));
+            out.push_str(&format!("{:16} {text}\n", ""));
+        }
+        if let Some(r) = &it.last_report {
+            let text = style.paint("2", &format!("last report {} ({})", r.age, r.status));
             out.push_str(&format!("{:16} {text}\n", ""));
         }
     }
@@ -364,6 +415,20 @@ pub fn show_text(
     }
     if let Some(d) = &wp.device {
         line(format!("  device    {d}"));
+    }
+    let s = &wp.silence;
+    if !s.is_off() {
+        let mut watches = Vec::new();
+        if let Some(ms) = s.started_within_ms {
+            watches.push(format!("started_within {}", human_duration(ms as i64)));
+        }
+        if let Some(ms) = s.heartbeat_within_ms {
+            watches.push(format!("heartbeat_within {}", human_duration(ms as i64)));
+        }
+        line(format!("  silence   {}", watches.join(" · ")));
+        if let Some(r) = LastReportView::of(wp, now) {
+            line(format!("  last      {} at {} ({})", r.status, r.at, r.age));
+        }
     }
     for b in badges {
         line(format!("  badge     {}", b.text));

@@ -225,6 +225,8 @@ pub fn field_hint(field: &str) -> Option<&'static str> {
         "max_signals" => "--max-signals",
         "expires_in_hours" => "--expires-in-hours",
         "recheck_after_ms" => "--recheck-after-ms",
+        "started_within_s" => "--started-within",
+        "heartbeat_within_s" => "--heartbeat-within",
         "device" => "--device",
         "session" => "--session",
         "channel" => "--channel",

@@ -5,7 +5,7 @@
 use std::ffi::OsString;
 use std::io::{self, IsTerminal, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// How many of the last lines of output to send as data (within the 16,000-character cap)
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub tail_lines: usize,
+    /// Send a `progress` report every DURATION while the command runs, its last output line as
+    /// the message (for a waitpoint armed with --heartbeat-within a little longer): 5m, 90s
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
+    pub heartbeat: Option<u64>,
     /// The command to run and its arguments (put them after `--`)
     #[arg(
         value_name = "COMMAND",
@@ -67,6 +71,100 @@ pub struct AttachArgs {
     /// One-line summary for the wake [default: "pid PID exited"]
     #[arg(long, value_name = "TEXT")]
     pub message: Option<String>,
+    /// Send a `progress` report every DURATION while the process lives (for a waitpoint armed
+    /// with --heartbeat-within a little longer): 5m, 90s
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
+    pub heartbeat: Option<u64>,
+}
+
+/// A heartbeat interval: a duration of at least one second.
+fn parse_interval(text: &str) -> Result<u64, String> {
+    match crate::clock::parse_duration(text)? {
+        ms if ms < 1_000 => Err(format!(
+            "{text:?} is under a second; beat at most once a second"
+        )),
+        ms => Ok(ms),
+    }
+}
+
+/// A thread that sends a `progress` report every interval until it is stopped (dropped): the
+/// heartbeat of `run --heartbeat` and `attach --heartbeat`. Each beat is a new signal with its
+/// own identity; a failed one is said once on stderr and the job goes on.
+struct Heartbeat {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    fn start(
+        home: &Home,
+        mut body: SignalBody,
+        every_ms: Option<u64>,
+        message: impl Fn(u64) -> String + Send + 'static,
+        program: &'static str,
+    ) -> Heartbeat {
+        let Some(every_ms) = every_ms else {
+            return Heartbeat {
+                stop: None,
+                thread: None,
+            };
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let home = home.clone();
+        body.status = SignalStatus::Progress;
+        body.data = None;
+        let thread = std::thread::spawn(move || {
+            let mut warned = false;
+            for beat in 1.. {
+                match rx.recv_timeout(Duration::from_millis(every_ms)) {
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    _ => return,
+                }
+                let mut b = body.clone();
+                b.message = Some(message(beat));
+                let sent = crate::signal::fit_body(b)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|bytes| super::send(&home, &bytes, None, false, program));
+                if let Err(e) = sent
+                    && !warned
+                {
+                    eprintln!("{program}: a heartbeat could not be sent (the job goes on): {e:#}");
+                    warned = true;
+                }
+            }
+        });
+        Heartbeat {
+            stop: Some(tx),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        // Closing the channel wakes the thread at once; a beat in flight finishes first, so
+        // the final report is never overtaken by a late heartbeat.
+        self.stop.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A heartbeat's message: the last output line, cut to the message cap.
+fn beat_message(last: Option<String>, beat: u64) -> String {
+    match last {
+        Some(line) => {
+            let n = line.chars().count();
+            let keep = crate::ingress::MAX_MESSAGE_CHARS.min(200);
+            if n > keep {
+                line.chars().skip(n - keep).collect()
+            } else {
+                line
+            }
+        }
+        None => format!("alive (heartbeat {beat}, no output yet)"),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -112,13 +210,27 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
         return Ok(exit::FAILURE);
     }
     let (program, args) = a.command.split_first().expect("clap requires a command");
+    let tail = Arc::new(Mutex::new(process::Tail::new(
+        a.tail_lines,
+        crate::ingress::MAX_DATA_CHARS,
+    )));
+    let heartbeat = {
+        let tail = Arc::clone(&tail);
+        let last = move |beat| {
+            let line = tail.lock().unwrap_or_else(|e| e.into_inner()).last_line();
+            beat_message(line, beat)
+        };
+        Heartbeat::start(home, body.clone(), a.heartbeat, last, "waitpoint run")
+    };
     let outcome = process::run_command(
         program,
         args,
-        a.tail_lines,
+        tail,
         Box::new(io::stdout()),
         Box::new(io::stderr()),
-    )?;
+    );
+    drop(heartbeat);
+    let outcome = outcome?;
     if let Some(why) = &outcome.spawn_error {
         eprintln!("waitpoint run: {why}");
     }
@@ -150,7 +262,13 @@ pub fn attach(home: &Home, a: AttachArgs) -> anyhow::Result<u8> {
     let message = a.message.unwrap_or_else(|| format!("pid {} exited", a.pid));
     let body = a.target.body(Some(message))?;
     if process::process_exists(a.pid) {
-        process::wait_for_exit(a.pid, true, ATTACH_POLL)?;
+        let pid = a.pid;
+        let alive = move |beat| format!("pid {pid} alive (heartbeat {beat})");
+        let heartbeat =
+            Heartbeat::start(home, body.clone(), a.heartbeat, alive, "waitpoint attach");
+        let waited = process::wait_for_exit(a.pid, true, ATTACH_POLL);
+        drop(heartbeat);
+        waited?;
     } else {
         eprintln!(
             "waitpoint attach: pid {} is not running; signalling now",

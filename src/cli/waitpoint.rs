@@ -92,6 +92,14 @@ pub struct CreateArgs {
     /// (the waitpoint stays armed)
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
     pub recheck_after_ms: Option<u64>,
+    /// If no signal at all (progress included) has arrived this long after arming, send one
+    /// early wake saying so (the waitpoint stays armed): 10m, 1h30m, 90s
+    #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration)]
+    pub started_within: Option<u64>,
+    /// After the first signal, wake when no further report arrives within this window; a later
+    /// report re-arms it (pair with `waitpoint run --heartbeat`): 10m, 1h
+    #[arg(long, value_name = "DURATION", value_parser = crate::clock::parse_duration)]
+    pub heartbeat_within: Option<u64>,
     /// Print the reply as JSON
     #[arg(long, conflicts_with = "print")]
     pub json: bool,
@@ -202,6 +210,8 @@ pub(super) fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> an
             session,
             channel,
             recheck_after_ms: a.recheck_after_ms,
+            started_within_ms: a.started_within,
+            heartbeat_within_ms: a.heartbeat_within,
         },
     )?;
     print_created(engine, &created, a.print, a.json, out)

@@ -269,6 +269,11 @@ impl Daemon {
             DeviceEvent::File { device, file } => self.collect_mirrored(&device, &file),
             DeviceEvent::Record(_) => self.devices.reconcile(),
             DeviceEvent::Poll(name) => self.devices.poll(&name),
+            DeviceEvent::Unreachable {
+                device,
+                since,
+                error,
+            } => self.device_outage(&device, since, &error),
         }
     }
 
@@ -333,5 +338,35 @@ impl Daemon {
             }
         }
         n
+    }
+
+    /// A device is out of reach: each armed waitpoint bound to it with a heartbeat window is
+    /// told, once per outage, when the outage has outlasted its window (checked at each failed
+    /// round, so at most one backoff late).
+    pub(super) fn device_outage(&mut self, device: &str, since: Timestamp, error: &str) {
+        let Some(ids) = self.silent_devices.get(device).cloned() else {
+            return;
+        };
+        for id in ids {
+            match self.engine.notice_device_outage(&id, since, error) {
+                Ok(next) => self.due.set(&id, next),
+                Err(e) => {
+                    tracing::error!(waitpoint = %id, "cannot tell of the device outage (next round retries): {e}")
+                }
+            }
+        }
+    }
+
+    /// Remembers which armed waitpoints watch their device's reachability.
+    pub(super) fn note_device_watch(&mut self, wp: &crate::model::Waitpoint) {
+        if let Some(d) = &wp.device
+            && wp.silence.heartbeat_within_ms.is_some()
+            && wp.status == crate::model::Status::Armed
+        {
+            self.silent_devices
+                .entry(d.clone())
+                .or_default()
+                .insert(wp.id.clone());
+        }
     }
 }

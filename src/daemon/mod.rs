@@ -160,9 +160,25 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     progress: Option<Box<dyn DrainProgress>>,
     devices: Fleet,
+    /// Armed waitpoints with a heartbeat window, by device: who hears of a device's outage.
+    silent_devices: HashMap<String, HashSet<String>>,
     /// The shim's listener, bound in `new` so a port in use fails the start.
     http: Option<http::Bound>,
     lock: FileLock,
+}
+
+/// How the engine looks a device up for the silence wakes: its collector's status and spool.
+fn device_lookup(home: Home) -> engine::silence::DeviceLookup {
+    Arc::new(move |name| {
+        let d = device::load(&home, name).ok().flatten()?;
+        let st = device::load_status(&home, name).unwrap_or_default();
+        let health = crate::model::DeviceHealth {
+            reachable: st.reachable,
+            last_success_at: st.last_success_at,
+            last_error: st.last_error,
+        };
+        Some((health, d.spool))
+    })
 }
 
 /// Read wakes are cleaned from `cur/` this often.
@@ -205,7 +221,8 @@ impl Daemon {
                 let _ = device_tx.send(Event::Device(e));
             }),
         );
-        let engine = Engine::new(config.home, config.settings, Arc::clone(&clock));
+        let engine = Engine::new(config.home.clone(), config.settings, Arc::clone(&clock));
+        engine.set_device_lookup(device_lookup(config.home));
         let stop = Arc::new(AtomicBool::new(false));
         let control = DaemonControl {
             tx: tx.clone(),
@@ -235,6 +252,7 @@ impl Daemon {
                 stop,
                 progress: None,
                 devices,
+                silent_devices: HashMap::new(),
                 http,
                 lock,
             },
@@ -285,8 +303,12 @@ impl Daemon {
         let _store_work = self.engine.store().background()?;
         // From here on, what the engine frees goes to the trash, emptied as it fills.
         let _reaper = crate::store::Reaper::start(self.engine.open_trash()?);
+        // What arrived while no daemon ran is collected before any silence is reported: a job
+        // that reported during the outage did not go quiet.
+        self.engine.hold_silence();
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
+        self.engine.release_silence();
         // After the drain: readers scan until the index is complete, signals should not wait.
         self.ensure_index();
         self.devices.reconcile();
@@ -386,7 +408,10 @@ impl Daemon {
         match event {
             Event::SpoolFile(name) => self.collect_hinted(name),
             Event::WaitpointAppeared(id) => match self.engine.load(&id) {
-                Ok(Some(wp)) => self.due.set(&wp.id, engine::next_due(&wp)),
+                Ok(Some(wp)) => {
+                    self.note_device_watch(&wp);
+                    self.due.set(&wp.id, engine::next_due(&wp));
+                }
                 Ok(None) => {}
                 Err(e) => tracing::error!(waitpoint = %id, "cannot read new waitpoint: {e}"),
             },

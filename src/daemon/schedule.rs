@@ -76,8 +76,16 @@ impl Daemon {
     pub(super) fn rescan_waitpoints(&mut self) {
         self.due.clear();
         let now = self.engine.now();
+        self.silent_devices.clear();
         let due = &mut self.due;
+        let silent = &mut self.silent_devices;
         let scanned = self.engine.for_each_waitpoint(|wp| {
+            if let Some(d) = &wp.device
+                && wp.silence.heartbeat_within_ms.is_some()
+                && wp.status == crate::model::Status::Armed
+            {
+                silent.entry(d.clone()).or_default().insert(wp.id.clone());
+            }
             let at = engine::next_due(&wp);
             // Finish interrupted deliveries at once; everything else waits its turn in the queue.
             let at = if wp.outbox.is_empty() { at } else { Some(now) };

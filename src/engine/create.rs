@@ -35,6 +35,11 @@ pub struct CreateRequest {
     pub channel: String,
     /// `recheck_after_ms`: one "recheck" wake if nothing terminal arrived by then.
     pub recheck_after_ms: Option<u64>,
+    /// `started_within_s`, in milliseconds: one early wake if no signal at all arrived by then.
+    pub started_within_ms: Option<u64>,
+    /// `heartbeat_within_s`, in milliseconds: after the first signal, a wake each time no
+    /// further report arrives within this window.
+    pub heartbeat_within_ms: Option<u64>,
 }
 
 impl CreateRequest {
@@ -54,6 +59,8 @@ impl CreateRequest {
             session: session.to_owned(),
             channel: session.to_owned(),
             recheck_after_ms: None,
+            started_within_ms: None,
+            heartbeat_within_ms: None,
         }
     }
 }
@@ -174,6 +181,12 @@ impl Engine {
             }
             _ => {}
         }
+        for (field, value) in [
+            ("started_within_s", req.started_within_ms),
+            ("heartbeat_within_s", req.heartbeat_within_ms),
+        ] {
+            check_window(field, value, lifetime_ms)?;
+        }
         let now = self.clock.now();
         let secret = secret::generate();
         let waitpoint = Waitpoint {
@@ -204,6 +217,11 @@ impl Engine {
             hook_deliveries: Vec::new(),
             recheck_at: req.recheck_after_ms.map(|ms| now.plus_ms(ms as i64)),
             recheck_sent: false,
+            silence: crate::model::Silence {
+                started_within_ms: req.started_within_ms,
+                heartbeat_within_ms: req.heartbeat_within_ms,
+                ..Default::default()
+            },
         };
         self.store.create(&waitpoint)?;
         Ok(Created { waitpoint, secret })
@@ -223,5 +241,28 @@ impl Engine {
                 return id;
             }
         }
+    }
+}
+
+/// The shortest silence window: one second, like the shortest lifetime.
+pub const MIN_WINDOW_MS: u64 = 1_000;
+
+/// Checks a silence window: at least a second, and shorter than the waitpoint's lifetime (a
+/// window that ends after the deadline could never be reported; the deadline says it all).
+fn check_window(field: &'static str, value: Option<u64>, lifetime_ms: i64) -> Result<()> {
+    match value {
+        Some(ms) if ms < MIN_WINDOW_MS => Err(Error::invalid(
+            field,
+            format!("must be at least 1 second, not {ms} ms"),
+        )),
+        Some(ms) if ms >= lifetime_ms as u64 => Err(Error::invalid(
+            field,
+            format!(
+                "must be shorter than the waitpoint's lifetime ({}), not {}",
+                human_duration(lifetime_ms),
+                human_duration(ms as i64)
+            ),
+        )),
+        _ => Ok(()),
     }
 }

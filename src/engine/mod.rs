@@ -14,6 +14,7 @@ mod create;
 pub mod rules;
 mod service;
 mod sessions;
+pub mod silence;
 pub mod timers;
 
 use std::collections::{HashMap, HashSet};
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::Rng;
 
-use crate::clock::{Clock, Timestamp};
+use crate::clock::{Clock, Timestamp, human_duration};
 use crate::delivery;
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -88,6 +89,10 @@ pub struct Engine {
     /// Where replaced states and consumed spool files go, when the daemon empties it in the
     /// background; without one (a command), they are freed in place. Shared with the file store.
     trash: Arc<OnceLock<Arc<Trash>>>,
+    /// How to look a device up for the silence wakes that name it (set by the daemon).
+    devices: Mutex<Option<silence::DeviceLookup>>,
+    /// While set, no silence wake goes out (the daemon's start, see `silence.rs`).
+    silence_held: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -102,6 +107,8 @@ impl Engine {
             store: Arc::new(files),
             seen: Mutex::new(HashMap::new()),
             trash,
+            devices: Mutex::new(None),
+            silence_held: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -172,6 +179,17 @@ impl Engine {
     pub fn with_store_of(mut self, previous: &Engine) -> Engine {
         self.store = Arc::clone(&previous.store);
         self.trash = Arc::clone(&previous.trash);
+        let lookup = previous
+            .devices
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        *self.devices.lock().unwrap_or_else(|e| e.into_inner()) = lookup;
+        let held = previous
+            .silence_held
+            .load(std::sync::atomic::Ordering::SeqCst);
+        self.silence_held
+            .store(held, std::sync::atomic::Ordering::SeqCst);
         self
     }
 

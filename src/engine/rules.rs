@@ -91,6 +91,7 @@ pub struct CompletedRound {
 /// the grace window) is recorded and carried by the pending wake, and changes nothing else.
 pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedRound> {
     wp.counters.signals = rec.seq;
+    super::silence::note_report(wp, rec);
     match rec.status {
         SignalStatus::Ok => wp.counters.ok += 1,
         SignalStatus::Fail => wp.counters.fail += 1,
@@ -313,7 +314,15 @@ window folded {rounds} reports into it",
 (deadline {})",
             wp.expires_at
         ),
-        (WakeKind::Timer | WakeKind::WakeHint | WakeKind::EnqueueMessage, _) => {
+        (
+            WakeKind::Timer
+            | WakeKind::WakeHint
+            | WakeKind::EnqueueMessage
+            | WakeKind::NotStarted
+            | WakeKind::WentQuiet
+            | WakeKind::DeviceUnreachable,
+            _,
+        ) => {
             format!("{} after {waited}", kind.as_str())
         }
     };

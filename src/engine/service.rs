@@ -37,6 +37,7 @@ impl Engine {
                 wp.outbox.push(wake);
             }
         }
+        self.check_silence(&mut wp, now)?;
         if wp.status == Status::Armed && now >= wp.expires_at {
             let first = wp
                 .pending_wake
@@ -285,6 +286,7 @@ pub(super) fn next_due_after(wp: &Waitpoint, handed_out: Timestamp) -> Option<Ti
         if !wp.recheck_sent {
             due.extend(wp.recheck_at);
         }
+        due.extend(silence::silence_due(wp));
     }
     due.extend(next_hook_after(&wp.hook_deliveries, handed_out));
     due.extend(retention_ends(wp));

@@ -184,6 +184,8 @@ impl Server {
             req.expires_in_hours = p.expires_in_hours;
             req.device = p.device;
             req.recheck_after_ms = p.recheck_after_ms;
+            req.started_within_ms = p.started_within_s.map(|s| s.saturating_mul(1000));
+            req.heartbeat_within_ms = p.heartbeat_within_s.map(|s| s.saturating_mul(1000));
             let created = agent::create(&inner.engine, req)?;
             let lines = agent::how_to_signal(&inner.engine, &created, inner.lines)?;
             let wp = &created.waitpoint;

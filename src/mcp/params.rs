@@ -128,6 +128,13 @@ pub struct WaitCreate {
     /// If nothing terminal has arrived after this many milliseconds, send one "recheck" wake
     /// (the waitpoint stays armed).
     pub recheck_after_ms: Option<u64>,
+    /// If no signal at all (progress included) has arrived this many seconds after arming, you
+    /// get one early wake saying so ("is the signal line wired?"); it stays armed.
+    pub started_within_s: Option<u64>,
+    /// After the first signal: if no further report arrives within this many seconds, you are
+    /// woken ("the job went quiet"); a later report re-arms it. Pair with `waitpoint run
+    /// --heartbeat` (how_to_signal.run).
+    pub heartbeat_within_s: Option<u64>,
 }
 
 /// `wait_cancel`'s arguments.

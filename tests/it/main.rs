@@ -28,6 +28,7 @@ mod recovery;
 mod refusals;
 mod security;
 mod signal_cli;
+mod silence;
 mod snapshots;
 mod spec;
 mod sshd;

@@ -26,6 +26,13 @@ pub enum DeviceEvent {
     Record(String),
     /// `device poll` asks for a round now (a watcher hint).
     Poll(String),
+    /// A round could not reach the device, out of reach since `since` (its last good round, or
+    /// when it was added if it never had one).
+    Unreachable {
+        device: String,
+        since: crate::clock::Timestamp,
+        error: String,
+    },
 }
 
 /// Maps a path the watcher saw under `devices/` to what it means, if anything.
@@ -214,7 +221,12 @@ pub(super) fn collector_thread(
         match &error {
             None => tracing::debug!(device = %name, files = landed.len(), "device round done"),
             Some(e) => {
-                tracing::warn!(device = %name, failures = status.failures, "device unreachable (files wait there): {e}")
+                tracing::warn!(device = %name, failures = status.failures, "device unreachable (files wait there): {e}");
+                notify(DeviceEvent::Unreachable {
+                    device: name.clone(),
+                    since: status.last_success_at.unwrap_or(collector.device.added_at),
+                    error: e.to_string(),
+                });
             }
         }
         if !landed.is_empty() {

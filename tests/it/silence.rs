@@ -1,0 +1,321 @@
+//! Silence is news (issue 18): `started_within`, `heartbeat_within`, `run --heartbeat` and the
+//! device outage wake. Each rule is played on the daemon's manual clock, so "nothing happened
+//! yet" is asserted after a barrier the daemon acknowledged, never after a sleep.
+
+use std::fs;
+
+use serde_json::Value;
+use waitpoint::engine::CreateRequest;
+
+use crate::helpers::*;
+
+const MIN: i64 = 60_000;
+
+fn wakes(env: &Env) -> Vec<Value> {
+    let mut w = env.inbox("default", "new");
+    w.sort_by_key(|w| w["created_at"].as_str().unwrap_or("").to_owned());
+    w
+}
+
+fn kinds(env: &Env) -> Vec<String> {
+    wakes(env)
+        .iter()
+        .map(|w| w["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Arms a waitpoint on `live`'s clock with the silence windows given (in minutes).
+fn arm(
+    live: &Live,
+    started: Option<i64>,
+    heartbeat: Option<i64>,
+    max_signals: u32,
+) -> (String, String) {
+    let c = live
+        .engine
+        .create(CreateRequest {
+            max_signals,
+            fail_fast: false,
+            expires_in_hours: Some(10.0),
+            started_within_ms: started.map(|m| (m * MIN) as u64),
+            heartbeat_within_ms: heartbeat.map(|m| (m * MIN) as u64),
+            ..CreateRequest::new("train", "tell me if the run dies", "default")
+        })
+        .unwrap();
+    (c.waitpoint.id, c.secret)
+}
+
+/// Drops a signal file and waits until the daemon counted it.
+fn report(env: &Env, id: &str, secret: &str, status: &str, message: &str, n: u64) {
+    let extra = format!(r#","status":"{status}","message":"{message}""#);
+    env.drop_file(&format!("r{n}"), &body(id, secret, &extra));
+    env.wait_until("the report counted", || {
+        env.state(id)["counters"]["signals"] == n
+    });
+}
+
+#[test]
+fn a_job_that_never_reports_wakes_once_at_started_within_and_stays_armed() {
+    let env = Env::new();
+    let live = Live::start(&env, T0);
+    let (id, secret) = arm(&live, Some(10), None, 1);
+    live.advance_ms(9 * MIN);
+    live.settle();
+    assert!(wakes(&env).is_empty(), "not before the window ends");
+    live.advance_ms(MIN);
+    env.wait_until("the not_started wake", || wakes(&env).len() == 1);
+    let w = &wakes(&env)[0];
+    assert_eq!(w["kind"], "not_started");
+    let text = w["text"].as_str().unwrap();
+    assert!(
+        text.contains(
+            "nothing has reported in 10m 0s since it was armed: is the signal line wired?"
+        ),
+        "{text}"
+    );
+    // The recommended line, repeated with a placeholder: the secret is never in a wake.
+    assert!(
+        text.contains(&format!(
+            "CORTEX_SIGNAL_ID={id} CORTEX_SIGNAL_SECRET=SECRET cortex-signal"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains(&secret), "the secret leaked into the wake");
+    assert!(text.contains("What to do"), "{text}");
+    assert_eq!(env.state(&id)["status"], "armed");
+    // Quiet from now on, and a later signal counts as usual.
+    live.advance_ms(60 * MIN);
+    live.settle();
+    assert_eq!(kinds(&env), ["not_started"], "one wake, not a schedule");
+    report(&env, &id, &secret, "ok", "done", 1);
+    env.wait_until("resolved", || env.state(&id)["status"] == "resolved");
+    assert_eq!(kinds(&env), ["not_started", "resolved"]);
+}
+
+#[test]
+fn a_job_that_goes_quiet_wakes_with_its_last_report_and_a_later_report_re_arms_the_watch() {
+    let env = Env::new();
+    let live = Live::start(&env, T0);
+    let (id, secret) = arm(&live, None, Some(5), 3);
+    live.advance_ms(20 * MIN);
+    live.settle();
+    assert!(
+        wakes(&env).is_empty(),
+        "no heartbeat watch before the first report"
+    );
+    report(&env, &id, &secret, "progress", "step 1200", 1);
+    live.advance_ms(4 * MIN);
+    live.settle();
+    assert!(wakes(&env).is_empty(), "inside the window");
+    live.advance_ms(MIN);
+    env.wait_until("the went_quiet wake", || wakes(&env).len() == 1);
+    let w = &wakes(&env)[0];
+    assert_eq!(w["kind"], "went_quiet");
+    let text = w["text"].as_str().unwrap();
+    assert!(
+        text.contains(
+            "the job went quiet: nothing since its last report (progress, seq 1) 5m 0s ago"
+        ),
+        "{text}"
+    );
+    // The job's own words are data, inside the frame.
+    assert_framed_as_data(text, "step 1200");
+    assert_eq!(w["reports"][0]["seq"], 1);
+    let state = env.state(&id);
+    assert_eq!(state["status"], "armed");
+    assert_eq!(state["silence"]["quiet_after_seq"], 1);
+    // One wake per silence: nothing more while it stays quiet.
+    live.advance_ms(30 * MIN);
+    live.settle();
+    assert_eq!(kinds(&env), ["went_quiet"]);
+    // Back: a report re-arms the watch; the next silence wakes again.
+    report(&env, &id, &secret, "progress", "step 2400", 2);
+    live.advance_ms(4 * MIN);
+    live.settle();
+    assert_eq!(kinds(&env), ["went_quiet"], "re-armed, not fired");
+    live.advance_ms(MIN);
+    env.wait_until("the second silence", || wakes(&env).len() == 2);
+    assert_eq!(kinds(&env), ["went_quiet", "went_quiet"]);
+    // Silence wakes do not count toward max_signals: the monitor's own wakes are all left.
+    report(&env, &id, &secret, "ok", "epoch 1", 3);
+    env.wait_until("the report wake", || wakes(&env).len() == 3);
+    let all = wakes(&env);
+    let last = all.iter().find(|w| w["kind"] == "report").unwrap();
+    assert!(
+        last["summary"].as_str().unwrap().contains("wake 1 of 3"),
+        "{last}"
+    );
+    assert_eq!(env.state(&id)["status"], "armed");
+}
+
+#[test]
+fn a_silence_that_would_end_after_the_deadline_is_left_to_the_deadline_notice() {
+    let env = Env::new();
+    let live = Live::start(&env, T0);
+    let c = live
+        .engine
+        .create(CreateRequest {
+            expires_in_hours: Some(0.1), // six minutes
+            heartbeat_within_ms: Some((5 * MIN) as u64),
+            started_within_ms: Some((5 * MIN + 30_000) as u64),
+            ..CreateRequest::new("short", "i", "default")
+        })
+        .unwrap();
+    let (id, secret) = (c.waitpoint.id, c.secret);
+    live.advance_ms(2 * MIN);
+    report(&env, &id, &secret, "progress", "alive", 1);
+    live.advance_ms(5 * MIN);
+    env.wait_until("the deadline", || env.state(&id)["status"] == "expired");
+    assert_eq!(kinds(&env), ["deadline"]);
+}
+
+#[test]
+fn a_spent_hourly_cap_holds_a_silence_wake_until_the_hour_has_room() {
+    let env = Env::new();
+    fs::write(
+        env.home.join("settings.json"),
+        r#"{"waitpointMaxWakesPerHour": 1}"#,
+    )
+    .unwrap();
+    let live = Live::start(&env, T0);
+    let (id, secret) = arm(&live, None, Some(5), 5);
+    report(&env, &id, &secret, "ok", "epoch 1", 1);
+    env.wait_until("the report wake", || wakes(&env).len() == 1);
+    live.advance_ms(6 * MIN);
+    live.settle();
+    assert_eq!(kinds(&env), ["report"], "the cap is spent");
+    assert!(
+        env.state(&id)["silence"]["held_until"].is_string(),
+        "{}",
+        env.state(&id)
+    );
+    live.advance_ms(55 * MIN);
+    env.wait_until("the held silence wake", || wakes(&env).len() == 2);
+    assert_eq!(kinds(&env), ["report", "went_quiet"]);
+}
+
+#[test]
+fn a_restart_recomputes_the_watches_and_a_silence_that_ended_meanwhile_is_not_reported() {
+    let env = Env::new();
+    // A hook makes a drained wake due at once, so the start-up drain services what is due
+    // mid-way: the silence watches must wait until the whole backlog is in.
+    fs::write(env.home.join("settings.json"), r#"{"onWake": ["true"]}"#).unwrap();
+    let clock = std::sync::Arc::new(waitpoint::clock::ManualClock::new(T0));
+    let live = Live::start_with(&env, clock.clone());
+    let (quiet, q_secret) = arm(&live, None, Some(5), 3);
+    let (back, b_secret) = arm(&live, Some(5), Some(5), 3);
+    let (done, d_secret) = live.create("done", &[], None, 1, Some(10.0));
+    let (filler, f_secret) = live.create("filler", &[], None, 1000, Some(10.0));
+    report(&env, &quiet, &q_secret, "progress", "a", 1);
+    live.stop();
+    // While no daemon runs: another job finishes, a busy one reports more than one batch's
+    // worth, and `back`'s job reports last in name order (so in the drain's last batch); the
+    // clock passes every window.
+    env.drop_file("a-done", &body(&done, &d_secret, ""));
+    for n in 0..waitpoint::engine::MAX_BATCH {
+        let progress = r#","status":"progress""#;
+        env.drop_file(&format!("b-{n:03}"), &body(&filler, &f_secret, progress));
+    }
+    env.drop_file(
+        "z-late",
+        &body(&back, &b_secret, r#","status":"progress","message":"late""#),
+    );
+    clock.advance_ms(10 * MIN);
+    let live = Live::start_with(&env, clock.clone());
+    env.wait_until("the late report counted", || {
+        env.state(&back)["counters"]["signals"] == 1
+    });
+    let of = |id: &str| -> Vec<String> {
+        wakes(&env)
+            .iter()
+            .filter(|w| w["waitpoint"]["id"] == id)
+            .map(|w| w["kind"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    env.wait_until("the quiet one's wake", || of(&quiet).len() == 1);
+    live.settle();
+    assert_eq!(of(&quiet), ["went_quiet"]);
+    assert_eq!(of(&done), ["resolved"]);
+    assert!(
+        of(&back).is_empty(),
+        "back reported during the outage: {:?}",
+        of(&back)
+    );
+    // `back`'s heartbeat window runs from that report.
+    live.advance_ms(5 * MIN);
+    env.wait_until("back's own silence", || of(&back).len() == 1);
+    assert_eq!(of(&back), ["went_quiet"]);
+    // And a restart does not send what was already sent.
+    live.stop();
+    let live = Live::start_with(&env, clock);
+    live.settle();
+    assert_eq!((of(&quiet).len(), of(&back).len()), (1, 1));
+}
+
+#[test]
+fn check_and_show_carry_the_last_report_and_a_quiet_badge() {
+    let env = Env::new();
+    let live = Live::start(&env, T0);
+    let (id, secret) = arm(&live, None, Some(5), 3);
+    report(&env, &id, &secret, "progress", "step 9", 1);
+    live.advance_ms(5 * MIN);
+    env.wait_until("the went_quiet wake", || wakes(&env).len() == 1);
+    live.settle();
+    let check: Value =
+        serde_json::from_str(&env.ok("check", &env.waitpoint(&["check", "--json"]))).unwrap();
+    let item = &check["waiting"][0];
+    assert_eq!(item["last_report"]["status"], "progress", "{check}");
+    let badges: Vec<&str> = item["badges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["kind"].as_str().unwrap())
+        .collect();
+    assert!(badges.contains(&"quiet"), "{check}");
+    let show = env.ok("show", &env.waitpoint(&["show", &id]));
+    assert!(show.contains("silence   heartbeat_within 5m 0s"), "{show}");
+    assert!(show.contains("quiet: no report for"), "{show}");
+}
+
+#[test]
+fn silence_windows_are_checked_and_named_by_their_flags() {
+    let env = Env::new();
+    for (args, text) in [
+        (
+            vec!["--heartbeat-within", "500ms"],
+            "heartbeat_within_s must be at least 1 second",
+        ),
+        (
+            vec!["--started-within", "30d"],
+            "started_within_s must be shorter than the waitpoint's lifetime",
+        ),
+        (vec!["--started-within", "ten"], "is not a duration"),
+    ] {
+        let mut all = vec!["create", "--label", "x", "--intent", "i"];
+        all.extend(&args);
+        let out = env.waitpoint(&all);
+        env.expect_code(&format!("{args:?}"), &out, 2);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(text), "{args:?}: {stderr}");
+    }
+    // Armed with both: the record says so, and how_to_signal offers the run line.
+    let reply = env.create(&[
+        "--label",
+        "x",
+        "--intent",
+        "i",
+        "--started-within",
+        "10m",
+        "--heartbeat-within",
+        "90s",
+    ]);
+    let (id, _) = id_secret(&reply);
+    let silence = &env.state(&id)["silence"];
+    assert_eq!(silence["started_within_ms"], 600_000);
+    assert_eq!(silence["heartbeat_within_ms"], 90_000);
+    let run = reply["how_to_signal"]["run"].as_str().unwrap();
+    assert!(
+        run.contains("waitpoint run --heartbeat 60s -- COMMAND"),
+        "{run}"
+    );
+}
