@@ -71,11 +71,18 @@ pub fn arm(home: &Home, n: usize, session: &str, max_signals: u32) -> Vec<Armed>
 
 /// Arms `n` waitpoints fast: one through the engine, the rest copies of it with fresh ids
 /// written without fsync (setting up a benchmark need not survive a power cut). `session_of`
-/// names each copy's session (which is also its channel).
-pub fn arm_fast(home: &Home, n: usize, session_of: impl Fn(usize) -> String) -> Armed {
+/// names each copy's session (which is also its channel); `tweak` changes each copy (given
+/// its index) before it is written.
+pub fn arm_fast_with(
+    home: &Home,
+    n: usize,
+    session_of: impl Fn(usize) -> String,
+    tweak: impl Fn(&mut Waitpoint, usize),
+) -> Armed {
     let template = arm(home, 1, &session_of(0), 1).pop().unwrap();
     for i in 1..n {
         let mut wp = template.wp.clone();
+        tweak(&mut wp, i);
         wp.id = format!("wp_{:012x}", 0x0b00_0000_0000u64 + i as u64);
         wp.session = session_of(i);
         wp.channel = wp.session.clone();
@@ -405,15 +412,39 @@ pub struct ScalePoint {
 
 /// Row 4 at one size: `n` armed waitpoints, 10 of them in the session that is checked.
 pub fn scale(bins: &Bins, dir: &Path, n: usize, idle: Duration) -> ScalePoint {
+    scale_with(bins, dir, n, idle, false)
+}
+
+/// [`scale`], with both silence watches set on every waitpoint when `watches`: half never
+/// reported (the started_within watch is due in 6 h), half reported just now (the
+/// heartbeat_within watch is due in 1 h), so each holds a place in the due queue.
+pub fn scale_with(bins: &Bins, dir: &Path, n: usize, idle: Duration, watches: bool) -> ScalePoint {
     let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
     let mine = 10;
-    let template = arm_fast(&home, n, |i| {
-        if i < mine {
-            "me".to_owned()
-        } else {
-            format!("s{}", i / 100)
-        }
-    });
+    let now = waitpoint::clock::Clock::now(&SystemClock);
+    let template = arm_fast_with(
+        &home,
+        n,
+        |i| {
+            if i < mine {
+                "me".to_owned()
+            } else {
+                format!("s{}", i / 100)
+            }
+        },
+        |wp, i| {
+            if watches {
+                wp.silence.started_within_ms = Some(6 * 3_600_000);
+                wp.silence.heartbeat_within_ms = Some(3_600_000);
+                wp.silence.last_report = (i % 2 == 1).then_some(waitpoint::model::LastReport {
+                    seq: 1,
+                    at: now,
+                    status: waitpoint::model::SignalStatus::Progress,
+                    message: None,
+                });
+            }
+        },
+    );
     let first_start_ms = start_to_first_signal(bins, &home, &template).0;
     let (start_ms, daemon) = start_to_first_signal(bins, &home, &template);
     let rss_mb = daemon.peak_rss_mb();

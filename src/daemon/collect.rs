@@ -359,14 +359,20 @@ impl Daemon {
 
     /// Remembers which armed waitpoints watch their device's reachability.
     pub(super) fn note_device_watch(&mut self, wp: &crate::model::Waitpoint) {
-        if let Some(d) = &wp.device
-            && wp.silence.heartbeat_within_ms.is_some()
-            && wp.status == crate::model::Status::Armed
-        {
-            self.silent_devices
-                .entry(d.clone())
-                .or_default()
-                .insert(wp.id.clone());
-        }
+        note_device_watch(&mut self.silent_devices, wp);
+    }
+}
+
+/// Adds `wp` to `silent` under its device when it is armed with a heartbeat window: who hears
+/// of that device's outage.
+pub(super) fn note_device_watch(
+    silent: &mut HashMap<String, HashSet<String>>,
+    wp: &crate::model::Waitpoint,
+) {
+    if let Some(d) = &wp.device
+        && wp.silence.heartbeat_within_ms.is_some()
+        && wp.status == crate::model::Status::Armed
+    {
+        silent.entry(d.clone()).or_default().insert(wp.id.clone());
     }
 }

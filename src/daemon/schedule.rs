@@ -80,12 +80,7 @@ impl Daemon {
         let due = &mut self.due;
         let silent = &mut self.silent_devices;
         let scanned = self.engine.for_each_waitpoint(|wp| {
-            if let Some(d) = &wp.device
-                && wp.silence.heartbeat_within_ms.is_some()
-                && wp.status == crate::model::Status::Armed
-            {
-                silent.entry(d.clone()).or_default().insert(wp.id.clone());
-            }
+            super::collect::note_device_watch(silent, &wp);
             let at = engine::next_due(&wp);
             // Finish interrupted deliveries at once; everything else waits its turn in the queue.
             let at = if wp.outbox.is_empty() { at } else { Some(now) };

@@ -306,7 +306,12 @@ fn compose(
             .into_iter()
             .collect(),
     };
-    let mut text = format!("Waitpoint {} \"{}\": {headline}.\n", wp.id, wp.label);
+    let stop = if headline.ends_with(['?', '.']) {
+        ""
+    } else {
+        "."
+    };
+    let mut text = format!("Waitpoint {} \"{}\": {headline}{stop}\n", wp.id, wp.label);
     for line in &lines[1..] {
         text.push_str(line);
         text.push('\n');

@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::helpers::*;
 use crate::sshd::Sshd;
 
-fn add_device(env: &Env, sshd: &Sshd, name: &str, extra: &[&str]) {
+pub(crate) fn add_device(env: &Env, sshd: &Sshd, name: &str, extra: &[&str]) {
     add_device_with(
         env,
         sshd,
@@ -54,7 +54,7 @@ fn add_device_with(
     env.ok("device add", &env.waitpoint(&args));
 }
 
-fn status(env: &Env, device: &str) -> Value {
+pub(crate) fn status(env: &Env, device: &str) -> Value {
     let p = env.home.join("devices").join(device).join("status.json");
     fs::read(&p)
         .ok()

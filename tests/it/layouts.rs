@@ -123,10 +123,13 @@ fn every_layout_has_an_example_that_validates() {
         let example = layouts_dir().join(format!("{kind}.example.json"));
         assert!(example.exists(), "layouts/{kind}.example.json is missing");
         schemas.check(kind, &example);
-        // Further examples of one layout (a wake of each silence kind): `<kind>-<what>.example.json`.
+        // Further examples of one layout (a wake of each silence kind): `<kind>.<what>.example.json`.
         for e in std::fs::read_dir(layouts_dir()).unwrap().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&format!("{kind}-")) && name.ends_with(".example.json") {
+            let more = name
+                .strip_prefix(&format!("{kind}."))
+                .and_then(|r| r.strip_suffix(".example.json"));
+            if more.is_some_and(|what| !what.is_empty()) {
                 schemas.check(kind, &e.path());
             }
         }

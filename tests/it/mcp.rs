@@ -229,12 +229,14 @@ fn tools_are_listed_with_schemas_and_agent_descriptions_in_both_revisions() {
                 "device",
                 "expires_in_hours",
                 "fail_fast",
+                "heartbeat_within_s",
                 "intent",
                 "label",
                 "max_signals",
                 "members",
                 "quorum",
-                "recheck_after_ms"
+                "recheck_after_ms",
+                "started_within_s"
             ]
         );
         assert_eq!(
@@ -530,6 +532,14 @@ fn refused_requests_are_tool_errors_naming_the_request_field() {
         (
             json!({"recheck_after_ms": 0}),
             "recheck_after_ms must be a positive number",
+        ),
+        (
+            json!({"heartbeat_within_s": 0}),
+            "heartbeat_within_s must be at least 1 second",
+        ),
+        (
+            json!({"started_within_s": 1_000_000}),
+            "started_within_s must be shorter than the waitpoint's lifetime (7d 0h), not 11d 13h",
         ),
         (
             json!({"max_signals": "x"}),

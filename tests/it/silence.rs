@@ -124,6 +124,18 @@ fn a_job_that_goes_quiet_wakes_with_its_last_report_and_a_later_report_re_arms_t
     let state = env.state(&id);
     assert_eq!(state["status"], "armed");
     assert_eq!(state["silence"]["quiet_after_seq"], 1);
+    // The record and the wake match their layouts.
+    let schemas = crate::layouts::Schemas::load();
+    schemas.check(
+        "waitpoint",
+        &env.home.join(format!("waitpoints/{id}/waitpoint.json")),
+    );
+    for f in fs::read_dir(env.home.join("sessions/default/wakes/new"))
+        .unwrap()
+        .flatten()
+    {
+        schemas.check("wake", &f.path());
+    }
     // One wake per silence: nothing more while it stays quiet.
     live.advance_ms(30 * MIN);
     live.settle();
@@ -318,4 +330,102 @@ fn silence_windows_are_checked_and_named_by_their_flags() {
         run.contains("waitpoint run --heartbeat 60s -- COMMAND"),
         "{run}"
     );
+}
+
+/// The inbox's wakes of one kind.
+fn of_kind(env: &Env, kind: &str) -> Vec<Value> {
+    wakes(env)
+        .into_iter()
+        .filter(|w| w["kind"] == kind)
+        .collect()
+}
+
+#[test]
+fn a_run_heartbeat_job_killed_with_its_wrapper_is_reported_quiet_within_one_window() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    let _d = env.daemon();
+    let reply = env.create(&[
+        "--label",
+        "job",
+        "--intent",
+        "i",
+        "--heartbeat-within",
+        "3s",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    // The wrapper and its job in a process group of their own, as one machine's processes.
+    let mut wrapper = env
+        .command(WAITPOINT)
+        .args(["run", "--heartbeat", "1s", "--", "sh", "-c"])
+        .arg("echo step 1; echo step 2; exec sleep 600")
+        .env("CORTEX_SIGNAL_ID", &id)
+        .env("CORTEX_SIGNAL_SECRET", &secret)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    env.wait_until("a heartbeat with the last output line", || {
+        let s = env.state(&id);
+        s["counters"]["progress"].as_u64().unwrap_or(0) >= 1
+            && s["silence"]["last_report"]["message"] == "step 2"
+    });
+    // The OOM killer takes both (the whole group), so no final report is ever sent.
+    let pgid = rustix::process::Pid::from_raw(wrapper.id() as i32).unwrap();
+    rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL).unwrap();
+    let _ = wrapper.wait();
+    let beats = env.state(&id)["counters"]["signals"].as_u64().unwrap();
+    env.wait_until("the went_quiet wake", || {
+        !of_kind(&env, "went_quiet").is_empty()
+    });
+    let w = &of_kind(&env, "went_quiet")[0];
+    let text = w["text"].as_str().unwrap();
+    assert!(text.contains(&format!("(progress, seq {beats})")), "{text}");
+    assert_framed_as_data(text, "step 2");
+    let s = env.state(&id);
+    assert_eq!(s["status"], "armed");
+    assert_eq!(s["counters"]["ok"], 0, "no final report came");
+}
+
+#[test]
+fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once() {
+    let Some(mut sshd) = crate::sshd::Sshd::start() else {
+        return;
+    };
+    let env = Env::new();
+    crate::devices::add_device(&env, &sshd, "gpu", &[]);
+    let _d = env.daemon();
+    let reply = env.create(&[
+        "--label",
+        "remote",
+        "--intent",
+        "i",
+        "--device",
+        "gpu",
+        "--heartbeat-within",
+        "2s",
+    ]);
+    let (id, _) = id_secret(&reply);
+    let status = || crate::devices::status(&env, "gpu");
+    env.wait_until("a good round", || status()["reachable"] == true);
+    sshd.kill();
+    env.wait_until("the device_unreachable wake", || {
+        !of_kind(&env, "device_unreachable").is_empty()
+    });
+    let w = &of_kind(&env, "device_unreachable")[0];
+    let text = w["text"].as_str().unwrap();
+    assert!(
+        text.contains("device gpu has been unreachable for"),
+        "{text}"
+    );
+    assert!(text.contains("cannot connect"), "{text}");
+    assert_eq!(w["waitpoint"]["id"], id.as_str());
+    // Once per outage: later failed rounds of the same outage add nothing.
+    let failures = status()["failures"].as_u64().unwrap();
+    env.wait_until("two more failed rounds", || {
+        status()["failures"].as_u64().unwrap_or(0) >= failures + 2
+    });
+    assert_eq!(of_kind(&env, "device_unreachable").len(), 1);
+    assert_eq!(env.state(&id)["status"], "armed");
 }
