@@ -303,4 +303,36 @@ mod secret_type_tests {
         assert_eq!(s, Secret::new(plain));
         assert_ne!(s, Secret::from("other"));
     }
+
+    // Whether a type has a capability, asked without naming it in a bound: the inherent
+    // method exists only when the bound holds; otherwise the blanket trait's answers.
+    struct Probe<T>(T);
+    trait Lacks {
+        fn displays(&self) -> bool {
+            false
+        }
+        fn serialises(&self) -> bool {
+            false
+        }
+    }
+    impl<T> Lacks for Probe<T> {}
+    impl<T: std::fmt::Display> Probe<T> {
+        fn displays(&self) -> bool {
+            true
+        }
+    }
+    impl<T: serde::Serialize> Probe<T> {
+        fn serialises(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_secret_can_be_neither_displayed_nor_serialised() {
+        // The probe itself answers truly for a type that can.
+        assert!(Probe(String::new()).displays() && Probe(String::new()).serialises());
+        let s = Probe(Secret::from("abc"));
+        assert!(!s.displays(), "Secret must not implement Display");
+        assert!(!s.serialises(), "Secret must not implement Serialize");
+    }
 }
