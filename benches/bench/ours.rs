@@ -412,13 +412,76 @@ pub struct ScalePoint {
 
 /// Row 4 at one size: `n` armed waitpoints, 10 of them in the session that is checked.
 pub fn scale(bins: &Bins, dir: &Path, n: usize, idle: Duration) -> ScalePoint {
-    scale_with(bins, dir, n, idle, false)
+    let (home, template) = scale_home(dir, n, false);
+    let first_start_ms = start_to_first_signal(bins, &home, &template).0;
+    let (start_ms, daemon) = start_to_first_signal(bins, &home, &template);
+    let rss_mb = daemon.peak_rss_mb();
+    let cpu0 = daemon.cpu_secs();
+    std::thread::sleep(idle);
+    let idle_cpu_s_per_min = (daemon.cpu_secs() - cpu0) * 60.0 / idle.as_secs_f64();
+    drop(daemon);
+    let check_ms = per_invocation(20, || {
+        let mut c = Command::new(&bins.waitpoint);
+        c.args(["check", "--session", "me", "--json"])
+            .env_clear()
+            .env("CORTEX_HOME", home.root());
+        c
+    });
+    ScalePoint {
+        first_start_ms,
+        start_ms,
+        rss_mb,
+        check_ms,
+        idle_cpu_s_per_min,
+    }
 }
 
-/// [`scale`], with both silence watches set on every waitpoint when `watches`: half never
-/// reported (the started_within watch is due in 6 h), half reported just now (the
-/// heartbeat_within watch is due in 1 h), so each holds a place in the due queue.
-pub fn scale_with(bins: &Bins, dir: &Path, n: usize, idle: Duration, watches: bool) -> ScalePoint {
+/// Row 7: what the silence watches cost at `n` armed, against the same home without them.
+pub struct WatchCost {
+    /// Median start to first collected signal, without and with the watches (ms).
+    pub start_ms: (f64, f64),
+    /// Daemon CPU while idle, without and with (s per minute).
+    pub idle_cpu: (f64, f64),
+    /// Peak RSS after the start, without and with (MB).
+    pub rss_mb: (f64, f64),
+}
+
+/// Builds both homes first, then starts their daemons in turn (plain, watched, watched, plain,
+/// ...) so both are measured under the same conditions (the writeback of a freshly generated
+/// home, the page cache), and takes the medians.
+pub fn watch_cost(bins: &Bins, dir: &Path, n: usize, idle: Duration) -> WatchCost {
+    let homes = [
+        scale_home(&dir.join("plain"), n, false),
+        scale_home(&dir.join("watched"), n, true),
+    ];
+    let mut starts: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..4 {
+        for k in [round % 2, 1 - round % 2] {
+            let (home, template) = &homes[k];
+            starts[k].push(start_to_first_signal(bins, home, template).0);
+        }
+    }
+    let mut idle_cpu = [0.0; 2];
+    let mut rss = [0.0; 2];
+    for (k, (home, template)) in homes.iter().enumerate() {
+        let (_, daemon) = start_to_first_signal(bins, home, template);
+        rss[k] = daemon.peak_rss_mb();
+        let cpu0 = daemon.cpu_secs();
+        std::thread::sleep(idle);
+        idle_cpu[k] = (daemon.cpu_secs() - cpu0) * 60.0 / idle.as_secs_f64();
+    }
+    WatchCost {
+        start_ms: (p(&starts[0], 50.0), p(&starts[1], 50.0)),
+        idle_cpu: (idle_cpu[0], idle_cpu[1]),
+        rss_mb: (rss[0], rss[1]),
+    }
+}
+
+/// A generated home of `n` armed waitpoints, 10 of them in session `me`. With `watches`, both
+/// silence watches are set on every one: half never reported (the started_within watch is due
+/// in 6 h), half reported just now (the heartbeat_within watch is due in 1 h), so each holds a
+/// place in the due queue.
+fn scale_home(dir: &Path, n: usize, watches: bool) -> (Home, Armed) {
     let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
     let mine = 10;
     let now = waitpoint::clock::Clock::now(&SystemClock);
@@ -445,27 +508,7 @@ pub fn scale_with(bins: &Bins, dir: &Path, n: usize, idle: Duration, watches: bo
             }
         },
     );
-    let first_start_ms = start_to_first_signal(bins, &home, &template).0;
-    let (start_ms, daemon) = start_to_first_signal(bins, &home, &template);
-    let rss_mb = daemon.peak_rss_mb();
-    let cpu0 = daemon.cpu_secs();
-    std::thread::sleep(idle);
-    let idle_cpu_s_per_min = (daemon.cpu_secs() - cpu0) * 60.0 / idle.as_secs_f64();
-    drop(daemon);
-    let check_ms = per_invocation(20, || {
-        let mut c = Command::new(&bins.waitpoint);
-        c.args(["check", "--session", "me", "--json"])
-            .env_clear()
-            .env("CORTEX_HOME", home.root());
-        c
-    });
-    ScalePoint {
-        first_start_ms,
-        start_ms,
-        rss_mb,
-        check_ms,
-        idle_cpu_s_per_min,
-    }
+    (home, template)
 }
 
 /// Starts the daemon with one signal file waiting and times start to that file's collection.

@@ -157,6 +157,7 @@ impl Engine {
         };
         let long_enough = now.millis_since(since) > window as i64;
         if wp.status != Status::Armed
+            || now >= wp.expires_at
             || wp.device.is_none()
             || !long_enough
             || wp.silence.outage_noticed == Some(since)

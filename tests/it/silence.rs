@@ -395,7 +395,7 @@ fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once(
     };
     let env = Env::new();
     crate::devices::add_device(&env, &sshd, "gpu", &[]);
-    let _d = env.daemon();
+    let d = env.daemon();
     let reply = env.create(&[
         "--label",
         "remote",
@@ -428,4 +428,17 @@ fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once(
     });
     assert_eq!(of_kind(&env, "device_unreachable").len(), 1);
     assert_eq!(env.state(&id)["status"], "armed");
+    // Nor does a restart: the outage noticed is on the record. The restarted daemon's first
+    // round fails at once; `device poll` then queues behind that round's report in the
+    // daemon's loop and returns once a second round is done, so both have been heard.
+    drop(d);
+    let failures = status()["failures"].as_u64().unwrap();
+    let _d = env.daemon();
+    env.wait_until("the first round after the restart", || {
+        status()["failures"].as_u64().unwrap_or(0) > failures
+    });
+    let polled = env.waitpoint(&["device", "poll", "gpu", "--timeout", "100"]);
+    assert!(polled.status.code().is_some(), "{}", env.report(&polled));
+    assert!(status()["failures"].as_u64().unwrap() >= failures + 2);
+    assert_eq!(of_kind(&env, "device_unreachable").len(), 1);
 }
