@@ -190,15 +190,12 @@ impl Engine {
                 group.failed = Some(e.to_string());
                 return Slot::Done(Err(e));
             }
-            // Recovery and the flush write the state; the commit is checked against that.
-            match txn.read(&group.wp.id) {
-                Ok(Some((_, version))) => group.version = version,
-                Ok(None) => {
+            // Recovery and the flush may have written the state; the commit is checked against
+            // what they left (no second read: the transaction knows its own writes).
+            match txn.version(&group.wp.id) {
+                Some(version) => group.version = version,
+                None => {
                     let e = Error::not_found(&group.wp.id);
-                    group.failed = Some(e.to_string());
-                    return Slot::Done(Err(e));
-                }
-                Err(e) => {
                     group.failed = Some(e.to_string());
                     return Slot::Done(Err(e));
                 }

@@ -373,6 +373,10 @@ impl Txn for FileTxn<'_> {
         }
     }
 
+    fn version(&self, id: &str) -> Option<Version> {
+        self.held.get(id).map(|(_, v)| *v)
+    }
+
     fn put(&mut self, wp: &Waitpoint) -> Result<()> {
         self.version_of(&wp.id)?;
         commit_json(&self.files.home.waitpoint_file(&wp.id), wp)?;

@@ -94,6 +94,9 @@ pub trait Store: Send + Sync {
 pub trait Txn {
     /// Reads a waitpoint for update; `None` when there is no such id.
     fn read(&mut self, id: &str) -> Result<Option<(Waitpoint, Version)>>;
+    /// The version a write of `id` must match now: the one it was read at, moved on by this
+    /// transaction's own writes. `None` when this transaction has not read it.
+    fn version(&self, id: &str) -> Option<Version>;
     /// Replaces the state of a waitpoint read in this transaction, durably, now.
     fn put(&mut self, wp: &Waitpoint) -> Result<()>;
     /// Removes a waitpoint read in this transaction, with its records: its id is unknown from

@@ -133,6 +133,10 @@ impl Txn for MemoryTxn<'_> {
             .get(id)
             .map(|e| (e.wp.clone(), Version(e.revision))))
     }
+    fn version(&self, id: &str) -> Option<Version> {
+        let entries = self.store.entries.lock().unwrap();
+        entries.get(id).map(|e| Version(e.revision))
+    }
     fn put(&mut self, wp: &Waitpoint) -> Result<()> {
         let mut entries = self.store.entries.lock().unwrap();
         let e = entries
