@@ -34,7 +34,7 @@ use crate::ingress::http;
 
 use crate::home::Home;
 use crate::settings::Settings;
-pub use sending::{SignalTarget, judge_locally, require_id_secret, send};
+pub use sending::{SignalTarget, judge_locally, require_id_secret, send, send_as};
 
 /// The `waitpoint` command's clap definition (man pages and completions are made from it).
 pub fn waitpoint_command() -> clap::Command {

@@ -124,7 +124,7 @@ impl Heartbeat {
                 b.message = Some(message(beat));
                 let sent = crate::signal::fit_body(b)
                     .map_err(anyhow::Error::from)
-                    .and_then(|bytes| super::send(&home, &bytes, None, false, program));
+                    .and_then(|bytes| super::send_as(&home, &bytes, None, false, program, false));
                 if let Err(e) = sent
                     && !warned
                 {

@@ -86,6 +86,19 @@ pub fn send(
     no_spool: bool,
     program: &str,
 ) -> anyhow::Result<u8> {
+    send_as(home, body, url, no_spool, program, true)
+}
+
+/// [`send`], saying on stderr only what went wrong when `say_done` is false (a heartbeat every
+/// few minutes should not fill the job's stderr with "accepted").
+pub fn send_as(
+    home: &Home,
+    body: &[u8],
+    url: Option<&str>,
+    no_spool: bool,
+    program: &str,
+    say_done: bool,
+) -> anyhow::Result<u8> {
     // On the daemon's machine the home says at once whether the signal would be refused; only
     // what it cannot say is sent. Not with --url: that names some other daemon's endpoint.
     if url.is_none()
@@ -120,14 +133,18 @@ pub fn send(
                     } else {
                         "accepted"
                     };
-                    eprintln!("{program}: {what} ({via})");
+                    if say_done {
+                        eprintln!("{program}: {what} ({via})");
+                    }
                     return Ok(exit::OK);
                 }
                 410 => {
-                    eprintln!(
-                        "{program}: the waitpoint {}; nothing to do ({via})",
-                        reply.summary()
-                    );
+                    if say_done {
+                        eprintln!(
+                            "{program}: the waitpoint {}; nothing to do ({via})",
+                            reply.summary()
+                        );
+                    }
                     return Ok(exit::OK);
                 }
                 429 | 503 => {
@@ -170,10 +187,12 @@ it counts once even if the daemon did record the signal"
     else {
         unreachable!("the spool transport only spools");
     };
-    eprintln!(
-        "{program}: spooled {} (transport: spool, because {why_spool}; the daemon collects it)",
-        path.display()
-    );
+    if say_done {
+        eprintln!(
+            "{program}: spooled {} (transport: spool, because {why_spool}; the daemon collects it)",
+            path.display()
+        );
+    }
     Ok(exit::OK)
 }
 

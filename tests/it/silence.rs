@@ -442,3 +442,54 @@ fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once(
     assert!(status()["failures"].as_u64().unwrap() >= failures + 2);
     assert_eq!(of_kind(&env, "device_unreachable").len(), 1);
 }
+
+#[test]
+fn run_heartbeats_say_nothing_on_stderr_and_carry_the_last_output_line() {
+    let env = Env::new();
+    let reply = env.create(&[
+        "--label",
+        "job",
+        "--intent",
+        "i",
+        "--heartbeat-within",
+        "3s",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    // No daemon: every report is spooled, so the files show what was sent.
+    let out = env
+        .command(WAITPOINT)
+        .args(["run", "--heartbeat", "1s", "--", "sh", "-c"])
+        .arg("echo compiling; sleep 2.5; echo linked")
+        .env("CORTEX_SIGNAL_ID", &id)
+        .env("CORTEX_SIGNAL_SECRET", &secret)
+        .output()
+        .unwrap();
+    env.ok("run", &out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("spooled").count(),
+        1,
+        "only the final report is told: {stderr}"
+    );
+    let mut beats = 0;
+    let mut finals = 0;
+    for f in fs::read_dir(env.drop_zone()).unwrap().flatten() {
+        let Ok(bytes) = fs::read(f.path()) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+            continue;
+        };
+        match v["status"].as_str() {
+            Some("progress") => {
+                beats += 1;
+                assert_eq!(v["message"], "compiling", "{v}");
+                assert!(v.get("data").is_none_or(Value::is_null), "{v}");
+            }
+            Some("ok") => finals += 1,
+            _ => {}
+        }
+    }
+    assert!(beats >= 1, "no heartbeat was sent");
+    assert_eq!(finals, 1);
+}
