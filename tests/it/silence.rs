@@ -340,11 +340,8 @@ fn of_kind(env: &Env, kind: &str) -> Vec<Value> {
         .collect()
 }
 
-#[test]
-fn a_run_heartbeat_job_killed_with_its_wrapper_is_reported_quiet_within_one_window() {
-    use std::os::unix::process::CommandExt;
-    let env = Env::new();
-    let _d = env.daemon();
+/// Arms a waitpoint with a 3 s heartbeat window through the CLI; its id and secret.
+fn arm_job(env: &Env) -> (String, String) {
     let reply = env.create(&[
         "--label",
         "job",
@@ -353,19 +350,37 @@ fn a_run_heartbeat_job_killed_with_its_wrapper_is_reported_quiet_within_one_wind
         "--heartbeat-within",
         "3s",
     ]);
-    let (id, secret) = id_secret(&reply);
+    id_secret(&reply)
+}
+
+/// `waitpoint run --heartbeat 1s -- sh -c SCRIPT` for the waitpoint, its id and secret in the
+/// environment.
+fn run_beating(env: &Env, id: &str, secret: &str, script: &str) -> std::process::Command {
+    let mut c = env.command(WAITPOINT);
+    c.args(["run", "--heartbeat", "1s", "--", "sh", "-c", script])
+        .env("CORTEX_SIGNAL_ID", id)
+        .env("CORTEX_SIGNAL_SECRET", secret);
+    c
+}
+
+#[test]
+fn a_run_heartbeat_job_killed_with_its_wrapper_is_reported_quiet_within_one_window() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new();
+    let _d = env.daemon();
+    let (id, secret) = arm_job(&env);
     // The wrapper and its job in a process group of their own, as one machine's processes.
-    let mut wrapper = env
-        .command(WAITPOINT)
-        .args(["run", "--heartbeat", "1s", "--", "sh", "-c"])
-        .arg("echo step 1; echo step 2; exec sleep 600")
-        .env("CORTEX_SIGNAL_ID", &id)
-        .env("CORTEX_SIGNAL_SECRET", &secret)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    let mut wrapper = run_beating(
+        &env,
+        &id,
+        &secret,
+        "echo step 1; echo step 2; exec sleep 600",
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
+    .process_group(0)
+    .spawn()
+    .unwrap();
     env.wait_until("a heartbeat with the last output line", || {
         let s = env.state(&id);
         s["counters"]["progress"].as_u64().unwrap_or(0) >= 1
@@ -446,22 +461,9 @@ fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once(
 #[test]
 fn run_heartbeats_say_nothing_on_stderr_and_carry_the_last_output_line() {
     let env = Env::new();
-    let reply = env.create(&[
-        "--label",
-        "job",
-        "--intent",
-        "i",
-        "--heartbeat-within",
-        "3s",
-    ]);
-    let (id, secret) = id_secret(&reply);
+    let (id, secret) = arm_job(&env);
     // No daemon: every report is spooled, so the files show what was sent.
-    let out = env
-        .command(WAITPOINT)
-        .args(["run", "--heartbeat", "1s", "--", "sh", "-c"])
-        .arg("echo compiling; sleep 2.5; echo linked")
-        .env("CORTEX_SIGNAL_ID", &id)
-        .env("CORTEX_SIGNAL_SECRET", &secret)
+    let out = run_beating(&env, &id, &secret, "echo compiling; sleep 2.5; echo linked")
         .output()
         .unwrap();
     env.ok("run", &out);
