@@ -29,7 +29,7 @@ pub struct HowToSignal {
     /// When no HTTP shim is listening for this home: what the `curl` line needs first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub curl_note: Option<String>,
-    /// With `heartbeat_within`: the job wrapped in `waitpoint run --heartbeat`, which reports
+    /// With `heartbeat_within` (and no device): the job wrapped in `waitpoint run --heartbeat`, which reports
     /// `progress` every interval while it lives and the result when it ends (put the command
     /// where the line says `COMMAND`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -39,10 +39,15 @@ pub struct HowToSignal {
 /// The placeholder the `run` line carries where the job's command goes.
 pub const COMMAND_PLACEHOLDER: &str = "COMMAND";
 
-/// The `run --heartbeat` interval for a `heartbeat_within` window: two thirds of it (at least a
-/// second), so one late beat does not look like silence.
-pub fn heartbeat_interval_s(window_ms: u64) -> u64 {
-    (window_ms * 2 / 3 / 1000).max(1)
+/// The `run --heartbeat` interval for a `heartbeat_within` window, as the flag takes it: two
+/// thirds of the window (at least a second), so one late beat does not look like silence.
+pub fn heartbeat_interval(window_ms: u64) -> String {
+    let ms = (window_ms * 2 / 3).max(1_000);
+    if ms.is_multiple_of(1_000) {
+        format!("{}s", ms / 1_000)
+    } else {
+        format!("{ms}ms")
+    }
 }
 
 impl HowToSignal {
@@ -169,15 +174,20 @@ printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":
         "(while kill -0 {PID_PLACEHOLDER} 2>/dev/null; do sleep 5; done; \
 {signal} --status ok --message \"pid {PID_PLACEHOLDER} exited\") &"
     );
-    let run = wp.silence.heartbeat_within_ms.map(|window| {
-        let env_prefix = signal
-            .trim_end_matches(&member_flag)
-            .trim_end_matches(" cortex-signal");
-        format!(
-            "{env_prefix} waitpoint run --heartbeat {}s{member_flag} -- {COMMAND_PLACEHOLDER}",
-            heartbeat_interval_s(window)
-        )
-    });
+    // Not for a device: the wrapper would run there, with that machine's home and spool.
+    let run = wp
+        .silence
+        .heartbeat_within_ms
+        .filter(|_| wp.device.is_none())
+        .map(|window| {
+            let env_prefix = signal
+                .trim_end_matches(&member_flag)
+                .trim_end_matches(" cortex-signal");
+            format!(
+                "{env_prefix} waitpoint run --heartbeat {}{member_flag} -- {COMMAND_PLACEHOLDER}",
+                heartbeat_interval(window)
+            )
+        });
     HowToSignal {
         run,
         env,
@@ -211,6 +221,13 @@ default): start the daemon with `waitpoint daemon --http` (port {}), or use the 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_heartbeat_interval_is_two_thirds_of_the_window_and_at_least_a_second() {
+        assert_eq!(heartbeat_interval(90_000), "60s");
+        assert_eq!(heartbeat_interval(4_000), "2666ms");
+        assert_eq!(heartbeat_interval(1_200), "1s");
+    }
 
     #[test]
     fn sh_quote_leaves_plain_words_and_quotes_the_rest() {

@@ -210,6 +210,9 @@ pub struct DeviceHealth {
     pub reachable: Option<bool>,
     /// The last round that reached it.
     pub last_success_at: Option<Timestamp>,
+    /// Since when it has been out of reach, when it is: its last good round, or when it was
+    /// added if it never had one (the outage's key, as the collector reports it).
+    pub unreachable_since: Option<Timestamp>,
     pub last_error: Option<String>,
 }
 

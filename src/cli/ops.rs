@@ -125,11 +125,18 @@ impl Heartbeat {
                 let sent = crate::signal::fit_body(b)
                     .map_err(anyhow::Error::from)
                     .and_then(|bytes| super::send_as(&home, &bytes, None, false, program, false));
-                if let Err(e) = sent
-                    && !warned
-                {
-                    eprintln!("{program}: a heartbeat could not be sent (the job goes on): {e:#}");
-                    warned = true;
+                match sent {
+                    // Refused (the secret, the member, a closed waitpoint): said once by send,
+                    // and no later beat would fare better.
+                    Ok(code) if code != exit::OK => return,
+                    Ok(_) => {}
+                    Err(e) if !warned => {
+                        eprintln!(
+                            "{program}: a heartbeat could not be sent (the job goes on): {e:#}"
+                        );
+                        warned = true;
+                    }
+                    Err(_) => {}
                 }
             }
         });

@@ -104,10 +104,12 @@ pub fn send_as(
     if url.is_none()
         && let Some((code, said)) = judge_locally(home, body)
     {
-        eprintln!(
-            "{program}: {said} (judged from {}; nothing was sent)",
-            home.root().display()
-        );
+        if say_done || code != exit::OK {
+            eprintln!(
+                "{program}: {said} (judged from {}; nothing was sent)",
+                home.root().display()
+            );
+        }
         return Ok(code);
     }
     let mut why_spool = "no HTTP shim is published for this home".to_owned();

@@ -175,6 +175,8 @@ fn device_lookup(home: Home) -> engine::silence::DeviceLookup {
         let health = crate::model::DeviceHealth {
             reachable: st.reachable,
             last_success_at: st.last_success_at,
+            unreachable_since: (st.reachable == Some(false))
+                .then(|| st.last_success_at.unwrap_or(d.added_at)),
             last_error: st.last_error,
         };
         Some((health, d.spool))
@@ -308,7 +310,10 @@ impl Daemon {
         self.engine.hold_silence();
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
-        self.engine.release_silence();
+        let now = self.engine.now();
+        for id in self.engine.release_silence() {
+            self.due.set(&id, Some(now));
+        }
         // After the drain: readers scan until the index is complete, signals should not wait.
         self.ensure_index();
         self.devices.reconcile();

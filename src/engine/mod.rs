@@ -93,6 +93,8 @@ pub struct Engine {
     devices: Mutex<Option<silence::DeviceLookup>>,
     /// While set, no silence wake goes out (the daemon's start, see `silence.rs`).
     silence_held: std::sync::atomic::AtomicBool,
+    /// Waitpoints whose silence came due while held: looked at again on release.
+    held: Mutex<Vec<String>>,
 }
 
 impl Engine {
@@ -109,6 +111,7 @@ impl Engine {
             trash,
             devices: Mutex::new(None),
             silence_held: std::sync::atomic::AtomicBool::new(false),
+            held: Mutex::new(Vec::new()),
         }
     }
 

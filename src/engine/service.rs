@@ -76,7 +76,16 @@ impl Engine {
         let hooks_due = hooks_due(&wp.id, &wp.channel, &wp.hook_deliveries, now);
         // Attempts handed out now are rescheduled when they report back, so they do not count
         // toward the next look (that would make the daemon spin while a hook runs).
-        let next = next_due_after(&wp, now);
+        let next = if self.silence_is_held() {
+            // Held (the start-up drain): looked at again once, when the hold is released, not
+            // at every turn of the drain.
+            if silence::silence_due(&wp).is_some_and(|t| t <= now) {
+                self.note_held(&wp.id);
+            }
+            next_due_parts(&wp, now, false)
+        } else {
+            next_due_after(&wp, now)
+        };
         Ok(Service {
             next_due: next,
             hooks_due,
@@ -277,6 +286,11 @@ pub fn next_due(wp: &Waitpoint) -> Option<Timestamp> {
 
 /// Like [`next_due`], leaving out hook attempts due at or before `handed_out` (in flight).
 pub(super) fn next_due_after(wp: &Waitpoint, handed_out: Timestamp) -> Option<Timestamp> {
+    next_due_parts(wp, handed_out, true)
+}
+
+/// [`next_due_after`], the silence watches left out unless `silence`.
+fn next_due_parts(wp: &Waitpoint, handed_out: Timestamp, silence: bool) -> Option<Timestamp> {
     let mut due: Vec<Timestamp> = Vec::new();
     if let Some(p) = &wp.pending_wake {
         due.push(p.due_at);
@@ -286,7 +300,9 @@ pub(super) fn next_due_after(wp: &Waitpoint, handed_out: Timestamp) -> Option<Ti
         if !wp.recheck_sent {
             due.extend(wp.recheck_at);
         }
-        due.extend(silence::silence_due(wp));
+        if silence {
+            due.extend(silence::silence_due(wp));
+        }
     }
     due.extend(next_hook_after(&wp.hook_deliveries, handed_out));
     due.extend(retention_ends(wp));

@@ -19,6 +19,10 @@ use crate::model::{
 /// stored, so no wake can carry it.
 pub const SECRET_PLACEHOLDER: &str = "SECRET";
 
+/// How soon a device-bound waitpoint whose window ended is looked at again while its device has
+/// not had a round since (its reports may be waiting there).
+const DEVICE_RECHECK_MS: i64 = 2_000;
+
 /// Where the daemon learns a device's reachability and spool, for the wakes that name it.
 pub type DeviceLookup = Arc<dyn Fn(&str) -> Option<(DeviceHealth, String)> + Send + Sync>;
 
@@ -82,9 +86,23 @@ impl Engine {
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
-    pub fn release_silence(&self) {
+    /// Ends the hold; returns the waitpoints whose silence came due meanwhile, for the caller
+    /// to look at again now.
+    pub fn release_silence(&self) -> Vec<String> {
         self.silence_held
             .store(false, std::sync::atomic::Ordering::SeqCst);
+        std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(super) fn silence_is_held(&self) -> bool {
+        self.silence_held.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub(super) fn note_held(&self, id: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(id.to_owned());
     }
 
     fn device(&self, name: &str) -> Option<(DeviceHealth, String)> {
@@ -98,7 +116,7 @@ impl Engine {
 
     /// Puts a due silence wake of `wp` in its outbox (the caller saves and flushes it).
     pub(super) fn check_silence(&self, wp: &mut Waitpoint, now: Timestamp) -> Result<()> {
-        if self.silence_held.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.silence_is_held() {
             return Ok(());
         }
         let Some(due) = silence_due(wp) else {
@@ -123,12 +141,31 @@ impl Engine {
                 compose(wp, WakeKind::NotStarted, not_started(wp, &line), None, now)
             }
             Some(last) => {
+                let device = wp.device.as_deref().and_then(|d| self.device(d));
+                // A device's reports reach us only through its rounds: quiet is news once a
+                // round after the window found nothing (or the device is out of reach, which
+                // the wake then says). Until then, look again shortly.
+                let window_end = last
+                    .at
+                    .plus_ms(wp.silence.heartbeat_within_ms.unwrap_or(0) as i64);
+                if let Some((h, _)) = &device
+                    && h.reachable != Some(false)
+                    && h.last_success_at.is_none_or(|t| t < window_end)
+                {
+                    wp.silence.held_until = Some(now.plus_ms(DEVICE_RECHECK_MS));
+                    return Ok(());
+                }
                 wp.silence.quiet_after_seq = Some(last.seq);
+                // One silence, one wake: an outage behind it is told here, not again.
+                if let Some((h, _)) = &device
+                    && h.reachable == Some(false)
+                {
+                    wp.silence.outage_noticed = h.unreachable_since;
+                }
                 let record = self
                     .read_signals(&wp.id, last.seq)?
                     .into_iter()
                     .find(|r| r.seq == last.seq);
-                let device = wp.device.as_deref().and_then(|d| self.device(d));
                 let lines = went_quiet(wp, &last, device.as_ref().map(|(h, _)| h), now);
                 tracing::info!(waitpoint = %wp.id, "no report within heartbeat_within; wake sent");
                 compose(wp, WakeKind::WentQuiet, lines, record.as_ref(), now)
@@ -155,7 +192,8 @@ impl Engine {
         let Some(window) = wp.silence.heartbeat_within_ms else {
             return Ok(next_due(&wp));
         };
-        let long_enough = now.millis_since(since) > window as i64;
+        // An outage that began before the waitpoint was armed counts from its arming.
+        let long_enough = now.millis_since(since.max(wp.created_at)) > window as i64;
         if wp.status != Status::Armed
             || now >= wp.expires_at
             || wp.device.is_none()
@@ -170,6 +208,8 @@ impl Engine {
             return Ok(next_due(&wp));
         }
         wp.silence.outage_noticed = Some(since);
+        // One silence, one wake: the quiet watch of the same last report is told by this one.
+        wp.silence.quiet_after_seq = wp.silence.last_report.as_ref().map(|l| l.seq);
         let device = wp.device.clone().unwrap_or_default();
         let lines = vec![
             format!(

@@ -495,3 +495,87 @@ fn run_heartbeats_say_nothing_on_stderr_and_carry_the_last_output_line() {
     assert!(beats >= 1, "no heartbeat was sent");
     assert_eq!(finals, 1);
 }
+
+#[test]
+fn a_device_job_goes_quiet_only_after_a_round_found_nothing_and_one_outage_wakes_once() {
+    let Some(mut sshd) = crate::sshd::Sshd::start() else {
+        return;
+    };
+    let env = Env::new();
+    crate::devices::add_device(&env, &sshd, "gpu", &[]);
+    let _d = env.daemon();
+    let reply = env.create(&[
+        "--label",
+        "remote",
+        "--intent",
+        "i",
+        "--device",
+        "gpu",
+        "--heartbeat-within",
+        "2s",
+    ]);
+    let (id, secret) = id_secret(&reply);
+    assert!(
+        reply["how_to_signal"]["run"].is_null(),
+        "no run line for a device: {reply}"
+    );
+    sshd.drop_remote("beat", &body(&id, &secret, r#","status":"progress""#));
+    env.wait_until("the device's report counted", || {
+        env.state(&id)["counters"]["signals"] == 1
+    });
+    let reported = waitpoint::clock::Timestamp::parse(
+        env.state(&id)["silence"]["last_report"]["at"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    env.wait_until("the went_quiet wake", || {
+        !of_kind(&env, "went_quiet").is_empty()
+    });
+    // Told only once a round after the window's end had looked at the device.
+    let text = of_kind(&env, "went_quiet")[0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let round = text
+        .split("last good round ")
+        .nth(1)
+        .and_then(|t| t.split(')').next())
+        .and_then(waitpoint::clock::Timestamp::parse)
+        .unwrap_or_else(|| panic!("no last good round in {text}"));
+    assert!(round.millis_since(reported) >= 2_000, "{text}");
+    // Back, then the device goes: one wake for that silence, not a went_quiet and a
+    // device_unreachable both.
+    sshd.drop_remote("beat2", &body(&id, &secret, r#","status":"progress""#));
+    env.wait_until("the second report counted", || {
+        env.state(&id)["counters"]["signals"] == 2
+    });
+    sshd.kill();
+    let silences = || of_kind(&env, "went_quiet").len() + of_kind(&env, "device_unreachable").len();
+    env.wait_until("a wake for the second silence", || silences() == 2);
+    let failures = crate::devices::status(&env, "gpu")["failures"]
+        .as_u64()
+        .unwrap();
+    env.wait_until("two more failed rounds", || {
+        crate::devices::status(&env, "gpu")["failures"]
+            .as_u64()
+            .unwrap_or(0)
+            >= failures + 2
+    });
+    let polled = env.waitpoint(&["device", "poll", "gpu", "--timeout", "100"]);
+    assert!(polled.status.code().is_some(), "{}", env.report(&polled));
+    assert_eq!(silences(), 2, "{:?}", kinds(&env));
+}
+
+#[test]
+fn heartbeats_for_a_closed_waitpoint_stop_without_a_word() {
+    let env = Env::new();
+    let (id, secret) = arm_job(&env);
+    env.ok("cancel", &env.waitpoint(&["cancel", &id]));
+    let out = run_beating(&env, &id, &secret, "sleep 2.5")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The final report is judged (closed) and said once; no beat said anything.
+    assert_eq!(stderr.matches("judged from").count(), 1, "{stderr}");
+}
