@@ -403,15 +403,9 @@ fn a_run_heartbeat_job_killed_with_its_wrapper_is_reported_quiet_within_one_wind
     assert_eq!(s["counters"]["ok"], 0, "no final report came");
 }
 
-#[test]
-fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once() {
-    let Some(mut sshd) = crate::sshd::Sshd::start() else {
-        return;
-    };
-    let env = Env::new();
-    crate::devices::add_device(&env, &sshd, "gpu", &[]);
-    let d = env.daemon();
-    let reply = env.create(&[
+/// Arms a waitpoint bound to device `gpu` with a 2 s heartbeat window; the create reply.
+fn arm_on_gpu(env: &Env) -> Value {
+    env.create(&[
         "--label",
         "remote",
         "--intent",
@@ -420,7 +414,18 @@ fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once(
         "gpu",
         "--heartbeat-within",
         "2s",
-    ]);
+    ])
+}
+
+#[test]
+fn a_device_out_of_reach_longer_than_heartbeat_within_wakes_its_waitpoints_once() {
+    let Some(mut sshd) = crate::sshd::Sshd::start() else {
+        return;
+    };
+    let env = Env::new();
+    crate::devices::add_device(&env, &sshd, "gpu", &[]);
+    let d = env.daemon();
+    let reply = arm_on_gpu(&env);
     let (id, _) = id_secret(&reply);
     let status = || crate::devices::status(&env, "gpu");
     env.wait_until("a good round", || status()["reachable"] == true);
@@ -504,16 +509,7 @@ fn a_device_job_goes_quiet_only_after_a_round_found_nothing_and_one_outage_wakes
     let env = Env::new();
     crate::devices::add_device(&env, &sshd, "gpu", &[]);
     let _d = env.daemon();
-    let reply = env.create(&[
-        "--label",
-        "remote",
-        "--intent",
-        "i",
-        "--device",
-        "gpu",
-        "--heartbeat-within",
-        "2s",
-    ]);
+    let reply = arm_on_gpu(&env);
     let (id, secret) = id_secret(&reply);
     assert!(
         reply["how_to_signal"]["run"].is_null(),
