@@ -256,7 +256,7 @@ pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> D
     notice
 }
 
-fn fact(s: &SignalRecord) -> ReportFact {
+pub(super) fn fact(s: &SignalRecord) -> ReportFact {
     ReportFact {
         seq: s.seq,
         source: s.source.clone(),
@@ -331,19 +331,7 @@ window folded {rounds} reports into it",
     } else {
         format!("{}: {headline} — {reporters}", wp.label)
     };
-    let external = ExternalPayload {
-        notice: EXTERNAL_NOTICE.to_owned(),
-        reports: signals
-            .iter()
-            .filter(|s| s.message.is_some() || s.data.is_some())
-            .map(|s| ExternalReport {
-                seq: s.seq,
-                member: s.member.clone(),
-                message: s.message.clone(),
-                data: s.data.clone(),
-            })
-            .collect(),
-    };
+    let external = external_payload(signals);
     let mut text = format!("Waitpoint {} \"{}\": {headline}.\n", wp.id, wp.label);
     if !reports.is_empty() {
         text.push_str("Reported: ");
@@ -354,19 +342,7 @@ window folded {rounds} reports into it",
         text.push_str(&lines.join("; "));
         text.push('\n');
     }
-    text.push_str(&format!("Intent you wrote when arming it: {}\n", wp.intent));
-    if !external.reports.is_empty() {
-        text.push_str(&format!("\nExternal payload. {EXTERNAL_NOTICE}\n"));
-        for r in &external.reports {
-            let tag = r.member.as_deref().unwrap_or("signal");
-            if let Some(m) = &r.message {
-                text.push_str(&format!("  [{} {tag}] message: {m:?}\n", r.seq));
-            }
-            if let Some(d) = &r.data {
-                text.push_str(&format!("  [{} {tag}] data: {d}\n", r.seq));
-            }
-        }
-    }
+    push_intent_and_payload(&mut text, wp, &external);
     Wake {
         wake_id: wp.wake_id(wp.counters.wakes),
         kind,
@@ -388,6 +364,46 @@ window folded {rounds} reports into it",
         deadline,
         external_payload: external,
         text,
+    }
+}
+
+/// What the senders of `signals` wrote, kept apart and labelled as data.
+pub(super) fn external_payload(signals: &[SignalRecord]) -> ExternalPayload {
+    ExternalPayload {
+        notice: EXTERNAL_NOTICE.to_owned(),
+        reports: signals
+            .iter()
+            .filter(|s| s.message.is_some() || s.data.is_some())
+            .map(|s| ExternalReport {
+                seq: s.seq,
+                member: s.member.clone(),
+                message: s.message.clone(),
+                data: s.data.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// The end every waitpoint wake's text shares: the intent the agent wrote, then the senders'
+/// words inside the external-payload frame, quoted line by line.
+pub(super) fn push_intent_and_payload(
+    text: &mut String,
+    wp: &Waitpoint,
+    external: &ExternalPayload,
+) {
+    text.push_str(&format!("Intent you wrote when arming it: {}\n", wp.intent));
+    if external.reports.is_empty() {
+        return;
+    }
+    text.push_str(&format!("\nExternal payload. {EXTERNAL_NOTICE}\n"));
+    for r in &external.reports {
+        let tag = r.member.as_deref().unwrap_or("signal");
+        if let Some(m) = &r.message {
+            text.push_str(&format!("  [{} {tag}] message: {m:?}\n", r.seq));
+        }
+        if let Some(d) = &r.data {
+            text.push_str(&format!("  [{} {tag}] data: {d}\n", r.seq));
+        }
     }
 }
 

@@ -10,10 +10,7 @@
 
 use super::*;
 use crate::howto;
-use crate::model::{
-    DeviceHealth, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, LastReport, ReportFact,
-    WakeSubject,
-};
+use crate::model::{DeviceHealth, LastReport, WakeSubject};
 
 /// The placeholder a repeated signal line carries where the secret goes: only its hash is
 /// stored, so no wake can carry it.
@@ -334,19 +331,8 @@ fn compose(
     wp.recent_wakes.push(now);
     let wp = &*wp;
     let headline = &lines[0];
-    let external = ExternalPayload {
-        notice: EXTERNAL_NOTICE.to_owned(),
-        reports: record
-            .filter(|r| r.message.is_some() || r.data.is_some())
-            .map(|r| ExternalReport {
-                seq: r.seq,
-                member: r.member.clone(),
-                message: r.message.clone(),
-                data: r.data.clone(),
-            })
-            .into_iter()
-            .collect(),
-    };
+    let signals: Vec<SignalRecord> = record.cloned().into_iter().collect();
+    let external = rules::external_payload(&signals);
     let stop = if headline.ends_with(['?', '.']) {
         ""
     } else {
@@ -357,16 +343,7 @@ fn compose(
         text.push_str(line);
         text.push('\n');
     }
-    text.push_str(&format!("Intent you wrote when arming it: {}\n", wp.intent));
-    for r in &external.reports {
-        text.push_str(&format!("\nExternal payload. {EXTERNAL_NOTICE}\n"));
-        if let Some(m) = &r.message {
-            text.push_str(&format!("  [{}] message: {m:?}\n", r.seq));
-        }
-        if let Some(d) = &r.data {
-            text.push_str(&format!("  [{}] data: {d}\n", r.seq));
-        }
-    }
+    rules::push_intent_and_payload(&mut text, wp, &external);
     Wake {
         wake_id: wp.silence_wake_id(wp.silence.notices),
         kind,
@@ -384,16 +361,7 @@ fn compose(
         }),
         waited_ms: now.millis_since(wp.created_at),
         summary: format!("{}: {headline}", wp.label),
-        reports: record
-            .map(|r| ReportFact {
-                seq: r.seq,
-                source: r.source.clone(),
-                status: r.status,
-                member: r.member.clone(),
-                received_at: r.received_at,
-            })
-            .into_iter()
-            .collect(),
+        reports: signals.iter().map(rules::fact).collect(),
         deadline: None,
         external_payload: external,
         text,
