@@ -87,6 +87,10 @@ pub enum Error {
     },
     #[error("{path}: does not parse: {message}")]
     Corrupt { path: PathBuf, message: String },
+    /// The shared store (etcd) failed or did not answer; nothing was reported as done. The
+    /// store is named without credentials.
+    #[error("{store}: {message}")]
+    Store { store: String, message: String },
     #[error("{path}: {message}; refusing to run on a home other users can change")]
     Insecure { path: PathBuf, message: String },
 }
@@ -99,7 +103,7 @@ impl Error {
             Error::NotFound { .. } => ErrorKind::NotFound,
             Error::Conflict(_) => ErrorKind::Conflict,
             Error::Locked { .. } => ErrorKind::Locked,
-            Error::Io { .. } => ErrorKind::Io,
+            Error::Io { .. } | Error::Store { .. } => ErrorKind::Io,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::Insecure { .. } => ErrorKind::Insecure,
         }

@@ -70,6 +70,23 @@ impl Source {
         }
     }
 
+    /// The source an [`origin`](Source::origin) names; `None` for text that is not one.
+    pub fn from_origin(origin: &str) -> Option<Source> {
+        let (kind, rest) = origin.split_once(':')?;
+        match kind {
+            "spool" => Some(Source::Spool(rest.to_owned())),
+            "http" => Some(Source::Http(rest.to_owned())),
+            "device" => {
+                let (device, file) = rest.split_once(':')?;
+                Some(Source::Device {
+                    device: device.to_owned(),
+                    file: file.to_owned(),
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// The signal's identity: the same file name, or the same idempotency key, is the same
     /// signal ([`identity_of`] its origin).
     pub fn identity(&self) -> String {

@@ -15,38 +15,80 @@ pub const OPERATOR_TOKEN_ENV: &str = "CORTEX_WEBHOOK_TOKEN";
 /// stored hash ([`Secret::verify`], constant time) or fingerprinted. Equality is the same
 /// constant-time comparison of hashes.
 #[derive(Clone)]
-pub struct Secret(String);
+pub struct Secret(Held);
+
+/// What a [`Secret`] holds: the plaintext as a sender sent it, or only its SHA-256, as a host
+/// of a shared store hands a signal on to the host that applies it (`state::Forwarded`), so
+/// the plaintext never leaves the process that received it.
+#[derive(Clone)]
+enum Held {
+    Plain(String),
+    Hashed(String),
+}
 
 impl Secret {
     pub fn new(plain: impl Into<String>) -> Self {
-        Secret(plain.into())
+        Secret(Held::Plain(plain.into()))
+    }
+
+    /// A secret known only by its hex SHA-256 ([`hash`]); it verifies as the plaintext would.
+    pub fn from_hash(sha256_hex: impl Into<String>) -> Self {
+        Secret(Held::Hashed(sha256_hex.into()))
+    }
+
+    /// Its hex SHA-256, the only form of it that may be stored.
+    pub fn sha256(&self) -> String {
+        match &self.0 {
+            Held::Plain(p) => hash(p),
+            Held::Hashed(h) => h.clone(),
+        }
     }
 
     /// Whether this is the secret `stored_hash` is the SHA-256 of ([`verify`]).
     pub fn verify(&self, stored_hash: &str) -> bool {
-        verify(&self.0, stored_hash)
+        match &self.0 {
+            Held::Plain(p) => verify(p, stored_hash),
+            Held::Hashed(h) => hashes_equal(h, stored_hash),
+        }
     }
 
     /// The first 12 hex digits of its hash, for logs ([`fingerprint`]).
     pub fn fingerprint(&self) -> String {
-        fingerprint(&self.0)
+        let mut h = self.sha256();
+        h.truncate(12);
+        h
     }
 
     /// The plaintext, for what must read it: parsing the public id a callback token starts
-    /// with. Nothing that prints, logs or stores may be handed it.
+    /// with. Nothing that prints, logs or stores may be handed it. Empty for a secret known
+    /// only by its hash.
     pub fn expose_secret(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Held::Plain(p) => p,
+            Held::Hashed(_) => "",
+        }
     }
 
     /// Whether it is empty (a request must carry one).
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        match &self.0 {
+            Held::Plain(p) => p.is_empty(),
+            Held::Hashed(h) => h.is_empty(),
+        }
     }
+}
+
+/// Whether two hex SHA-256 hashes are the same, in constant time.
+fn hashes_equal(a: &str, b: &str) -> bool {
+    let (mut x, mut y) = ([0u8; 32], [0u8; 32]);
+    hex::decode_to_slice(a, &mut x).is_ok()
+        && hex::decode_to_slice(b, &mut y).is_ok()
+        && constant_time_eq::constant_time_eq(&x, &y)
 }
 
 impl PartialEq for Secret {
     fn eq(&self, other: &Self) -> bool {
-        other.verify(&hash(&self.0))
+        other.verify(&self.sha256())
     }
 }
 
@@ -60,13 +102,13 @@ impl std::fmt::Debug for Secret {
 
 impl From<String> for Secret {
     fn from(s: String) -> Self {
-        Secret(s)
+        Secret::new(s)
     }
 }
 
 impl From<&str> for Secret {
     fn from(s: &str) -> Self {
-        Secret(s.to_owned())
+        Secret::new(s)
     }
 }
 

@@ -13,6 +13,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::state::Location;
 
 /// The largest settings file read.
 pub const MAX_SETTINGS_BYTES: u64 = 64 * 1024;
@@ -37,6 +38,10 @@ pub struct Settings {
     pub on_wake_timeout_ms: u64,
     /// The optional loopback HTTP shim (`"webhook": {"enabled": …, "port": …}`).
     pub webhook: WebhookSettings,
+    /// Where waitpoints live (`"store"`, else `CORTEX_STORE`): the home's files by default.
+    pub store: Location,
+    /// The name this host goes by in a shared store (`"host"`, else the system's host name).
+    pub host: Option<String>,
 }
 
 /// `"webhook"` in settings.json. Off unless enabled; the port falls back (in the CLI) to
@@ -57,6 +62,8 @@ impl Default for Settings {
             on_wake: None,
             on_wake_timeout_ms: 10_000,
             webhook: WebhookSettings::default(),
+            store: Location::Files,
+            host: None,
         }
     }
 }
@@ -189,8 +196,33 @@ impl Settings {
             },
             Some(v) => return Err(bad(format!("key `webhook` must be an object, not {v}"))),
         };
+        let store = match object.get("store") {
+            Some(v) => Location::from_setting(v).map_err(bad)?,
+            None => match env("CORTEX_STORE") {
+                Some(url) => Location::parse(&url)
+                    .map_err(|e| bad(format!("environment variable CORTEX_STORE: {e}")))?,
+                None => Location::Files,
+            },
+        };
+        let host = match object.get("host") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(h))
+                if !h.is_empty()
+                    && h.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+            {
+                Some(h.clone())
+            }
+            Some(v) => {
+                return Err(bad(format!(
+                    "key `host` must be a name of letters, digits, - _ and ., not {v}"
+                )));
+            }
+        };
         let d = Settings::default();
         Ok(Settings {
+            store,
+            host,
             webhook,
             on_wake,
             on_wake_timeout_ms: on_wake_timeout_ms.unwrap_or(d.on_wake_timeout_ms),

@@ -323,7 +323,7 @@ pub fn main() -> ExitCode {
         log_format.is_some().then_some(&home),
         log_format.unwrap_or_default(),
     );
-    finish("waitpoint", run(home, cli.command))
+    finish("waitpoint", run(home, cli.store.as_deref(), cli.command))
 }
 
 /// Durable "wake me when this finishes" objects.
@@ -336,6 +336,11 @@ pub struct Cli {
     /// The home directory holding all state [default: $CORTEX_HOME, else ~/.cortex]
     #[arg(long, global = true, value_name = "DIR")]
     pub home: Option<PathBuf>,
+    /// Where waitpoints live: `files` (the home, the default) or `etcd://HOST:PORT,…[/PREFIX]`,
+    /// a cluster several hosts share (builds with the `etcd` feature) [default: the `store`
+    /// key of settings.json, else $CORTEX_STORE, else files]
+    #[arg(long, global = true, value_name = "URL")]
+    pub store: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -444,7 +449,7 @@ pub struct McpArgs {
     pub claude_channel: bool,
 }
 
-fn run(home: Home, command: Command) -> anyhow::Result<u8> {
+fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> {
     // These need neither settings nor a prepared home (doctor must see the home as it is).
     let command = match command {
         Command::Run(a) => return ops::run(&home, a),
@@ -453,14 +458,18 @@ fn run(home: Home, command: Command) -> anyhow::Result<u8> {
         Command::Completions(a) => return ops::completions(a),
         other => other,
     };
-    let settings = load_settings(&home)?;
+    let mut settings = load_settings(&home)?;
+    if let Some(url) = store {
+        settings.store = crate::state::Location::parse(url)
+            .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
+    }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     if let Command::Daemon(a) = command {
         let http = ops::http_config(&a, &settings)?;
         return ops::run_daemon(home, settings, http);
     }
     home.ensure()?;
-    let engine = Engine::new(home, settings, clock);
+    let engine = Engine::open(home, settings, clock, crate::state::Role::Command)?;
     // Before reading or changing any state: what a dead daemon left in the journal.
     engine.replay_left_journal()?;
     if let Command::Mcp(a) = command {

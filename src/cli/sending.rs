@@ -44,6 +44,11 @@ pub struct SignalTarget {
 pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
     use crate::clock::Clock;
     use crate::engine::{Prejudged, Refusal};
+    // On a store shared by several hosts this home's files hold no waitpoints: the daemon
+    // judges, and hands the signal to the leader.
+    if super::load_settings(home).is_ok_and(|s| s.store != crate::state::Location::Files) {
+        return None;
+    }
     let req = crate::ingress::parse_signal(body).ok()?;
     let now = crate::clock::SystemClock.now();
     // Unreadable here (the daemon may still read it): send.

@@ -22,6 +22,26 @@ pub fn collect_files(
     spool.settle_batch(engine, read, verdicts)
 }
 
+/// The log line of a handed-over signal's verdict.
+fn log_forwarded(req: &crate::request::SignalRequest, source: &Source, v: &Verdict) {
+    let origin = source.origin();
+    match v {
+        Verdict::Accepted { id, seq, wake, .. } => {
+            tracing::info!(waitpoint = %id, seq, source = %origin, woke = wake.is_some(), "handed-over signal accepted")
+        }
+        Verdict::Duplicate { id, .. } => {
+            tracing::info!(waitpoint = %id, source = %origin, "handed-over signal is a duplicate")
+        }
+        Verdict::Closed { id, status, .. } => {
+            tracing::info!(waitpoint = %id, source = %origin, "late handed-over signal: already {}", status.as_str())
+        }
+        Verdict::Refused(r) => {
+            tracing::warn!(waitpoint = %req.id, source = %origin, "handed-over signal refused: {}", r.reason())
+        }
+        Verdict::Queued { .. } => {}
+    }
+}
+
 /// [`collect_files`] for one file.
 pub fn collect_file(spool: &Spool, engine: &Engine, name: &str) -> Result<FileOutcome> {
     let (_, outcome) = collect_files(spool, engine, &[name.to_owned()])
@@ -31,6 +51,87 @@ pub fn collect_file(spool: &Spool, engine: &Engine, name: &str) -> Result<FileOu
 }
 
 impl Daemon {
+    /// The leading daemon of a shared store applies what other hosts handed over, a batch at
+    /// a time, and forgets each once its verdict is durable. One that failed stays for the
+    /// next round (this daemon's or the next leader's): its identity makes a second
+    /// application a duplicate.
+    pub(super) fn apply_forwarded(&mut self) {
+        while self.engine.store().applies_signals() && !self.stopping() {
+            let batch = match self.engine.store().forwarded(engine::MAX_BATCH) {
+                Ok(b) if b.is_empty() => return,
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!("cannot read handed-over signals (will retry): {e}");
+                    return;
+                }
+            };
+            let mut items = Vec::new();
+            let mut keys = Vec::new();
+            let mut settled = Vec::new();
+            for f in &batch {
+                match f.request() {
+                    Some(item) => {
+                        items.push(item);
+                        keys.push(f.key.clone());
+                    }
+                    None => {
+                        tracing::warn!(key = %f.key, source = %f.source, "dropping a handed-over signal whose source does not parse");
+                        settled.push(f.key.clone());
+                    }
+                }
+            }
+            let verdicts = self.engine.apply_forwarded(&items);
+            let mut failed = false;
+            for ((key, (req, source)), verdict) in keys.into_iter().zip(&items).zip(verdicts) {
+                match verdict {
+                    Ok(v) => {
+                        log_forwarded(req, source, &v);
+                        self.after_verdict(&v);
+                        settled.push(key);
+                    }
+                    Err(e) => {
+                        failed = true;
+                        tracing::warn!(waitpoint = %req.id, source = %source.origin(), "cannot apply a handed-over signal (kept for another try): {e}");
+                    }
+                }
+            }
+            if let Err(e) = self.engine.store().settle_forwarded(&settled) {
+                // Applied but not forgotten: the next round finds them recorded (duplicates).
+                tracing::warn!("cannot forget applied handed-over signals: {e}");
+                return;
+            }
+            if failed {
+                return;
+            }
+        }
+    }
+
+    /// Delivers the wakes a shared store holds for this host's inboxes.
+    pub(super) fn deliver_wakes(&mut self) {
+        match self.engine.store().deliver_pending() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(wakes = n, "delivered wakes from the shared store"),
+            Err(e) => {
+                tracing::warn!("cannot deliver wakes from the shared store (will retry): {e}")
+            }
+        }
+    }
+
+    /// Leadership of a shared store moved. A new leader forgets what it believed about any
+    /// waitpoint (another daemon applied signals meanwhile), schedules every waitpoint's
+    /// deadline afresh and applies what was handed over while nobody led.
+    pub(super) fn on_leading(&mut self, on: bool) {
+        if on {
+            tracing::info!("leading: applying signals and running deadlines for every host");
+            self.engine.forget_all();
+            self.rescan_waitpoints();
+            self.apply_forwarded();
+            self.sweep_spool();
+        } else {
+            tracing::warn!("no longer leading: handing signals over to the leader");
+        }
+    }
+
     /// The first sweep at start: like any sweep, plus progress and summary lines when the
     /// backlog is large. Returns how many files were handled.
     pub(super) fn drain_backlog(&mut self) -> usize {
@@ -287,7 +388,7 @@ impl Daemon {
             Verdict::Accepted { id, next_due, .. }
             | Verdict::Duplicate { id, next_due }
             | Verdict::Closed { id, next_due, .. } => (id, *next_due),
-            Verdict::Refused(_) => return,
+            Verdict::Refused(_) | Verdict::Queued { .. } => return,
         };
         self.due.set(id, next_due);
         // Anything due right now (a wake for the hook) is handled on this same turn.

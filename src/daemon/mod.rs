@@ -20,9 +20,9 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
@@ -82,6 +82,13 @@ pub enum Event {
     Shutdown,
     /// Use these settings from now on (the caller re-read them, e.g. on SIGHUP).
     Reload(Settings),
+    /// This daemon started (`true`) or stopped leading the shared store's hosts: only the
+    /// leader applies signals and runs waitpoints' deadlines (`docs/etcd.md`).
+    Leading(bool),
+    /// Another host handed signals over for the leader to apply.
+    Forwarded,
+    /// Wakes for this host's inboxes wait in the shared store.
+    Wakes,
 }
 
 /// Told how the startup drain of a backlog advances (the CLI draws a bar on a terminal).
@@ -223,7 +230,12 @@ impl Daemon {
                 let _ = device_tx.send(Event::Device(e));
             }),
         );
-        let engine = Engine::new(config.home.clone(), config.settings, Arc::clone(&clock));
+        let engine = Engine::open(
+            config.home.clone(),
+            config.settings,
+            Arc::clone(&clock),
+            crate::state::Role::Daemon,
+        )?;
         engine.set_device_lookup(device_lookup(config.home));
         let stop = Arc::new(AtomicBool::new(false));
         let control = DaemonControl {
@@ -303,6 +315,16 @@ impl Daemon {
         // the journal's checkpointer) finishes.
         self.engine.recover_store()?;
         let _store_work = self.engine.store().background()?;
+        // On a shared store, the election of the one daemon that applies signals; the home's
+        // files need none (this daemon holds the home's lock) and lead at once.
+        let leading = Mutex::new(self.tx.clone());
+        let _campaign = self.engine.store().lead(Box::new(move |on| {
+            let _ = leading
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .send(Event::Leading(on));
+        }))?;
+        self.deliver_wakes();
         // From here on, what the engine frees goes to the trash, emptied as it fills.
         let _reaper = crate::store::Reaper::start(self.engine.open_trash()?);
         // What arrived while no daemon ran is collected before any silence is reported: a job
@@ -355,6 +377,8 @@ impl Daemon {
             {
                 self.sweep_spool();
                 self.sweep_devices();
+                self.apply_forwarded();
+                self.deliver_wakes();
                 self.devices.reconcile();
                 self.ensure_index();
                 self.gc();
@@ -448,6 +472,9 @@ impl Daemon {
                 self.sweep_devices();
             }
             Event::Reload(settings) => self.reload(settings),
+            Event::Leading(on) => self.on_leading(on),
+            Event::Forwarded => self.apply_forwarded(),
+            Event::Wakes => self.deliver_wakes(),
             Event::Device(e) => self.on_device(e),
             Event::HttpSignal(Submission::Signal {
                 request,

@@ -78,6 +78,8 @@ impl Daemon {
             let event = match hint {
                 Hint::Changed(id) => Event::WaitpointAppeared(id),
                 Hint::Resync => Event::Rescan,
+                Hint::Forwarded => Event::Forwarded,
+                Hint::Wakes => Event::Wakes,
             };
             let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(event);
         }))?;

@@ -54,11 +54,103 @@ enum Slot {
     },
 }
 
+/// A drop-zone file named by its host, unless its name is a key `cortex-signal` minted (that
+/// key is the signal's identity on every host and every route).
+fn qualify(source: &Source, host: &str) -> Source {
+    match source {
+        Source::Spool(name)
+            if !crate::request::identity_of(&source.origin()).starts_with("key:") =>
+        {
+            Source::Spool(format!("{name}@{host}"))
+        }
+        other => other.clone(),
+    }
+}
+
 impl Engine {
     /// Applies `items` in order with the verdicts they would get one by one, committed together
     /// as one journal line (see the module docs). One result per item; an `Err` means nothing
     /// was decided for it and its source must be kept.
+    ///
+    /// On a store shared by several hosts, a drop-zone file's identity is qualified with this
+    /// host (the same name on two hosts is two signals), a batch is cut to what one of its
+    /// transactions takes, and a process that does not apply signals hands them over to the
+    /// one that does ([`Verdict::Queued`]).
     pub fn apply_batch(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
+        let qualified;
+        let items = match self.store.host() {
+            None => items,
+            Some(host) => {
+                qualified = items
+                    .iter()
+                    .map(|(r, s)| (r.clone(), qualify(s, host)))
+                    .collect::<Vec<_>>();
+                &qualified[..]
+            }
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for chunk in items.chunks(self.store.max_batch().max(1)) {
+            if self.store.applies_signals() {
+                out.extend(self.apply_chunk(chunk));
+            } else {
+                out.extend(self.forward_chunk(chunk));
+            }
+        }
+        out
+    }
+
+    /// Applies handed-over signals (the leading daemon of a shared store): their sources are
+    /// qualified already.
+    pub fn apply_forwarded(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
+        items
+            .chunks(self.store.max_batch().max(1))
+            .flat_map(|chunk| self.apply_chunk(chunk))
+            .collect()
+    }
+
+    /// Checks each signal's id and secret here (a refusal is parked on this host, as always)
+    /// and hands the rest over, durably, with the secret as its hash.
+    fn forward_chunk(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
+        let host = self.store.host().unwrap_or("").to_owned();
+        let now = self.clock.now();
+        let mut verdicts = Vec::with_capacity(items.len());
+        let mut handed = Vec::new();
+        for (req, source) in items {
+            let verdict = match self.store.get(&req.id) {
+                Err(e) => Err(e),
+                Ok(None) => Ok(Verdict::Refused(Refusal::UnknownId)),
+                Ok(Some(wp)) if !req.secret.verify(&wp.secret_sha256) => {
+                    Ok(Verdict::Refused(Refusal::Unauthorized))
+                }
+                Ok(Some(wp)) if wp.status != Status::Armed && !in_grace_window(&wp, now) => {
+                    Ok(Verdict::Closed {
+                        id: wp.id,
+                        status: wp.status,
+                        next_due: None,
+                    })
+                }
+                Ok(Some(wp)) if let Err(r) = rules::check_member(&wp, req.member.as_deref()) => {
+                    Ok(Verdict::Refused(r))
+                }
+                Ok(Some(_)) => {
+                    handed.push(crate::state::Forwarded::new(req, source, &host, now));
+                    Ok(Verdict::Queued { id: req.id.clone() })
+                }
+            };
+            verdicts.push(verdict);
+        }
+        if let Err(e) = self.store.forward(&handed) {
+            let message = format!("cannot hand signals over: {e}");
+            for v in &mut verdicts {
+                if matches!(v, Ok(Verdict::Queued { .. })) {
+                    *v = Err(Error::Conflict(message.clone()));
+                }
+            }
+        }
+        verdicts
+    }
+
+    fn apply_chunk(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
         let mut txn = match self.store.begin_batch() {
             Ok(t) => t,
             Err(e) => return self.fail_all(items.len(), "cannot apply signals:", &e),

@@ -71,6 +71,9 @@ pub enum Verdict {
     },
     /// Not accepted, with the reason.
     Refused(Refusal),
+    /// Kept durably in a store shared by several hosts for its leading daemon to apply: its
+    /// id and secret were checked here, the rules are applied there (`docs/etcd.md`).
+    Queued { id: String },
 }
 
 pub use crate::request::{identity_key, is_prefixed_id};
@@ -112,6 +115,20 @@ impl Engine {
             devices: Mutex::new(None),
             silence_held: std::sync::atomic::AtomicBool::new(false),
             held: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// An engine on the store `settings` name: the home's files, or a store shared by several
+    /// hosts ([`state::open_shared`]), written to as `role`.
+    pub fn open(
+        home: Home,
+        settings: Settings,
+        clock: Arc<dyn Clock>,
+        role: state::Role,
+    ) -> Result<Self> {
+        match state::open_shared(&settings.store, settings.host.as_deref(), &home, role)? {
+            Some(store) => Ok(Engine::with_store(home, settings, clock, store)),
+            None => Ok(Engine::new(home, settings, clock)),
         }
     }
 
@@ -364,7 +381,7 @@ impl Engine {
 
     /// Drops everything remembered about recorded identities (the store finished an
     /// interrupted commit, so the records may be newer than what was remembered).
-    fn forget_all(&self) {
+    pub(crate) fn forget_all(&self) {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
@@ -381,7 +398,7 @@ impl Engine {
             return Ok(());
         }
         for wake in &wp.outbox {
-            delivery::deliver(&self.home, wake)?;
+            self.store.deliver(&self.home, wake)?;
         }
         crate::failpoint!(
             crate::failpoint::ENGINE_AFTER_DELIVERY,

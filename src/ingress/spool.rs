@@ -374,6 +374,9 @@ impl Spool {
             Verdict::Closed { id, status, .. } => {
                 tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
             }
+            Verdict::Queued { id } => {
+                tracing::info!(waitpoint = %id, file = ?name, "signal handed over to the leading daemon; removing");
+            }
         }
         Ok(None)
     }

@@ -18,15 +18,66 @@
 //! - a recorded identity stays recorded as long as its waitpoint ([`Store::identities`]), which
 //!   is what makes a second copy of a signal a duplicate.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod files;
+mod forward;
 mod index;
+pub mod location;
 
 use std::any::Any;
 
-use crate::error::Result;
-use crate::model::{JournalChange, SignalRecord, Waitpoint};
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::model::{JournalChange, SignalRecord, Waitpoint, Wake};
 
 pub use files::{Files, signal_file_name};
+pub use forward::Forwarded;
+pub use location::Location;
+
+/// Who writes through a shared store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// A command: writes under revision checks only, and hands signals over.
+    Command,
+    /// A daemon: applies signals while it leads, and every write it makes is fenced.
+    Daemon,
+}
+
+/// The shared store `location` names, for `home`'s host (`None` for the home's own files).
+/// `host` is the name this host goes by there; the system's host name when `None`.
+pub fn open_shared(
+    location: &Location,
+    host: Option<&str>,
+    home: &Home,
+    role: Role,
+) -> Result<Option<std::sync::Arc<dyn Store>>> {
+    let loc = match location {
+        Location::Files => return Ok(None),
+        Location::Etcd(loc) => loc,
+    };
+    let host = match host {
+        Some(h) => h.to_owned(),
+        None => rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned(),
+    };
+    #[cfg(feature = "etcd")]
+    {
+        let store = etcd::Etcd::connect(loc, &host, home.clone(), role)?;
+        Ok(Some(std::sync::Arc::new(store)))
+    }
+    #[cfg(not(feature = "etcd"))]
+    {
+        let _ = (host, home, role);
+        Err(Error::Usage(format!(
+            "store {} needs a build with the etcd store: cargo install --features etcd \
+             (see docs/etcd.md)",
+            loc.display()
+        )))
+    }
+}
 
 /// The version of a waitpoint's state a transaction read, which each of its writes must still
 /// match. On files it is the state's signal count under the waitpoint's lock; on a store with
@@ -49,6 +100,10 @@ pub enum Hint {
     Changed(String),
     /// Hints were lost (an overflow, a compaction): read everything again.
     Resync,
+    /// A host handed signals over for the leader to apply (a shared store).
+    Forwarded,
+    /// Wakes for this host's inboxes wait in the store (a shared store).
+    Wakes,
 }
 
 /// Where waitpoints live. See the module docs for what every implementation promises.
@@ -87,6 +142,59 @@ pub trait Store: Send + Sync {
     /// Starts the store's own background work for a long-running owner (the daemon); it runs
     /// until the returned guard drops.
     fn background(&self) -> Result<Box<dyn Any + Send>>;
+
+    // What a store shared by several hosts adds. The defaults are the single home's: this
+    // process applies signals itself and wakes go to its own inboxes.
+
+    /// The name this host goes by in a store shared by several hosts, `None` for a store of
+    /// one home. A drop-zone file's identity is qualified with it there, so the same file
+    /// name on two hosts is two signals (see [`Forwarded`]).
+    fn host(&self) -> Option<&str> {
+        None
+    }
+    /// Whether this process applies signals now. On a shared store only the leading daemon
+    /// does; every other process hands them over durably with [`forward`](Self::forward).
+    fn applies_signals(&self) -> bool {
+        true
+    }
+    /// Keeps signals for the applier, durably when this returns; one key per identity, so a
+    /// signal handed over twice is kept once.
+    fn forward(&self, items: &[Forwarded]) -> Result<()> {
+        let _ = items;
+        Err(Error::Conflict(
+            "this store applies signals where they arrive; there is nobody to forward to".into(),
+        ))
+    }
+    /// Up to `max` signals handed over and not yet applied, oldest first.
+    fn forwarded(&self, max: usize) -> Result<Vec<Forwarded>> {
+        let _ = max;
+        Ok(Vec::new())
+    }
+    /// Forgets handed-over signals once their verdicts are durable.
+    fn settle_forwarded(&self, keys: &[String]) -> Result<()> {
+        let _ = keys;
+        Ok(())
+    }
+    /// Delivers a wake made outside a batch commit (an outbox flush) to its session's inbox,
+    /// durably when this returns: into `home` here; on a shared store, to the session's host.
+    fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
+        crate::delivery::deliver(home, wake)
+    }
+    /// Delivers the wakes that wait in the store for this host's inboxes; returns how many.
+    fn deliver_pending(&self) -> Result<usize> {
+        Ok(0)
+    }
+    /// Campaigns to be the one daemon that applies signals, until the guard drops, telling
+    /// `on_change` when this daemon starts (`true`) or stops leading. A store of one home has
+    /// no election: its daemon always leads (the home's lock makes it the only one).
+    fn lead(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Result<Box<dyn Any + Send>> {
+        on_change(true);
+        Ok(Box::new(()))
+    }
+    /// The most signals one commit may carry (a shared store's transactions are bounded).
+    fn max_batch(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// A unit of work on a [`Store`]: what it reads for update stays unchanged by others until it

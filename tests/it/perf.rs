@@ -69,6 +69,7 @@ fn shape(v: &Verdict) -> String {
         Verdict::Duplicate { .. } => "duplicate".into(),
         Verdict::Closed { status, .. } => format!("closed {status:?}"),
         Verdict::Refused(r) => format!("refused {}", r.reason()),
+        Verdict::Queued { .. } => "queued".into(),
     }
 }
 

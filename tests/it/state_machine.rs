@@ -187,6 +187,7 @@ fn verdict_kind(v: &Verdict) -> Want {
         Verdict::Refused(Refusal::MemberMissing { .. }) => Want::MemberMissing,
         Verdict::Refused(Refusal::MemberUnknown { .. }) => Want::MemberUnknown,
         Verdict::Refused(_) => Want::Unauthorized,
+        Verdict::Queued { .. } => panic!("a store of one home hands nothing over"),
     }
 }
 

@@ -349,6 +349,10 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             202,
             json!({ "result": "duplicate", "id": id, "message": "already recorded under this Idempotency-Key; not counted again" }),
         ),
+        Ok(Verdict::Queued { id }) => reply(
+            202,
+            json!({ "result": "queued", "id": id, "message": "kept by the cluster; the leading daemon counts it" }),
+        ),
         Ok(Verdict::Closed { id, status, .. }) => reply(
             410,
             json!({ "result": "closed", "id": id, "status": status.as_str(), "message": format!("already {}", status.as_str()) }),

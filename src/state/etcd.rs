@@ -1,0 +1,967 @@
+//! The etcd store (feature `etcd`): waitpoints on an etcd cluster that several hosts share,
+//! each running its own daemon with its own home, drop zone and inboxes.
+//!
+//! Keys, under the location's prefix (see `docs/etcd.md`; values are the JSON of `layouts/`):
+//! - `wp/<id>`: the waitpoint's state, `waitpoint.json`;
+//! - `rec/<id>/<seq>-<identity>.json`: one signal record each, named as on files;
+//! - `idx/<session or channel>/<id>`: who may see it, so a session's list is one range;
+//! - `chan/<channel>`: the host whose inbox the channel's wakes go to (the host that armed);
+//! - `wake/<host>/<wake id>`: a wake on its way to that host's inbox;
+//! - `in/<identity>`: a signal a standby host received, waiting for the leader to apply it;
+//! - `bad/<key>`: a value that did not parse, set aside with the reason;
+//! - `leader/…`: the election of the daemon that applies signals.
+//!
+//! Every write a transaction makes compares the revision of each waitpoint key it read, so a
+//! concurrent writer makes it fail ([`Error::Conflict`]) instead of losing an update. A
+//! daemon's writes also compare its leadership key ([`Fence`]): once its lease has expired
+//! (it was paused, partitioned or killed) the key is gone and nothing it sends can commit,
+//! whatever it still believes. Commands (`create`, `cancel`, …) write without the fence, under
+//! the same revision checks.
+//!
+//! The client is asynchronous (tonic); the store owns one small tokio runtime and blocks on it,
+//! so the engine stays synchronous. Nothing here runs inside another runtime's worker: the MCP
+//! front end calls the engine from blocking threads.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
+    Identity, SortOrder, SortTarget, TlsOptions, Txn as EtcdTxnReq, TxnOp, WatchOptions,
+};
+
+use crate::error::{Error, Result};
+use crate::home::Home;
+use crate::model::{SignalRecord, Waitpoint, Wake};
+use crate::request::{identity_key, identity_of, is_waitpoint_id};
+
+use super::files::parse_signal_file_name;
+use super::location::EtcdLocation;
+use super::{Change, Forwarded, Hint, Role, Store, Txn, Version, signal_file_name};
+
+/// How long one request may take before it counts as failed (a campaign waits longer: it
+/// is not a request but a wait for leadership).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most signals one commit carries: with a record, a state and a wake each, and the
+/// handed-over keys deleted after, a batch stays well under etcd's default 128 operations.
+pub const MAX_BATCH: usize = 30;
+/// The most operations this store puts in one transaction (etcd's default `--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
+
+/// The leadership a daemon's writes are fenced by: its election key and that key's creation
+/// revision, which no other campaign can reproduce.
+#[derive(Clone, Debug)]
+struct Fence {
+    key: Vec<u8>,
+    rev: i64,
+}
+
+/// Waitpoints on etcd. See the module docs.
+pub struct Etcd {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    loc: EtcdLocation,
+    host: String,
+    /// This host's home: where the wakes for its sessions are delivered.
+    home: Home,
+    role: Role,
+    /// `Some` while this daemon leads.
+    fence: Arc<Mutex<Option<Fence>>>,
+    /// Channel → host, as read from `chan/` (a channel's host changes only when it arms
+    /// elsewhere; a stale entry sends a wake to the old host's inbox, which still has it).
+    channels: Mutex<HashMap<String, String>>,
+}
+
+fn store_error(loc: &EtcdLocation, what: &str, message: impl std::fmt::Display) -> Error {
+    Error::Store {
+        store: loc.display(),
+        message: format!("{what}: {message}"),
+    }
+}
+
+/// Reads a credential file, refusing one that other users can read or change.
+fn read_private(loc: &EtcdLocation, path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
+    if meta.mode() & 0o077 != 0 && what == "password" {
+        return Err(Error::Insecure {
+            path: path.to_owned(),
+            message: format!(
+                "the etcd {what} file is open to other users (mode {:o}); chmod 600 it",
+                meta.mode() & 0o777
+            ),
+        });
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(Error::Insecure {
+            path: path.to_owned(),
+            message: format!("the etcd {what} file is writable by other users"),
+        });
+    }
+    let _ = loc;
+    std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))
+}
+
+impl Etcd {
+    /// Connects to the cluster (lazily: the first request finds out whether it is up).
+    pub fn connect(loc: &EtcdLocation, host: &str, home: Home, role: Role) -> Result<Etcd> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| store_error(loc, "cannot start the client", e))?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            // etcd answers pings more often than every 5 s (its --grpc-keepalive-min-time)
+            // with GOAWAY, which would break every waiting campaign and watch.
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        if let (Some(user), Some(file)) = (&loc.user, &loc.password_file) {
+            let text = read_private(loc, file, "password")?;
+            let password = String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned();
+            options = options.with_user(user.clone(), password);
+        }
+        if loc.tls {
+            let mut tls = TlsOptions::new();
+            if let Some(ca) = &loc.ca_file {
+                tls = tls.ca_certificate(Certificate::from_pem(read_private(loc, ca, "CA")?));
+            }
+            if let (Some(cert), Some(key)) = (&loc.cert_file, &loc.key_file) {
+                tls = tls.identity(Identity::from_pem(
+                    read_private(loc, cert, "certificate")?,
+                    read_private(loc, key, "key")?,
+                ));
+            }
+            if let Some(d) = &loc.tls_domain {
+                tls = tls.domain_name(d.clone());
+            }
+            options = options.with_tls(tls);
+        }
+        let endpoints = loc.endpoints.clone();
+        let client = rt
+            .block_on(async {
+                tokio::time::timeout(REQUEST_TIMEOUT, Client::connect(endpoints, Some(options)))
+                    .await
+            })
+            .map_err(|_| store_error(loc, "cannot connect", "timed out"))?
+            .map_err(|e| store_error(loc, "cannot connect", e))?;
+        Ok(Etcd {
+            rt,
+            client,
+            loc: loc.clone(),
+            host: host.to_owned(),
+            home,
+            role,
+            fence: Arc::new(Mutex::new(None)),
+            channels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Where it is, for messages (no credentials).
+    pub fn location(&self) -> &EtcdLocation {
+        &self.loc
+    }
+
+    fn key(&self, rest: &str) -> Vec<u8> {
+        format!("{}{rest}", self.loc.prefix).into_bytes()
+    }
+    fn wp_key(&self, id: &str) -> Vec<u8> {
+        self.key(&format!("wp/{id}"))
+    }
+    fn rec_prefix(&self, id: &str) -> Vec<u8> {
+        self.key(&format!("rec/{id}/"))
+    }
+    fn idx_key(&self, who: &str, id: &str) -> Vec<u8> {
+        self.key(&format!("idx/{}/{id}", identity_key(who)))
+    }
+    fn election(&self) -> Vec<u8> {
+        self.key("leader")
+    }
+
+    /// Runs one request on the runtime, bounded by [`REQUEST_TIMEOUT`].
+    fn call<T>(
+        &self,
+        what: &str,
+        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        self.rt
+            .block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, f).await })
+            .map_err(|_| store_error(&self.loc, what, "no answer within 10 s"))?
+            .map_err(|e| store_error(&self.loc, what, e))
+    }
+
+    fn get_value(&self, key: Vec<u8>) -> Result<Option<(Vec<u8>, i64)>> {
+        let mut c = self.client.clone();
+        let mut resp = self.call("cannot read", async move { c.get(key, None).await })?;
+        Ok(resp
+            .take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
+    }
+
+    /// Every key and value under `prefix`, in key order, read in pages; `at` pins one revision
+    /// (0: the newest).
+    pub fn range(
+        &self,
+        prefix: &[u8],
+        keys_only: bool,
+        at: i64,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.to_vec();
+        let mut out = Vec::new();
+        loop {
+            let mut options = GetOptions::new().with_range(end.clone()).with_limit(500);
+            if keys_only {
+                options = options.with_keys_only();
+            }
+            if at > 0 {
+                options = options.with_revision(at);
+            }
+            let mut c = self.client.clone();
+            let key = from.clone();
+            let mut resp = self.call(
+                "cannot list",
+                async move { c.get(key, Some(options)).await },
+            )?;
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            let Some(last) = kvs.last().map(|kv| kv.key().to_vec()) else {
+                break;
+            };
+            out.extend(kvs.into_iter().map(|kv| kv.into_key_value()));
+            if !more {
+                break;
+            }
+            from = last;
+            from.push(0);
+        }
+        Ok(out)
+    }
+
+    /// The newest revision of the cluster (what an export reads at).
+    pub fn revision(&self) -> Result<i64> {
+        let mut c = self.client.clone();
+        let key = self.key("wp/");
+        let resp = self.call("cannot read", async move {
+            c.get(key, Some(GetOptions::new().with_count_only())).await
+        })?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    /// The fence compare of this daemon's writes; the error a daemon that does not lead gets.
+    fn guards(&self) -> Result<Vec<Compare>> {
+        if self.role == Role::Command {
+            return Ok(Vec::new());
+        }
+        match &*self.fence.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(f) => Ok(vec![Compare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.rev,
+            )]),
+            None => Err(not_leading()),
+        }
+    }
+
+    /// Commits `ops` if `compares` and this daemon's fence hold; returns the new revision.
+    fn guarded(&self, what: &str, mut compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<i64> {
+        if ops.len() > MAX_TXN_OPS {
+            return Err(store_error(
+                &self.loc,
+                what,
+                format!("{} operations, more than one transaction takes", ops.len()),
+            ));
+        }
+        let fenced = !self.guards()?.is_empty();
+        compares.extend(self.guards()?);
+        let fence_key = self.fence_key();
+        let mut req = EtcdTxnReq::new().when(compares).and_then(ops);
+        if let Some(k) = fence_key.clone().filter(|_| fenced) {
+            req = req.or_else(vec![TxnOp::get(k, None)]);
+        }
+        let mut c = self.client.clone();
+        let resp = self.call(what, async move { c.txn(req).await })?;
+        if resp.succeeded() {
+            return Ok(resp.header().map_or(0, |h| h.revision()));
+        }
+        // Whose comparison failed: the fence (leadership is over) or a waitpoint's revision.
+        let still_leads = resp.op_responses().into_iter().any(|r| match r {
+            etcd_client::TxnOpResponse::Get(g) => {
+                let rev = self.fence_rev();
+                g.kvs().iter().any(|kv| Some(kv.create_revision()) == rev)
+            }
+            _ => false,
+        });
+        if fenced && !still_leads {
+            self.lose_leadership();
+            return Err(not_leading());
+        }
+        Err(Error::Conflict(format!(
+            "{what}: a waitpoint changed since it was read; read it again"
+        )))
+    }
+
+    fn fence_key(&self) -> Option<Vec<u8>> {
+        self.fence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|f| f.key.clone())
+    }
+    fn fence_rev(&self) -> Option<i64> {
+        self.fence
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|f| f.rev)
+    }
+    fn lose_leadership(&self) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The host whose inbox `channel`'s wakes go to.
+    fn host_of(&self, channel: &str) -> Result<String> {
+        if let Some(h) = self
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(channel)
+        {
+            return Ok(h.clone());
+        }
+        let host = match self.get_value(self.key(&format!("chan/{}", identity_key(channel))))? {
+            Some((v, _)) => String::from_utf8_lossy(&v).into_owned(),
+            // Armed before hosts were recorded (an import): the applying host keeps it.
+            None => self.host.clone(),
+        };
+        self.channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(channel.to_owned(), host.clone());
+        Ok(host)
+    }
+
+    fn wake_op(&self, wake: &Wake) -> Result<TxnOp> {
+        let host = self.host_of(&wake.channel)?;
+        let key = self.key(&format!("wake/{host}/{}", wake.wake_id));
+        Ok(TxnOp::put(key, to_json(wake), None))
+    }
+
+    /// Delivers every wake waiting for this host into its home's inboxes, each durably before
+    /// its key goes: a crash in between delivers it again under the same name, which is a
+    /// no-op for a reader. Returns how many it delivered.
+    fn deliver_pending_here(&self) -> Result<usize> {
+        let home = &self.home;
+        let prefix = self.key(&format!("wake/{}/", self.host));
+        let mut n = 0;
+        for (key, value) in self.range(&prefix, false, 0)? {
+            match serde_json::from_slice::<Wake>(&value) {
+                Ok(wake) => crate::delivery::deliver(home, &wake)?,
+                Err(e) => self.set_aside(&key, &value, &e.to_string())?,
+            }
+            let mut c = self.client.clone();
+            self.call("cannot settle a delivered wake", async move {
+                c.delete(key, None).await
+            })?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Moves a value that does not parse to `bad/`, with the reason, so it stops nothing else.
+    fn set_aside(&self, key: &[u8], value: &[u8], reason: &str) -> Result<()> {
+        let name = String::from_utf8_lossy(key).into_owned();
+        tracing::warn!(key = %name, "set aside a value that does not parse: {reason}");
+        let rest = name.strip_prefix(&self.loc.prefix).unwrap_or(&name);
+        let record = serde_json::json!({
+            "key": name,
+            "reason": reason,
+            "value": String::from_utf8_lossy(value),
+        });
+        let req = EtcdTxnReq::new().and_then(vec![
+            TxnOp::put(self.key(&format!("bad/{rest}")), to_json(&record), None),
+            TxnOp::delete(key.to_vec(), None),
+        ]);
+        let mut c = self.client.clone();
+        self.call("cannot set aside", async move { c.txn(req).await })?;
+        Ok(())
+    }
+
+    fn parse_wp(&self, key: &[u8], value: &[u8]) -> Result<Option<Waitpoint>> {
+        match serde_json::from_slice::<Waitpoint>(value) {
+            Ok(wp) => Ok(Some(wp)),
+            Err(e) => {
+                self.set_aside(key, value, &e.to_string())?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Campaigns for leadership until the guard drops, telling `on_change` each time this
+    /// daemon starts or stops leading. The lease is kept alive while the campaign waits; when
+    /// a renewal fails or the lease runs out, leadership is given up at once (the fence stops
+    /// writes server-side anyway) and a new campaign starts on a new lease.
+    pub fn campaign(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Box<dyn Any + Send> {
+        let client = self.client.clone();
+        let fence = Arc::clone(&self.fence);
+        let name = self.election();
+        let host = self.host.clone();
+        let ttl = self.loc.lease_ttl_s as i64;
+        let shown = self.loc.display();
+        let lease = Arc::new(Mutex::new(None::<i64>));
+        let held = Arc::clone(&lease);
+        let task = self.rt.spawn(async move {
+            loop {
+                if let Err(e) =
+                    lead_once(&client, &fence, &name, &host, ttl, &held, &on_change).await
+                {
+                    tracing::warn!(store = %shown, "leadership: {e}; campaigning again");
+                }
+                if fence
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .is_some()
+                {
+                    on_change(false);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Box::new(Campaign {
+            task: task.abort_handle(),
+            lease,
+            client: self.client.clone(),
+            handle: self.rt.handle().clone(),
+            fence: Arc::clone(&self.fence),
+        })
+    }
+}
+
+/// One lease: campaign on it, lead while it lives.
+async fn lead_once(
+    client: &Client,
+    fence: &Mutex<Option<Fence>>,
+    name: &[u8],
+    host: &str,
+    ttl: i64,
+    held: &Mutex<Option<i64>>,
+    on_change: &(dyn Fn(bool) + Send + Sync),
+) -> std::result::Result<(), String> {
+    let mut c = client.clone();
+    let grant = tokio::time::timeout(REQUEST_TIMEOUT, c.lease_grant(ttl, None))
+        .await
+        .map_err(|_| "no answer to a lease grant".to_owned())?
+        .map_err(|e| format!("cannot take a lease: {e}"))?;
+    let id = grant.id();
+    *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    let (mut keeper, mut replies) = c
+        .lease_keep_alive(id)
+        .await
+        .map_err(|e| format!("cannot keep the lease alive: {e}"))?;
+    // Renewals run beside the campaign, which may wait for a long time.
+    let renew_every = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
+    let expires = Arc::new(Mutex::new(Instant::now() + Duration::from_secs(ttl as u64)));
+    let until = Arc::clone(&expires);
+    let renewals = async move {
+        loop {
+            keeper
+                .keep_alive()
+                .await
+                .map_err(|e| format!("lease renewal failed: {e}"))?;
+            match tokio::time::timeout(REQUEST_TIMEOUT, replies.message()).await {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                    *until.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Instant::now() + Duration::from_secs(r.ttl() as u64);
+                }
+                Ok(Ok(Some(_))) => return Err::<(), String>("the lease expired".into()),
+                Ok(Ok(None)) => return Err("the lease renewals ended".into()),
+                Ok(Err(e)) => return Err(format!("lease renewal failed: {e}")),
+                Err(_) => return Err("no answer to a lease renewal".into()),
+            }
+            tokio::time::sleep(renew_every).await;
+        }
+    };
+    let campaign = async {
+        let mut c = client.clone();
+        let resp = c
+            .campaign(name.to_vec(), host.as_bytes().to_vec(), id)
+            .await
+            .map_err(|e| format!("campaign failed: {e}"))?;
+        let leader = resp.leader().ok_or("the campaign named no leader")?;
+        *fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Fence {
+            key: leader.key().to_vec(),
+            rev: leader.rev(),
+        });
+        tracing::info!(lease = id, "leading: this daemon applies signals now");
+        on_change(true);
+        // Lead until the lease is near its end without a renewal: stop a little before the
+        // cluster would let it go, so this daemon never believes it leads past its lease.
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let left = expires
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .saturating_duration_since(Instant::now());
+            if left < Duration::from_millis(300) {
+                return Err::<(), String>("the lease is about to run out unrenewed".into());
+            }
+            if fence.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                return Err("a write found the leadership gone".into());
+            }
+        }
+    };
+    let result = tokio::select! {
+        r = renewals => r,
+        r = campaign => r,
+    };
+    let mut c = client.clone();
+    let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
+    result
+}
+
+/// A running campaign; dropping it ends the leadership at once (its lease is revoked), so a
+/// standby takes over without waiting for the lease to run out.
+struct Campaign {
+    task: tokio::task::AbortHandle,
+    lease: Arc<Mutex<Option<i64>>>,
+    client: Client,
+    handle: tokio::runtime::Handle,
+    fence: Arc<Mutex<Option<Fence>>>,
+}
+
+impl Drop for Campaign {
+    fn drop(&mut self) {
+        self.task.abort();
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(id) = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let mut c = self.client.clone();
+            let _ = self.handle.block_on(async move {
+                tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(id)).await
+            });
+        }
+    }
+}
+
+/// Aborts a task of the store's runtime when dropped (a watch).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn not_leading() -> Error {
+    Error::Conflict(
+        "this daemon does not lead the cluster (now); its writes are refused and another daemon \
+         applies them"
+            .into(),
+    )
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("our records always serialise")
+}
+
+/// The key just past every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl Store for Etcd {
+    fn begin(&self) -> Result<Box<dyn Txn + '_>> {
+        Ok(Box::new(EtcdTxn {
+            store: self,
+            read: HashMap::new(),
+        }))
+    }
+
+    fn begin_batch(&self) -> Result<Box<dyn Txn + '_>> {
+        self.begin()
+    }
+
+    fn get(&self, id: &str) -> Result<Option<Waitpoint>> {
+        if !is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        let key = self.wp_key(id);
+        match self.get_value(key.clone())? {
+            Some((v, _)) => self.parse_wp(&key, &v),
+            None => Ok(None),
+        }
+    }
+
+    fn create(&self, wp: &Waitpoint) -> Result<()> {
+        let key = self.wp_key(&wp.id);
+        let mut ops = vec![
+            TxnOp::put(key.clone(), to_json(wp), None),
+            TxnOp::put(self.idx_key(&wp.session, &wp.id), Vec::new(), None),
+            TxnOp::put(
+                self.key(&format!("chan/{}", identity_key(&wp.channel))),
+                self.host.as_bytes().to_vec(),
+                None,
+            ),
+        ];
+        if wp.channel != wp.session {
+            ops.push(TxnOp::put(
+                self.idx_key(&wp.channel, &wp.id),
+                Vec::new(),
+                None,
+            ));
+        }
+        let absent = vec![Compare::version(key, CompareOp::Equal, 0)];
+        // A command arms; the fence is a daemon's (an import runs as a command too).
+        self.guarded("cannot create a waitpoint", absent, ops)?;
+        self.channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(wp.channel.clone(), self.host.clone());
+        Ok(())
+    }
+
+    fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
+        let prefix = self.rec_prefix(id);
+        Ok(self
+            .range(&prefix, true, 0)?
+            .into_iter()
+            .filter_map(|(k, _)| {
+                let name = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+                parse_signal_file_name(&name)
+            })
+            .collect())
+    }
+
+    fn record(&self, id: &str, seq: u64, key: &str) -> Result<Option<SignalRecord>> {
+        let mut k = self.rec_prefix(id);
+        k.extend_from_slice(signal_file_name(seq, key).as_bytes());
+        match self.get_value(k.clone())? {
+            Some((v, _)) => match serde_json::from_slice(&v) {
+                Ok(r) => Ok(Some(r)),
+                Err(e) => Err(Error::Corrupt {
+                    path: String::from_utf8_lossy(&k).into_owned().into(),
+                    message: e.to_string(),
+                }),
+            },
+            None => Ok(None),
+        }
+    }
+
+    fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()> {
+        for (k, v) in self.range(&self.key("wp/"), false, 0)? {
+            if let Some(wp) = self.parse_wp(&k, &v)? {
+                f(wp)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
+        let prefix = self.key(&format!("idx/{}/", identity_key(session)));
+        let mut out = Vec::new();
+        for (k, _) in self.range(&prefix, true, 0)? {
+            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
+            if let Some(wp) = self.get(&id)?
+                && wp.visible_to(session)
+            {
+                out.push(wp);
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
+    }
+
+    /// The index keys are written in the transaction that creates the waitpoint.
+    fn index_is_complete(&self) -> bool {
+        true
+    }
+
+    fn rebuild_index(&self) -> Result<usize> {
+        Ok(0)
+    }
+
+    /// One watch on the whole prefix: waitpoints that changed, signals handed over, wakes for
+    /// this host. A watch that ends (a member restarted, a compaction) is a resync, then a
+    /// new watch from now.
+    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
+        let client = self.client.clone();
+        let prefix = self.loc.prefix.clone();
+        let wakes = format!("{prefix}wake/{}/", self.host);
+        let task = self.rt.spawn(async move {
+            loop {
+                let mut c = client.clone();
+                let opts = WatchOptions::new().with_prefix();
+                if let Ok(mut stream) = c.watch(prefix.clone(), Some(opts)).await {
+                    // Whatever happened while no watch ran.
+                    hint(Hint::Resync);
+                    while let Ok(Some(resp)) = stream.message().await {
+                        if resp.canceled() {
+                            break;
+                        }
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            let key = String::from_utf8_lossy(kv.key());
+                            let Some(rest) = key.strip_prefix(&prefix) else {
+                                continue;
+                            };
+                            if let Some(id) = rest.strip_prefix("wp/") {
+                                if ev.event_type() == EventType::Put {
+                                    hint(Hint::Changed(id.to_owned()));
+                                }
+                            } else if rest.starts_with("in/") {
+                                if ev.event_type() == EventType::Put {
+                                    hint(Hint::Forwarded);
+                                }
+                            } else if key.starts_with(&wakes) && ev.event_type() == EventType::Put {
+                                hint(Hint::Wakes);
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Ok(Box::new(AbortOnDrop(task.abort_handle())))
+    }
+
+    fn needs_recovery(&self) -> bool {
+        false
+    }
+
+    /// Nothing to finish: a transaction is whole or absent.
+    fn recover(&self) -> Result<usize> {
+        Ok(0)
+    }
+
+    fn checkpoint(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn background(&self) -> Result<Box<dyn Any + Send>> {
+        Ok(Box::new(()))
+    }
+
+    fn host(&self) -> Option<&str> {
+        Some(&self.host)
+    }
+
+    fn applies_signals(&self) -> bool {
+        self.role == Role::Daemon && self.fence_rev().is_some()
+    }
+
+    fn forward(&self, items: &[Forwarded]) -> Result<()> {
+        for chunk in items.chunks(MAX_TXN_OPS) {
+            let ops = chunk
+                .iter()
+                .map(|f| TxnOp::put(self.key(&format!("in/{}", f.key)), to_json(f), None))
+                .collect::<Vec<_>>();
+            let req = EtcdTxnReq::new().and_then(ops);
+            let mut c = self.client.clone();
+            self.call("cannot hand signals over", async move { c.txn(req).await })?;
+        }
+        Ok(())
+    }
+
+    fn forwarded(&self, max: usize) -> Result<Vec<Forwarded>> {
+        let prefix = self.key("in/");
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Mod, SortOrder::Ascend)
+            .with_limit(max as i64);
+        let mut c = self.client.clone();
+        let mut resp = self.call("cannot read handed-over signals", async move {
+            c.get(prefix, Some(options)).await
+        })?;
+        let mut out = Vec::new();
+        for kv in resp.take_kvs() {
+            match serde_json::from_slice::<Forwarded>(kv.value()) {
+                Ok(f) => out.push(f),
+                Err(e) => self.set_aside(kv.key(), kv.value(), &e.to_string())?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn settle_forwarded(&self, keys: &[String]) -> Result<()> {
+        for chunk in keys.chunks(MAX_TXN_OPS) {
+            let ops = chunk
+                .iter()
+                .map(|k| TxnOp::delete(self.key(&format!("in/{k}")), None))
+                .collect::<Vec<_>>();
+            let req = EtcdTxnReq::new().and_then(ops);
+            let mut c = self.client.clone();
+            self.call("cannot settle handed-over signals", async move {
+                c.txn(req).await
+            })?;
+        }
+        Ok(())
+    }
+
+    fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
+        if self.host_of(&wake.channel)? == self.host {
+            return crate::delivery::deliver(home, wake);
+        }
+        let op = self.wake_op(wake)?;
+        let req = EtcdTxnReq::new().and_then(vec![op]);
+        let mut c = self.client.clone();
+        self.call("cannot send a wake", async move { c.txn(req).await })?;
+        Ok(())
+    }
+
+    fn deliver_pending(&self) -> Result<usize> {
+        self.deliver_pending_here()
+    }
+
+    fn lead(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Result<Box<dyn Any + Send>> {
+        match self.role {
+            Role::Daemon => Ok(self.campaign(on_change)),
+            Role::Command => Err(Error::Conflict("only a daemon leads".into())),
+        }
+    }
+
+    fn max_batch(&self) -> usize {
+        MAX_BATCH
+    }
+}
+
+/// A transaction: the revisions it read, which every write compares.
+struct EtcdTxn<'a> {
+    store: &'a Etcd,
+    read: HashMap<String, i64>,
+}
+
+impl EtcdTxn<'_> {
+    fn read_rev(&self, id: &str) -> Result<i64> {
+        self.read.get(id).copied().ok_or_else(|| {
+            Error::Conflict(format!(
+                "{id} was not read for update before it was written"
+            ))
+        })
+    }
+}
+
+impl Txn for EtcdTxn<'_> {
+    fn read(&mut self, id: &str) -> Result<Option<(Waitpoint, Version)>> {
+        if !is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        let key = self.store.wp_key(id);
+        let Some((value, rev)) = self.store.get_value(key.clone())? else {
+            self.read.remove(id);
+            return Ok(None);
+        };
+        let Some(wp) = self.store.parse_wp(&key, &value)? else {
+            return Ok(None);
+        };
+        self.read.insert(id.to_owned(), rev);
+        Ok(Some((wp, Version(rev as u64))))
+    }
+
+    fn version(&self, id: &str) -> Option<Version> {
+        self.read.get(id).map(|r| Version(*r as u64))
+    }
+
+    fn put(&mut self, wp: &Waitpoint) -> Result<()> {
+        let rev = self.read_rev(&wp.id)?;
+        let key = self.store.wp_key(&wp.id);
+        let compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let new = self.store.guarded(
+            "cannot write a waitpoint",
+            compares,
+            vec![TxnOp::put(key, to_json(wp), None)],
+        )?;
+        self.read.insert(wp.id.clone(), new);
+        Ok(())
+    }
+
+    fn remove(&mut self, wp: &Waitpoint) -> Result<()> {
+        let rev = self.read_rev(&wp.id)?;
+        let key = self.store.wp_key(&wp.id);
+        let compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let mut ops = vec![
+            TxnOp::delete(key, None),
+            TxnOp::delete(
+                self.store.rec_prefix(&wp.id),
+                Some(DeleteOptions::new().with_prefix()),
+            ),
+            TxnOp::delete(self.store.idx_key(&wp.session, &wp.id), None),
+        ];
+        if wp.channel != wp.session {
+            ops.push(TxnOp::delete(self.store.idx_key(&wp.channel, &wp.id), None));
+        }
+        self.store
+            .guarded("cannot remove a waitpoint", compares, ops)?;
+        self.read.remove(&wp.id);
+        Ok(())
+    }
+
+    /// One etcd transaction for the whole batch: every waitpoint still at the revision read,
+    /// the fence still this daemon's, then every state, record and wake. The wakes for this
+    /// host are delivered at once after it and their keys removed; the others wait for their
+    /// host's daemon (and these too, if this one dies in between).
+    fn commit(&mut self, changes: &[Change]) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        for c in changes {
+            let id = &c.change.state.id;
+            let rev = self.read_rev(id)?;
+            if rev as u64 != c.expect.0 {
+                return Err(Error::Conflict(format!(
+                    "{id} changed since it was read (revision {} then, {rev} now)",
+                    c.expect.0
+                )));
+            }
+            let key = self.store.wp_key(id);
+            compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
+            ops.push(TxnOp::put(key, to_json(&c.change.state), None));
+            for r in &c.change.records {
+                let mut k = self.store.rec_prefix(id);
+                let name = signal_file_name(r.seq, &identity_key(&identity_of(&r.source)));
+                k.extend_from_slice(name.as_bytes());
+                compares.push(Compare::version(k.clone(), CompareOp::Equal, 0));
+                ops.push(TxnOp::put(k, to_json(r), None));
+            }
+            for w in &c.change.wakes {
+                ops.push(self.store.wake_op(w)?);
+            }
+        }
+        let rev = self.store.guarded("cannot commit signals", compares, ops)?;
+        for c in changes {
+            self.read.insert(c.change.state.id.clone(), rev);
+        }
+        // The fast path for this host's own wakes; the keys are the durable copy.
+        let ours = changes.iter().flat_map(|c| &c.change.wakes).any(|w| {
+            self.store
+                .host_of(&w.channel)
+                .is_ok_and(|h| h == self.store.host)
+        });
+        if ours && let Err(e) = self.store.deliver_pending_here() {
+            tracing::warn!("wakes stay in the store for the next delivery: {e}");
+        }
+        Ok(())
+    }
+
+    fn replayed(&self) -> bool {
+        false
+    }
+}
