@@ -431,6 +431,16 @@ pub enum Command {
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
     /// when any check FAILs.
     Doctor(ops::DoctorArgs),
+    /// Write every waitpoint of the store into DIR as an ordinary home, read at one revision
+    ///
+    /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
+    /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot check --all`.
+    Export(ops::ExportArgs),
+    /// Copy the waitpoints of a home on this machine, with their signals, into the store
+    ///
+    /// For moving a single machine into a cluster: `waitpoint --store etcd://… import
+    /// ~/.cortex`. Ids the store has already are left alone and listed.
+    Import(ops::ImportArgs),
     /// Print a completion script for bash, zsh or fish
     ///
     /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
@@ -508,6 +518,8 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Callback(cmd) => {
             callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
         }
+        Command::Export(a) => ops::export(&engine, a, &mut out),
+        Command::Import(a) => ops::import(&engine, a, &mut out),
         Command::Device(a) => device::run(
             &engine,
             a,

@@ -177,6 +177,87 @@ fn beat_message(last: Option<String>, beat: u64) -> String {
 #[derive(Debug, Args)]
 pub struct DoctorArgs {}
 
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The directory to write the home layout into (new, or without waitpoints)
+    #[arg(value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The home whose waitpoints to copy into the store (--store, or the settings' `store`)
+    #[arg(value_name = "HOME")]
+    pub from: PathBuf,
+}
+
+/// `waitpoint export DIR`: every waitpoint of the store, with its records, written as an
+/// ordinary home, all read at one revision.
+pub fn export(
+    engine: &crate::engine::Engine,
+    a: ExportArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    let to = Home::new(a.dir);
+    if to
+        .waitpoints_dir()
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some())
+    {
+        return Err(Error::Usage(format!(
+            "{} holds waitpoints already; export into a new directory",
+            to.waitpoints_dir().display()
+        ))
+        .into());
+    }
+    to.ensure()?;
+    let files = crate::state::Files::new(to.clone(), Arc::new(SystemClock), Default::default());
+    let copied = crate::state::copy_all(engine.store(), &files)?;
+    crate::state::Store::rebuild_index(&files)?;
+    let at = copied
+        .revision
+        .map(|r| format!(" at revision {r}"))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "exported {} waitpoints ({} signal records){at} to {}",
+        copied.waitpoints,
+        copied.records,
+        to.root().display()
+    )?;
+    Ok(exit::OK)
+}
+
+/// `waitpoint import HOME`: a single machine's waitpoints, with their records, moved into
+/// the store; ids the store has already are left alone and listed.
+pub fn import(
+    engine: &crate::engine::Engine,
+    a: ImportArgs,
+    out: &mut dyn Write,
+) -> anyhow::Result<u8> {
+    let from = Home::new(a.from);
+    if !from.waitpoints_dir().is_dir() {
+        return Err(Error::Usage(format!(
+            "{} has no waitpoints directory; is it a waitpoint home?",
+            from.root().display()
+        ))
+        .into());
+    }
+    let files = crate::state::Files::new(from.clone(), Arc::new(SystemClock), Default::default());
+    let copied = crate::state::copy_all(&files, engine.store())?;
+    writeln!(
+        out,
+        "imported {} waitpoints ({} signal records) from {}",
+        copied.waitpoints,
+        copied.records,
+        from.root().display()
+    )?;
+    for id in &copied.skipped {
+        writeln!(out, "skipped {id}: the store has it already")?;
+    }
+    Ok(exit::OK)
+}
+
 /// Shells `completions` writes for.
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum Shell {

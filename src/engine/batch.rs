@@ -123,11 +123,20 @@ impl Engine {
                     Ok(Verdict::Refused(Refusal::Unauthorized))
                 }
                 Ok(Some(wp)) if wp.status != Status::Armed && !in_grace_window(&wp, now) => {
-                    Ok(Verdict::Closed {
-                        id: wp.id,
-                        status: wp.status,
-                        next_due: None,
-                    })
+                    // A retry of a signal that counted is a duplicate, as where it is applied.
+                    let key = identity_key(&source.identity());
+                    match self.store.identities(&wp.id) {
+                        Err(e) => Err(e),
+                        Ok(ids) if ids.iter().any(|(_, k)| *k == key) => Ok(Verdict::Duplicate {
+                            id: wp.id,
+                            next_due: None,
+                        }),
+                        Ok(_) => Ok(Verdict::Closed {
+                            id: wp.id,
+                            status: wp.status,
+                            next_due: None,
+                        }),
+                    }
                 }
                 Ok(Some(wp)) if let Err(r) = rules::check_member(&wp, req.member.as_deref()) => {
                     Ok(Verdict::Refused(r))

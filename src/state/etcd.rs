@@ -637,6 +637,66 @@ impl Store for Etcd {
         Ok(())
     }
 
+    /// Both ranges at one revision, so the waitpoints and records agree.
+    fn for_each_whole(
+        &self,
+        f: &mut dyn FnMut(Waitpoint, Vec<SignalRecord>) -> Result<()>,
+    ) -> Result<Option<i64>> {
+        let at = self.revision()?;
+        let rec = self.key("rec/");
+        let mut records: HashMap<String, Vec<SignalRecord>> = HashMap::new();
+        for (k, v) in self.range(&rec, false, at)? {
+            let rest = String::from_utf8_lossy(&k[rec.len()..]).into_owned();
+            let Some((id, _)) = rest.split_once('/') else {
+                continue;
+            };
+            match serde_json::from_slice::<SignalRecord>(&v) {
+                Ok(r) => records.entry(id.to_owned()).or_default().push(r),
+                Err(e) => {
+                    tracing::warn!(key = %String::from_utf8_lossy(&k), "skipping a record that does not parse: {e}")
+                }
+            }
+        }
+        for (k, v) in self.range(&self.key("wp/"), false, at)? {
+            let Ok(wp) = serde_json::from_slice::<Waitpoint>(&v) else {
+                tracing::warn!(key = %String::from_utf8_lossy(&k), "skipping a waitpoint that does not parse");
+                continue;
+            };
+            let mut recs = records.remove(&wp.id).unwrap_or_default();
+            recs.sort_by_key(|r| r.seq);
+            f(wp, recs)?;
+        }
+        Ok(Some(at))
+    }
+
+    /// The records first, in transactions of their own (invisible without the state), then
+    /// the state and its index keys, guarded by the id being free.
+    fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
+        let key = self.wp_key(&wp.id);
+        if self.get_value(key.clone())?.is_some() {
+            return Ok(false);
+        }
+        for chunk in records.chunks(MAX_TXN_OPS) {
+            let ops = chunk
+                .iter()
+                .map(|r| {
+                    let mut k = self.rec_prefix(&wp.id);
+                    let name = signal_file_name(r.seq, &identity_key(&identity_of(&r.source)));
+                    k.extend_from_slice(name.as_bytes());
+                    TxnOp::put(k, to_json(r), None)
+                })
+                .collect::<Vec<_>>();
+            let req = EtcdTxnReq::new().and_then(ops);
+            let mut c = self.client.clone();
+            self.call("cannot import records", async move { c.txn(req).await })?;
+        }
+        match self.create(wp) {
+            Ok(()) => Ok(true),
+            Err(Error::Conflict(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
         let prefix = self.rec_prefix(id);
         Ok(self

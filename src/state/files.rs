@@ -222,6 +222,38 @@ impl Store for Files {
         result
     }
 
+    /// Records first, into the staging directory, so the waitpoint appears whole.
+    fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
+        if self.home.waitpoint_dir(&wp.id).exists() {
+            return Ok(false);
+        }
+        let parent = self.home.waitpoints_dir();
+        create_dir_private(&parent)?;
+        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
+        let _ = fs::remove_dir_all(&staging);
+        let signals = staging.join("signals");
+        create_dir_private(&signals)?;
+        let result = records
+            .iter()
+            .try_for_each(|r| {
+                let key = identity_key(&identity_of(&r.source));
+                commit_json(&signals.join(signal_file_name(r.seq, &key)), r)
+            })
+            .and_then(|()| store::fsync_dir(&signals))
+            .and_then(|()| self.index_add(wp))
+            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
+            .and_then(|()| store::fsync_dir(&staging))
+            .and_then(|()| {
+                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
+                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
+            })
+            .and_then(|()| store::fsync_dir(&parent));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&staging);
+        }
+        result.map(|()| true)
+    }
+
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
         Ok(store::list_dir(&self.home.signals_dir(id))?
             .into_iter()

@@ -35,6 +35,33 @@ pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
 pub use location::Location;
 
+/// What [`copy_all`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Copied {
+    pub waitpoints: usize,
+    pub records: usize,
+    /// Ids the destination had already (left as they were there).
+    pub skipped: Vec<String>,
+    /// The source's revision everything was read at, when it has revisions.
+    pub revision: Option<i64>,
+}
+
+/// Copies every waitpoint of `from`, with its records, into `to` (`waitpoint export` and
+/// `import`); an id `to` has already is left alone and reported.
+pub fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<Copied> {
+    let mut copied = Copied::default();
+    copied.revision = from.for_each_whole(&mut |wp, records| {
+        if to.put_whole(&wp, &records)? {
+            copied.waitpoints += 1;
+            copied.records += records.len();
+        } else {
+            copied.skipped.push(wp.id);
+        }
+        Ok(())
+    })?;
+    Ok(copied)
+}
+
 /// Who writes through a shared store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -142,6 +169,26 @@ pub trait Store: Send + Sync {
     /// Starts the store's own background work for a long-running owner (the daemon); it runs
     /// until the returned guard drops.
     fn background(&self) -> Result<Box<dyn Any + Send>>;
+
+    /// Calls `f` with every waitpoint and its records, all as of one moment where the store
+    /// has revisions (an export reads so). Returns that revision, if the store has one.
+    fn for_each_whole(
+        &self,
+        f: &mut dyn FnMut(Waitpoint, Vec<SignalRecord>) -> Result<()>,
+    ) -> Result<Option<i64>> {
+        self.for_each(&mut |wp| {
+            let mut records = Vec::new();
+            for (seq, key) in self.identities(&wp.id)? {
+                records.extend(self.record(&wp.id, seq, &key)?);
+            }
+            records.sort_by_key(|r| r.seq);
+            f(wp, records)
+        })?;
+        Ok(None)
+    }
+    /// Stores a waitpoint with its records as they are (an import, an export), unless its id
+    /// is taken: `false` then, and nothing is written.
+    fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool>;
 
     // What a store shared by several hosts adds. The defaults are the single home's: this
     // process applies signals itself and wakes go to its own inboxes.

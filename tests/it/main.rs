@@ -8,6 +8,8 @@ mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;
 mod devices;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod events;
 #[cfg(feature = "failpoints")]
 mod faults;

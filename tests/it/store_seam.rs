@@ -70,6 +70,23 @@ impl Store for Memory {
         self.entries.lock().unwrap().insert(wp.id.clone(), entry);
         Ok(())
     }
+    fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
+        let mut entries = self.entries.lock().unwrap();
+        if entries.contains_key(&wp.id) {
+            return Ok(false);
+        }
+        let records = records
+            .iter()
+            .map(|r| (identity_key(&identity_of(&r.source)), r.clone()))
+            .collect();
+        let entry = Entry {
+            wp: wp.clone(),
+            revision: 1,
+            records,
+        };
+        entries.insert(wp.id.clone(), entry);
+        Ok(true)
+    }
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
         let entries = self.entries.lock().unwrap();
         Ok(entries.get(id).map_or_else(Vec::new, |e| {
