@@ -165,6 +165,14 @@ impl Etcd {
         })
     }
 
+    /// Makes this store believe it leads under `key` created at `rev`, as a daemon paused
+    /// before it could notice its lease lapse does: for the tests of the fence, which must
+    /// stop its writes at the cluster whatever it believes.
+    #[doc(hidden)]
+    pub fn believe_leading(&self, key: Vec<u8>, rev: i64) {
+        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Fence { key, rev });
+    }
+
     /// Where it is, for messages (no credentials).
     pub fn location(&self) -> &EtcdLocation {
         &self.loc

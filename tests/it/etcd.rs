@@ -190,20 +190,18 @@ impl Cluster {
         self.wait_healthy();
     }
 
-    /// How many keys sit under `t/<rest>`.
+    /// How many keys sit under `t/<rest>` (etcdctl 3.4 has no --count-only).
     pub fn count(&self, rest: &str) -> usize {
-        let out = self.ctl(&[
-            "get",
-            "--prefix",
-            "--count-only",
-            "-w",
-            "json",
-            &format!("t/{rest}"),
-        ]);
-        serde_json::from_slice::<Value>(&out.stdout)
-            .ok()
-            .and_then(|v| v["count"].as_u64())
-            .unwrap_or(0) as usize
+        let out = self.ctl(&["get", "--prefix", "--keys-only", &format!("t/{rest}")]);
+        assert!(
+            out.status.success(),
+            "etcdctl get: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
     }
 }
 
@@ -370,4 +368,262 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
     let findings = invariants::check(&audit, &[dropped]);
     findings.assert_kept("cross-host");
     assert_eq!(findings.recorded, 1, "{findings:?}");
+}
+
+/// What a storm does halfway through.
+#[derive(Clone, Copy, Debug)]
+enum Blow {
+    /// SIGKILL the etcd member that leads the raft, restart it a moment later.
+    EtcdLeader,
+    /// SIGKILL the leading daemon (mid-batch: files are arriving), restart it later.
+    LeadingDaemon,
+}
+
+/// Signals from every host at once, with resends, while `blow` strikes; afterwards every
+/// signal is recorded once, every state is a replay of its records, every wake is in its
+/// inbox once, and nothing is left handed over or spooled.
+fn storm(blow: Blow) {
+    const WAITPOINTS: usize = 4;
+    const FILES: usize = 90;
+    let mut cluster = Cluster::start();
+    let names = ["a", "b", "c"];
+    let hosts: Vec<Env> = names.iter().map(|n| host(&cluster, n, "")).collect();
+    let mut daemons: Vec<Option<DaemonGuard>> = Vec::new();
+    daemons.push(Some(hosts[0].daemon()));
+    wait_leading(&hosts[0]);
+    daemons.push(Some(hosts[1].daemon()));
+    daemons.push(Some(hosts[2].daemon()));
+    let armed: Vec<(String, String)> = (0..WAITPOINTS)
+        .map(|i| {
+            id_secret(&hosts[0].arm(
+                &format!("job{i}"),
+                &["--session", "s1", "--max-signals", "10000"],
+            ))
+        })
+        .collect();
+    let mut dropped = Vec::new();
+    for i in 0..FILES {
+        let h = i % names.len();
+        let (id, secret) = &armed[i % WAITPOINTS];
+        let name = format!("{i:04}");
+        dropped.push(drop_on(
+            &hosts[h],
+            names[h],
+            &name,
+            id,
+            secret,
+            r#","status":"progress""#,
+        ));
+        // Every seventh file comes again once its first copy is gone: a re-collected file
+        // (where a daemon is there to collect the first).
+        if i % 7 == 3 && daemons[h].is_some() {
+            let zone = hosts[h].drop_zone().join(format!("{name}.json"));
+            hosts[h].wait_until("the first copy collected", || !zone.exists());
+            hosts[h].drop_file(&name, &body(id, secret, r#","status":"progress""#));
+        }
+        if i == FILES / 3 {
+            match blow {
+                Blow::EtcdLeader => {
+                    let l = cluster.leader();
+                    cluster.kill(l);
+                    std::thread::sleep(Duration::from_millis(700));
+                    cluster.restart(l);
+                }
+                Blow::LeadingDaemon => {
+                    daemons[0].take().unwrap().kill();
+                }
+            }
+        }
+        if i == 2 * FILES / 3 && daemons[0].is_none() {
+            daemons[0] = Some(hosts[0].daemon());
+        }
+    }
+    // Each job ends with an ok from host b: one resolved wake each, on host a.
+    for (id, secret) in &armed {
+        let name = format!("end-{id}");
+        dropped.push(drop_on(&hosts[1], "b", &name, id, secret, ""));
+    }
+    for h in &hosts {
+        h.wait_until("every drop zone empty", || h.spooled().is_empty());
+    }
+    hosts[0].wait_until("nothing left handed over", || cluster.count("in/") == 0);
+    hosts[0].wait_until("every resolved wake on host a", || {
+        hosts[0].inbox("s1", "new").len() == WAITPOINTS
+    });
+    assert_eq!(cluster.count("wake/"), 0, "wakes left undelivered");
+    for h in &hosts[1..] {
+        assert!(wake_files(h).is_empty(), "{}", h.tree());
+    }
+    let refs: Vec<&Env> = hosts.iter().collect();
+    let audit = audit(&hosts[0], &refs);
+    let findings = invariants::check(&audit, &dropped);
+    findings.assert_kept(&format!("storm with {blow:?}"));
+    assert_eq!(findings.recorded, dropped.len(), "{findings:?}");
+    assert_eq!(findings.wakes, WAITPOINTS, "{findings:?}");
+    if let Blow::LeadingDaemon = blow {
+        assert!(
+            hosts[1..]
+                .iter()
+                .any(|h| log(h).contains("leading: applying")),
+            "no standby took over"
+        );
+    }
+}
+
+#[test]
+fn a_storm_from_every_host_with_resends_survives_the_etcd_leader_killed_and_restarted() {
+    storm(Blow::EtcdLeader);
+}
+
+#[test]
+fn a_storm_survives_the_leading_daemon_killed_mid_batch() {
+    storm(Blow::LeadingDaemon);
+}
+
+/// The election key of the leading daemon and its creation revision (the fence).
+fn leader_key(cluster: &Cluster) -> (Vec<u8>, i64) {
+    let out = cluster.ctl(&["get", "--prefix", "t/leader", "-w", "json"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kv = &v["kvs"][0];
+    let key = base64_decode(kv["key"].as_str().expect("a leader key"));
+    (key, kv["create_revision"].as_i64().unwrap())
+}
+
+fn base64_decode(text: &str) -> Vec<u8> {
+    let out = Command::new("base64")
+        .arg("-d")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(text.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    out.stdout
+}
+
+#[test]
+fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() {
+    use waitpoint::state::{Location, Role, Store, etcd::Etcd};
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let b = host(&cluster, "b", "");
+    let armed = a.arm("train", &["--session", "s1"]);
+    let (id, _) = id_secret(&armed);
+    let da = a.daemon();
+    wait_leading(&a);
+    // What a's daemon holds while it leads; then it stops (a pause past its lease looks the
+    // same to the cluster) and b takes over.
+    let (key, rev) = leader_key(&cluster);
+    drop(da);
+    let _db = b.daemon();
+    wait_leading(&b);
+    assert_ne!(leader_key(&cluster).1, rev);
+
+    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
+        panic!()
+    };
+    let stale =
+        Etcd::connect(&loc, "a", waitpoint::home::Home::new(&a.home), Role::Daemon).unwrap();
+    stale.believe_leading(key, rev);
+    assert!(stale.applies_signals(), "it believes it leads");
+    let mut txn = stale.begin().unwrap();
+    let (mut wp, _) = txn.read(&id).unwrap().unwrap();
+    wp.label = "written by a stale leader".into();
+    let err = txn.put(&wp).unwrap_err().to_string();
+    assert!(err.contains("does not lead"), "{err}");
+    assert!(!stale.applies_signals(), "a refused write ends the belief");
+    assert_eq!(shown(&b, &id)["label"], "train");
+
+    // Without the belief (a standby), it writes nothing either.
+    let mut txn = stale.begin().unwrap();
+    let (wp, _) = txn.read(&id).unwrap().unwrap();
+    assert!(txn.put(&wp).is_err());
+}
+
+#[test]
+fn a_leading_daemon_paused_past_its_lease_gives_way_and_loses_nothing() {
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let b = host(&cluster, "b", "");
+    let da = a.daemon();
+    wait_leading(&a);
+    let _db = b.daemon();
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1", "--max-signals", "100"]));
+    da.send(libc::SIGSTOP);
+    let mut dropped = vec![drop_on(
+        &b,
+        "b",
+        "on-b",
+        &id,
+        &secret,
+        r#","status":"progress""#,
+    )];
+    b.wait_until("b to take over", || log(&b).contains("leading: applying"));
+    b.wait_until("b to apply the signal", || {
+        shown(&b, &id)["counters"]["signals"] == 1
+    });
+    // Files for the paused host wait in its drop zone until it runs again.
+    for i in 0..5 {
+        dropped.push(drop_on(
+            &a,
+            "a",
+            &format!("on-a-{i}"),
+            &id,
+            &secret,
+            r#","status":"progress""#,
+        ));
+    }
+    da.send(libc::SIGCONT);
+    a.wait_until("a's drop zone empty", || a.spooled().is_empty());
+    a.wait_until("nothing left handed over", || cluster.count("in/") == 0);
+    a.wait_until("a to give way", || log(&a).contains("no longer leading"));
+    assert_eq!(shown(&b, &id)["counters"]["signals"], 6);
+    let audit = audit(&a, &[&a, &b]);
+    let findings = invariants::check(&audit, &dropped);
+    findings.assert_kept("paused leader");
+    assert_eq!(findings.recorded, dropped.len(), "{findings:?}");
+}
+
+#[test]
+fn deadlines_fire_once_however_the_leadership_moved() {
+    const JOBS: usize = 3;
+    let cluster = Cluster::start();
+    // Waitpoints armed on a live three seconds.
+    let a = host(&cluster, "a", r#", "waitpointTtlMs": 3000"#);
+    let b = host(&cluster, "b", "");
+    let da = a.daemon();
+    wait_leading(&a);
+    let _db = b.daemon();
+    let ids: Vec<String> = (0..JOBS)
+        .map(|i| id_secret(&a.arm(&format!("job{i}"), &["--session", "s1"])).0)
+        .collect();
+    // The leader dies before the deadlines; b fires them, for a's inbox.
+    da.kill();
+    b.wait_until("b to take over", || log(&b).contains("leading: applying"));
+    for id in &ids {
+        b.wait_until("the deadline", || shown(&b, id)["status"] == "expired");
+    }
+    b.wait_until("the wakes waiting for host a", || {
+        cluster.count("wake/a/") == JOBS
+    });
+    let _da = a.daemon();
+    a.wait_until("a's wakes delivered", || a.inbox("s1", "new").len() == JOBS);
+    a.wait_until("the wake keys gone", || cluster.count("wake/") == 0);
+    let wakes = a.inbox("s1", "new");
+    for id in &ids {
+        let of: Vec<&Value> = wakes
+            .iter()
+            .filter(|w| w["waitpoint"]["id"] == id.as_str())
+            .collect();
+        assert_eq!(of.len(), 1, "{id}: {of:?}");
+        assert_eq!(of[0]["kind"], "deadline", "{:?}", of[0]);
+    }
+    for id in &ids {
+        let state = shown(&a, id);
+        assert_eq!(state["counters"]["wakes"], 1, "{state}");
+        assert!(state["outbox"].as_array().unwrap().is_empty(), "{state}");
+    }
 }
