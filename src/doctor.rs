@@ -96,6 +96,9 @@ pub struct Inputs<'a> {
     pub inotify_dir: PathBuf,
     /// Whether an inotify instance can be had now ([`probe_inotify`]).
     pub inotify_instance: Result<(), Error>,
+    /// How the shared store the settings name is ([`crate::state::Store::health`]), or why
+    /// it could not be asked; `None` for the home's own files.
+    pub store: Option<Result<Vec<crate::state::Health>, Error>>,
 }
 
 /// Tries to get (and at once gives back) an inotify instance, as a daemon starting now would.
@@ -128,6 +131,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     let walk = walk_home(home.root());
     checks.push(check_modes(&walk));
     checks.push(check_settings(home, inputs.settings));
+    checks.extend(store_checks(&inputs.store));
     checks.push(check_drop_zone(home));
     checks.push(check_inotify(&inputs.inotify_dir, &inputs.inotify_instance));
     checks.push(check_daemon(home));
@@ -138,6 +142,35 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     checks.push(check_bad(home));
     checks.push(check_quarantine(home));
     checks
+}
+
+/// The shared store's findings as report lines.
+fn store_checks(store: &Option<Result<Vec<crate::state::Health>, Error>>) -> Vec<Check> {
+    use crate::state::HealthLevel;
+    match store {
+        None => Vec::new(),
+        Some(Err(e)) => vec![Check {
+            name: "store",
+            level: Level::Fail,
+            detail: format!("cannot open the store: {e}"),
+            fix: Some(
+                "check `store` in settings.json (or --store) and that the cluster runs".into(),
+            ),
+        }],
+        Some(Ok(found)) => found
+            .iter()
+            .map(|h| Check {
+                name: h.name,
+                level: match h.level {
+                    HealthLevel::Ok => Level::Ok,
+                    HealthLevel::Warn => Level::Warn,
+                    HealthLevel::Fail => Level::Fail,
+                },
+                detail: h.detail.clone(),
+                fix: h.fix.clone(),
+            })
+            .collect(),
+    }
 }
 
 /// The worst level in a report.

@@ -464,7 +464,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
     let command = match command {
         Command::Run(a) => return ops::run(&home, a),
         Command::Attach(a) => return ops::attach(&home, a),
-        Command::Doctor(a) => return ops::doctor(&home, a),
+        Command::Doctor(a) => return ops::doctor(&home, store, a),
         Command::Completions(a) => return ops::completions(a),
         other => other,
     };

@@ -371,13 +371,28 @@ pub fn attach(home: &Home, a: AttachArgs) -> anyhow::Result<u8> {
 }
 
 /// `waitpoint doctor`: one line per check; exit 1 when any check fails.
-pub fn doctor(home: &Home, _a: DoctorArgs) -> anyhow::Result<u8> {
-    let settings = super::load_settings(home);
+pub fn doctor(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Result<u8> {
+    let mut settings = super::load_settings(home);
+    if let (Some(url), Ok(s)) = (store, settings.as_mut()) {
+        s.store = crate::state::Location::parse(url)
+            .map_err(|e| Error::Usage(format!("--store: {e}")))?;
+    }
+    let store = settings.as_ref().ok().and_then(|s| {
+        crate::state::open_shared(
+            &s.store,
+            s.host.as_deref(),
+            home,
+            crate::state::Role::Command,
+        )
+        .transpose()
+        .map(|opened| opened.map(|st| st.health()))
+    });
     let checks = doctor::run(&doctor::Inputs {
         home,
         settings: &settings,
         inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
         inotify_instance: doctor::probe_inotify(home),
+        store,
     });
     let mut out = io::stdout().lock();
     for check in &checks {

@@ -40,7 +40,9 @@ use crate::request::{identity_key, identity_of, is_waitpoint_id};
 
 use super::files::parse_signal_file_name;
 use super::location::EtcdLocation;
-use super::{Change, Forwarded, Hint, Role, Store, Txn, Version, signal_file_name};
+use super::{
+    Change, Forwarded, Health, HealthLevel, Hint, Role, Store, Txn, Version, signal_file_name,
+};
 
 /// How long one request may take before it counts as failed (a campaign waits longer: it
 /// is not a request but a wait for leadership).
@@ -454,6 +456,122 @@ impl Etcd {
             fence: Arc::clone(&self.fence),
         })
     }
+}
+
+fn finding(name: &'static str, level: HealthLevel, detail: String, fix: Option<&str>) -> Health {
+    Health {
+        name,
+        level,
+        detail,
+        fix: fix.map(str::to_owned),
+    }
+}
+
+/// History this long without a compaction is worth a warning: etcd keeps every revision
+/// until compacted, and its space quota counts them.
+const UNCOMPACTED_WARN: i64 = 100_000;
+
+/// The checks of `doctor` on the cluster: each member asked on its own, then the cluster.
+async fn health(store: &Etcd) -> Vec<Health> {
+    use HealthLevel::{Fail, Ok, Warn};
+    let mut out = Vec::new();
+    let total = store.loc.endpoints.len();
+    let mut answered = Vec::new();
+    let mut silent = Vec::new();
+    let mut leaders = std::collections::HashSet::new();
+    let mut db = 0;
+    for ep in &store.loc.endpoints {
+        let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        let asked = async {
+            let mut c = Client::connect([ep.as_str()], Some(opts)).await?;
+            c.status().await
+        };
+        match tokio::time::timeout(Duration::from_secs(3), asked).await {
+            Result::Ok(Result::Ok(st)) => {
+                answered.push(format!("{ep} (v{})", st.version()));
+                if st.leader() != 0 {
+                    leaders.insert(st.leader());
+                }
+                db = db.max(st.db_size());
+            }
+            Result::Ok(Err(e)) => silent.push(format!("{ep}: {e}")),
+            Err(_) => silent.push(format!("{ep}: no answer within 3 s")),
+        }
+    }
+    out.push(match (answered.len(), silent.is_empty()) {
+        (0, _) => finding(
+            "cluster",
+            Fail,
+            format!("no member of {} answers: {}", store.loc.display(), silent.join("; ")),
+            Some("start the etcd members, or fix `store` in settings.json"),
+        ),
+        (n, true) => finding("cluster", Ok, format!("{n} of {total} members answer: {}", answered.join(", ")), None),
+        (n, false) => finding(
+            "cluster",
+            Warn,
+            format!("{n} of {total} members answer; not: {}", silent.join("; ")),
+            Some("restart the silent members: the cluster stays writable only while a majority answers"),
+        ),
+    });
+    if answered.is_empty() {
+        return out;
+    }
+    out.push(match leaders.len() {
+        0 => finding(
+            "raft",
+            Fail,
+            "no member leads the cluster: every write waits".into(),
+            Some("bring a majority of the members up"),
+        ),
+        1 => finding("raft", Ok, "one member leads the cluster".into(), None),
+        _ => finding(
+            "raft",
+            Warn,
+            "members name different leaders (an election in progress?)".into(),
+            Some("run doctor again in a few seconds"),
+        ),
+    });
+    let mut c = store.client.clone();
+    let alarms = c
+        .alarm(
+            etcd_client::AlarmAction::Get,
+            etcd_client::AlarmType::None,
+            None,
+        )
+        .await;
+    let size = format!("database {} kB", db / 1024);
+    out.push(match alarms {
+        Err(e) => finding("space", Warn, format!("{size}; cannot read alarms: {e}"), None),
+        Result::Ok(a) if a.alarms().iter().any(|m| m.alarm() == etcd_client::AlarmType::Nospace) => finding(
+            "space",
+            Fail,
+            format!("{size}: the cluster is out of space (NOSPACE): it refuses writes; signals stay spooled where they arrived"),
+            Some("etcdctl compact <revision>; etcdctl defrag; etcdctl alarm disarm; or raise --quota-backend-bytes"),
+        ),
+        Result::Ok(_) => finding("space", Ok, format!("{size}, no space alarm"), None),
+    });
+    let mut c = store.client.clone();
+    out.push(match c.leader(store.election()).await {
+        Result::Ok(l) => {
+            let host = l
+                .kv()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+                .unwrap_or_default();
+            finding(
+                "daemons",
+                Ok,
+                format!("the daemon on host {host:?} applies signals"),
+                None,
+            )
+        }
+        Err(_) => finding(
+            "daemons",
+            Warn,
+            "no daemon leads: signals are kept, but nobody applies them".into(),
+            Some("start `waitpoint daemon` on a host of the cluster"),
+        ),
+    });
+    out
 }
 
 /// One lease: campaign on it, lead while it lives.
@@ -895,6 +1013,65 @@ impl Store for Etcd {
 
     fn deliver_pending(&self) -> Result<usize> {
         self.deliver_pending_here()
+    }
+
+    fn health(&self) -> Vec<Health> {
+        let mut out = self.rt.block_on(health(self));
+        if out.len() == 1 {
+            // Nobody answered; there is nothing more to ask.
+            return out;
+        }
+        let now = self.revision().unwrap_or(0);
+        let first = self.call("cannot read", {
+            let mut c = self.client.clone();
+            let key = self.key("wp/");
+            async move {
+                c.get(
+                    key,
+                    Some(GetOptions::new().with_revision(1).with_count_only()),
+                )
+                .await
+            }
+        });
+        out.push(match first {
+            Ok(_) if now > UNCOMPACTED_WARN => finding(
+                "history",
+                HealthLevel::Warn,
+                format!(
+                    "revision {now} and nothing compacted: the history grows until it fills \
+                     the quota"
+                ),
+                Some(
+                    "run etcd with --auto-compaction-mode=periodic --auto-compaction-retention=1h",
+                ),
+            ),
+            Ok(_) => finding("history", HealthLevel::Ok, format!("revision {now}"), None),
+            Err(_) => finding(
+                "history",
+                HealthLevel::Ok,
+                format!("revision {now}, older history compacted"),
+                None,
+            ),
+        });
+        let count = |rest: &str| self.range(&self.key(rest), true, 0).map_or(0, |v| v.len());
+        let waiting = count("in/");
+        let wakes = count(&format!("wake/{}/", self.host));
+        let idle = waiting + wakes == 0;
+        out.push(finding(
+            "backlog",
+            if idle {
+                HealthLevel::Ok
+            } else {
+                HealthLevel::Warn
+            },
+            format!(
+                "{waiting} signals handed over and not yet applied; {wakes} wakes waiting for \
+                 this host ({})",
+                self.host
+            ),
+            (!idle).then_some("they drain while a daemon leads and this host's daemon runs"),
+        ));
+        out
     }
 
     fn lead(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Result<Box<dyn Any + Send>> {

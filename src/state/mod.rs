@@ -35,6 +35,23 @@ pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
 pub use location::Location;
 
+/// How one aspect of a store is, for `doctor` ([`Store::health`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    pub name: &'static str,
+    pub level: HealthLevel,
+    pub detail: String,
+    /// How to fix it, when it is not OK.
+    pub fix: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthLevel {
+    Ok,
+    Warn,
+    Fail,
+}
+
 /// What [`copy_all`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Copied {
@@ -226,6 +243,11 @@ pub trait Store: Send + Sync {
     /// durably when this returns: into `home` here; on a shared store, to the session's host.
     fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
         crate::delivery::deliver(home, wake)
+    }
+    /// How a shared store is (members, leader, space, history); nothing for the home's files,
+    /// which `doctor` checks itself.
+    fn health(&self) -> Vec<Health> {
+        Vec::new()
     }
     /// Delivers the wakes that wait in the store for this host's inboxes; returns how many.
     fn deliver_pending(&self) -> Result<usize> {

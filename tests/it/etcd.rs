@@ -30,6 +30,8 @@ struct Member {
 pub struct Cluster {
     dir: tempfile::TempDir,
     members: Vec<Member>,
+    /// Flags every member gets besides the cluster's own.
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -42,6 +44,10 @@ fn free_port() -> u16 {
 
 impl Cluster {
     pub fn start() -> Cluster {
+        Cluster::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Cluster {
         assert!(
             Path::new(ETCD).exists() && Path::new(ETCDCTL).exists(),
             "{ETCD} or {ETCDCTL} is missing: the etcd tests need a real cluster (apt-get install \
@@ -57,7 +63,12 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let mut c = Cluster { dir, members };
+        let extra = extra.iter().map(|s| s.to_string()).collect();
+        let mut c = Cluster {
+            dir,
+            members,
+            extra,
+        };
         for i in 0..3 {
             c.spawn(i, "new");
         }
@@ -100,6 +111,7 @@ impl Cluster {
             // Fast elections, so a failover fits in a test.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--logger", "zap", "--log-level", "warn"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -188,6 +200,21 @@ impl Cluster {
     pub fn restart(&mut self, i: usize) {
         self.spawn(i, "existing");
         self.wait_healthy();
+    }
+
+    /// `etcdctl put KEY` with `value` on stdin (too big for an argument).
+    pub fn put_big(&self, key: &str, value: &[u8]) -> std::process::Output {
+        use std::io::Write;
+        let mut child = Command::new(ETCDCTL)
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &self.endpoints(), "put", key])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(value).unwrap();
+        child.wait_with_output().unwrap()
     }
 
     /// Every event the cluster has seen under `t/`, values included (`etcdctl watch` from
@@ -775,4 +802,71 @@ fn an_export_of_the_cluster_equals_the_file_store_home_fed_the_same_signals() {
         &a.waitpoint(&["--home", snapshot.to_str().unwrap(), "show", &armed[2].0]),
     );
     assert!(listed.contains("job2"), "{listed}");
+}
+
+#[test]
+fn at_the_quota_signals_stay_where_they_arrived_and_doctor_says_how_to_fix_it() {
+    // A quota of 2 MiB, filled with a few big values.
+    let cluster = Cluster::start_with(&["--quota-backend-bytes", "2097152"]);
+    let a = host(&cluster, "a", "");
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let _da = a.daemon();
+    wait_leading(&a);
+    let filler = vec![b'x'; 1 << 20];
+    let mut full = false;
+    for i in 0..16 {
+        let out = cluster.put_big(&format!("t/filler/{i}"), &filler);
+        if !out.status.success() {
+            let said = String::from_utf8_lossy(&out.stderr);
+            assert!(said.contains("space exceeded"), "{said}");
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "the quota was never reached");
+    a.drop_file("done", &body(&id, &secret, ""));
+    a.wait_until("the refused commit in the log", || {
+        log(&a).contains("space exceeded")
+    });
+    assert_eq!(
+        a.spooled(),
+        ["done.json"],
+        "the signal stays where it arrived"
+    );
+    assert_eq!(shown(&a, &id)["counters"]["signals"], 0);
+    let out = a.waitpoint(&["doctor"]);
+    let report = a.expect_code("doctor", &out, 1);
+    let line = report
+        .lines()
+        .find(|l| l.contains("space"))
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("FAIL") && line.contains("alarm disarm"),
+        "{report}"
+    );
+
+    // The operator's fix: drop the filler, compact, defragment, disarm. Nothing was lost.
+    let ok = |args: &[&str]| {
+        let out = cluster.ctl(args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    ok(&["del", "--prefix", "t/filler/"]);
+    let status = ok(&["endpoint", "status", "-w", "json"]);
+    let v: Value = serde_json::from_str(&status).unwrap();
+    let rev = v[0]["Status"]["header"]["revision"]
+        .as_i64()
+        .unwrap()
+        .to_string();
+    ok(&["compact", &rev]);
+    ok(&["defrag"]);
+    ok(&["alarm", "disarm"]);
+    a.wait_until("the signal applied after the fix", || {
+        a.spooled().is_empty() && shown(&a, &id)["status"] == "resolved"
+    });
+    assert_eq!(a.inbox("s1", "new").len(), 1);
 }
