@@ -32,6 +32,8 @@ pub struct Cluster {
     members: Vec<Member>,
     /// Flags every member gets besides the cluster's own.
     extra: Vec<String>,
+    /// `user:password` for etcdctl, once a test turned authentication on.
+    user: Option<String>,
 }
 
 fn free_port() -> u16 {
@@ -68,6 +70,7 @@ impl Cluster {
             dir,
             members,
             extra,
+            user: None,
         };
         for i in 0..3 {
             c.spawn(i, "new");
@@ -143,6 +146,7 @@ impl Cluster {
         Command::new(ETCDCTL)
             .env("ETCDCTL_API", "3")
             .args(["--endpoints", &self.endpoints(), "--command-timeout", "5s"])
+            .args(self.user.iter().flat_map(|u| ["--user", u.as_str()]))
             .args(args)
             .output()
             .expect("etcdctl")
@@ -222,6 +226,7 @@ impl Cluster {
     pub fn history(&self) -> String {
         let out = Command::new("timeout")
             .args(["2", ETCDCTL, "--endpoints", &self.endpoints()])
+            .args(self.user.iter().flat_map(|u| ["--user", u.as_str()]))
             .args(["watch", "--prefix", "--rev", "1", "t/"])
             .env("ETCDCTL_API", "3")
             .output()
@@ -869,4 +874,70 @@ fn at_the_quota_signals_stay_where_they_arrived_and_doctor_says_how_to_fix_it() 
         a.spooled().is_empty() && shown(&a, &id)["status"] == "resolved"
     });
     assert_eq!(a.inbox("s1", "new").len(), 1);
+}
+
+#[test]
+fn credentials_come_from_a_private_file_and_never_reach_argv_logs_or_the_cluster() {
+    const PASSWORD: &str = "pw-0f1e2d3c4b5a";
+    // Tokens that expire fast, so the run outlives several of them.
+    let mut cluster = Cluster::start_with(&["--auth-token-ttl", "2"]);
+    for args in [
+        vec!["user", "add", &format!("root:{PASSWORD}")],
+        vec!["role", "add", "root"],
+        vec!["user", "grant-role", "root", "root"],
+        vec!["auth", "enable"],
+    ] {
+        let out = cluster.ctl(&args.iter().map(|s| s.as_ref()).collect::<Vec<&str>>());
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    cluster.user = Some(format!("root:{PASSWORD}"));
+    let dir = tempfile::tempdir().unwrap();
+    let pw = dir.path().join("etcd-password");
+    fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&pw, fs::Permissions::from_mode(0o644)).unwrap();
+    let a = Env::with_settings(&format!(
+        r#"{{"waitpointSweepMs": 300, "host": "a", "store": {{"url": "{}", "leaseTtlS": 2,
+            "user": "root", "passwordFile": "{}"}}}}"#,
+        cluster.url(),
+        pw.display()
+    ));
+    // A password file others can read is refused, naming the file, not its content.
+    let out = a.waitpoint(&["create", "--label", "l", "--intent", "i", "--session", "s1"]);
+    a.expect_code("create with an open password file", &out, 1);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("chmod 600") && !said.contains(PASSWORD),
+        "{said}"
+    );
+    fs::set_permissions(&pw, fs::Permissions::from_mode(0o600)).unwrap();
+
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let da = a.daemon();
+    wait_leading(&a);
+    let cmdline = fs::read(format!("/proc/{}/cmdline", da.pid())).unwrap();
+    assert!(!String::from_utf8_lossy(&cmdline).contains(PASSWORD));
+    // Past a few token lifetimes, the daemon still writes.
+    std::thread::sleep(Duration::from_secs(5));
+    a.drop_file("done", &body(&id, &secret, ""));
+    a.wait_until("the wake", || a.inbox("s1", "new").len() == 1);
+
+    // A wrong password says so, without either password.
+    fs::write(&pw, "not-it\n").unwrap();
+    let out = a.waitpoint(&["show", &id]);
+    a.expect_code("show with a wrong password", &out, 1);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("authentication failed"), "{said}");
+    assert!(
+        !said.contains(PASSWORD) && !said.contains("not-it"),
+        "{said}"
+    );
+    assert!(!log(&a).contains(PASSWORD), "{}", log(&a));
+    let history = cluster.history();
+    assert!(history.contains("t/wp/"), "{history}");
+    assert!(!history.contains(PASSWORD));
 }
