@@ -713,6 +713,7 @@ mod tests {
             settings: &settings,
             inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
             inotify_instance: Ok(()),
+            store: None,
         })
     }
 
