@@ -2,9 +2,16 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7] [--dir DIR] [--keep]`
+//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8] [--dir DIR] [--keep]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
+#[cfg(feature = "etcd")]
+mod etcd;
+// The test suite's cluster: 3 etcd members on loopback, children of this process.
+#[cfg(feature = "etcd")]
+#[allow(dead_code)]
+#[path = "../../tests/it/etcd_cluster.rs"]
+mod etcd_cluster;
 mod floor;
 mod http;
 mod mcp;
@@ -28,7 +35,7 @@ fn options() -> Options {
         quick: false,
         sizes: vec![1_000, 10_000, 100_000],
         idle: Duration::from_secs(60),
-        rows: vec![1, 2, 3, 4, 5, 6, 7],
+        rows: vec![1, 2, 3, 4, 5, 6, 7, 8],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
     };
@@ -411,6 +418,9 @@ fn main() {
                 .into(),
         );
     }
+    if o.rows.contains(&8) {
+        row_etcd(&o, &b, &mut t, &mut notes);
+    }
     println!("| measure | ours | baseline (same run) | ratio | target |");
     println!("| --- | --- | --- | --- | --- |");
     for r in &t.0 {
@@ -423,4 +433,99 @@ fn main() {
     if !o.keep {
         let _ = std::fs::remove_dir_all(&o.base);
     }
+}
+
+#[cfg(not(feature = "etcd"))]
+fn row_etcd(_: &Options, _: &ours::Bins, _: &mut Table, notes: &mut Vec<String>) {
+    notes.push("Row 8 (the etcd store) needs a build with it: scripts/bench builds one.".into());
+}
+
+/// Row 8: the etcd store against the files, measured in the same run.
+#[cfg(feature = "etcd")]
+fn row_etcd(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>) {
+    let (n_wp, per, n_lat, rounds) = if o.quick {
+        (100, 2, 100, 2)
+    } else {
+        (200, 3, 300, 3)
+    };
+    let n = n_wp * per;
+    eprintln!("row 8: the etcd store; ingest {n} signals, {n_lat} latencies, {rounds} failovers");
+    let files = ours::ingest(b, &o.base.join("etcd-files-ingest"), n_wp, per);
+    let (local, remote) = etcd::ingest(b, &o.base.join("etcd-ingest"), n_wp, per);
+    t.row(
+        &format!("8. etcd: durable ingest, {n} signals dropped on the leading host (signals/s)"),
+        format!("{local:.0}"),
+        format!("{:.0} (files, same signals)", files.rate),
+        format!("{:.2}x", local / files.rate),
+        "-",
+    );
+    t.row(
+        "8. same, dropped on a standby host (handed over, then applied)",
+        format!("{remote:.0}"),
+        format!("{:.0} (files)", files.rate),
+        format!("{:.2}x", remote / files.rate),
+        "-",
+    );
+    let base = ours::latency(b, &o.base.join("etcd-files-latency"), n_lat);
+    let lat = etcd::latency(b, &o.base.join("etcd-latency"), n_lat);
+    for q in [50.0, 99.0] {
+        let (x, y) = (ours::p(&lat, q), ours::p(&base, q));
+        t.row(
+            &format!("8. etcd: drop on host b -> wake on host a, p{q:.0} (ms)"),
+            format!("{x:.2}"),
+            format!("{y:.2} (files, one host)"),
+            format!("{:.1}x", x / y),
+            "-",
+        );
+    }
+    let lease = 5;
+    let fo = etcd::failover(b, &o.base.join("etcd-failover"), lease, rounds);
+    let worst = fo.iter().cloned().fold(0.0, f64::max);
+    t.row(
+        &format!(
+            "8. etcd: leading daemon SIGKILLed -> first signal applied, median of {rounds} (s)"
+        ),
+        format!("{:.2} (worst {worst:.2})", ours::p(&fo, 50.0)),
+        format!("{lease} (the lease)"),
+        format!("{:.2}x", ours::p(&fo, 50.0) / lease as f64),
+        "about one lease",
+    );
+    let q = etcd::quota(b, &o.base.join("etcd-quota"), 50);
+    t.row(
+        "8. etcd: 50 signals at the space quota: kept spooled / applied / lost",
+        format!("{} / {} / {}", q.kept, q.applied_before_fix, 50 - q.kept),
+        "-".into(),
+        "-".into(),
+        "50 / 0 / 0",
+    );
+    t.row(
+        "8. same, from the alarm's disarm to all 50 applied, at the next sweep (30 s) (s)",
+        format!("{:.2}", q.catch_up_s),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+    notes.push(format!(
+        "Row 8: a 3-member etcd {} cluster on 127.0.0.1 (fresh data directories on this disk) \
+         per part, hosts as homes with their own daemons; the file store's figures are rows 1 \
+         and 2's measures on the same signals, taken in this run. At the quota the daemon's log \
+         says: {}",
+        etcd_version(),
+        q.error
+    ));
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_version() -> String {
+    std::process::Command::new(etcd_cluster::ETCD)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(|l| l.trim_start_matches("etcd Version: ").to_owned())
+        })
+        .unwrap_or_default()
 }

@@ -35,9 +35,16 @@ pub fn new_home(dir: &Path, settings: &str) -> Home {
     home
 }
 
-fn engine(home: &Home) -> Engine {
+/// An engine on the store the home's settings name (its files, or a cluster).
+pub fn engine(home: &Home) -> Engine {
     let settings = Settings::load(&home.settings_file(), |_| None).unwrap();
-    Engine::new(home.clone(), settings, Arc::new(SystemClock))
+    Engine::open(
+        home.clone(),
+        settings,
+        Arc::new(SystemClock),
+        waitpoint::state::Role::Command,
+    )
+    .unwrap()
 }
 
 fn request(session: &str, max_signals: u32) -> CreateRequest {
@@ -171,7 +178,7 @@ impl Drop for Daemon {
     }
 }
 
-fn pending_json(dir: &Path) -> usize {
+pub fn pending_json(dir: &Path) -> usize {
     fs::read_dir(dir)
         .unwrap()
         .flatten()
@@ -183,12 +190,27 @@ fn pending_json(dir: &Path) -> usize {
         .count()
 }
 
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+pub fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(600);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(1));
     }
+}
+
+/// Writes `per` signals of `status` to each of `armed` into `stage` (outside any drop zone),
+/// named in the order they are to be renamed in; returns the names.
+pub fn stage_signals(stage: &Path, armed: &[Armed], per: usize, status: &str) -> Vec<String> {
+    fs::create_dir_all(stage).unwrap();
+    let mut names = Vec::new();
+    for round in 0..per {
+        for (i, a) in armed.iter().enumerate() {
+            let name = format!("{round:03}-{i:06}.json");
+            fs::write(stage.join(&name), body(a, status)).unwrap();
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// Row 1: signals/s from the drop zone to committed state, `per_wp` `ok` signals to each of
@@ -197,15 +219,7 @@ pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> Ingest {
     let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
     let armed = arm(&home, n_wp, "bench", 10_000);
     let stage = home.root().join("tmp").join("stage");
-    fs::create_dir_all(&stage).unwrap();
-    let mut names = Vec::new();
-    for round in 0..per_wp {
-        for (i, a) in armed.iter().enumerate() {
-            let name = format!("{round:03}-{i:06}.json");
-            fs::write(stage.join(&name), body(a, "ok")).unwrap();
-            names.push(name);
-        }
-    }
+    let names = stage_signals(&stage, &armed, per_wp, "ok");
     let daemon = Daemon::start(bins, &home);
     daemon.wait_ready();
     let drop_zone = home.drop_zone();
@@ -248,9 +262,16 @@ pub fn latency(bins: &Bins, dir: &Path, n: usize) -> Vec<f64> {
     let armed = arm(&home, n, "lat", 1);
     let daemon = Daemon::start(bins, &home);
     daemon.wait_ready();
-    let mut inbox = Inotify::watch(&home.inbox_new("lat"));
-    let drop_zone = home.drop_zone();
-    let mut times = Vec::with_capacity(n);
+    let times = drop_to_wake(&home.drop_zone(), &home, &armed);
+    drop(daemon);
+    times
+}
+
+/// ms from each signal's rename into `drop_zone` to its wake in `inbox_home`'s `lat` inbox,
+/// one signal at a time (the waitpoints armed for session `lat`).
+pub fn drop_to_wake(drop_zone: &Path, inbox_home: &Home, armed: &[Armed]) -> Vec<f64> {
+    let mut inbox = Inotify::watch(&inbox_home.inbox_new("lat"));
+    let mut times = Vec::with_capacity(armed.len());
     for (i, a) in armed.iter().enumerate() {
         let tmp = drop_zone.join(format!(".lat-{i}.tmp"));
         fs::write(&tmp, body(a, "ok")).unwrap();
@@ -259,7 +280,6 @@ pub fn latency(bins: &Bins, dir: &Path, n: usize) -> Vec<f64> {
         inbox.wait_for(&format!("{}.json", a.wp.wake_id(1)));
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
-    drop(daemon);
     times
 }
 

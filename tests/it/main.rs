@@ -10,6 +10,8 @@ mod crash_points;
 mod devices;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd_cluster;
 mod events;
 #[cfg(feature = "failpoints")]
 mod faults;
