@@ -479,6 +479,32 @@ fn wake_on_change(
     Ok(agent::wake_on_change(dir)?)
 }
 
+/// Told when waitpoint `id` may have changed: its directory's events on the home's files; the
+/// store's own watch on a store shared by several hosts, where the home holds no waitpoints.
+fn watch_waitpoint(
+    engine: &Engine,
+    id: &str,
+) -> anyhow::Result<(Box<dyn std::any::Any>, mpsc::Receiver<()>)> {
+    if engine.store().host().is_none() {
+        let (watcher, rx) = wake_on_change(&engine.home().waitpoint_dir(id))?;
+        return Ok((Box::new(watcher), rx));
+    }
+    let (tx, rx) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    let id = id.to_owned();
+    let guard = engine.store().watch(Box::new(move |hint| {
+        let ours = match &hint {
+            crate::state::Hint::Changed(changed) => *changed == id,
+            crate::state::Hint::Resync => true,
+            _ => false,
+        };
+        if ours {
+            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(());
+        }
+    }))?;
+    Ok((guard, rx))
+}
+
 fn wait_for_change(rx: &mpsc::Receiver<()>, deadline: Option<Instant>) -> bool {
     agent::wait_for_change(rx, deadline, LOOK_AGAIN)
 }
@@ -532,9 +558,8 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
 
 pub(super) fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let deadline = deadline_of(a.timeout)?;
-    let dir = engine.home().waitpoint_dir(&a.id);
     engine.load_visible(&a.id, None)?;
-    let (_watcher, rx) = wake_on_change(&dir)?;
+    let (_watcher, rx) = watch_waitpoint(engine, &a.id)?;
     loop {
         let wp = engine.load_visible(&a.id, None)?;
         // Done means closed *and* its wake is in the inbox, so `wait && next` never races.

@@ -107,6 +107,13 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
     let other = a.arm("eval", &["--session", "s2"]);
     let (id2, secret2) = id_secret(&other);
 
+    // Someone on host b waits for it (the store's watch tells it, not a poll).
+    let waiting = b
+        .command(WAITPOINT)
+        .args(["wait", &id, "--timeout", "30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     // On host b, from a file dropped there.
     let dropped = drop_on(&b, "b", "done", &id, &secret, r#","message":"finished""#);
     a.wait_until("the wake on host a", || !a.inbox("s1", "new").is_empty());
@@ -119,6 +126,10 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
         "host b got a wake:\n{}",
         b.tree()
     );
+    let waited = waiting.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&waited.stdout);
+    assert_eq!(waited.status.code(), Some(0), "wait: {said}");
+    assert!(said.contains("resolved ok"), "{said}");
 
     // Over the HTTP shim of host b, twice under one Idempotency-Key: one signal.
     let port = b.webhook_port();
