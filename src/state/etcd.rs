@@ -63,7 +63,8 @@ struct Fence {
 
 /// Waitpoints on etcd. See the module docs.
 pub struct Etcd {
-    rt: tokio::runtime::Runtime,
+    /// Taken only by `drop` (see there).
+    rt: Option<tokio::runtime::Runtime>,
     client: Client,
     loc: EtcdLocation,
     host: String,
@@ -156,7 +157,7 @@ impl Etcd {
             .map_err(|_| store_error(loc, "cannot connect", "timed out"))?
             .map_err(|e| store_error(loc, "cannot connect", e))?;
         Ok(Etcd {
-            rt,
+            rt: Some(rt),
             client,
             loc: loc.clone(),
             host: host.to_owned(),
@@ -173,6 +174,12 @@ impl Etcd {
     #[doc(hidden)]
     pub fn believe_leading(&self, key: Vec<u8>, rev: i64) {
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Fence { key, rev });
+    }
+
+    fn rt(&self) -> &tokio::runtime::Runtime {
+        self.rt
+            .as_ref()
+            .expect("the runtime lives as long as the store")
     }
 
     /// Where it is, for messages (no credentials).
@@ -202,7 +209,7 @@ impl Etcd {
         what: &str,
         f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        self.rt
+        self.rt()
             .block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, f).await })
             .map_err(|_| store_error(&self.loc, what, "no answer within 10 s"))?
             .map_err(|e| store_error(&self.loc, what, e))
@@ -430,7 +437,7 @@ impl Etcd {
         let shown = self.loc.display();
         let lease = Arc::new(Mutex::new(None::<i64>));
         let held = Arc::clone(&lease);
-        let task = self.rt.spawn(async move {
+        let task = self.rt().spawn(async move {
             loop {
                 if let Err(e) =
                     lead_once(&client, &fence, &name, &host, ttl, &held, &on_change).await
@@ -452,7 +459,7 @@ impl Etcd {
             task: task.abort_handle(),
             lease,
             client: self.client.clone(),
-            handle: self.rt.handle().clone(),
+            handle: self.rt().handle().clone(),
             fence: Arc::clone(&self.fence),
         })
     }
@@ -572,6 +579,17 @@ async fn health(store: &Etcd) -> Vec<Health> {
         ),
     });
     out
+}
+
+/// The store may be dropped inside another runtime's task (the MCP front end drops its engine
+/// there), where a runtime may not block to shut down: its tasks (watches, the campaign) are
+/// cancelled without waiting.
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// One lease: campaign on it, lead while it lives.
@@ -890,7 +908,7 @@ impl Store for Etcd {
         let client = self.client.clone();
         let prefix = self.loc.prefix.clone();
         let wakes = format!("{prefix}wake/{}/", self.host);
-        let task = self.rt.spawn(async move {
+        let task = self.rt().spawn(async move {
             loop {
                 let mut c = client.clone();
                 let opts = WatchOptions::new().with_prefix();
@@ -1016,7 +1034,7 @@ impl Store for Etcd {
     }
 
     fn health(&self) -> Vec<Health> {
-        let mut out = self.rt.block_on(health(self));
+        let mut out = self.rt().block_on(health(self));
         if out.len() == 1 {
             // Nobody answered; there is nothing more to ask.
             return out;

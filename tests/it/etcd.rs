@@ -709,3 +709,30 @@ fn credentials_come_from_a_private_file_and_never_reach_argv_logs_or_the_cluster
     assert!(history.contains("t/wp/"), "{history}");
     assert!(!history.contains(PASSWORD));
 }
+
+#[test]
+fn a_store_dropped_inside_another_runtime_shuts_down_without_a_panic() {
+    // The MCP front end runs on tokio and drops its engine, and so the store, on that runtime.
+    use waitpoint::state::{Location, Role, Store, etcd::Etcd};
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
+        panic!()
+    };
+    let store = Etcd::connect(
+        &loc,
+        "a",
+        waitpoint::home::Home::new(&a.home),
+        Role::Command,
+    )
+    .unwrap();
+    let watching = store.watch(Box::new(|_| {})).unwrap();
+    let outer = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    outer.block_on(async move {
+        drop(watching);
+        drop(store);
+    });
+}
