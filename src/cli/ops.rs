@@ -220,9 +220,10 @@ pub fn export(
         .unwrap_or_default();
     writeln!(
         out,
-        "exported {} waitpoints ({} signal records){at} to {}",
+        "exported {} waitpoints ({} signal records) and {} timers{at} to {}",
         copied.waitpoints,
         copied.records,
+        copied.timers,
         to.root().display()
     )?;
     Ok(exit::OK)
@@ -247,9 +248,10 @@ pub fn import(
     let copied = crate::state::copy_all(&files, engine.store())?;
     writeln!(
         out,
-        "imported {} waitpoints ({} signal records) from {}",
+        "imported {} waitpoints ({} signal records) and {} timers from {}",
         copied.waitpoints,
         copied.records,
+        copied.timers,
         from.root().display()
     )?;
     for id in &copied.skipped {

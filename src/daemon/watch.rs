@@ -79,6 +79,7 @@ impl Daemon {
                 Hint::Changed(id) => Event::WaitpointAppeared(id),
                 Hint::Resync => Event::Rescan,
                 Hint::Forwarded => Event::Forwarded,
+                Hint::Timer(id) => Event::TimerChanged(id),
                 Hint::Wakes => Event::Wakes,
             };
             let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(event);

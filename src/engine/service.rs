@@ -127,7 +127,8 @@ impl Engine {
     /// Delivers a wake that no waitpoint owns (a timer's or a callback's) to its inbox, and
     /// queues its `onWake` delivery on the owner's record.
     pub(super) fn deliver_owned(&self, wake: &Wake, hooks: &mut Vec<HookDelivery>) -> Result<()> {
-        delivery::deliver(&self.home, wake)?;
+        // Through the store: on one shared by several hosts, to the session's host.
+        self.store.deliver(&self.home, wake)?;
         if self.settings.on_wake.is_some() {
             hooks.push(HookDelivery {
                 wake_id: wake.wake_id.clone(),

@@ -11,7 +11,6 @@ use crate::error::{Error, Result};
 use crate::model::{
     EXTERNAL_NOTICE, ExternalPayload, Timer, TimerRef, TimerStatus, Wake, WakeKind,
 };
-use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
 
 use super::{Engine, Service, check_name, hooks_due, next_hook_after};
 
@@ -42,18 +41,9 @@ pub fn is_timer_id(id: &str) -> bool {
 }
 
 impl Engine {
-    fn timers_lock(&self) -> Result<FileLock> {
-        let dir = self.home.timers_dir();
-        create_dir_private(&dir)?;
-        FileLock::acquire(&dir.join(".lock"))
-    }
-
     /// Reads one timer; `None` when there is no such id.
     pub fn load_timer(&self, id: &str) -> Result<Option<Timer>> {
-        if !is_timer_id(id) {
-            return Ok(None);
-        }
-        read_json(&self.home.timer_file(id))
+        self.store.timer(id)
     }
 
     /// Creates a timer. Durations and intervals are positive milliseconds.
@@ -102,7 +92,10 @@ impl Engine {
             ));
         }
         let now = self.clock.now();
-        let id = self.fresh_prefixed_id(ID_PREFIX, |id| self.home.timer_file(id).exists());
+        let id = self.fresh_prefixed_id(ID_PREFIX, |id| {
+            // An id the store cannot answer for is not taken for granted as free.
+            !matches!(self.store.timer(id), Ok(None))
+        });
         let timer = Timer {
             id,
             session: req.session,
@@ -118,8 +111,7 @@ impl Engine {
             hook_deliveries: Vec::new(),
             authority_class: req.authority_class,
         };
-        let _lock = self.timers_lock()?;
-        commit_json(&self.home.timer_file(&timer.id), &timer)?;
+        self.store.begin_timers()?.put(&timer)?;
         tracing::info!(timer = %timer.id, session = %timer.session, "timer created");
         Ok(timer)
     }
@@ -144,26 +136,18 @@ impl Engine {
         Ok(out)
     }
 
-    /// Every timer in the home.
+    /// Every timer in the store.
     pub fn all_timers(&self) -> Result<Vec<Timer>> {
-        let mut out = Vec::new();
-        for (name, path) in store::list_dir(&self.home.timers_dir())? {
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            if is_timer_id(id)
-                && let Some(t) = self.read_record::<Timer>(&path)?
-            {
-                out.push(t);
-            }
-        }
-        Ok(out)
+        self.store.timers()
     }
 
     /// Cancels a timer: idempotent for a cancelled one; a completed one cannot be cancelled.
     pub fn cancel_timer(&self, id: &str, session: &str) -> Result<Timer> {
-        let _lock = self.timers_lock()?;
-        let mut t = self.timer_for(id, session)?;
+        let mut txn = self.store.begin_timers()?;
+        let mut t = match txn.read(id)? {
+            Some(t) if t.session == session => t,
+            _ => return Err(Error::not_found_for_session(id)),
+        };
         match t.status {
             TimerStatus::Cancelled => return Ok(t),
             TimerStatus::Completed => {
@@ -175,15 +159,15 @@ impl Engine {
         }
         t.status = TimerStatus::Cancelled;
         t.next_fire_at = None;
-        commit_json(&self.home.timer_file(id), &t)?;
+        txn.put(&t)?;
         tracing::info!(timer = %id, session, "timer cancelled");
         Ok(t)
     }
 
     /// Fires the timer if it is due, once however late, and says when to look again.
     pub fn service_timer(&self, id: &str) -> Result<Service> {
-        let _lock = self.timers_lock()?;
-        let Some(mut t) = self.load_timer(id)? else {
+        let mut txn = self.store.begin_timers()?;
+        let Some(mut t) = txn.read(id)? else {
             return Ok(Service::default());
         };
         let now = self.clock.now();
@@ -204,7 +188,7 @@ impl Engine {
             changed = true;
         }
         if changed {
-            commit_json(&self.home.timer_file(id), &t)?;
+            txn.put(&t)?;
         }
         Ok(Service {
             next_due: timer_next_due(&t, now),
@@ -218,11 +202,12 @@ impl Engine {
         wake_id: &str,
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
-        let _lock = self.timers_lock()?;
+        let txn = std::cell::RefCell::new(self.store.begin_timers()?);
+        let read = txn.borrow_mut().read(id)?;
         self.note_owned_hook(
-            self.load_timer(id)?,
+            read,
             |t| &mut t.hook_deliveries,
-            |t| commit_json(&self.home.timer_file(id), t),
+            |t| txn.borrow_mut().put(t),
             |t| timer_next_due(t, Timestamp::from_millis(i64::MIN)),
             (id, wake_id, result),
         )

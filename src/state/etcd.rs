@@ -35,13 +35,14 @@ use etcd_client::{
 
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{SignalRecord, Waitpoint, Wake};
+use crate::model::{SignalRecord, Timer, Waitpoint, Wake};
 use crate::request::{identity_key, identity_of, is_waitpoint_id};
 
 use super::files::parse_signal_file_name;
 use super::location::EtcdLocation;
 use super::{
-    Change, Forwarded, Health, HealthLevel, Hint, Role, Store, Txn, Version, signal_file_name,
+    Change, Forwarded, Health, HealthLevel, Hint, Role, Store, TimerTxn, Txn, Version,
+    signal_file_name,
 };
 
 /// How long one request may take before it counts as failed (a campaign waits longer: it
@@ -841,6 +842,28 @@ impl Store for Etcd {
         }
     }
 
+    fn timer(&self, id: &str) -> Result<Option<Timer>> {
+        Ok(self.read_timer(id)?.map(|(t, _)| t))
+    }
+
+    fn timers(&self) -> Result<Vec<Timer>> {
+        let mut out = Vec::new();
+        for (k, v) in self.range(&self.key("tm/"), false, 0)? {
+            match serde_json::from_slice::<Timer>(&v) {
+                Ok(t) => out.push(t),
+                Err(e) => self.set_aside(&k, &v, &e.to_string())?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn begin_timers(&self) -> Result<Box<dyn TimerTxn + '_>> {
+        Ok(Box::new(EtcdTimers {
+            store: self,
+            read: HashMap::new(),
+        }))
+    }
+
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
         let prefix = self.rec_prefix(id);
         Ok(self
@@ -929,6 +952,8 @@ impl Store for Etcd {
                                 if ev.event_type() == EventType::Put {
                                     hint(Hint::Changed(id.to_owned()));
                                 }
+                            } else if let Some(id) = rest.strip_prefix("tm/") {
+                                hint(Hint::Timer(id.to_owned()));
                             } else if rest.starts_with("in/") {
                                 if ev.event_type() == EventType::Put {
                                     hint(Hint::Forwarded);
@@ -1101,6 +1126,64 @@ impl Store for Etcd {
 
     fn max_batch(&self) -> usize {
         MAX_BATCH
+    }
+}
+
+impl Etcd {
+    /// A timer with its key's revision.
+    fn read_timer(&self, id: &str) -> Result<Option<(Timer, i64)>> {
+        if !crate::engine::timers::is_timer_id(id) {
+            return Ok(None);
+        }
+        let key = self.key(&format!("tm/{id}"));
+        match self.get_value(key.clone())? {
+            None => Ok(None),
+            Some((v, rev)) => match serde_json::from_slice(&v) {
+                Ok(t) => Ok(Some((t, rev))),
+                Err(e) => {
+                    self.set_aside(&key, &v, &e.to_string())?;
+                    Ok(None)
+                }
+            },
+        }
+    }
+}
+
+/// Timers: each write compares the revision read (or that the key is new, which also records
+/// the session's host, where its wakes go).
+struct EtcdTimers<'a> {
+    store: &'a Etcd,
+    read: HashMap<String, i64>,
+}
+
+impl TimerTxn for EtcdTimers<'_> {
+    fn read(&mut self, id: &str) -> Result<Option<Timer>> {
+        Ok(self.store.read_timer(id)?.map(|(t, rev)| {
+            self.read.insert(id.to_owned(), rev);
+            t
+        }))
+    }
+
+    fn put(&mut self, t: &Timer) -> Result<()> {
+        let key = self.store.key(&format!("tm/{}", t.id));
+        let mut ops = vec![TxnOp::put(key.clone(), to_json(t), None)];
+        let compare = match self.read.get(&t.id) {
+            Some(rev) => Compare::mod_revision(key, CompareOp::Equal, *rev),
+            None => {
+                ops.push(TxnOp::put(
+                    self.store
+                        .key(&format!("chan/{}", identity_key(&t.session))),
+                    self.store.host.as_bytes().to_vec(),
+                    None,
+                ));
+                Compare::version(key, CompareOp::Equal, 0)
+            }
+        };
+        let rev = self
+            .store
+            .guarded("cannot write a timer", vec![compare], ops)?;
+        self.read.insert(t.id.clone(), rev);
+        Ok(())
     }
 }
 

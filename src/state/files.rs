@@ -20,11 +20,11 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::journal::{self, Journal};
-use crate::model::{JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Waitpoint};
+use crate::model::{JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint};
 use crate::request::{identity_key, identity_of, is_waitpoint_id};
 use crate::store::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
 
-use super::{Change, Hint, Store, Txn, Version};
+use super::{Change, Hint, Store, TimerTxn, Txn, Version};
 
 /// A new waitpoint's directory is built under this prefix and renamed into place.
 pub(super) const STAGING_PREFIX: &str = ".new-";
@@ -220,6 +220,44 @@ impl Store for Files {
             let _ = fs::remove_dir_all(&staging);
         }
         result
+    }
+
+    fn timer(&self, id: &str) -> Result<Option<Timer>> {
+        if !crate::engine::timers::is_timer_id(id) {
+            return Ok(None);
+        }
+        read_json(&self.home.timer_file(id))
+    }
+
+    /// A timer that does not parse is set aside (`quarantine/`), the others listed.
+    fn timers(&self) -> Result<Vec<Timer>> {
+        let mut out = Vec::new();
+        for (name, path) in store::list_dir(&self.home.timers_dir())? {
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if crate::engine::timers::is_timer_id(id)
+                && let Some(t) = store::read_json_or_set_aside(
+                    &self.home.quarantine_dir(),
+                    self.home.root(),
+                    &path,
+                )?
+            {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The timers' lock (`timers/.lock`), held until the transaction ends.
+    fn begin_timers(&self) -> Result<Box<dyn TimerTxn + '_>> {
+        let dir = self.home.timers_dir();
+        create_dir_private(&dir)?;
+        let lock = FileLock::acquire(&dir.join(".lock"))?;
+        Ok(Box::new(FileTimers {
+            files: self,
+            _lock: lock,
+        }))
     }
 
     /// Records first, into the staging directory, so the waitpoint appears whole.
@@ -472,6 +510,22 @@ impl Txn for FileTxn<'_> {
 
     fn replayed(&self) -> bool {
         self.replayed
+    }
+}
+
+/// Timers under `timers/.lock`.
+struct FileTimers<'a> {
+    files: &'a Files,
+    _lock: FileLock,
+}
+
+impl TimerTxn for FileTimers<'_> {
+    fn read(&mut self, id: &str) -> Result<Option<Timer>> {
+        self.files.timer(id)
+    }
+
+    fn put(&mut self, t: &Timer) -> Result<()> {
+        commit_json(&self.files.home.timer_file(&t.id), t)
     }
 }
 

@@ -29,7 +29,7 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{JournalChange, SignalRecord, Waitpoint, Wake};
+use crate::model::{JournalChange, SignalRecord, Timer, Waitpoint, Wake};
 
 pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
@@ -57,14 +57,15 @@ pub enum HealthLevel {
 pub struct Copied {
     pub waitpoints: usize,
     pub records: usize,
+    pub timers: usize,
     /// Ids the destination had already (left as they were there).
     pub skipped: Vec<String>,
     /// The source's revision everything was read at, when it has revisions.
     pub revision: Option<i64>,
 }
 
-/// Copies every waitpoint of `from`, with its records, into `to` (`waitpoint export` and
-/// `import`); an id `to` has already is left alone and reported.
+/// Copies every waitpoint of `from`, with its records, and every timer into `to` (`waitpoint
+/// export` and `import`); an id `to` has already is left alone and reported.
 pub fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<Copied> {
     let mut copied = Copied::default();
     copied.revision = from.for_each_whole(&mut |wp, records| {
@@ -76,6 +77,15 @@ pub fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<Copied> {
         }
         Ok(())
     })?;
+    for t in from.timers()? {
+        let mut txn = to.begin_timers()?;
+        if txn.read(&t.id)?.is_some() {
+            copied.skipped.push(t.id);
+        } else {
+            txn.put(&t)?;
+            copied.timers += 1;
+        }
+    }
     Ok(copied)
 }
 
@@ -146,6 +156,8 @@ pub enum Hint {
     Resync,
     /// A host handed signals over for the leader to apply (a shared store).
     Forwarded,
+    /// This timer appeared or changed (a shared store; on files the daemon watches `timers/`).
+    Timer(String),
     /// Wakes for this host's inboxes wait in the store (a shared store).
     Wakes,
 }
@@ -207,6 +219,14 @@ pub trait Store: Send + Sync {
     /// is taken: `false` then, and nothing is written.
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool>;
 
+    /// One timer as it is now; `None` when there is no such id.
+    fn timer(&self, id: &str) -> Result<Option<Timer>>;
+    /// Every timer, in no order.
+    fn timers(&self) -> Result<Vec<Timer>>;
+    /// Starts a transaction over timers: what it reads is not changed by another writer
+    /// before it writes it back (a lock on files, a revision check on a shared store).
+    fn begin_timers(&self) -> Result<Box<dyn TimerTxn + '_>>;
+
     // What a store shared by several hosts adds. The defaults are the single home's: this
     // process applies signals itself and wakes go to its own inboxes.
 
@@ -264,6 +284,14 @@ pub trait Store: Send + Sync {
     fn max_batch(&self) -> usize {
         usize::MAX
     }
+}
+
+/// A unit of work on timers ([`Store::begin_timers`]).
+pub trait TimerTxn {
+    /// Reads a timer for update; `None` when there is no such id.
+    fn read(&mut self, id: &str) -> Result<Option<Timer>>;
+    /// Writes a timer durably: one read in this transaction (unchanged since), or a new one.
+    fn put(&mut self, t: &Timer) -> Result<()>;
 }
 
 /// A unit of work on a [`Store`]: what it reads for update stays unchanged by others until it

@@ -442,18 +442,51 @@ fn deadlines_fire_once_however_the_leadership_moved() {
     let ids: Vec<String> = (0..JOBS)
         .map(|i| id_secret(&a.arm(&format!("job{i}"), &["--session", "s1"])).0)
         .collect();
+    // A timer set on host a, due with the deadlines.
+    let timer = [
+        "timer",
+        "create",
+        "--after-ms",
+        "3000",
+        "--summary",
+        "tick",
+        "--session",
+        "s1",
+    ];
+    a.ok("timer create", &a.waitpoint(&timer));
     // The leader dies before the deadlines; b fires them, for a's inbox.
     da.kill();
     b.wait_until("b to take over", || log(&b).contains("leading: applying"));
     for id in &ids {
         b.wait_until("the deadline", || shown(&b, id)["status"] == "expired");
     }
+    let listed = |env: &Env| -> Value {
+        let list = ["timer", "list", "--session", "s1", "--json"];
+        serde_json::from_str(&env.ok("timer list", &env.waitpoint(&list))).unwrap()
+    };
+    let fired = |v: &Value| v.to_string().contains("\"fire_count\":1");
+    b.wait_until("the timer fired, seen from b", || fired(&listed(&b)));
     b.wait_until("the wakes waiting for host a", || {
-        cluster.count("wake/a/") == JOBS
+        cluster.count("wake/a/") == JOBS + 1
     });
     let _da = a.daemon();
-    a.wait_until("a's wakes delivered", || a.inbox("s1", "new").len() == JOBS);
+    a.wait_until("a's wakes delivered", || {
+        a.inbox("s1", "new").len() == JOBS + 1
+    });
     a.wait_until("the wake keys gone", || cluster.count("wake/") == 0);
+    let ticks = a
+        .inbox("s1", "new")
+        .into_iter()
+        .filter(|w| w["kind"] == "timer")
+        .count();
+    assert_eq!(ticks, 1, "one timer wake");
+    assert!(fired(&listed(&a)), "{}", listed(&a));
+    let local = fs::read_dir(a.home.join("timers")).map_or(0, |d| {
+        d.flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("tm_"))
+            .count()
+    });
+    assert_eq!(local, 0, "the timer lives in the cluster, not in a's home");
     let wakes = a.inbox("s1", "new");
     for id in &ids {
         let of: Vec<&Value> = wakes

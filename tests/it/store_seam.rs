@@ -31,6 +31,8 @@ struct Entry {
 /// waitpoint's revision and each commit is checked against the revisions it read.
 struct Memory {
     home: Home,
+    /// Timers stay the home's files here (this test is about waitpoints).
+    timers: waitpoint::state::Files,
     entries: Mutex<BTreeMap<String, Entry>>,
     /// One writer at a time, as a leader would be; readers are not blocked by it.
     writer: Mutex<()>,
@@ -69,6 +71,15 @@ impl Store for Memory {
         };
         self.entries.lock().unwrap().insert(wp.id.clone(), entry);
         Ok(())
+    }
+    fn timer(&self, id: &str) -> Result<Option<waitpoint::model::Timer>> {
+        self.timers.timer(id)
+    }
+    fn timers(&self) -> Result<Vec<waitpoint::model::Timer>> {
+        self.timers.timers()
+    }
+    fn begin_timers(&self) -> Result<Box<dyn waitpoint::state::TimerTxn + '_>> {
+        self.timers.begin_timers()
     }
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
         let mut entries = self.entries.lock().unwrap();
@@ -286,6 +297,11 @@ fn a_second_store_behind_the_seam_counts_each_identity_once_and_the_home_holds_n
     let home = Home::new(memory_env.home.clone());
     let memory = Arc::new(Memory {
         home: home.clone(),
+        timers: waitpoint::state::Files::new(
+            home.clone(),
+            Arc::new(SystemClock),
+            Default::default(),
+        ),
         entries: Mutex::new(BTreeMap::new()),
         writer: Mutex::new(()),
         commits: Mutex::new(0),
