@@ -115,6 +115,11 @@ pub fn is_waitpoint_id(id: &str) -> bool {
     is_prefixed_id(id, "wp_")
 }
 
+/// True for a syntactically valid timer id: `tm_` and 12 lowercase hex digits.
+pub fn is_timer_id(id: &str) -> bool {
+    is_prefixed_id(id, "tm_")
+}
+
 /// Checks a member name's shape (the engine checks it against the waitpoint's list).
 pub fn check_member_name(name: &str) -> Result<(), String> {
     if name.is_empty() {

@@ -35,10 +35,7 @@ pub const MAX_TIMER_MS: u64 = 10 * 365 * 86_400_000;
 /// The shortest interval of a repeating timer.
 pub const MIN_INTERVAL_MS: u64 = 1_000;
 
-/// True for a syntactically valid timer id.
-pub fn is_timer_id(id: &str) -> bool {
-    super::is_prefixed_id(id, ID_PREFIX)
-}
+pub use crate::request::is_timer_id;
 
 impl Engine {
     /// Reads one timer; `None` when there is no such id.

@@ -1132,7 +1132,7 @@ impl Store for Etcd {
 impl Etcd {
     /// A timer with its key's revision.
     fn read_timer(&self, id: &str) -> Result<Option<(Timer, i64)>> {
-        if !crate::engine::timers::is_timer_id(id) {
+        if !crate::request::is_timer_id(id) {
             return Ok(None);
         }
         let key = self.key(&format!("tm/{id}"));

@@ -223,7 +223,7 @@ impl Store for Files {
     }
 
     fn timer(&self, id: &str) -> Result<Option<Timer>> {
-        if !crate::engine::timers::is_timer_id(id) {
+        if !crate::request::is_timer_id(id) {
             return Ok(None);
         }
         read_json(&self.home.timer_file(id))
@@ -236,7 +236,7 @@ impl Store for Files {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
-            if crate::engine::timers::is_timer_id(id)
+            if crate::request::is_timer_id(id)
                 && let Some(t) = store::read_json_or_set_aside(
                     &self.home.quarantine_dir(),
                     self.home.root(),
