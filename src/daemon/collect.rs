@@ -445,6 +445,10 @@ impl Daemon {
     /// told, once per outage, when the outage has outlasted its window (checked at each failed
     /// round, so at most one backoff late).
     pub(super) fn device_outage(&mut self, device: &str, since: Timestamp, error: &str) {
+        // On a shared store the leader changes waitpoints; a standby's write would be refused.
+        if !self.engine.store().applies_signals() {
+            return;
+        }
         let Some(ids) = self.silent_devices.get(device).cloned() else {
             return;
         };
