@@ -74,6 +74,9 @@ pub struct Etcd {
     role: Role,
     /// `Some` while this daemon leads.
     fence: Arc<Mutex<Option<Fence>>>,
+    /// How to reach a member (TLS, user), for `doctor`, which asks each on its own. Never
+    /// printed: its `Debug` shows the password.
+    options: ConnectOptions,
     /// Channel → host, as read from `chan/` (a channel's host changes only when it arms
     /// elsewhere; a stale entry sends a wake to the old host's inbox, which still has it).
     channels: Mutex<HashMap<String, String>>,
@@ -150,6 +153,7 @@ impl Etcd {
             options = options.with_tls(tls);
         }
         let endpoints = loc.endpoints.clone();
+        let probe = options.clone();
         let client = rt
             .block_on(async {
                 tokio::time::timeout(REQUEST_TIMEOUT, Client::connect(endpoints, Some(options)))
@@ -164,6 +168,7 @@ impl Etcd {
             host: host.to_owned(),
             home,
             role,
+            options: probe,
             fence: Arc::new(Mutex::new(None)),
             channels: Mutex::new(HashMap::new()),
         })
@@ -489,7 +494,10 @@ async fn health(store: &Etcd) -> Vec<Health> {
     let mut leaders = std::collections::HashSet::new();
     let mut db = 0;
     for ep in &store.loc.endpoints {
-        let opts = ConnectOptions::new().with_connect_timeout(Duration::from_secs(2));
+        let opts = store
+            .options
+            .clone()
+            .with_connect_timeout(Duration::from_secs(2));
         let asked = async {
             let mut c = Client::connect([ep.as_str()], Some(opts)).await?;
             c.status().await

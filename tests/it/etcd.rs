@@ -695,7 +695,7 @@ fn credentials_come_from_a_private_file_and_never_reach_argv_logs_or_the_cluster
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    cluster.user = Some(format!("root:{PASSWORD}"));
+    cluster.ctl_flags = vec!["--user".into(), format!("root:{PASSWORD}")];
     let dir = tempfile::tempdir().unwrap();
     let pw = dir.path().join("etcd-password");
     fs::write(&pw, format!("{PASSWORD}\n")).unwrap();
@@ -768,4 +768,133 @@ fn a_store_dropped_inside_another_runtime_shuts_down_without_a_panic() {
         drop(watching);
         drop(store);
     });
+}
+
+/// A CA, a member certificate for 127.0.0.1 and `etcd.test`, and a client certificate, made
+/// with openssl in `dir`.
+fn make_certs(dir: &Path) -> crate::etcd_cluster::Tls {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ];
+    ca.extend(ec);
+    ca.extend([
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign",
+    ]);
+    run(&ca);
+    for (name, ext) in [
+        (
+            "server",
+            "subjectAltName=IP:127.0.0.1,DNS:etcd.test\nextendedKeyUsage=serverAuth,clientAuth",
+        ),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ] {
+        let mut req = vec!["req", "-new", "-subj", "/CN=waitpoint", "-keyout"];
+        let (key, csr, pem) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+        );
+        req.extend([key.as_str(), "-out", csr.as_str()]);
+        req.extend(ec);
+        run(&req);
+        fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        let extfile = format!("{name}.ext");
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            &pem,
+            "-extfile",
+            &extfile,
+        ]);
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["ca.key", "server.key", "client.key"] {
+        fs::set_permissions(dir.join(f), fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    crate::etcd_cluster::Tls {
+        ca: dir.join("ca.pem"),
+        server_cert: dir.join("server.pem"),
+        server_key: dir.join("server.key"),
+        client_cert: dir.join("client.pem"),
+        client_key: dir.join("client.key"),
+    }
+}
+
+#[test]
+fn a_cluster_over_tls_with_client_certificates_carries_a_round_trip() {
+    let certs = tempfile::tempdir().unwrap();
+    let tls = make_certs(certs.path());
+    let cluster = Cluster::start_tls(&tls);
+    let store = |host: &str| {
+        format!(
+            r#"{{"waitpointSweepMs": 300, "host": "{host}", "store": {{"url": "{}", "leaseTtlS": 2,
+                "caFile": "{}", "certFile": "{}", "keyFile": "{}", "tlsDomain": "etcd.test"}}}}"#,
+            cluster.url(),
+            tls.ca.display(),
+            tls.client_cert.display(),
+            tls.client_key.display()
+        )
+    };
+    let a = Env::with_settings(&store("a"));
+    let b = Env::with_settings(&store("b"));
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let _da = a.daemon();
+    wait_leading(&a);
+    let _db = b.daemon();
+    b.drop_file("done", &body(&id, &secret, ""));
+    a.wait_until("the wake over TLS", || a.inbox("s1", "new").len() == 1);
+    let out = a.waitpoint(&["doctor"]);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(report.contains("3 of 3 members answer"), "{report}");
+    // Without the client certificate the cluster does not answer, and the error says where.
+    let c = Env::with_settings(&format!(
+        r#"{{"host": "c", "store": {{"url": "{}", "caFile": "{}", "tlsDomain": "etcd.test"}}}}"#,
+        cluster.url(),
+        tls.ca.display()
+    ));
+    let out = c.waitpoint(&["show", &id]);
+    c.expect_code("show without a client certificate", &out, 1);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("etcds://127.0.0.1"), "{said}");
 }

@@ -30,8 +30,20 @@ pub struct Cluster {
     members: Vec<Member>,
     /// Flags every member gets besides the cluster's own.
     extra: Vec<String>,
-    /// `user:password` for etcdctl, once a test turned authentication on.
-    pub user: Option<String>,
+    /// What etcdctl needs besides the endpoints: `--user root:pw` once a test turned
+    /// authentication on, the client certificate's flags for a cluster with TLS.
+    pub ctl_flags: Vec<String>,
+    /// `https` when the members serve clients over TLS.
+    scheme: &'static str,
+}
+
+/// The files of a cluster that serves clients over TLS and asks for their certificates.
+pub struct Tls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 /// `n` distinct ports nothing listens on: all bound at once (so none is handed out twice),
@@ -50,7 +62,36 @@ impl Cluster {
         Cluster::start_with(&[])
     }
 
+    /// Members that serve clients over TLS only, and only to holders of a certificate the CA
+    /// signed.
+    pub fn start_tls(tls: &Tls) -> Cluster {
+        let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
+        let extra = [
+            "--cert-file".to_owned(),
+            path(&tls.server_cert),
+            "--key-file".into(),
+            path(&tls.server_key),
+            "--trusted-ca-file".into(),
+            path(&tls.ca),
+            "--client-cert-auth".into(),
+        ];
+        let ctl = vec![
+            "--cacert".to_owned(),
+            path(&tls.ca),
+            "--cert".into(),
+            path(&tls.client_cert),
+            "--key".into(),
+            path(&tls.client_key),
+        ];
+        Cluster::launch(&extra, "https", ctl)
+    }
+
     pub fn start_with(extra: &[&str]) -> Cluster {
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        Cluster::launch(&extra, "http", Vec::new())
+    }
+
+    fn launch(extra: &[String], scheme: &'static str, ctl_flags: Vec<String>) -> Cluster {
         assert!(
             Path::new(ETCD).exists() && Path::new(ETCDCTL).exists(),
             "{ETCD} or {ETCDCTL} is missing: the etcd tests need a real cluster (apt-get install \
@@ -67,12 +108,12 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let extra = extra.iter().map(|s| s.to_string()).collect();
         let mut c = Cluster {
             dir,
             members,
-            extra,
-            user: None,
+            extra: extra.to_vec(),
+            ctl_flags,
+            scheme,
         };
         for i in 0..3 {
             c.spawn(i, "new");
@@ -89,7 +130,7 @@ impl Cluster {
             .collect();
         let m = &self.members[i];
         let log = fs::File::create(self.dir.path().join(format!("{}.log", m.name))).unwrap();
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let client = format!("{}://127.0.0.1:{}", self.scheme, m.client);
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let child = Command::new(ETCD)
             .args(["--name", &m.name, "--data-dir"])
@@ -124,14 +165,19 @@ impl Cluster {
         self.members[i].child = Some(child);
     }
 
-    /// `etcd://` with every member.
+    /// `etcd://` (`etcds://` with TLS) with every member.
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self
             .members
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client))
             .collect();
-        format!("etcd://{}/t", hosts.join(","))
+        let scheme = if self.scheme == "https" {
+            "etcds"
+        } else {
+            "etcd"
+        };
+        format!("{scheme}://{}/t", hosts.join(","))
     }
 
     fn endpoints(&self) -> String {
@@ -148,7 +194,7 @@ impl Cluster {
         Command::new(ETCDCTL)
             .env("ETCDCTL_API", "3")
             .args(["--endpoints", &self.endpoints(), "--command-timeout", "5s"])
-            .args(self.user.iter().flat_map(|u| ["--user", u.as_str()]))
+            .args(&self.ctl_flags)
             .args(args)
             .output()
             .expect("etcdctl")
@@ -228,7 +274,7 @@ impl Cluster {
     pub fn history(&self) -> String {
         let out = Command::new("timeout")
             .args(["2", ETCDCTL, "--endpoints", &self.endpoints()])
-            .args(self.user.iter().flat_map(|u| ["--user", u.as_str()]))
+            .args(&self.ctl_flags)
             .args(["watch", "--prefix", "--rev", "1", "t/"])
             .env("ETCDCTL_API", "3")
             .output()
