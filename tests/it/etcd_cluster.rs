@@ -65,24 +65,24 @@ impl Cluster {
     /// Members that serve clients over TLS only, and only to holders of a certificate the CA
     /// signed.
     pub fn start_tls(tls: &Tls) -> Cluster {
-        let path = |p: &PathBuf| p.to_str().unwrap().to_owned();
-        let extra = [
-            "--cert-file".to_owned(),
-            path(&tls.server_cert),
-            "--key-file".into(),
-            path(&tls.server_key),
-            "--trusted-ca-file".into(),
-            path(&tls.ca),
-            "--client-cert-auth".into(),
-        ];
-        let ctl = vec![
-            "--cacert".to_owned(),
-            path(&tls.ca),
-            "--cert".into(),
-            path(&tls.client_cert),
-            "--key".into(),
-            path(&tls.client_key),
-        ];
+        // Each flag followed by its file.
+        let flags = |pairs: &[(&str, &PathBuf)]| -> Vec<String> {
+            pairs
+                .iter()
+                .flat_map(|(flag, file)| [flag.to_string(), file.display().to_string()])
+                .collect()
+        };
+        let mut extra = flags(&[
+            ("--cert-file", &tls.server_cert),
+            ("--key-file", &tls.server_key),
+            ("--trusted-ca-file", &tls.ca),
+        ]);
+        extra.push("--client-cert-auth".into());
+        let ctl = flags(&[
+            ("--cacert", &tls.ca),
+            ("--cert", &tls.client_cert),
+            ("--key", &tls.client_key),
+        ]);
         Cluster::launch(&extra, "https", ctl)
     }
 
