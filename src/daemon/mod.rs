@@ -58,6 +58,9 @@ pub enum Event {
     WaitpointAppeared(String),
     /// A timer was created or changed (e.g. cancelled by the CLI); its due time is re-read.
     TimerChanged(String),
+    /// A callback changed in a shared store (triggered on another host): its `onWake`
+    /// deliveries, if any, are the leader's to start.
+    CallbackChanged(String),
     /// The watcher lost events (queue overflow) or failed: sweep everything.
     Rescan,
     /// An `onWake` hook attempt finished.
@@ -474,6 +477,7 @@ impl Daemon {
             Event::Reload(settings) => self.reload(settings),
             Event::Leading(on) => self.on_leading(on),
             Event::Forwarded => self.apply_forwarded(),
+            Event::CallbackChanged(id) => self.after_trigger(&id),
             Event::Wakes => self.deliver_wakes(),
             Event::Device(e) => self.on_device(e),
             Event::HttpSignal(Submission::Signal {

@@ -152,18 +152,15 @@ impl Daemon {
         while let Some(id) = self.due.pop_due(now) {
             ids.push(id);
         }
-        // Waitpoints and timers on a shared store are the leader's to service (a new leader
-        // scans them all, see `on_leading`); callbacks live in this host's home.
+        // On a shared store everything due is the leader's to service (a new leader scans it
+        // all, see `on_leading`), so a deadline fires and a hook runs once, on one host.
         let applies = self.engine.store().applies_signals();
         for id in ids {
+            if !applies {
+                continue;
+            }
             // One queue for every kind of owner.
             let serviced = match crate::request::Owner::of(&id) {
-                Some(crate::request::Owner::Waitpoint(_) | crate::request::Owner::Timer(_))
-                | None
-                    if !applies =>
-                {
-                    continue;
-                }
                 Some(crate::request::Owner::Timer(t)) => self.engine.service_timer(&t),
                 Some(crate::request::Owner::Callback(c)) => self.engine.service_callback(&c),
                 _ => self.engine.service(&id),

@@ -80,6 +80,7 @@ impl Daemon {
                 Hint::Resync => Event::Rescan,
                 Hint::Forwarded => Event::Forwarded,
                 Hint::Timer(id) => Event::TimerChanged(id),
+                Hint::Callback(id) => Event::CallbackChanged(id),
                 Hint::Wakes => Event::Wakes,
             };
             let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(event);

@@ -11,7 +11,7 @@ use crate::model::{
     ExternalReport, Wake, WakeKind,
 };
 use crate::secret;
-use crate::store::{self, FileLock, commit_json, create_dir_private, read_json};
+use crate::state::DocTxn;
 
 use super::{Engine, check_name};
 
@@ -55,21 +55,8 @@ fn id_of(token: &str) -> Option<&str> {
 }
 
 impl Engine {
-    fn callbacks_lock(&self) -> Result<FileLock> {
-        let dir = self.home.callbacks_dir();
-        create_dir_private(&dir)?;
-        FileLock::acquire(&dir.join(".lock"))
-    }
-
     fn load_callback(&self, id: &str) -> Result<Option<Callback>> {
-        if !is_callback_id(id) {
-            return Ok(None);
-        }
-        read_json(&self.home.callback_file(id))
-    }
-
-    fn save_callback(&self, cb: &Callback) -> Result<()> {
-        commit_json(&self.home.callback_file(&cb.id), cb)
+        self.store.callbacks().get_doc(id)
     }
 
     /// Issues a new callback for `session`.
@@ -79,13 +66,14 @@ impl Engine {
         session: &str,
         label: Option<String>,
     ) -> Result<IssuedCallback> {
-        let _lock = self.callbacks_lock()?;
-        self.issue_callback(mode, session, label, false)
+        let mut txn = self.store.callbacks().begin_docs()?;
+        self.issue_callback(txn.as_mut(), mode, session, label, false)
     }
 
-    /// Issues a callback (the callbacks lock held).
+    /// Issues a callback in `txn`.
     fn issue_callback(
         &self,
+        txn: &mut dyn DocTxn<Callback>,
         mode: CallbackMode,
         session: &str,
         label: Option<String>,
@@ -101,7 +89,10 @@ impl Engine {
                 format!("must be at most {} characters", super::MAX_LABEL_CHARS),
             ));
         }
-        let id = self.fresh_prefixed_id(ID_PREFIX, |id| self.home.callback_file(id).exists());
+        let id = self.fresh_prefixed_id(ID_PREFIX, |id| {
+            // An id the store cannot answer for is not taken for granted as free.
+            !matches!(self.store.callbacks().get_doc(id), Ok(None))
+        });
         let token = format!("{id}_{}", secret::generate());
         let cb = Callback {
             id,
@@ -118,7 +109,7 @@ impl Engine {
             hook_deliveries: Vec::new(),
             default,
         };
-        self.save_callback(&cb)?;
+        txn.put(&cb)?;
         tracing::info!(callback = %cb.id, session, mode = mode.as_str(), "callback created");
         Ok(IssuedCallback {
             callback: cb,
@@ -136,30 +127,20 @@ impl Engine {
 
     /// The session's callbacks, newest first.
     pub fn list_callbacks(&self, session: Option<&str>) -> Result<Vec<Callback>> {
-        let mut out = Vec::new();
-        for (name, path) in store::list_dir(&self.home.callbacks_dir())? {
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            if is_callback_id(id)
-                && let Some(c) = self.read_record::<Callback>(&path)?
-                && session.is_none_or(|s| c.session == s)
-            {
-                out.push(c);
-            }
-        }
+        let mut out = self.store.callbacks().all_docs()?;
+        out.retain(|c| session.is_none_or(|s| c.session == s));
         out.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
         Ok(out)
     }
 
     /// Revokes a callback; revoking a revoked one is a no-op.
     pub fn cancel_callback(&self, id: &str, session: &str) -> Result<Callback> {
-        let _lock = self.callbacks_lock()?;
-        let mut cb = self.callback_for(id, session)?;
+        let mut txn = self.store.callbacks().begin_docs()?;
+        let mut cb = owned(txn.as_mut(), id, session)?;
         if cb.status == CallbackStatus::Active {
             cb.status = CallbackStatus::Revoked;
             cb.revoked_at = Some(self.clock.now());
-            self.save_callback(&cb)?;
+            txn.put(&cb)?;
             tracing::info!(callback = %id, session, "callback revoked");
         }
         Ok(cb)
@@ -169,8 +150,8 @@ impl Engine {
     /// keeps its id. A revoked callback stays revoked (cancelling revokes the capability for
     /// good, as does deleting its session); issue a new one instead.
     pub fn reset_callback(&self, id: &str, session: &str) -> Result<IssuedCallback> {
-        let _lock = self.callbacks_lock()?;
-        let mut cb = self.callback_for(id, session)?;
+        let mut txn = self.store.callbacks().begin_docs()?;
+        let mut cb = owned(txn.as_mut(), id, session)?;
         if cb.status == CallbackStatus::Revoked {
             return Err(Error::Conflict(format!(
                 "callback {id} is revoked, and a revoked callback stays revoked; \
@@ -179,7 +160,7 @@ impl Engine {
         }
         let token = format!("{id}_{}", secret::generate());
         cb.token_sha256 = secret::hash(&token);
-        self.save_callback(&cb)?;
+        txn.put(&cb)?;
         tracing::info!(callback = %id, session, "callback token reset; the old one is refused");
         Ok(IssuedCallback {
             callback: cb,
@@ -197,21 +178,25 @@ impl Engine {
         mode: Option<CallbackMode>,
     ) -> Result<IssuedCallback> {
         check_name("agent_id", session)?;
-        let _lock = self.callbacks_lock()?;
+        let mut txn = self.store.callbacks().begin_docs()?;
         let mut old_mode = None;
         let mut label = None;
-        for mut cb in self.list_callbacks(Some(session))? {
+        for listed in self.list_callbacks(Some(session))? {
+            // Read again in the transaction, so the write is checked against what it read.
+            let Some(mut cb) = txn.read(&listed.id)? else {
+                continue;
+            };
             if cb.default && cb.status == CallbackStatus::Active {
                 cb.status = CallbackStatus::Revoked;
                 cb.revoked_at = Some(self.clock.now());
-                self.save_callback(&cb)?;
+                txn.put(&cb)?;
                 tracing::info!(callback = %cb.id, session, "default callback revoked by a reset");
                 old_mode = Some(cb.mode);
                 label = cb.label.take();
             }
         }
         let mode = mode.or(old_mode).unwrap_or(CallbackMode::Wake);
-        self.issue_callback(mode, session, label, true)
+        self.issue_callback(txn.as_mut(), mode, session, label, true)
     }
 
     /// Revokes every callback of a session (used when the session is deleted).
@@ -239,8 +224,8 @@ impl Engine {
         let Some(id) = id_of(token.expose_secret()) else {
             return Ok(Trigger::Invalid);
         };
-        let _lock = self.callbacks_lock()?;
-        let Some(mut cb) = self.load_callback(id)? else {
+        let mut txn = self.store.callbacks().begin_docs()?;
+        let Some(mut cb) = txn.read(id)? else {
             return Ok(Trigger::Invalid);
         };
         if !token.verify(&cb.token_sha256) || cb.status != CallbackStatus::Active {
@@ -264,7 +249,7 @@ impl Engine {
             let excess = cb.recent_sources.len().saturating_sub(RECENT_SOURCES);
             cb.recent_sources.drain(..excess);
         }
-        self.save_callback(&cb)?;
+        txn.put(&cb)?;
         tracing::info!(callback = %cb.id, wake = %wake.wake_id, "callback triggered");
         Ok(Trigger::Delivered {
             id: cb.id,
@@ -278,11 +263,12 @@ impl Engine {
         wake_id: &str,
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
-        let _lock = self.callbacks_lock()?;
+        let txn = std::cell::RefCell::new(self.store.callbacks().begin_docs()?);
+        let read = txn.borrow_mut().read(id)?;
         self.note_owned_hook(
-            self.load_callback(id)?,
+            read,
             |cb| &mut cb.hook_deliveries,
-            |cb| self.save_callback(cb),
+            |cb| txn.borrow_mut().put(cb),
             |cb| super::next_hook_after(&cb.hook_deliveries, Timestamp::from_millis(i64::MIN)),
             (id, wake_id, result),
         )
@@ -298,6 +284,14 @@ impl Engine {
             next_due: super::next_hook_after(&cb.hook_deliveries, now),
             hooks_due: super::hooks_due(&cb.id, &cb.session, &cb.hook_deliveries, now),
         })
+    }
+}
+
+/// The callback `id` read in `txn`, if `session` owns it; another session's reads as not found.
+fn owned(txn: &mut dyn DocTxn<Callback>, id: &str, session: &str) -> Result<Callback> {
+    match txn.read(id)? {
+        Some(c) if c.session == session => Ok(c),
+        _ => Err(Error::not_found_for_session(id)),
     }
 }
 

@@ -168,15 +168,6 @@ impl Engine {
         self.store.get(id)
     }
 
-    /// Reads one record of a collection, setting it aside if it does not parse
-    /// ([`store::read_json_or_set_aside`]).
-    pub(crate) fn read_record<T: serde::de::DeserializeOwned>(
-        &self,
-        path: &std::path::Path,
-    ) -> Result<Option<T>> {
-        store::read_json_or_set_aside(&self.home.quarantine_dir(), self.home.root(), path)
-    }
-
     /// Reads a waitpoint that `session` may see (or any, with `None`).
     pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
         match self.load(id)? {

@@ -40,7 +40,7 @@ pub use crate::request::is_timer_id;
 impl Engine {
     /// Reads one timer; `None` when there is no such id.
     pub fn load_timer(&self, id: &str) -> Result<Option<Timer>> {
-        self.store.timer(id)
+        self.store.timers().get_doc(id)
     }
 
     /// Creates a timer. Durations and intervals are positive milliseconds.
@@ -91,7 +91,7 @@ impl Engine {
         let now = self.clock.now();
         let id = self.fresh_prefixed_id(ID_PREFIX, |id| {
             // An id the store cannot answer for is not taken for granted as free.
-            !matches!(self.store.timer(id), Ok(None))
+            !matches!(self.store.timers().get_doc(id), Ok(None))
         });
         let timer = Timer {
             id,
@@ -108,7 +108,7 @@ impl Engine {
             hook_deliveries: Vec::new(),
             authority_class: req.authority_class,
         };
-        self.store.begin_timers()?.put(&timer)?;
+        self.store.timers().begin_docs()?.put(&timer)?;
         tracing::info!(timer = %timer.id, session = %timer.session, "timer created");
         Ok(timer)
     }
@@ -135,12 +135,12 @@ impl Engine {
 
     /// Every timer in the store.
     pub fn all_timers(&self) -> Result<Vec<Timer>> {
-        self.store.timers()
+        self.store.timers().all_docs()
     }
 
     /// Cancels a timer: idempotent for a cancelled one; a completed one cannot be cancelled.
     pub fn cancel_timer(&self, id: &str, session: &str) -> Result<Timer> {
-        let mut txn = self.store.begin_timers()?;
+        let mut txn = self.store.timers().begin_docs()?;
         let mut t = match txn.read(id)? {
             Some(t) if t.session == session => t,
             _ => return Err(Error::not_found_for_session(id)),
@@ -163,7 +163,7 @@ impl Engine {
 
     /// Fires the timer if it is due, once however late, and says when to look again.
     pub fn service_timer(&self, id: &str) -> Result<Service> {
-        let mut txn = self.store.begin_timers()?;
+        let mut txn = self.store.timers().begin_docs()?;
         let Some(mut t) = txn.read(id)? else {
             return Ok(Service::default());
         };
@@ -199,7 +199,7 @@ impl Engine {
         wake_id: &str,
         result: std::result::Result<(), String>,
     ) -> Result<Option<Timestamp>> {
-        let txn = std::cell::RefCell::new(self.store.begin_timers()?);
+        let txn = std::cell::RefCell::new(self.store.timers().begin_docs()?);
         let read = txn.borrow_mut().read(id)?;
         self.note_owned_hook(
             read,

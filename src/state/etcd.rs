@@ -35,13 +35,13 @@ use etcd_client::{
 
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{SignalRecord, Timer, Waitpoint, Wake};
+use crate::model::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::request::{identity_key, identity_of, is_waitpoint_id};
 
 use super::files::parse_signal_file_name;
 use super::location::EtcdLocation;
 use super::{
-    Change, Forwarded, Health, HealthLevel, Hint, Role, Store, TimerTxn, Txn, Version,
+    Change, Doc, DocTxn, Docs, Forwarded, Health, HealthLevel, Hint, Role, Store, Txn, Version,
     signal_file_name,
 };
 
@@ -331,6 +331,19 @@ impl Etcd {
         }
         Err(Error::Conflict(format!(
             "{what}: a waitpoint changed since it was read; read it again"
+        )))
+    }
+
+    /// Commits `ops` if `compares` hold, whoever leads (a callback's trigger on any host).
+    fn unfenced(&self, what: &str, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<i64> {
+        let req = EtcdTxnReq::new().when(compares).and_then(ops);
+        let mut c = self.client.clone();
+        let resp = self.call(what, async move { c.txn(req).await })?;
+        if resp.succeeded() {
+            return Ok(resp.header().map_or(0, |h| h.revision()));
+        }
+        Err(Error::Conflict(format!(
+            "{what}: it changed since it was read; read it again"
         )))
     }
 
@@ -850,26 +863,12 @@ impl Store for Etcd {
         }
     }
 
-    fn timer(&self, id: &str) -> Result<Option<Timer>> {
-        Ok(self.read_timer(id)?.map(|(t, _)| t))
+    fn timers(&self) -> &dyn Docs<Timer> {
+        self
     }
 
-    fn timers(&self) -> Result<Vec<Timer>> {
-        let mut out = Vec::new();
-        for (k, v) in self.range(&self.key("tm/"), false, 0)? {
-            match serde_json::from_slice::<Timer>(&v) {
-                Ok(t) => out.push(t),
-                Err(e) => self.set_aside(&k, &v, &e.to_string())?,
-            }
-        }
-        Ok(out)
-    }
-
-    fn begin_timers(&self) -> Result<Box<dyn TimerTxn + '_>> {
-        Ok(Box::new(EtcdTimers {
-            store: self,
-            read: HashMap::new(),
-        }))
+    fn callbacks(&self) -> &dyn Docs<Callback> {
+        self
     }
 
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
@@ -962,6 +961,8 @@ impl Store for Etcd {
                                 }
                             } else if let Some(id) = rest.strip_prefix("tm/") {
                                 hint(Hint::Timer(id.to_owned()));
+                            } else if let Some(id) = rest.strip_prefix("cb/") {
+                                hint(Hint::Callback(id.to_owned()));
                             } else if rest.starts_with("in/") {
                                 if ev.event_type() == EventType::Put {
                                     hint(Hint::Forwarded);
@@ -1138,12 +1139,16 @@ impl Store for Etcd {
 }
 
 impl Etcd {
-    /// A timer with its key's revision.
-    fn read_timer(&self, id: &str) -> Result<Option<(Timer, i64)>> {
-        if !crate::request::is_timer_id(id) {
+    fn doc_key(&self, kind: super::DocKind, id: &str) -> Vec<u8> {
+        self.key(&format!("{}{id}", kind.prefix()))
+    }
+
+    /// One record of a kind with its key's revision; one that does not parse is set aside.
+    fn read_doc<T: Doc>(&self, id: &str) -> Result<Option<(T, i64)>> {
+        if !T::KIND.is_id(id) {
             return Ok(None);
         }
-        let key = self.key(&format!("tm/{id}"));
+        let key = self.doc_key(T::KIND, id);
         match self.get_value(key.clone())? {
             None => Ok(None),
             Some((v, rev)) => match serde_json::from_slice(&v) {
@@ -1157,40 +1162,76 @@ impl Etcd {
     }
 }
 
-/// Timers: each write compares the revision read (or that the key is new, which also records
-/// the session's host, where its wakes go).
-struct EtcdTimers<'a> {
-    store: &'a Etcd,
-    read: HashMap<String, i64>,
+impl<T: Doc> Docs<T> for Etcd {
+    fn get_doc(&self, id: &str) -> Result<Option<T>> {
+        Ok(self.read_doc(id)?.map(|(t, _)| t))
+    }
+
+    fn all_docs(&self) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        for (k, v) in self.range(&self.key(T::KIND.prefix()), false, 0)? {
+            match serde_json::from_slice::<T>(&v) {
+                Ok(t) => out.push(t),
+                Err(e) => self.set_aside(&k, &v, &e.to_string())?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn begin_docs(&self) -> Result<Box<dyn DocTxn<T> + '_>> {
+        Ok(Box::new(EtcdDocs::new(self)))
+    }
 }
 
-impl TimerTxn for EtcdTimers<'_> {
-    fn read(&mut self, id: &str) -> Result<Option<Timer>> {
-        Ok(self.store.read_timer(id)?.map(|(t, rev)| {
+/// Timers or callbacks: each write compares the revision read (or that the key is new, which
+/// also records the session's host, where its wakes go). A timer's write is fenced like a
+/// waitpoint's; a callback's is not ([`super::DocKind::fenced`]).
+struct EtcdDocs<'a, T> {
+    store: &'a Etcd,
+    read: HashMap<String, i64>,
+    kind: std::marker::PhantomData<T>,
+}
+
+impl<'a, T> EtcdDocs<'a, T> {
+    fn new(store: &'a Etcd) -> Self {
+        EtcdDocs {
+            store,
+            read: HashMap::new(),
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Doc> DocTxn<T> for EtcdDocs<'_, T> {
+    fn read(&mut self, id: &str) -> Result<Option<T>> {
+        Ok(self.store.read_doc::<T>(id)?.map(|(t, rev)| {
             self.read.insert(id.to_owned(), rev);
             t
         }))
     }
 
-    fn put(&mut self, t: &Timer) -> Result<()> {
-        let key = self.store.key(&format!("tm/{}", t.id));
-        let mut ops = vec![TxnOp::put(key.clone(), to_json(t), None)];
-        let compare = match self.read.get(&t.id) {
+    fn put(&mut self, doc: &T) -> Result<()> {
+        let key = self.store.doc_key(T::KIND, doc.id());
+        let mut ops = vec![TxnOp::put(key.clone(), to_json(doc), None)];
+        let compare = match self.read.get(doc.id()) {
             Some(rev) => Compare::mod_revision(key, CompareOp::Equal, *rev),
             None => {
                 ops.push(TxnOp::put(
                     self.store
-                        .key(&format!("chan/{}", identity_key(&t.session))),
+                        .key(&format!("chan/{}", identity_key(doc.session()))),
                     self.store.host.as_bytes().to_vec(),
                     None,
                 ));
                 Compare::version(key, CompareOp::Equal, 0)
             }
         };
-        let rev = self
-            .store
-            .guarded("cannot write a timer", vec![compare], ops)?;
-        self.read.insert(t.id.clone(), rev);
+        let what = "cannot write a timer or callback";
+        let rev = if T::KIND.fenced() {
+            self.store.guarded(what, vec![compare], ops)?
+        } else {
+            self.store.unfenced(what, vec![compare], ops)?
+        };
+        self.read.insert(doc.id().to_owned(), rev);
         Ok(())
     }
 }

@@ -20,11 +20,13 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::journal::{self, Journal};
-use crate::model::{JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint};
+use crate::model::{
+    Callback, JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint,
+};
 use crate::request::{identity_key, identity_of, is_waitpoint_id};
 use crate::store::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
 
-use super::{Change, Hint, Store, TimerTxn, Txn, Version};
+use super::{Change, Doc, DocTxn, Docs, Hint, Store, Txn, Version};
 
 /// A new waitpoint's directory is built under this prefix and renamed into place.
 pub(super) const STAGING_PREFIX: &str = ".new-";
@@ -222,42 +224,12 @@ impl Store for Files {
         result
     }
 
-    fn timer(&self, id: &str) -> Result<Option<Timer>> {
-        if !crate::request::is_timer_id(id) {
-            return Ok(None);
-        }
-        read_json(&self.home.timer_file(id))
+    fn timers(&self) -> &dyn Docs<Timer> {
+        self
     }
 
-    /// A timer that does not parse is set aside (`quarantine/`), the others listed.
-    fn timers(&self) -> Result<Vec<Timer>> {
-        let mut out = Vec::new();
-        for (name, path) in store::list_dir(&self.home.timers_dir())? {
-            let Some(id) = name.strip_suffix(".json") else {
-                continue;
-            };
-            if crate::request::is_timer_id(id)
-                && let Some(t) = store::read_json_or_set_aside(
-                    &self.home.quarantine_dir(),
-                    self.home.root(),
-                    &path,
-                )?
-            {
-                out.push(t);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The timers' lock (`timers/.lock`), held until the transaction ends.
-    fn begin_timers(&self) -> Result<Box<dyn TimerTxn + '_>> {
-        let dir = self.home.timers_dir();
-        create_dir_private(&dir)?;
-        let lock = FileLock::acquire(&dir.join(".lock"))?;
-        Ok(Box::new(FileTimers {
-            files: self,
-            _lock: lock,
-        }))
+    fn callbacks(&self) -> &dyn Docs<Callback> {
+        self
     }
 
     /// Records first, into the staging directory, so the waitpoint appears whole.
@@ -513,19 +485,68 @@ impl Txn for FileTxn<'_> {
     }
 }
 
-/// Timers under `timers/.lock`.
-struct FileTimers<'a> {
-    files: &'a Files,
-    _lock: FileLock,
-}
-
-impl TimerTxn for FileTimers<'_> {
-    fn read(&mut self, id: &str) -> Result<Option<Timer>> {
-        self.files.timer(id)
+impl<T: Doc> Docs<T> for Files {
+    /// `<kind dir>/<id>.json`.
+    fn get_doc(&self, id: &str) -> Result<Option<T>> {
+        if !T::KIND.is_id(id) {
+            return Ok(None);
+        }
+        read_json(&T::KIND.dir(&self.home).join(format!("{id}.json")))
     }
 
-    fn put(&mut self, t: &Timer) -> Result<()> {
-        commit_json(&self.files.home.timer_file(&t.id), t)
+    /// Every one of a kind; one that does not parse is set aside (`quarantine/`).
+    fn all_docs(&self) -> Result<Vec<T>> {
+        let mut out = Vec::new();
+        for (name, path) in store::list_dir(&T::KIND.dir(&self.home))? {
+            let Some(id) = name.strip_suffix(".json") else {
+                continue;
+            };
+            if T::KIND.is_id(id)
+                && let Some(d) = store::read_json_or_set_aside(
+                    &self.home.quarantine_dir(),
+                    self.home.root(),
+                    &path,
+                )?
+            {
+                out.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    fn begin_docs(&self) -> Result<Box<dyn DocTxn<T> + '_>> {
+        Ok(Box::new(FileDocs::begin(self)?))
+    }
+}
+
+/// One kind of record under its directory's lock (`timers/.lock`, `callbacks/.lock`), held
+/// until the transaction ends.
+struct FileDocs<'a, T> {
+    files: &'a Files,
+    _lock: FileLock,
+    kind: std::marker::PhantomData<T>,
+}
+
+impl<'a, T: Doc> FileDocs<'a, T> {
+    fn begin(files: &'a Files) -> Result<Self> {
+        let dir = T::KIND.dir(&files.home);
+        create_dir_private(&dir)?;
+        Ok(FileDocs {
+            files,
+            _lock: FileLock::acquire(&dir.join(".lock"))?,
+            kind: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<T: Doc> DocTxn<T> for FileDocs<'_, T> {
+    fn read(&mut self, id: &str) -> Result<Option<T>> {
+        Docs::<T>::get_doc(self.files, id)
+    }
+
+    fn put(&mut self, doc: &T) -> Result<()> {
+        let dir = T::KIND.dir(&self.files.home);
+        commit_json(&dir.join(format!("{}.json", doc.id())), doc)
     }
 }
 

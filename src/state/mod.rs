@@ -29,7 +29,7 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{JournalChange, SignalRecord, Timer, Waitpoint, Wake};
+use crate::model::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
 
 pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
@@ -77,8 +77,8 @@ pub fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<Copied> {
         }
         Ok(())
     })?;
-    for t in from.timers()? {
-        let mut txn = to.begin_timers()?;
+    for t in from.timers().all_docs()? {
+        let mut txn = to.timers().begin_docs()?;
         if txn.read(&t.id)?.is_some() {
             copied.skipped.push(t.id);
         } else {
@@ -158,6 +158,8 @@ pub enum Hint {
     Forwarded,
     /// This timer appeared or changed (a shared store; on files the daemon watches `timers/`).
     Timer(String),
+    /// This callback changed, e.g. triggered on another host (a shared store).
+    Callback(String),
     /// Wakes for this host's inboxes wait in the store (a shared store).
     Wakes,
 }
@@ -219,13 +221,10 @@ pub trait Store: Send + Sync {
     /// is taken: `false` then, and nothing is written.
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool>;
 
-    /// One timer as it is now; `None` when there is no such id.
-    fn timer(&self, id: &str) -> Result<Option<Timer>>;
-    /// Every timer, in no order.
-    fn timers(&self) -> Result<Vec<Timer>>;
-    /// Starts a transaction over timers: what it reads is not changed by another writer
-    /// before it writes it back (a lock on files, a revision check on a shared store).
-    fn begin_timers(&self) -> Result<Box<dyn TimerTxn + '_>>;
+    /// The timers.
+    fn timers(&self) -> &dyn Docs<Timer>;
+    /// The callbacks.
+    fn callbacks(&self) -> &dyn Docs<Callback>;
 
     // What a store shared by several hosts adds. The defaults are the single home's: this
     // process applies signals itself and wakes go to its own inboxes.
@@ -286,12 +285,84 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// A unit of work on timers ([`Store::begin_timers`]).
-pub trait TimerTxn {
-    /// Reads a timer for update; `None` when there is no such id.
-    fn read(&mut self, id: &str) -> Result<Option<Timer>>;
-    /// Writes a timer durably: one read in this transaction (unchanged since), or a new one.
-    fn put(&mut self, t: &Timer) -> Result<()>;
+/// A record kept whole, one file (or key) each, changed under its kind's lock on files and
+/// under a revision check on a shared store: a timer or a callback.
+pub trait Doc: serde::Serialize + serde::de::DeserializeOwned + 'static {
+    const KIND: DocKind;
+    fn id(&self) -> &str;
+    /// Whose it is: its wakes go to this session's inbox (on a shared store, to its host).
+    fn session(&self) -> &str;
+}
+
+/// The kinds of [`Doc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DocKind {
+    Timer,
+    Callback,
+}
+
+impl DocKind {
+    /// Its directory under the home, and its key prefix in a shared store.
+    pub fn dir(self, home: &Home) -> std::path::PathBuf {
+        match self {
+            DocKind::Timer => home.timers_dir(),
+            DocKind::Callback => home.callbacks_dir(),
+        }
+    }
+    pub fn prefix(self) -> &'static str {
+        match self {
+            DocKind::Timer => "tm/",
+            DocKind::Callback => "cb/",
+        }
+    }
+    pub fn is_id(self, id: &str) -> bool {
+        match self {
+            DocKind::Timer => crate::request::is_timer_id(id),
+            DocKind::Callback => crate::request::is_prefixed_id(id, "cb_"),
+        }
+    }
+    /// Whether a daemon writes it only while it leads. A timer fires on the leader; a
+    /// callback is triggered wherever its request arrives (each write still compares the
+    /// revision it read), and its hooks run on the leader.
+    pub fn fenced(self) -> bool {
+        self == DocKind::Timer
+    }
+}
+
+/// `impl Doc` for a record type with `id` and `session` fields.
+macro_rules! doc {
+    ($t:ty, $kind:expr) => {
+        impl Doc for $t {
+            const KIND: DocKind = $kind;
+            fn id(&self) -> &str {
+                &self.id
+            }
+            fn session(&self) -> &str {
+                &self.session
+            }
+        }
+    };
+}
+doc!(Timer, DocKind::Timer);
+doc!(Callback, DocKind::Callback);
+
+/// The records of one kind of [`Doc`] in a store.
+pub trait Docs<T> {
+    /// One as it is now; `None` when there is no such id.
+    fn get_doc(&self, id: &str) -> Result<Option<T>>;
+    /// Every one, in no order.
+    fn all_docs(&self) -> Result<Vec<T>>;
+    /// Starts a transaction over them: what it reads is not changed by another writer before
+    /// it writes it back (a lock on files, a revision check on a shared store).
+    fn begin_docs(&self) -> Result<Box<dyn DocTxn<T> + '_>>;
+}
+
+/// A unit of work on one kind of [`Doc`] ([`Docs::begin_docs`]).
+pub trait DocTxn<T> {
+    /// Reads one for update; `None` when there is no such id.
+    fn read(&mut self, id: &str) -> Result<Option<T>>;
+    /// Writes one durably: one read in this transaction (unchanged since), or a new one.
+    fn put(&mut self, doc: &T) -> Result<()>;
 }
 
 /// A unit of work on a [`Store`]: what it reads for update stays unchanged by others until it

@@ -43,6 +43,16 @@ fn log(env: &Env) -> String {
     fs::read_to_string(env.home.join("log/daemon.log")).unwrap_or_default()
 }
 
+/// Hosts a and b with their daemons running, a leading.
+fn two_hosts(cluster: &Cluster) -> (Env, Env, DaemonGuard, DaemonGuard) {
+    let a = host(cluster, "a", "");
+    let b = host(cluster, "b", "");
+    let da = a.daemon();
+    wait_leading(&a);
+    let db = b.daemon();
+    (a, b, da, db)
+}
+
 /// Waits until `env`'s daemon leads.
 fn wait_leading(env: &Env) {
     env.wait_until("the daemon to lead", || {
@@ -388,11 +398,7 @@ fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() 
 #[test]
 fn a_leading_daemon_paused_past_its_lease_gives_way_and_loses_nothing() {
     let cluster = Cluster::start();
-    let a = host(&cluster, "a", "");
-    let b = host(&cluster, "b", "");
-    let da = a.daemon();
-    wait_leading(&a);
-    let _db = b.daemon();
+    let (a, b, da, _db) = two_hosts(&cluster);
     let (id, secret) = id_secret(&a.arm("train", &["--session", "s1", "--max-signals", "100"]));
     da.send(libc::SIGSTOP);
     let mut dropped = vec![drop_on(
@@ -897,4 +903,49 @@ fn a_cluster_over_tls_with_client_certificates_carries_a_round_trip() {
     c.expect_code("show without a client certificate", &out, 1);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("etcds://127.0.0.1"), "{said}");
+}
+
+#[test]
+fn a_callback_made_on_one_host_is_triggered_on_another_and_wakes_the_first_once() {
+    let cluster = Cluster::start();
+    let (a, b, _da, _db) = two_hosts(&cluster);
+    let made = a.ok(
+        "callback create",
+        &a.waitpoint(&[
+            "callback",
+            "create",
+            "--mode",
+            "wake",
+            "--label",
+            "ci",
+            "--session",
+            "s1",
+            "--json",
+        ]),
+    );
+    let made: Value = serde_json::from_str(&made).unwrap();
+    let token = made["trigger_url"]
+        .as_str()
+        .and_then(|u| u.rsplit('/').next())
+        .expect("a trigger URL")
+        .to_owned();
+    let trigger = format!(r#"{{"callback": "{token}", "mode": "wake"}}"#);
+    // Dropped on host b (a standby), then the same file again: one trigger.
+    b.drop_file("ci-done", &trigger);
+    a.wait_until("the callback's wake on host a", || {
+        a.inbox("s1", "new").len() == 1
+    });
+    b.wait_until("b's file collected", || b.spooled().is_empty());
+    b.drop_file("ci-done", &trigger);
+    b.wait_until("b's second copy collected", || b.spooled().is_empty());
+    let listed = b.ok(
+        "callback list on b",
+        &b.waitpoint(&["callback", "list", "--session", "s1", "--json"]),
+    );
+    assert!(listed.contains("\"trigger_count\": 1"), "{listed}");
+    assert_eq!(a.inbox("s1", "new").len(), 1);
+    assert_eq!(a.inbox("s1", "new")[0]["kind"], "wake_hint");
+    assert!(wake_files(&b).is_empty(), "{}", b.tree());
+    assert_eq!(cluster.count("cb/"), 1, "the callback lives in the cluster");
+    assert!(!cluster.history().contains(&token), "no token in etcd");
 }

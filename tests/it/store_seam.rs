@@ -31,7 +31,7 @@ struct Entry {
 /// waitpoint's revision and each commit is checked against the revisions it read.
 struct Memory {
     home: Home,
-    /// Timers stay the home's files here (this test is about waitpoints).
+    /// Timers and callbacks stay the home's files here (this test is about waitpoints).
     timers: waitpoint::state::Files,
     entries: Mutex<BTreeMap<String, Entry>>,
     /// One writer at a time, as a leader would be; readers are not blocked by it.
@@ -72,14 +72,11 @@ impl Store for Memory {
         self.entries.lock().unwrap().insert(wp.id.clone(), entry);
         Ok(())
     }
-    fn timer(&self, id: &str) -> Result<Option<waitpoint::model::Timer>> {
-        self.timers.timer(id)
+    fn timers(&self) -> &dyn waitpoint::state::Docs<waitpoint::model::Timer> {
+        &self.timers
     }
-    fn timers(&self) -> Result<Vec<waitpoint::model::Timer>> {
-        self.timers.timers()
-    }
-    fn begin_timers(&self) -> Result<Box<dyn waitpoint::state::TimerTxn + '_>> {
-        self.timers.begin_timers()
+    fn callbacks(&self) -> &dyn waitpoint::state::Docs<waitpoint::model::Callback> {
+        &self.timers
     }
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
         let mut entries = self.entries.lock().unwrap();
