@@ -949,3 +949,56 @@ fn a_callback_made_on_one_host_is_triggered_on_another_and_wakes_the_first_once(
     assert_eq!(cluster.count("cb/"), 1, "the callback lives in the cluster");
     assert!(!cluster.history().contains(&token), "no token in etcd");
 }
+
+#[test]
+fn a_file_from_a_device_of_one_host_wakes_a_session_of_another() {
+    let Some(sshd) = crate::sshd::Sshd::start() else {
+        return;
+    };
+    let cluster = Cluster::start();
+    let (a, b, _da, _db) = two_hosts(&cluster);
+    crate::devices::add_device(&b, &sshd, "gpu", &[]);
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
+    // The job runs on b's device, where nothing of the cluster is known.
+    sshd.drop_remote(
+        "done",
+        &body(&id, &secret, r#","message":"from the device""#),
+    );
+    a.wait_until("the wake on host a", || a.inbox("s1", "new").len() == 1);
+    let state = shown(&b, &id);
+    let source = state.to_string();
+    assert_eq!(state["status"], "resolved", "{state}");
+    b.wait_until("the device's spool emptied", || {
+        sshd.remote_names().is_empty()
+    });
+    // The record names the device, as on one machine.
+    let snapshot = a.home.join("../snapshot");
+    a.ok(
+        "export",
+        &a.waitpoint(&["export", snapshot.to_str().unwrap()]),
+    );
+    let records = invariants::records_of(&snapshot, &id);
+    assert_eq!(records.len(), 1, "{source}");
+    assert!(
+        records[0]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("device:gpu:"),
+        "{records:?}"
+    );
+    // Any command reaches the cluster with --store, or CORTEX_STORE, without settings.
+    let plain = Env::with_settings("{}");
+    let by_flag = plain.waitpoint(&["--store", &cluster.url(), "show", &id]);
+    assert!(plain.ok("show --store", &by_flag).contains("train"));
+    let by_env = plain
+        .command(WAITPOINT)
+        .env("CORTEX_STORE", cluster.url())
+        .args(["show", &id])
+        .output()
+        .unwrap();
+    assert!(
+        plain
+            .ok("show with CORTEX_STORE", &by_env)
+            .contains("train")
+    );
+}
