@@ -169,6 +169,12 @@ impl Engine {
             self.forget_all();
         }
         let txn = txn.as_mut();
+        let mut ids: Vec<&str> = items.iter().map(|(r, _)| r.id.as_str()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if let Err(e) = txn.prefetch(&ids) {
+            return self.fail_all(items.len(), "cannot apply signals:", &e);
+        }
         let mut groups: Vec<Group> = Vec::new();
         // `None`: no such waitpoint (every item naming it is refused).
         let mut by_id: HashMap<&str, Option<usize>> = HashMap::new();

@@ -51,6 +51,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most signals one commit carries: with a record, a state and a wake each, and the
 /// handed-over keys deleted after, a batch stays well under etcd's default 128 operations.
 pub const MAX_BATCH: usize = 30;
+/// How many of its own commit revisions a store remembers for its watch.
+const OWN_REVISIONS: usize = 1024;
 /// The most operations this store puts in one transaction (etcd's default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
 
@@ -74,6 +76,9 @@ pub struct Etcd {
     role: Role,
     /// `Some` while this daemon leads.
     fence: Arc<Mutex<Option<Fence>>>,
+    /// The revisions of this process's latest commits: the watch leaves their waitpoint
+    /// events out, as the files' watch does (changes one makes itself need no hint).
+    own: Arc<Mutex<std::collections::VecDeque<i64>>>,
     /// How to reach a member (TLS, user), for `doctor`, which asks each on its own. Never
     /// printed: its `Debug` shows the password.
     options: ConnectOptions,
@@ -170,6 +175,7 @@ impl Etcd {
             role,
             options: probe,
             fence: Arc::new(Mutex::new(None)),
+            own: Arc::new(Mutex::new(std::collections::VecDeque::new())),
             channels: Mutex::new(HashMap::new()),
         })
     }
@@ -315,7 +321,13 @@ impl Etcd {
         let mut c = self.client.clone();
         let resp = self.call(what, async move { c.txn(req).await })?;
         if resp.succeeded() {
-            return Ok(resp.header().map_or(0, |h| h.revision()));
+            let rev = resp.header().map_or(0, |h| h.revision());
+            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+            if own.len() >= OWN_REVISIONS {
+                own.pop_front();
+            }
+            own.push_back(rev);
+            return Ok(rev);
         }
         // Whose comparison failed: the fence (leadership is over) or a waitpoint's revision.
         let still_leads = resp.op_responses().into_iter().any(|r| match r {
@@ -757,6 +769,7 @@ impl Store for Etcd {
         Ok(Box::new(EtcdTxn {
             store: self,
             read: HashMap::new(),
+            fetched: HashMap::new(),
         }))
     }
 
@@ -938,6 +951,7 @@ impl Store for Etcd {
         let client = self.client.clone();
         let prefix = self.loc.prefix.clone();
         let wakes = format!("{prefix}wake/{}/", self.host);
+        let own = Arc::clone(&self.own);
         let task = self.rt().spawn(async move {
             loop {
                 let mut c = client.clone();
@@ -956,7 +970,11 @@ impl Store for Etcd {
                                 continue;
                             };
                             if let Some(id) = rest.strip_prefix("wp/") {
-                                if ev.event_type() == EventType::Put {
+                                let mine = own
+                                    .lock()
+                                    .unwrap_or_else(|e| e.into_inner())
+                                    .contains(&kv.mod_revision());
+                                if ev.event_type() == EventType::Put && !mine {
                                     hint(Hint::Changed(id.to_owned()));
                                 }
                             } else if let Some(id) = rest.strip_prefix("tm/") {
@@ -1240,6 +1258,9 @@ impl<T: Doc> DocTxn<T> for EtcdDocs<'_, T> {
 struct EtcdTxn<'a> {
     store: &'a Etcd,
     read: HashMap<String, i64>,
+    /// Waitpoints fetched ahead by [`Txn::prefetch`], each taken by its first read: its
+    /// value and revision, or `None` when it does not exist.
+    fetched: HashMap<String, Option<(Vec<u8>, i64)>>,
 }
 
 impl EtcdTxn<'_> {
@@ -1253,12 +1274,43 @@ impl EtcdTxn<'_> {
 }
 
 impl Txn for EtcdTxn<'_> {
+    /// One etcd transaction of gets, all at one revision.
+    fn prefetch(&mut self, ids: &[&str]) -> Result<()> {
+        let ids: Vec<&str> = ids.iter().copied().filter(|i| is_waitpoint_id(i)).collect();
+        for chunk in ids.chunks(MAX_TXN_OPS) {
+            let ops = chunk
+                .iter()
+                .map(|id| TxnOp::get(self.store.wp_key(id), None))
+                .collect::<Vec<_>>();
+            let req = EtcdTxnReq::new().and_then(ops);
+            let mut c = self.store.client.clone();
+            let resp = self
+                .store
+                .call("cannot read waitpoints", async move { c.txn(req).await })?;
+            for (id, r) in chunk.iter().zip(resp.op_responses()) {
+                let found = match r {
+                    etcd_client::TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+                    _ => None,
+                };
+                self.fetched.insert((*id).to_owned(), found);
+            }
+        }
+        Ok(())
+    }
+
     fn read(&mut self, id: &str) -> Result<Option<(Waitpoint, Version)>> {
         if !is_waitpoint_id(id) {
             return Ok(None);
         }
         let key = self.store.wp_key(id);
-        let Some((value, rev)) = self.store.get_value(key.clone())? else {
+        let got = match self.fetched.remove(id) {
+            Some(got) => got,
+            None => self.store.get_value(key.clone())?,
+        };
+        let Some((value, rev)) = got else {
             self.read.remove(id);
             return Ok(None);
         };
