@@ -94,26 +94,26 @@ fn store_error(loc: &EtcdLocation, what: &str, message: impl std::fmt::Display) 
     }
 }
 
-/// Reads a credential file, refusing one that other users can read or change.
-fn read_private(loc: &EtcdLocation, path: &std::path::Path, what: &str) -> Result<Vec<u8>> {
+/// Reads a credential file, refusing one that other users can change, or, for a `secret` one
+/// (the password, the client key), read.
+fn read_private(path: &std::path::Path, what: &str, secret: bool) -> Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).map_err(|e| Error::io("cannot read", path, e))?;
-    if meta.mode() & 0o077 != 0 && what == "password" {
+    let mode = meta.mode() & 0o777;
+    if secret && mode & 0o077 != 0 {
         return Err(Error::Insecure {
             path: path.to_owned(),
             message: format!(
-                "the etcd {what} file is open to other users (mode {:o}); chmod 600 it",
-                meta.mode() & 0o777
+                "the etcd {what} file is open to other users (mode {mode:o}); chmod 600 it"
             ),
         });
     }
-    if meta.mode() & 0o022 != 0 {
+    if mode & 0o022 != 0 {
         return Err(Error::Insecure {
             path: path.to_owned(),
-            message: format!("the etcd {what} file is writable by other users"),
+            message: format!("the etcd {what} file is writable by other users (mode {mode:o})"),
         });
     }
-    let _ = loc;
     std::fs::read(path).map_err(|e| Error::io("cannot read", path, e))
 }
 
@@ -133,7 +133,7 @@ impl Etcd {
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
             .with_keep_alive_while_idle(true);
         if let (Some(user), Some(file)) = (&loc.user, &loc.password_file) {
-            let text = read_private(loc, file, "password")?;
+            let text = read_private(file, "password", true)?;
             let password = String::from_utf8_lossy(&text)
                 .lines()
                 .next()
@@ -144,12 +144,12 @@ impl Etcd {
         if loc.tls {
             let mut tls = TlsOptions::new();
             if let Some(ca) = &loc.ca_file {
-                tls = tls.ca_certificate(Certificate::from_pem(read_private(loc, ca, "CA")?));
+                tls = tls.ca_certificate(Certificate::from_pem(read_private(ca, "CA", false)?));
             }
             if let (Some(cert), Some(key)) = (&loc.cert_file, &loc.key_file) {
                 tls = tls.identity(Identity::from_pem(
-                    read_private(loc, cert, "certificate")?,
-                    read_private(loc, key, "key")?,
+                    read_private(cert, "certificate", false)?,
+                    read_private(key, "key", true)?,
                 ));
             }
             if let Some(d) = &loc.tls_domain {
@@ -311,8 +311,9 @@ impl Etcd {
                 format!("{} operations, more than one transaction takes", ops.len()),
             ));
         }
-        let fenced = !self.guards()?.is_empty();
-        compares.extend(self.guards()?);
+        let guards = self.guards()?;
+        let fenced = !guards.is_empty();
+        compares.extend(guards);
         let fence_key = self.fence_key();
         let mut req = EtcdTxnReq::new().when(compares).and_then(ops);
         if let Some(k) = fence_key.clone().filter(|_| fenced) {

@@ -884,6 +884,14 @@ fn a_cluster_over_tls_with_client_certificates_carries_a_round_trip() {
     };
     let a = Env::with_settings(&store("a"));
     let b = Env::with_settings(&store("b"));
+    // A client key others can read is refused before anything is sent.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&tls.client_key, fs::Permissions::from_mode(0o644)).unwrap();
+    let out = a.waitpoint(&["check", "--session", "s1"]);
+    a.expect_code("check with an open client key", &out, 1);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("key file is open to other users"), "{said}");
+    fs::set_permissions(&tls.client_key, fs::Permissions::from_mode(0o600)).unwrap();
     let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
     let _da = a.daemon();
     wait_leading(&a);
