@@ -201,27 +201,9 @@ impl Store for Files {
         read_json(&self.home.waitpoint_file(id))
     }
 
-    /// Builds the waitpoint's directory under a dot-name and renames it into place, so the
-    /// daemon's watcher sees one complete directory appear and never a half-made one.
+    /// A new waitpoint with no records ([`Files::build`]).
     fn create(&self, wp: &Waitpoint) -> Result<()> {
-        let parent = self.home.waitpoints_dir();
-        create_dir_private(&parent)?;
-        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
-        create_dir_private(&staging.join("signals"))?;
-        // The index markers first: a waitpoint never exists without them (index.rs).
-        let result = self
-            .index_add(wp)
-            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
-            .and_then(|()| store::fsync_dir(&staging))
-            .and_then(|()| {
-                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
-                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
-            })
-            .and_then(|()| store::fsync_dir(&parent));
-        if result.is_err() {
-            let _ = fs::remove_dir_all(&staging);
-        }
-        result
+        self.build(wp, &[])
     }
 
     fn timers(&self) -> &dyn Docs<Timer> {
@@ -232,36 +214,11 @@ impl Store for Files {
         self
     }
 
-    /// Records first, into the staging directory, so the waitpoint appears whole.
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
         if self.home.waitpoint_dir(&wp.id).exists() {
             return Ok(false);
         }
-        let parent = self.home.waitpoints_dir();
-        create_dir_private(&parent)?;
-        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
-        let _ = fs::remove_dir_all(&staging);
-        let signals = staging.join("signals");
-        create_dir_private(&signals)?;
-        let result = records
-            .iter()
-            .try_for_each(|r| {
-                let key = identity_key(&identity_of(&r.source));
-                commit_json(&signals.join(signal_file_name(r.seq, &key)), r)
-            })
-            .and_then(|()| store::fsync_dir(&signals))
-            .and_then(|()| self.index_add(wp))
-            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
-            .and_then(|()| store::fsync_dir(&staging))
-            .and_then(|()| {
-                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
-                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
-            })
-            .and_then(|()| store::fsync_dir(&parent));
-        if result.is_err() {
-            let _ = fs::remove_dir_all(&staging);
-        }
-        result.map(|()| true)
+        self.build(wp, records).map(|()| true)
     }
 
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
@@ -482,6 +439,44 @@ impl Txn for FileTxn<'_> {
 
     fn replayed(&self) -> bool {
         self.replayed
+    }
+}
+
+impl Files {
+    /// Builds a waitpoint's directory under a dot-name, its records first, and renames it into
+    /// place, so the daemon's watcher sees one complete directory appear and never a half-made
+    /// one.
+    fn build(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<()> {
+        let parent = self.home.waitpoints_dir();
+        create_dir_private(&parent)?;
+        let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
+        let _ = fs::remove_dir_all(&staging);
+        let signals = staging.join("signals");
+        create_dir_private(&signals)?;
+        let result = records
+            .iter()
+            .try_for_each(|r| {
+                let key = identity_key(&identity_of(&r.source));
+                commit_json(&signals.join(signal_file_name(r.seq, &key)), r)
+            })
+            .and_then(|()| match records {
+                [] => Ok(()),
+                _ => store::fsync_dir(&signals),
+            })
+            // The index markers before the state: a waitpoint never exists without them
+            // (index.rs).
+            .and_then(|()| self.index_add(wp))
+            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
+            .and_then(|()| store::fsync_dir(&staging))
+            .and_then(|()| {
+                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
+                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
+            })
+            .and_then(|()| store::fsync_dir(&parent));
+        if result.is_err() {
+            let _ = fs::remove_dir_all(&staging);
+        }
+        result
     }
 }
 
