@@ -113,16 +113,20 @@ impl Engine {
     fn forward_chunk(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
         let host = self.store.host().unwrap_or("").to_owned();
         let now = self.clock.now();
+        let ids: Vec<&str> = items.iter().map(|(r, _)| r.id.as_str()).collect();
+        let read = match self.store.get_many(&ids) {
+            Ok(read) => read,
+            Err(e) => return self.fail_all(items.len(), "cannot hand signals over:", &e),
+        };
         let mut verdicts = Vec::with_capacity(items.len());
         let mut handed = Vec::new();
-        for (req, source) in items {
-            let verdict = match self.store.get(&req.id) {
-                Err(e) => Err(e),
-                Ok(None) => Ok(Verdict::Refused(Refusal::UnknownId)),
-                Ok(Some(wp)) if !req.secret.verify(&wp.secret_sha256) => {
+        for ((req, source), wp) in items.iter().zip(read) {
+            let verdict = match wp {
+                None => Ok(Verdict::Refused(Refusal::UnknownId)),
+                Some(wp) if !req.secret.verify(&wp.secret_sha256) => {
                     Ok(Verdict::Refused(Refusal::Unauthorized))
                 }
-                Ok(Some(wp)) if wp.status != Status::Armed && !in_grace_window(&wp, now) => {
+                Some(wp) if wp.status != Status::Armed && !in_grace_window(&wp, now) => {
                     // A retry of a signal that counted is a duplicate, as where it is applied.
                     let key = identity_key(&source.identity());
                     match self.store.identities(&wp.id) {
@@ -138,10 +142,10 @@ impl Engine {
                         }),
                     }
                 }
-                Ok(Some(wp)) if let Err(r) = rules::check_member(&wp, req.member.as_deref()) => {
+                Some(wp) if let Err(r) = rules::check_member(&wp, req.member.as_deref()) => {
                     Ok(Verdict::Refused(r))
                 }
-                Ok(Some(_)) => {
+                Some(_) => {
                     handed.push(crate::state::Forwarded::new(req, source, &host, now));
                     Ok(Verdict::Queued { id: req.id.clone() })
                 }

@@ -237,6 +237,31 @@ impl Etcd {
             .map(|kv| (kv.value().to_vec(), kv.mod_revision())))
     }
 
+    /// The values and revisions of waitpoints `ids`, one etcd transaction of gets (all at one
+    /// revision) per [`MAX_TXN_OPS`]; `None` for one that does not exist.
+    fn fetch(&self, ids: &[&str]) -> Result<Vec<Option<(Vec<u8>, i64)>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(MAX_TXN_OPS) {
+            let ops = chunk
+                .iter()
+                .map(|id| TxnOp::get(self.wp_key(id), None))
+                .collect::<Vec<_>>();
+            let req = EtcdTxnReq::new().and_then(ops);
+            let mut c = self.client.clone();
+            let resp = self.call("cannot read waitpoints", async move { c.txn(req).await })?;
+            out.extend(resp.op_responses().into_iter().map(|r| {
+                match r {
+                    etcd_client::TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+                    _ => None,
+                }
+            }));
+        }
+        Ok(out)
+    }
+
     /// Every key and value under `prefix`, in key order, read in pages; `at` pins one revision
     /// (0: the newest).
     pub fn range(
@@ -789,6 +814,24 @@ impl Store for Etcd {
         }
     }
 
+    fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Waitpoint>>> {
+        let valid: Vec<&str> = ids.iter().copied().filter(|i| is_waitpoint_id(i)).collect();
+        let mut found = valid.iter().zip(self.fetch(&valid)?);
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if !is_waitpoint_id(id) {
+                out.push(None);
+                continue;
+            }
+            let (_, got) = found.next().expect("one answer per valid id");
+            out.push(match got {
+                Some((v, _)) => self.parse_wp(&self.wp_key(id), &v)?,
+                None => None,
+            });
+        }
+        Ok(out)
+    }
+
     fn create(&self, wp: &Waitpoint) -> Result<()> {
         let key = self.wp_key(&wp.id);
         let mut ops = vec![
@@ -923,15 +966,18 @@ impl Store for Etcd {
 
     fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
         let prefix = self.key(&format!("idx/{}/", identity_key(session)));
-        let mut out = Vec::new();
-        for (k, _) in self.range(&prefix, true, 0)? {
-            let id = String::from_utf8_lossy(&k[prefix.len()..]).into_owned();
-            if let Some(wp) = self.get(&id)?
-                && wp.visible_to(session)
-            {
-                out.push(wp);
-            }
-        }
+        let ids: Vec<String> = self
+            .range(&prefix, true, 0)?
+            .into_iter()
+            .map(|(k, _)| String::from_utf8_lossy(&k[prefix.len()..]).into_owned())
+            .collect();
+        let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+        let mut out: Vec<Waitpoint> = self
+            .get_many(&ids)?
+            .into_iter()
+            .flatten()
+            .filter(|wp| wp.visible_to(session))
+            .collect();
         out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(out)
     }
@@ -1275,29 +1321,10 @@ impl EtcdTxn<'_> {
 }
 
 impl Txn for EtcdTxn<'_> {
-    /// One etcd transaction of gets, all at one revision.
     fn prefetch(&mut self, ids: &[&str]) -> Result<()> {
         let ids: Vec<&str> = ids.iter().copied().filter(|i| is_waitpoint_id(i)).collect();
-        for chunk in ids.chunks(MAX_TXN_OPS) {
-            let ops = chunk
-                .iter()
-                .map(|id| TxnOp::get(self.store.wp_key(id), None))
-                .collect::<Vec<_>>();
-            let req = EtcdTxnReq::new().and_then(ops);
-            let mut c = self.store.client.clone();
-            let resp = self
-                .store
-                .call("cannot read waitpoints", async move { c.txn(req).await })?;
-            for (id, r) in chunk.iter().zip(resp.op_responses()) {
-                let found = match r {
-                    etcd_client::TxnOpResponse::Get(g) => g
-                        .kvs()
-                        .first()
-                        .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
-                    _ => None,
-                };
-                self.fetched.insert((*id).to_owned(), found);
-            }
+        for (id, found) in ids.iter().zip(self.store.fetch(&ids)?) {
+            self.fetched.insert((*id).to_owned(), found);
         }
         Ok(())
     }

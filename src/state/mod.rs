@@ -173,6 +173,11 @@ pub trait Store: Send + Sync {
     fn begin_batch(&self) -> Result<Box<dyn Txn + '_>>;
     /// A waitpoint as it is now, for a reader; `None` when there is no such id.
     fn get(&self, id: &str) -> Result<Option<Waitpoint>>;
+    /// Several waitpoints as they are now, one answer per id, in order; a store across a
+    /// network reads them in one round trip.
+    fn get_many(&self, ids: &[&str]) -> Result<Vec<Option<Waitpoint>>> {
+        ids.iter().map(|id| self.get(id)).collect()
+    }
     /// Stores a new waitpoint; it is visible to readers, whole, once this returns.
     fn create(&self, wp: &Waitpoint) -> Result<()>;
     /// `(seq, identity key)` of every signal recorded for a waitpoint, in no order.

@@ -117,6 +117,9 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
     let other = a.arm("eval", &["--session", "s2"]);
     let (id2, secret2) = id_secret(&other);
 
+    // The session's list, read on the other host from the cluster's index.
+    let listed = b.ok("check on b", &b.waitpoint(&["check", "--session", "s1"]));
+    assert!(listed.contains("train"), "{listed}");
     // Someone on host b waits for it (the store's watch tells it, not a poll).
     let waiting = b
         .command(WAITPOINT)
@@ -177,6 +180,8 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
     assert_eq!(state["counters"]["signals"], 1, "{state}");
 
     // A wrong secret is refused on the host it reached, and parked there with the reason.
+    // An unknown id, in the same burst, is refused there too.
+    b.drop_file("unknown", &body("wp_000000000000", &secret, ""));
     b.drop_file("wrong", &body(&id, "not-the-secret", ""));
     let reason = b.drop_zone().join("bad/wrong.reason");
     b.wait_until("the refusal parked on b", || reason.exists());
@@ -185,6 +190,8 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
         why.contains("unknown waitpoint id or wrong secret"),
         "{why}"
     );
+    let unknown = b.drop_zone().join("bad/unknown.reason");
+    b.wait_until("the unknown id parked on b", || unknown.exists());
 
     // The same file name on two hosts is two signals; the same name again on one is one.
     let (id3, secret3) = id_secret(&a.arm("pair", &["--session", "s1", "--max-signals", "5"]));
