@@ -51,6 +51,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most signals one commit carries: with a record, a state and a wake each, and the
 /// handed-over keys deleted after, a batch stays well under etcd's default 128 operations.
 pub const MAX_BATCH: usize = 30;
+/// A key's value and modification revision, or `None` when it does not exist.
+type Fetched = Option<(Vec<u8>, i64)>;
+
 /// How many of its own commit revisions a store remembers for its watch.
 const OWN_REVISIONS: usize = 1024;
 /// The most operations this store puts in one transaction (etcd's default `--max-txn-ops`).
@@ -227,7 +230,7 @@ impl Etcd {
             .map_err(|e| store_error(&self.loc, what, e))
     }
 
-    fn get_value(&self, key: Vec<u8>) -> Result<Option<(Vec<u8>, i64)>> {
+    fn get_value(&self, key: Vec<u8>) -> Result<Fetched> {
         let mut c = self.client.clone();
         let mut resp = self.call("cannot read", async move { c.get(key, None).await })?;
         Ok(resp
@@ -239,7 +242,7 @@ impl Etcd {
 
     /// The values and revisions of waitpoints `ids`, one etcd transaction of gets (all at one
     /// revision) per [`MAX_TXN_OPS`]; `None` for one that does not exist.
-    fn fetch(&self, ids: &[&str]) -> Result<Vec<Option<(Vec<u8>, i64)>>> {
+    fn fetch(&self, ids: &[&str]) -> Result<Vec<Fetched>> {
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(MAX_TXN_OPS) {
             let ops = chunk
@@ -1307,7 +1310,7 @@ struct EtcdTxn<'a> {
     read: HashMap<String, i64>,
     /// Waitpoints fetched ahead by [`Txn::prefetch`], each taken by its first read: its
     /// value and revision, or `None` when it does not exist.
-    fetched: HashMap<String, Option<(Vec<u8>, i64)>>,
+    fetched: HashMap<String, Fetched>,
 }
 
 impl EtcdTxn<'_> {
