@@ -315,23 +315,16 @@ impl Etcd {
         Ok(resp.header().map_or(0, |h| h.revision()))
     }
 
-    /// The fence compare of this daemon's writes; the error a daemon that does not lead gets.
-    fn guards(&self) -> Result<Vec<Compare>> {
-        if self.role == Role::Command {
-            return Ok(Vec::new());
-        }
-        match &*self.fence.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(f) => Ok(vec![Compare::create_revision(
-                f.key.clone(),
-                CompareOp::Equal,
-                f.rev,
-            )]),
-            None => Err(not_leading()),
-        }
-    }
-
-    /// Commits `ops` if `compares` and this daemon's fence hold; returns the new revision.
-    fn guarded(&self, what: &str, mut compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<i64> {
+    /// Commits `ops` if `compares` hold and, for a `fenced` write of a daemon, its leadership
+    /// does too; returns the new revision. A daemon that does not lead is refused without a
+    /// request; one whose lease lapsed is refused by the cluster and stops believing it leads.
+    fn commit(
+        &self,
+        what: &str,
+        mut compares: Vec<Compare>,
+        ops: Vec<TxnOp>,
+        fenced: bool,
+    ) -> Result<i64> {
         if ops.len() > MAX_TXN_OPS {
             return Err(store_error(
                 &self.loc,
@@ -339,13 +332,28 @@ impl Etcd {
                 format!("{} operations, more than one transaction takes", ops.len()),
             ));
         }
-        let guards = self.guards()?;
-        let fenced = !guards.is_empty();
-        compares.extend(guards);
-        let fence_key = self.fence_key();
+        let fence = match (fenced, self.role) {
+            (true, Role::Daemon) => Some(
+                self.fence
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+                    .ok_or_else(not_leading)?,
+            ),
+            _ => None,
+        };
+        if let Some(f) = &fence {
+            compares.push(Compare::create_revision(
+                f.key.clone(),
+                CompareOp::Equal,
+                f.rev,
+            ));
+        }
+        // etcd-client takes the parts in this order only: when, and_then, or_else.
         let mut req = EtcdTxnReq::new().when(compares).and_then(ops);
-        if let Some(k) = fence_key.clone().filter(|_| fenced) {
-            req = req.or_else(vec![TxnOp::get(k, None)]);
+        if let Some(f) = &fence {
+            // On failure, the leadership key as it is now: whose comparison failed.
+            req = req.or_else(vec![TxnOp::get(f.key.clone(), None)]);
         }
         let mut c = self.client.clone();
         let resp = self.call(what, async move { c.txn(req).await })?;
@@ -358,43 +366,28 @@ impl Etcd {
             own.push_back(rev);
             return Ok(rev);
         }
-        // Whose comparison failed: the fence (leadership is over) or a waitpoint's revision.
-        let still_leads = resp.op_responses().into_iter().any(|r| match r {
-            etcd_client::TxnOpResponse::Get(g) => {
-                let rev = self.fence_rev();
-                g.kvs().iter().any(|kv| Some(kv.create_revision()) == rev)
+        if let Some(f) = &fence {
+            let still_leads = resp.op_responses().into_iter().any(|r| match r {
+                etcd_client::TxnOpResponse::Get(g) => {
+                    g.kvs().iter().any(|kv| kv.create_revision() == f.rev)
+                }
+                _ => false,
+            });
+            if !still_leads {
+                self.lose_leadership();
+                return Err(not_leading());
             }
-            _ => false,
-        });
-        if fenced && !still_leads {
-            self.lose_leadership();
-            return Err(not_leading());
-        }
-        Err(Error::Conflict(format!(
-            "{what}: a waitpoint changed since it was read; read it again"
-        )))
-    }
-
-    /// Commits `ops` if `compares` hold, whoever leads (a callback's trigger on any host).
-    fn unfenced(&self, what: &str, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<i64> {
-        let req = EtcdTxnReq::new().when(compares).and_then(ops);
-        let mut c = self.client.clone();
-        let resp = self.call(what, async move { c.txn(req).await })?;
-        if resp.succeeded() {
-            return Ok(resp.header().map_or(0, |h| h.revision()));
         }
         Err(Error::Conflict(format!(
             "{what}: it changed since it was read; read it again"
         )))
     }
 
-    fn fence_key(&self) -> Option<Vec<u8>> {
-        self.fence
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|f| f.key.clone())
+    /// [`commit`](Self::commit), fenced: a waitpoint's or a timer's write.
+    fn guarded(&self, what: &str, compares: Vec<Compare>, ops: Vec<TxnOp>) -> Result<i64> {
+        self.commit(what, compares, ops, true)
     }
+
     fn fence_rev(&self) -> Option<i64> {
         self.fence
             .lock()
@@ -1294,11 +1287,9 @@ impl<T: Doc> DocTxn<T> for EtcdDocs<'_, T> {
             }
         };
         let what = "cannot write a timer or callback";
-        let rev = if T::KIND.fenced() {
-            self.store.guarded(what, vec![compare], ops)?
-        } else {
-            self.store.unfenced(what, vec![compare], ops)?
-        };
+        let rev = self
+            .store
+            .commit(what, vec![compare], ops, T::KIND.fenced())?;
         self.read.insert(doc.id().to_owned(), rev);
         Ok(())
     }
