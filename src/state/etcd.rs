@@ -988,26 +988,43 @@ impl Store for Etcd {
     }
 
     /// One watch on the whole prefix: waitpoints that changed, signals handed over, wakes for
-    /// this host. A watch that ends (a member restarted, a compaction) is a resync, then a
-    /// new watch from now.
+    /// this host. A watch that ends (a member restarted) is resumed from the revision after
+    /// the last one it reported, so nothing between is missed; only when that history is
+    /// compacted away does the owner hear a resync (as after an inotify overflow). The first
+    /// watch needs none: its owner reads everything after starting it.
     fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
         let client = self.client.clone();
         let prefix = self.loc.prefix.clone();
         let wakes = format!("{prefix}wake/{}/", self.host);
         let own = Arc::clone(&self.own);
         let task = self.rt().spawn(async move {
+            // The first revision the next watch must report; 0: from now.
+            let mut next = 0;
             loop {
                 let mut c = client.clone();
-                let opts = WatchOptions::new().with_prefix();
+                let mut opts = WatchOptions::new().with_prefix();
+                if next > 0 {
+                    opts = opts.with_start_revision(next);
+                }
                 if let Ok(mut stream) = c.watch(prefix.clone(), Some(opts)).await {
-                    // Whatever happened while no watch ran.
-                    hint(Hint::Resync);
+                    // A watch from now starts after the revision its first answer names.
+                    let mut from_now = next == 0;
                     while let Ok(Some(resp)) = stream.message().await {
                         if resp.canceled() {
+                            if resp.compact_revision() > 0 {
+                                // What happened since `next` is gone: read everything again.
+                                next = 0;
+                                hint(Hint::Resync);
+                            }
                             break;
+                        }
+                        if from_now && let Some(h) = resp.header() {
+                            next = h.revision() + 1;
+                            from_now = false;
                         }
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
+                            next = next.max(kv.mod_revision() + 1);
                             let key = String::from_utf8_lossy(kv.key());
                             let Some(rest) = key.strip_prefix(&prefix) else {
                                 continue;

@@ -117,6 +117,10 @@ fn a_waitpoint_armed_on_one_host_is_signalled_on_another_and_wakes_the_first_onc
     let other = a.arm("eval", &["--session", "s2"]);
     let (id2, secret2) = id_secret(&other);
 
+    // A daemon starting on a cluster reads everything once: its watch asks for no rescan.
+    for h in [&a, &b] {
+        assert!(!log(h).contains("asked for a rescan"), "{}", log(h));
+    }
     // The session's list, read on the other host from the cluster's index.
     let listed = b.ok("check on b", &b.waitpoint(&["check", "--session", "s1"]));
     assert!(listed.contains("train"), "{listed}");
