@@ -966,7 +966,12 @@ fn a_callback_made_on_one_host_is_triggered_on_another_and_wakes_the_first_once(
     assert_eq!(a.inbox("s1", "new")[0]["kind"], "wake_hint");
     assert!(wake_files(&b).is_empty(), "{}", b.tree());
     assert_eq!(cluster.count("cb/"), 1, "the callback lives in the cluster");
-    assert!(!cluster.history().contains(&token), "no token in etcd");
+    let history = cluster.history();
+    assert!(
+        history.contains("t/cb/"),
+        "the history holds the callback:\n{history}"
+    );
+    assert!(!history.contains(&token), "no token in etcd");
 }
 
 #[test]
