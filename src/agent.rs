@@ -177,11 +177,20 @@ pub fn create(engine: &Engine, req: engine::CreateRequest) -> Result<Created> {
 }
 
 /// A watcher whose events only wake the caller up; the caller re-reads the state each time.
+///
+/// Reads are not changes: inotify reports the caller's own `opendir` and `closedir` of the
+/// watched directory (notify asks for `IN_OPEN` and `IN_CLOSE_NOWRITE`), so forwarding them made
+/// every re-read wake the caller again, and an idle waiter spun a core. Only events that can
+/// change what a re-read finds are forwarded; an error or an overflow is forwarded too, since the
+/// caller's re-read is exactly the rescan it asks for.
 pub fn wake_on_change(dir: &Path) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::channel();
     let watch_error =
         |e: notify::Error| Error::Usage(format!("cannot watch {}: {e}", dir.display()));
-    let mut watcher = notify::recommended_watcher(move |_res: notify::Result<notify::Event>| {
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok_and(|e| is_read_only(&e.kind)) {
+            return;
+        }
         let _ = tx.send(());
     })
     .map_err(watch_error)?;
@@ -189,6 +198,12 @@ pub fn wake_on_change(dir: &Path) -> Result<(notify::RecommendedWatcher, mpsc::R
         .watch(dir, RecursiveMode::NonRecursive)
         .map_err(watch_error)?;
     Ok((watcher, rx))
+}
+
+/// Whether an event only says that someone looked (opened, read, or closed without writing).
+fn is_read_only(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode};
+    matches!(kind, notify::EventKind::Access(a) if *a != AccessKind::Close(AccessMode::Write))
 }
 
 /// Waits for the next change event, at most `look_again` and never past `deadline`; false when

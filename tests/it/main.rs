@@ -39,3 +39,4 @@ mod sshd;
 mod state_machine;
 mod store_seam;
 mod trash;
+mod waiters;
