@@ -13,33 +13,22 @@
 //! This module builds the harness's command line and judges its answer; running it is the only
 //! I/O besides the inbox.
 
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
 
 use serde_json::{Value, json};
 
 use crate::delivery::{self, hook, hook::HookRun};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::harness::Harness;
 use crate::home::Home;
 use crate::model::Wake;
-
-/// The harnesses with a resume adapter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Harness {
-    /// Claude Code: `claude -p --resume ID --output-format json`, the prompt on stdin.
-    Claude,
-    /// The Codex CLI: `codex exec --json resume ID -`, the prompt on stdin.
-    Codex,
-}
-
-impl Harness {
-    /// The program's usual name on `PATH`.
-    pub fn program(self) -> &'static str {
-        match self {
-            Harness::Claude => "claude",
-            Harness::Codex => "codex",
-        }
-    }
-}
 
 /// One resume of a harness session.
 #[derive(Debug, Clone)]
@@ -51,7 +40,14 @@ pub struct Resume {
     pub target: String,
     /// Claude only: resume into a new session id, for a session that may be open elsewhere.
     pub fork: bool,
+    /// The session's project directory: both harnesses find a session only from where it ran
+    /// (Claude Code keeps sessions per project; Codex asks about the directory's trust).
+    pub dir: Option<PathBuf>,
 }
+
+/// Set in a resumed harness's environment: its own hooks (which inherit it) must not take the
+/// wake that the resume is delivering, nor wait for another.
+pub const RESUMING_ENV: &str = "WAITPOINT_RESUMING";
 
 impl Resume {
     /// The arguments after the program. The prompt goes on stdin, never in argv.
@@ -64,9 +60,12 @@ impl Resume {
                 "--output-format".into(),
                 "json".into(),
             ],
+            // The session ran in its directory before, so the directory was the user's choice;
+            // without the flag Codex refuses any directory that is not a trusted git checkout.
             Harness::Codex => vec![
                 "exec".into(),
                 "--json".into(),
+                "--skip-git-repo-check".into(),
                 "resume".into(),
                 self.target.clone(),
                 "-".into(),
@@ -133,7 +132,8 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
     let run = HookRun {
         argv: std::iter::once(r.program.clone()).chain(r.args()).collect(),
         stdin: prompt(wake).into_bytes(),
-        env: Vec::new(),
+        env: vec![(RESUMING_ENV.to_owned(), wake.wake_id.clone())],
+        cwd: r.dir.clone(),
         timeout,
     };
     let done = hook::run_to_end(&run, true).map_err(|e| format!("{}: {e}", r.program))?;
@@ -157,12 +157,24 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
     Ok(())
 }
 
-/// Blocks until the session has a wake (or `timeout` passes), then takes it and every other
-/// unread one, oldest first: one harness turn for what piled up.
-pub fn take_pending(home: &Home, session: &str, timeout: Duration) -> Result<Vec<Wake>> {
+/// Blocks until the session has a wake (or `timeout` passes, or `waiter` is told to leave),
+/// then takes it and every other unread one, oldest first: one harness turn for what piled up.
+pub fn take_pending(home: &Home, waiter: &Waiter, timeout: Duration) -> Result<Vec<Wake>> {
     let deadline = Some(Instant::now() + timeout);
-    let inbox = crate::agent::Inbox::open(home, session)?;
-    let Some(first) = inbox.take(deadline, Duration::from_secs(60), &|| false)? else {
+    let session = &waiter.session;
+    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    inbox.watch_also(&home.sessions_dir().join(session))?;
+    if let Some(pid) = waiter.starter {
+        let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
+        // Told by the kernel (a pidfd) when the harness exits: nothing polls while it lives.
+        std::thread::spawn(move || {
+            let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
+            gone.store(true, Ordering::Relaxed);
+            let _ = poke.send(());
+        });
+    }
+    let stop = || waiter.should_leave();
+    let Some(first) = inbox.take(deadline, Duration::from_secs(60), &stop)? else {
         return Ok(Vec::new());
     };
     let mut wakes = vec![first];
@@ -170,6 +182,181 @@ pub fn take_pending(home: &Home, session: &str, timeout: Duration) -> Result<Vec
         wakes.push(w);
     }
     Ok(wakes)
+}
+
+/// A session's live waiter: the hook process that hands the session's wakes to its running
+/// harness. There is one per session: a new one replaces the old (`waiter.json` names the
+/// newest, and an older one leaves when it sees another name there). It leaves too when the
+/// harness that started it exits, or when the session ends (the file removed).
+///
+/// While it lives it holds `waiter.lock` shared: the kernel releases that when the process
+/// dies however it dies, so a resume of a closed session can tell a live one from a gone one
+/// without trusting a pid ([`resume_or_yield`]).
+pub struct Waiter {
+    session: String,
+    token: String,
+    record: PathBuf,
+    starter: Option<libc::pid_t>,
+    starter_gone: Arc<AtomicBool>,
+    _presence: File,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WaiterRecord {
+    pid: u32,
+    token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    harness_pid: Option<libc::pid_t>,
+}
+
+fn waiter_record(home: &Home, session: &str) -> PathBuf {
+    home.sessions_dir().join(session).join("waiter.json")
+}
+
+fn presence_lock(home: &Home, session: &str) -> Result<File> {
+    let dir = home.sessions_dir().join(session);
+    crate::store::create_dir_private(&dir)?;
+    let path = dir.join("waiter.lock");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| Error::io("cannot open lock", &path, e))
+}
+
+impl Waiter {
+    /// Becomes `session`'s one waiter, started by process `starter` (the harness; `None` when
+    /// not known). Blocks while a resume of this session is running, which holds the lock
+    /// exclusively; the wake it delivers is read by the time this returns.
+    pub fn start(home: &Home, session: &str, starter: Option<libc::pid_t>) -> Result<Waiter> {
+        crate::engine::check_name("session", session)?;
+        let presence = presence_lock(home, session)?;
+        let lock = home.sessions_dir().join(session).join("waiter.lock");
+        presence
+            .lock_shared()
+            .map_err(|e| Error::io("cannot lock", &lock, e))?;
+        let token = crate::secret::random_hex(8);
+        let record = waiter_record(home, session);
+        crate::store::commit_json(
+            &record,
+            &WaiterRecord {
+                pid: std::process::id(),
+                token: token.clone(),
+                harness_pid: starter,
+            },
+        )?;
+        Ok(Waiter {
+            session: session.to_owned(),
+            token,
+            record,
+            starter,
+            starter_gone: Arc::new(AtomicBool::new(false)),
+            _presence: presence,
+        })
+    }
+
+    /// The session this waiter serves.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// Whether this waiter should stop waiting: its harness exited, or `waiter.json` no longer
+    /// names it (a newer waiter replaced it, or the session ended).
+    pub fn should_leave(&self) -> bool {
+        if self.starter_gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        match crate::store::read_json::<WaiterRecord>(&self.record) {
+            Ok(Some(r)) => r.token != self.token,
+            Ok(None) => true,
+            // A record torn or unreadable says nothing about who replaced whom: keep waiting.
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        // Leave no record naming a waiter that is gone; a newer one's record stays.
+        if !self.should_leave() {
+            let _ = std::fs::remove_file(&self.record);
+        }
+    }
+}
+
+/// Ends `session`'s waiter (the harness's session ended): its record is removed, and the
+/// waiter, which watches for that, leaves. True when there was one.
+pub fn end_waiter(home: &Home, session: &str) -> Result<bool> {
+    crate::engine::check_name("session", session)?;
+    let record = waiter_record(home, session);
+    match std::fs::remove_file(&record) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io("cannot remove", &record, e)),
+    }
+}
+
+/// How a resume adapter's turn with a wake ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handed {
+    /// The harness session was resumed with it, and it is marked read.
+    Resumed,
+    /// A live waiter of the session took it (the session is open; it got the wake there).
+    TakenLive,
+    /// It was read already when we looked.
+    AlreadyRead,
+}
+
+/// Delivers `wake` to a closed session by resuming it, unless the session is live: then its
+/// waiter delivers it, and this waits (up to `timeout`) until it has. Exactly one of the two
+/// delivers: the resume holds the session's presence lock exclusively, so a waiter starting
+/// meanwhile waits for it, and a waiter that dies without taking the wake releases the lock,
+/// after which the resume goes ahead.
+pub fn resume_or_yield(
+    home: &Home,
+    wake: &Wake,
+    r: &Resume,
+    timeout: Duration,
+) -> std::result::Result<Handed, String> {
+    let deadline = Instant::now() + timeout;
+    let (channel, id) = (&wake.channel, &wake.wake_id);
+    let presence = presence_lock(home, channel).map_err(|e| e.to_string())?;
+    let (_watcher, changes) =
+        crate::agent::wake_on_change(&home.inbox_new(channel)).map_err(|e| e.to_string())?;
+    if !delivery::is_unread(home, channel, id) {
+        return Ok(Handed::AlreadyRead);
+    }
+    loop {
+        match presence.try_lock() {
+            Ok(()) => break,
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => return Err(format!("cannot lock: {e}")),
+        }
+        // A live waiter holds the session: it takes the wake. The lock's release (its harness
+        // exited first) sends no event, hence the second's look again.
+        if !crate::agent::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
+            return Err(format!(
+                "session {channel} has a live waiter, which did not take the wake within {} s",
+                timeout.as_secs()
+            ));
+        }
+        if !delivery::is_unread(home, channel, id) {
+            return Ok(Handed::TakenLive);
+        }
+    }
+    if !delivery::is_unread(home, channel, id) {
+        return Ok(Handed::AlreadyRead);
+    }
+    resume(
+        home,
+        wake,
+        r,
+        deadline.saturating_duration_since(Instant::now()),
+    )?;
+    Ok(Handed::Resumed)
 }
 
 /// The text a hook hands to the harness for these wakes.
@@ -207,6 +394,7 @@ mod tests {
             program: "claude".into(),
             target: "abc".into(),
             fork: true,
+            dir: None,
         };
         assert_eq!(
             r.args(),
@@ -224,8 +412,19 @@ mod tests {
             program: "codex".into(),
             target: "t1".into(),
             fork: true,
+            dir: None,
         };
-        assert_eq!(c.args(), ["exec", "--json", "resume", "t1", "-"]);
+        assert_eq!(
+            c.args(),
+            [
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "resume",
+                "t1",
+                "-"
+            ]
+        );
     }
 
     #[test]

@@ -185,19 +185,26 @@ pub fn create(engine: &Engine, req: engine::CreateRequest) -> Result<Created> {
 /// caller's re-read is exactly the rescan it asks for.
 pub fn wake_on_change(dir: &Path) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::channel();
-    let watch_error =
-        |e: notify::Error| Error::Usage(format!("cannot watch {}: {e}", dir.display()));
+    Ok((watch_into(dir, tx)?, rx))
+}
+
+/// A watcher on `dir` that sends to `tx` on each change (see [`wake_on_change`]).
+fn watch_into(dir: &Path, tx: mpsc::Sender<()>) -> Result<notify::RecommendedWatcher> {
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         if res.is_ok_and(|e| is_read_only(&e.kind)) {
             return;
         }
         let _ = tx.send(());
     })
-    .map_err(watch_error)?;
+    .map_err(|e| watch_error(dir, e))?;
     watcher
         .watch(dir, RecursiveMode::NonRecursive)
-        .map_err(watch_error)?;
-    Ok((watcher, rx))
+        .map_err(|e| watch_error(dir, e))?;
+    Ok(watcher)
+}
+
+fn watch_error(dir: &Path, e: notify::Error) -> Error {
+    Error::Usage(format!("cannot watch {}: {e}", dir.display()))
 }
 
 /// Whether an event only says that someone looked (opened, read, or closed without writing).
@@ -227,8 +234,9 @@ pub fn wait_for_change(
 pub struct Inbox<'h> {
     home: &'h Home,
     channel: String,
-    _watcher: notify::RecommendedWatcher,
+    watcher: notify::RecommendedWatcher,
     changes: mpsc::Receiver<()>,
+    poke: mpsc::Sender<()>,
 }
 
 impl<'h> Inbox<'h> {
@@ -238,13 +246,29 @@ impl<'h> Inbox<'h> {
         crate::store::create_dir_private(&dir)?;
         crate::store::create_dir_private(&home.inbox_cur(channel))?;
         // Watch before the first look, so a wake landing in between is not missed.
-        let (watcher, changes) = wake_on_change(&dir)?;
+        let (poke, changes) = mpsc::channel();
+        let watcher = watch_into(&dir, poke.clone())?;
         Ok(Inbox {
             home,
             channel: channel.to_owned(),
-            _watcher: watcher,
+            watcher,
             changes,
+            poke,
         })
+    }
+
+    /// Also wakes a waiting [`Inbox::take`] on changes in `dir`, so its `stop` is asked again
+    /// (a waiter watches its session's directory to see that it was replaced).
+    pub fn watch_also(&mut self, dir: &Path) -> Result<()> {
+        self.watcher
+            .watch(dir, RecursiveMode::NonRecursive)
+            .map_err(|e| watch_error(dir, e))
+    }
+
+    /// A handle that wakes a waiting [`Inbox::take`] from another thread, so its `stop` is
+    /// asked again at once.
+    pub fn poker(&self) -> mpsc::Sender<()> {
+        self.poke.clone()
     }
 
     /// The next unread wake, taken; `None` when `deadline` passed or `stop` said to give up

@@ -22,6 +22,7 @@ pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod failpoint;
+pub mod harness;
 pub mod home;
 pub mod howto;
 pub mod ingress;

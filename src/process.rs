@@ -334,6 +334,39 @@ pub fn process_exists(pid: libc::pid_t) -> bool {
     }
 }
 
+/// The nearest ancestor of this process that is not a shell: the program that started us
+/// through `sh -c` (as harnesses run a hook's command line), or directly. `None` when there is
+/// none but init, i.e. our starter is gone already.
+pub fn starter_pid() -> Option<libc::pid_t> {
+    const SHELLS: [&str; 6] = ["sh", "dash", "bash", "zsh", "env", "timeout"];
+    let mut pid = rustix::process::getppid()?.as_raw_nonzero().get();
+    // A few levels at most: `sh -c` inside `env` inside `timeout` is already unusual.
+    for _ in 0..6 {
+        let (comm, parent) = comm_and_parent(pid)?;
+        if !SHELLS.contains(&comm.as_str()) {
+            break;
+        }
+        pid = parent;
+    }
+    (pid > 1).then_some(pid)
+}
+
+/// A process's command name and parent, from `/proc/PID/stat`.
+fn comm_and_parent(pid: libc::pid_t) -> Option<(String, libc::pid_t)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name sits in parentheses and may hold anything, spaces and ')' included; the fields
+    // after the last ')' are fixed: the state, then the parent.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let comm = stat.get(open + 1..close)?.to_owned();
+    let parent = stat
+        .get(close + 1..)?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some((comm, parent))
+}
+
 /// Sends `signal` to process `pid`; a pid that is not positive is ignored (it would name a
 /// process group).
 pub fn send_signal(pid: libc::pid_t, signal: rustix::process::Signal) {

@@ -5,13 +5,15 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
+use serde_json::Value;
 
-use crate::adapter::{self, Harness, Resume};
+use crate::adapter::{self, Resume};
 use crate::engine::Engine;
 use crate::error::{Error, exit};
+use crate::harness::{self, Harness};
 use crate::model::Wake;
 
-use super::SessionArg;
+use super::env_var;
 
 /// The exit status Claude Code's `asyncRewake` hooks wake the session on.
 pub const CLAUDE_REWAKE: u8 = 2;
@@ -41,6 +43,16 @@ pub enum AdapterCommand {
     /// wake marked read) when claude succeeds and its result is not an error; exit 1 otherwise,
     /// leaving the wake unread for the daemon to retry.
     ClaudeResume(ResumeArgs),
+    /// `onWake` command: resume whichever harness session the wake's session lives in
+    ///
+    /// Reads the wake JSON the daemon gives an onWake command on stdin, looks up the harness
+    /// session its waitpoint session was last seen in (recorded by `waitpoint mcp` and the
+    /// hooks: the harness, its session id, the project directory), and resumes it there with
+    /// the wake's text as the prompt, as claude-resume or codex-resume would. A session open in
+    /// its harness is not resumed: its live hook delivers the wake, and this waits until it
+    /// has. Exit 0 when the wake was delivered (or the session was never seen in a harness, and
+    /// the wake stays unread for `wait_next`); exit 1 otherwise, for the daemon to retry.
+    Resume(AnyResumeArgs),
     /// `onWake` command: resume a Codex CLI session with the wake as its prompt
     ///
     /// Reads the wake JSON the daemon gives an onWake command on stdin and runs
@@ -52,8 +64,10 @@ pub enum AdapterCommand {
 
 #[derive(Debug, Args)]
 pub struct HookArgs {
-    #[command(flatten)]
-    pub session: SessionArg,
+    /// The session to hand wakes of [default: $CORTEX_SESSION, else the harness's own session
+    /// (the hook's stdin `session_id`), else "default"]
+    #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
+    pub session: Option<String>,
     /// Give up after this many seconds with nothing to hand over
     #[arg(long, value_name = "SECS", default_value_t = 3300)]
     pub timeout: u64,
@@ -61,8 +75,9 @@ pub struct HookArgs {
 
 #[derive(Debug, Args)]
 pub struct ResumeArgs {
-    /// The harness session to resume (Claude's session id, Codex's thread id) [default: the
-    /// waitpoint session's name]
+    /// The harness session to resume (Claude's session id, Codex's thread id) [default: the one
+    /// recorded for the wake's session when it was last seen in this harness, else the waitpoint
+    /// session's name]
     #[arg(long, value_name = "ID")]
     pub resume: Option<String>,
     /// Only handle wakes of this waitpoint session; others are left unread for their own adapter
@@ -76,21 +91,57 @@ pub struct ResumeArgs {
     pub program: Option<String>,
 }
 
+#[derive(Debug, Args)]
+pub struct AnyResumeArgs {
+    /// Only handle wakes of this waitpoint session; others are left unread for their own adapter
+    #[arg(long, value_name = "S")]
+    pub session: Option<String>,
+    /// Claude only: resume into a new session id (for a session that may be open elsewhere)
+    #[arg(long)]
+    pub fork_session: bool,
+}
+
 pub fn run(engine: &Engine, cmd: AdapterCommand) -> anyhow::Result<u8> {
     match cmd {
         AdapterCommand::ClaudeHook(a) => hook(engine, a, Harness::Claude),
         AdapterCommand::CodexStopHook(a) => hook(engine, a, Harness::Codex),
+        AdapterCommand::Resume(a) => resume_any(engine, a),
         AdapterCommand::ClaudeResume(a) => resume(engine, a, Harness::Claude),
         AdapterCommand::CodexResume(a) => resume(engine, a, Harness::Codex),
     }
 }
 
 fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
-    // The harness's hook JSON: read it so the harness never blocks writing it.
-    let mut ignored = Vec::new();
-    let _ = std::io::stdin().take(1 << 20).read_to_end(&mut ignored);
+    // The harness's hook JSON: read it whole so the harness never blocks writing it.
+    let mut raw = Vec::new();
+    let _ = std::io::stdin().take(1 << 20).read_to_end(&mut raw);
+    let input: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    // A resumed run's own hooks: the resume is delivering a wake already, and nobody is idle.
+    // Claude Code without a terminal runs async hooks synchronously: a wait would hold it up.
+    if env_var(adapter::RESUMING_ENV).is_some()
+        || (harness == Harness::Claude && harness::claude_print_mode(&env_var))
+    {
+        return Ok(exit::OK);
+    }
+    let caller = harness::from_hook_input(harness, &input).or_else(|| match harness {
+        Harness::Claude => harness::from_env(&env_var),
+        Harness::Codex => None,
+    });
+    let session = match (&a.session, &caller) {
+        (Some(s), _) => s.clone(),
+        (None, Some(c)) => c.session(),
+        (None, None) => "default".to_owned(),
+    };
     let home = engine.home();
-    let wakes = adapter::take_pending(home, &a.session.session, Duration::from_secs(a.timeout))?;
+    if let Some(c) = &caller {
+        harness::remember(home, &session, c)?;
+    }
+    if input["hook_event_name"] == "SessionEnd" {
+        adapter::end_waiter(home, &session)?;
+        return Ok(exit::OK);
+    }
+    let waiter = adapter::Waiter::start(home, &session, crate::process::starter_pid())?;
+    let wakes = adapter::take_pending(home, &waiter, Duration::from_secs(a.timeout))?;
     if wakes.is_empty() {
         return Ok(exit::OK);
     }
@@ -115,30 +166,80 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     })
 }
 
-fn resume(engine: &Engine, a: ResumeArgs, harness: Harness) -> anyhow::Result<u8> {
+/// The wake an `onWake` command is given on stdin.
+fn wake_from_stdin() -> anyhow::Result<Wake> {
     let mut input = Vec::new();
     std::io::stdin().take(1 << 20).read_to_end(&mut input)?;
-    let wake: Wake = serde_json::from_slice(&input).map_err(|e| {
+    Ok(serde_json::from_slice(&input).map_err(|e| {
         Error::Usage(format!(
             "stdin must be a wake's JSON, as the daemon gives an onWake command: {e}"
         ))
-    })?;
+    })?)
+}
+
+fn resume_any(engine: &Engine, a: AnyResumeArgs) -> anyhow::Result<u8> {
+    let wake = wake_from_stdin()?;
+    if a.session.as_deref().is_some_and(|s| s != wake.channel) {
+        return Ok(exit::OK);
+    }
+    let Some(caller) = harness::recall(engine.home(), &wake.channel)? else {
+        // Not a harness's session (or never seen in one): the wake stays unread for whoever
+        // reads this session (`wait_next`, `waitpoint next`).
+        eprintln!(
+            "waitpoint adapter: session {} was never seen in a harness; the wake stays unread",
+            wake.channel
+        );
+        return Ok(exit::OK);
+    };
+    let r = Resume {
+        harness: caller.harness,
+        program: caller.harness.program().to_owned(),
+        target: caller.session_id,
+        fork: a.fork_session,
+        dir: caller.project_dir,
+    };
+    hand_over(engine, &wake, &r)
+}
+
+fn resume(engine: &Engine, a: ResumeArgs, harness: Harness) -> anyhow::Result<u8> {
+    let wake = wake_from_stdin()?;
     if a.session.as_deref().is_some_and(|s| s != wake.channel) {
         // Another session's wake: not ours to hand over, so it stays unread.
         return Ok(exit::OK);
     }
+    let seen = harness::recall(engine.home(), &wake.channel)?.filter(|c| c.harness == harness);
+    let target = match (a.resume, &seen) {
+        (Some(id), _) => id,
+        (None, Some(c)) => c.session_id.clone(),
+        (None, None) => wake.session.clone(),
+    };
+    if target.starts_with('-') {
+        return Err(
+            Error::invalid("resume", format!("{target:?} would be read as an option")).into(),
+        );
+    }
     let r = Resume {
         harness,
         program: a.program.unwrap_or_else(|| harness.program().to_owned()),
-        target: a.resume.unwrap_or_else(|| wake.session.clone()),
+        target,
         fork: a.fork_session,
+        dir: seen.and_then(|c| c.project_dir),
     };
+    hand_over(engine, &wake, &r)
+}
+
+/// Resumes the harness with the wake unless a live waiter of the session takes it; exit 0 when
+/// the wake was delivered either way, 1 (the wake unread, retried by the daemon) otherwise.
+fn hand_over(engine: &Engine, wake: &Wake, r: &Resume) -> anyhow::Result<u8> {
     // Inside the daemon's own limit for an onWake run, so the harness is never orphaned.
     let limit = Duration::from_millis(engine.settings().on_wake_timeout_ms)
         .saturating_sub(Duration::from_secs(1))
         .max(Duration::from_secs(1));
-    match adapter::resume(engine.home(), &wake, &r, limit) {
-        Ok(()) => Ok(exit::OK),
+    match adapter::resume_or_yield(engine.home(), wake, r, limit) {
+        Ok(handed) => {
+            tracing::info!(wake = %wake.wake_id, ?handed, "wake handed over");
+            Ok(exit::OK)
+        }
         Err(reason) => {
             eprintln!("waitpoint adapter: {reason}; the wake stays unread");
             Ok(exit::FAILURE)

@@ -266,12 +266,14 @@ pub fn args() -> Vec<OsString> {
 /// The session a command acts for (`--session`, `$CORTEX_SESSION`), shared by the command groups.
 #[derive(Debug, clap::Args)]
 pub struct SessionArg {
-    /// The session acting [default: $CORTEX_SESSION, else "default"]
+    /// The session acting [default: $CORTEX_SESSION, else the harness's session when run inside
+    /// one (Claude Code: claude-$CLAUDE_CODE_SESSION_ID), else "default"]
     #[arg(
         long,
         value_name = "S",
         env = "CORTEX_SESSION",
-        default_value = "default"
+        default_value_t = default_session(),
+        hide_default_value = true
     )]
     pub session: String,
 }
@@ -280,17 +282,29 @@ pub struct SessionArg {
 /// session is the spec's agent, so `--session` is the same flag.
 #[derive(Debug, clap::Args)]
 pub struct AgentArg {
-    /// The agent (session) acting [default: $CORTEX_SESSION, else "default"]
+    /// The agent (session) acting [default: $CORTEX_SESSION, else the harness's session when
+    /// run inside one, else "default"]
     #[arg(
         long = "agent",
         visible_alias = "session",
         value_name = "ID",
         env = "CORTEX_SESSION",
-        default_value = "default",
+        default_value_t = default_session(),
         hide_default_value = true,
         hide_env = true
     )]
     pub session: String,
+}
+
+/// The session when none is named: the harness's own, when a harness started this process, so
+/// that each harness session is a waitpoint session of its own; else `default`.
+pub fn default_session() -> String {
+    crate::harness::from_env(&env_var).map_or_else(|| "default".to_owned(), |c| c.session())
+}
+
+/// A variable of the process environment; unset and empty are the same.
+pub fn env_var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// Prints `v` as pretty JSON and a newline: every command's `--json` output.
@@ -392,8 +406,8 @@ pub enum Command {
     ///
     /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
     /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
-    /// ListTimers, GetTimer and CancelTimer, acting for one session (--session, else
-    /// $CORTEX_SESSION, else "default"). It needs no running daemon; without one, signals wait
+    /// ListTimers, GetTimer and CancelTimer, acting for the harness's own session (Claude Code's
+    /// session, each Codex thread) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
     Mcp(McpArgs),
@@ -451,8 +465,11 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct McpArgs {
-    #[command(flatten)]
-    pub session: SessionArg,
+    /// Act for this session in every call [default: $CORTEX_SESSION, else the harness's own
+    /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), or the Codex thread each call
+    /// names (codex-THREAD), else "default"]
+    #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
+    pub session: Option<String>,
     /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
     /// a wake arrives: a doorbell telling the agent to call wait_next, which takes the wake
     #[arg(long)]
@@ -485,9 +502,14 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
     if let Command::Mcp(a) = command {
         // Before stdout is locked here: the server writes it from other threads.
         let lines = line_context(engine.home())?;
+        let started_by = crate::harness::from_env(&env_var);
         crate::mcp::serve_stdio(crate::mcp::Config {
             engine,
-            session: a.session.session,
+            sessions: a.session.map_or(
+                crate::mcp::Sessions::FromHarness,
+                crate::mcp::Sessions::Named,
+            ),
+            started_by,
             lines,
             claude_channel: a.claude_channel,
         })?;

@@ -83,6 +83,7 @@ impl Daemon {
             argv,
             stdin,
             env,
+            cwd: None,
             timeout: Duration::from_millis(settings.on_wake_timeout_ms),
         };
         runner.in_flight.insert(job.wake_id.clone());

@@ -14,6 +14,8 @@ pub struct HookRun {
     pub argv: Vec<String>,
     pub stdin: Vec<u8>,
     pub env: Vec<(String, String)>,
+    /// Where it runs; the caller's own directory when `None`.
+    pub cwd: Option<std::path::PathBuf>,
     pub timeout: Duration,
 }
 
@@ -36,7 +38,11 @@ const MAX_STDOUT: u64 = 1 << 20;
 /// past the timeout is killed. `Err` is a one-line reason.
 pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String> {
     let (program, args) = h.argv.split_first().ok_or("onWake is empty")?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    if let Some(dir) = &h.cwd {
+        command.current_dir(dir);
+    }
+    let mut child = command
         .args(args)
         // The operator token grants control over every agent of the home; a hook is a
         // program the daemon runs, not the operator.

@@ -32,6 +32,7 @@ use crate::delivery;
 use crate::engine::timers::TimerRequest;
 use crate::engine::{CreateRequest, Engine};
 use crate::error::Error;
+use crate::harness::{self, Caller};
 use crate::model::Timer;
 use crate::render;
 
@@ -43,11 +44,26 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// How often a waiting `wait_next` checks whether its call was cancelled.
 const CANCEL_CHECK: Duration = Duration::from_millis(200);
 
+/// Which session a call acts for.
+#[derive(Debug, Clone)]
+pub enum Sessions {
+    /// Named when the server started (`--session`, `$CORTEX_SESSION`): every call acts for it,
+    /// whichever harness session makes it (one inbox shared on purpose).
+    Named(String),
+    /// The harness's own session: the one that started the server (Claude Code names it in
+    /// the environment), else each call's (Codex names its thread in the call's `_meta`), else
+    /// `default`.
+    FromHarness,
+}
+
 /// What the server needs: the engine for its home, the session it acts for, and what the
 /// reply's lines depend on.
 pub struct Config {
     pub engine: Engine,
-    pub session: String,
+    pub sessions: Sessions,
+    /// The harness session that started the server, if it said (kept for resumes even when
+    /// the session is named).
+    pub started_by: Option<Caller>,
     pub lines: LineContext,
     /// Ring Claude Code's channel (`notifications/claude/channel`) when a wake arrives.
     pub claude_channel: bool,
@@ -56,7 +72,8 @@ pub struct Config {
 /// What every tool call shares.
 struct Inner {
     engine: Engine,
-    session: String,
+    sessions: Sessions,
+    started_by: Option<Caller>,
     lines: LineContext,
     /// Set when the client closed stdin: nobody will read an answer any more.
     gone: stdio::ClientGone,
@@ -73,7 +90,9 @@ pub struct Server {
 /// Serves the tools on stdin/stdout until the client closes stdin. Only the protocol is written
 /// to stdout; logs go to stderr.
 pub fn serve_stdio(config: Config) -> anyhow::Result<()> {
-    crate::engine::check_name("session", &config.session)?;
+    if let Sessions::Named(s) = &config.sessions {
+        crate::engine::check_name("session", s)?;
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -127,7 +146,8 @@ impl Server {
         Server {
             inner: Arc::new(Inner {
                 engine: config.engine,
-                session: config.session,
+                sessions: config.sessions,
+                started_by: config.started_by,
                 lines: config.lines,
                 gone,
                 claude_channel: config.claude_channel,
@@ -136,17 +156,24 @@ impl Server {
         }
     }
 
-    /// Runs `f` on a blocking thread after replaying what a dead daemon left in the journal
-    /// (as every CLI command does). An engine error becomes a tool error; a panic becomes a
-    /// tool error too, so the client always gets an answer.
-    async fn run<F>(&self, f: F) -> Result<CallToolResult, McpError>
+    /// Runs `f` for the session the call acts for, on a blocking thread, after replaying
+    /// what a dead daemon left in the journal (as every CLI command does). An engine error
+    /// becomes a tool error; a panic becomes a tool error too, so the client always gets an
+    /// answer.
+    async fn run<F>(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        f: F,
+    ) -> Result<CallToolResult, McpError>
     where
-        F: FnOnce(&Inner) -> crate::error::Result<CallToolResult> + Send + 'static,
+        F: FnOnce(&Inner, &str) -> crate::error::Result<CallToolResult> + Send + 'static,
     {
         let inner = self.inner.clone();
+        let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let job = tokio::task::spawn_blocking(move || {
+            let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
-            f(&inner)
+            f(&inner, &session)
         });
         Ok(match job.await {
             Ok(Ok(r)) => r,
@@ -158,6 +185,23 @@ impl Server {
                 ))])
             }
         })
+    }
+}
+
+impl Inner {
+    /// The session a call acts for, given the caller its `_meta` names (if any), with the
+    /// harness session it lives in remembered for a later resume.
+    fn session_for(&self, call: Option<&Caller>) -> crate::error::Result<String> {
+        let caller = self.started_by.as_ref().or(call);
+        let session = match (&self.sessions, caller) {
+            (Sessions::Named(s), _) => s.clone(),
+            (Sessions::FromHarness, Some(c)) => c.session(),
+            (Sessions::FromHarness, None) => "default".to_owned(),
+        };
+        if let Some(c) = caller {
+            harness::remember(self.engine.home(), &session, c)?;
+        }
+        Ok(session)
     }
 }
 
@@ -174,9 +218,10 @@ impl Server {
     async fn wait_create(
         &self,
         Parameters(Fields(p)): Parameters<Fields<WaitCreate>>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
-            let mut req = CreateRequest::new(p.label, p.intent, &inner.session);
+        self.run(&ctx, move |inner, session| {
+            let mut req = CreateRequest::new(p.label, p.intent, session);
             req.members = p.members;
             req.quorum = p.quorum.map(|q| q.0);
             req.fail_fast = p.fail_fast.unwrap_or(true);
@@ -220,10 +265,13 @@ impl Server {
     /// still unread) with its label, intent, status, "N/M received", deadline, badges for a
     /// held or failing delivery, and the latest heartbeat; plus the session's unread wakes.
     #[tool(name = "wait_check")]
-    async fn wait_check(&self) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
-            let items = agent::waiting_for(&inner.engine, &inner.session)?;
-            let v = agent::check(&inner.engine, &inner.session, &items)?;
+    async fn wait_check(
+        &self,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        self.run(&ctx, move |inner, session| {
+            let items = agent::waiting_for(&inner.engine, session)?;
+            let v = agent::check(&inner.engine, session, &items)?;
             let note = check_note(&v);
             Ok(reply(v, note))
         })
@@ -237,9 +285,10 @@ impl Server {
     async fn wait_cancel(
         &self,
         Parameters(Fields(p)): Parameters<Fields<WaitCancel>>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
-            let wp = inner.engine.cancel(&p.id, &inner.session)?;
+        self.run(&ctx, move |inner, session| {
+            let wp = inner.engine.cancel(&p.id, session)?;
             let note = crate::agent::cancelled_note(&wp);
             Ok(reply(render::public_view(&wp), note))
         })
@@ -267,10 +316,12 @@ impl Server {
         let inner = self.inner.clone();
         let flag = stop.clone();
         let started = Instant::now();
+        let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let mut job = tokio::task::spawn_blocking(move || {
+            let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);
-            let taken = agent::Inbox::open(inner.engine.home(), &inner.session)?.take(
+            let taken = agent::Inbox::open(inner.engine.home(), &session)?.take(
                 deadline,
                 CANCEL_CHECK,
                 &|| flag.load(Ordering::Relaxed) || inner.gone.is_set(),
@@ -340,13 +391,14 @@ impl Server {
     async fn create_timer(
         &self,
         Parameters(Fields(p)): Parameters<Fields<CreateTimer>>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
+        self.run(&ctx, move |inner, session| {
             let t = inner.engine.create_timer(TimerRequest {
                 duration_ms: p.duration_ms,
                 interval_ms: p.interval_ms,
                 summary: p.summary,
-                session: inner.session.clone(),
+                session: session.to_owned(),
                 authority_class: None,
             })?;
             Ok(reply(to_value(&t), timer_note(&t)))
@@ -359,10 +411,11 @@ impl Server {
     async fn list_timers(
         &self,
         Parameters(Fields(p)): Parameters<Fields<ListTimers>>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
+        self.run(&ctx, move |inner, session| {
             let limit = p.limit.unwrap_or(50) as usize;
-            let list = inner.engine.list_timers(&inner.session, limit)?;
+            let list = inner.engine.list_timers(session, limit)?;
             let note = if list.is_empty() {
                 "no timers".to_owned()
             } else {
@@ -379,9 +432,10 @@ impl Server {
     async fn get_timer(
         &self,
         Parameters(Fields(p)): Parameters<Fields<TimerId>>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
-            let t = inner.engine.timer_for(&p.timer_id, &inner.session)?;
+        self.run(&ctx, move |inner, session| {
+            let t = inner.engine.timer_for(&p.timer_id, session)?;
             Ok(reply(to_value(&t), timer_note(&t)))
         })
         .await
@@ -393,9 +447,10 @@ impl Server {
     async fn cancel_timer(
         &self,
         Parameters(Fields(p)): Parameters<Fields<TimerId>>,
+        ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
-        self.run(move |inner| {
-            let t = inner.engine.cancel_timer(&p.timer_id, &inner.session)?;
+        self.run(&ctx, move |inner, session| {
+            let t = inner.engine.cancel_timer(&p.timer_id, session)?;
             Ok(reply(to_value(&t), timer_note(&t)))
         })
         .await
@@ -491,15 +546,18 @@ fn new_unread(
     inner: &Inner,
     known: &HashSet<String>,
 ) -> crate::error::Result<Vec<crate::model::Wake>> {
+    // The channel is Claude Code's, whose session is the server's own (named in the
+    // environment), never a call's.
+    let session = &inner.session_for(None)?;
     let home = inner.engine.home();
-    let dir = home.inbox_new(&inner.session);
+    let dir = home.inbox_new(session);
     crate::store::create_dir_private(&dir)?;
     let (_watcher, rx) = agent::wake_on_change(&dir)?;
     loop {
         if inner.gone.is_set() {
             return Ok(Vec::new());
         }
-        let fresh: Vec<_> = delivery::unread(home, &inner.session)?
+        let fresh: Vec<_> = delivery::unread(home, session)?
             .into_iter()
             .filter(|w| !known.contains(&w.wake_id))
             .collect();

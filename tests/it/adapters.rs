@@ -309,7 +309,10 @@ fn codex_resume_runs_codex_exec_resume_and_judges_its_events() {
     let (id, line) = arm(&env, "agent", "rerun the eval");
     env.ok("job", &env.job_then(true, &line, None));
     env.wait_until("codex to be resumed", || codex.ran());
-    assert_eq!(codex.argv(), ["exec", "--json", "resume", "thr-1", "-"]);
+    assert_eq!(
+        codex.argv(),
+        ["exec", "--json", "--skip-git-repo-check", "resume", "thr-1", "-"]
+    );
     assert!(codex.record("stdin").contains("rerun the eval"));
     // A failed turn under exit status 0 is still a failure: the wake stays unread.
     env.wait_until("the failed attempt on record", || {

@@ -1,0 +1,274 @@
+//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI): how each
+//! tells us who is calling, the waitpoint session that follows from it, and the record of it kept
+//! beside the session's inbox (`sessions/<s>/harness.json`) so that a wake for a closed session
+//! can resume the right harness session in the right directory.
+//!
+//! A harness is one [`Harness`] variant: where it names its session (an environment variable, a
+//! hook's standard input, an MCP request's `_meta`), how it is configured (`crate::setup`), and
+//! how a live and a closed session are woken (`crate::adapter`). Nothing here reads the process
+//! environment itself: front ends pass a lookup, so the rules are tested without one.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::home::Home;
+use crate::store;
+
+/// A harness we know how to name, configure and wake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Harness {
+    /// Claude Code.
+    #[serde(rename = "claude-code")]
+    Claude,
+    /// The Codex CLI.
+    #[serde(rename = "codex")]
+    Codex,
+}
+
+impl Harness {
+    /// The harness's name in records, `setup` and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Harness::Claude => "claude-code",
+            Harness::Codex => "codex",
+        }
+    }
+
+    /// The program's usual name on `PATH`.
+    pub fn program(self) -> &'static str {
+        match self {
+            Harness::Claude => "claude",
+            Harness::Codex => "codex",
+        }
+    }
+
+    /// The waitpoint session of one of this harness's sessions: `claude-<id>` or `codex-<id>`,
+    /// so `ls sessions/` tells an operator which harness each belongs to. `None` when the id
+    /// is not a plain token: it becomes a directory name, and an argument of the harness's own
+    /// command line on resume, so it may not start with `-` either.
+    pub fn session_name(self, id: &str) -> Option<String> {
+        let ok = id.len() <= 100
+            && id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        ok.then(|| format!("{}-{id}", self.program()))
+    }
+}
+
+/// Who is calling, as the harness says: which harness, its own session id (Claude Code's session
+/// id, Codex's thread id), and the project directory the session runs in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    pub harness: Harness,
+    pub session_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project_dir: Option<PathBuf>,
+}
+
+impl Caller {
+    fn new(harness: Harness, session_id: &str, project_dir: Option<&str>) -> Option<Caller> {
+        harness.session_name(session_id)?;
+        Some(Caller {
+            harness,
+            session_id: session_id.to_owned(),
+            project_dir: project_dir
+                .filter(|d| Path::new(d).is_absolute())
+                .map(PathBuf::from),
+        })
+    }
+
+    /// The waitpoint session this caller acts for when nothing explicit names one.
+    pub fn session(&self) -> String {
+        self.harness
+            .session_name(&self.session_id)
+            .expect("checked when the caller was made")
+    }
+}
+
+/// The caller a harness announces in the environment of the processes it starts (MCP servers,
+/// hooks): Claude Code sets `CLAUDE_CODE_SESSION_ID` and `CLAUDE_PROJECT_DIR`. Codex passes MCP
+/// servers no such variable; its calls carry the thread instead ([`from_codex_meta`]).
+pub fn from_env(var: &dyn Fn(&str) -> Option<String>) -> Option<Caller> {
+    let id = var("CLAUDE_CODE_SESSION_ID")?;
+    Caller::new(Harness::Claude, &id, var("CLAUDE_PROJECT_DIR").as_deref())
+}
+
+/// Whether this process was started by Claude Code running without a terminal (`claude -p`, the
+/// SDKs): there, a hook marked `asyncRewake` runs synchronously, so a hook that waited for a
+/// wake would hold the whole run up, and nobody is idle to be woken.
+pub fn claude_print_mode(var: &dyn Fn(&str) -> Option<String>) -> bool {
+    var("CLAUDE_CODE_ENTRYPOINT").is_some_and(|e| e.starts_with("sdk"))
+}
+
+/// The caller of one Codex `tools/call`, from its `_meta["x-codex-turn-metadata"]` (an object,
+/// or the same object as a JSON string): the thread id and the turn's working directory.
+pub fn from_codex_meta(meta: &serde_json::Map<String, Value>) -> Option<Caller> {
+    let turn = meta.get("x-codex-turn-metadata")?;
+    let parsed;
+    let turn = match turn {
+        Value::String(s) => {
+            parsed = serde_json::from_str::<Value>(s).ok()?;
+            &parsed
+        }
+        v => v,
+    };
+    let thread = turn["thread_id"].as_str()?;
+    Caller::new(Harness::Codex, thread, workspace_of(turn))
+}
+
+/// The directory a Codex turn works in: `cwd`, else the first of its workspaces (a path, or an
+/// object with one).
+fn workspace_of(turn: &Value) -> Option<&str> {
+    if let Some(cwd) = turn["cwd"].as_str() {
+        return Some(cwd);
+    }
+    let first = match &turn["workspaces"] {
+        Value::Array(a) => a.first()?,
+        Value::Object(o) => o.keys().next().map(|k| &turn["workspaces"][k])?,
+        _ => return None,
+    };
+    match first {
+        Value::String(s) => Some(s),
+        v => v["path"].as_str().or(v["root"].as_str()),
+    }
+}
+
+/// The caller a hook is run for, from the JSON the harness writes on the hook's standard input:
+/// both Claude Code and Codex give `session_id` and `cwd`.
+pub fn from_hook_input(harness: Harness, input: &Value) -> Option<Caller> {
+    Caller::new(
+        harness,
+        input["session_id"].as_str()?,
+        input["cwd"].as_str(),
+    )
+}
+
+fn record_file(home: &Home, session: &str) -> PathBuf {
+    home.sessions_dir().join(session).join("harness.json")
+}
+
+/// Remembers that `session` lives in `caller`'s harness session, for a later resume. Written
+/// only when it changed, so a front end may call it on every request. A session named
+/// explicitly and shared by several harness sessions remembers the last one that called.
+pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
+    crate::engine::check_name("session", session)?;
+    let file = record_file(home, session);
+    if recall(home, session).ok().flatten().as_ref() == Some(caller) {
+        return Ok(());
+    }
+    store::create_dir_private(file.parent().expect("a session directory"))?;
+    store::commit_json(&file, caller)
+}
+
+/// The harness session `session` was last seen in, if any.
+pub fn recall(home: &Home, session: &str) -> Result<Option<Caller>> {
+    crate::engine::check_name("session", session)?;
+    let found: Option<Caller> = store::read_json(&record_file(home, session))?;
+    // A record edited by hand into a session id that is not a plain token never reaches an argv.
+    Ok(found.filter(|c| c.harness.session_name(&c.session_id).is_some()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn claude_code_names_its_session_in_the_environment() {
+        let vars = [
+            (
+                "CLAUDE_CODE_SESSION_ID",
+                "3f2a9c1e-0b7d-4e52-9a61-5c8d2e7f1a04",
+            ),
+            ("CLAUDE_PROJECT_DIR", "/work/proj"),
+        ];
+        let c = from_env(&env(&vars)).unwrap();
+        assert_eq!(c.session(), "claude-3f2a9c1e-0b7d-4e52-9a61-5c8d2e7f1a04");
+        assert_eq!(c.project_dir.as_deref(), Some(Path::new("/work/proj")));
+        assert!(from_env(&env(&[])).is_none());
+        // An id that is not a plain token never becomes a directory name.
+        assert!(from_env(&env(&[("CLAUDE_CODE_SESSION_ID", "../x")])).is_none());
+        // Nor does one that a harness's argv would take for an option.
+        assert!(from_env(&env(&[("CLAUDE_CODE_SESSION_ID", "-rf")])).is_none());
+    }
+
+    #[test]
+    fn print_mode_is_an_sdk_entrypoint() {
+        assert!(claude_print_mode(&env(&[(
+            "CLAUDE_CODE_ENTRYPOINT",
+            "sdk-cli"
+        )])));
+        assert!(!claude_print_mode(&env(&[(
+            "CLAUDE_CODE_ENTRYPOINT",
+            "cli"
+        )])));
+        assert!(!claude_print_mode(&env(&[])));
+    }
+
+    #[test]
+    fn a_codex_call_names_its_thread_in_meta() {
+        let turn = json!({"session_id": "s", "thread_id": "0199a2b3-c4d5", "turn_id": "t",
+                          "cwd": "/work/proj"});
+        for meta in [
+            json!({"x-codex-turn-metadata": turn}),
+            json!({"x-codex-turn-metadata": turn.to_string()}),
+        ] {
+            let c = from_codex_meta(meta.as_object().unwrap()).unwrap();
+            assert_eq!(c.session(), "codex-0199a2b3-c4d5");
+            assert_eq!(c.project_dir.as_deref(), Some(Path::new("/work/proj")));
+        }
+        let ws = json!({"x-codex-turn-metadata": {"thread_id": "t1", "workspaces": ["/a", "/b"]}});
+        let c = from_codex_meta(ws.as_object().unwrap()).unwrap();
+        assert_eq!(c.project_dir.as_deref(), Some(Path::new("/a")));
+        assert!(from_codex_meta(json!({}).as_object().unwrap()).is_none());
+    }
+
+    #[test]
+    fn a_hook_reads_its_caller_from_stdin() {
+        let input = json!({"session_id": "abc-1", "cwd": "/p", "hook_event_name": "Stop"});
+        let c = from_hook_input(Harness::Claude, &input).unwrap();
+        assert_eq!(
+            (c.session().as_str(), c.project_dir.unwrap()),
+            ("claude-abc-1", "/p".into())
+        );
+        // A relative directory is no place to resume in.
+        let rel = json!({"session_id": "abc", "cwd": "p"});
+        assert_eq!(
+            from_hook_input(Harness::Codex, &rel).unwrap().project_dir,
+            None
+        );
+    }
+
+    #[test]
+    fn the_record_is_written_once_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path());
+        let c = from_hook_input(Harness::Codex, &json!({"session_id": "t9", "cwd": "/p"})).unwrap();
+        assert_eq!(recall(&home, "codex-t9").unwrap(), None);
+        remember(&home, "codex-t9", &c).unwrap();
+        assert_eq!(recall(&home, "codex-t9").unwrap(), Some(c.clone()));
+        let file = record_file(&home, "codex-t9");
+        let before = std::fs::metadata(&file).unwrap().modified().unwrap();
+        remember(&home, "codex-t9", &c).unwrap();
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().modified().unwrap(),
+            before
+        );
+        // A hand-edited id that could reach an argv as an option or a path is ignored.
+        std::fs::write(&file, r#"{"harness":"codex","session_id":"../x"}"#).unwrap();
+        assert_eq!(recall(&home, "codex-t9").unwrap(), None);
+    }
+}
