@@ -69,11 +69,15 @@ pub enum Error {
     Invalid { field: &'static str, reason: String },
     #[error("{path}: {message}")]
     Settings { path: PathBuf, message: String },
-    /// No such waitpoint, timer or callback (named by the id's prefix). `scoped` when the
-    /// lookup was for one session's own: then it may exist and be another's, and the text says
-    /// so without saying which.
-    #[error("{}", not_found_text(id, *scoped))]
-    NotFound { id: String, scoped: bool },
+    /// No such waitpoint, timer, callback or wake (`what`: the kind looked for, whatever the
+    /// id looks like). `scoped` when the lookup was for one session's own: then it may exist
+    /// and be another's, and the text says so without saying which.
+    #[error("{}", not_found_text(what, id, *scoped))]
+    NotFound {
+        what: &'static str,
+        id: String,
+        scoped: bool,
+    },
     #[error("{0}")]
     Conflict(String),
     #[error("another daemon holds {path} (pid {pid}); stop it first or use another --home")]
@@ -132,12 +136,7 @@ impl Error {
     }
 }
 
-fn not_found_text(id: &str, scoped: bool) -> String {
-    let kind = match id.get(..3) {
-        Some("tm_") => "timer",
-        Some("cb_") => "callback",
-        _ => "waitpoint",
-    };
+fn not_found_text(kind: &str, id: &str, scoped: bool) -> String {
     if scoped {
         format!("no {kind} {id} (or it is not this session's)")
     } else {
@@ -147,16 +146,18 @@ fn not_found_text(id: &str, scoped: bool) -> String {
 
 impl Error {
     /// Not found among `session`'s own (see [`Error::NotFound`]).
-    pub fn not_found_for_session(id: &str) -> Self {
+    pub fn not_found_for_session(what: &'static str, id: &str) -> Self {
         Error::NotFound {
+            what,
             id: id.to_owned(),
             scoped: true,
         }
     }
 
     /// Not found at all.
-    pub fn not_found(id: &str) -> Self {
+    pub fn not_found(what: &'static str, id: &str) -> Self {
         Error::NotFound {
+            what,
             id: id.to_owned(),
             scoped: false,
         }

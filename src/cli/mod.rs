@@ -371,6 +371,14 @@ pub enum Command {
     Cancel(waitpoint::CancelArgs),
     /// Print the next wake of a session's channel and mark it read
     Next(waitpoint::NextArgs),
+    /// Mark a wake read: an onWake command that delivered the wake itself says so
+    ///
+    /// For an `onWake` command of your own that hands the wake to a harness by its own means
+    /// (an HTTP API, a message queue): run `waitpoint ack` once the harness has it, and no
+    /// waiter or adapter delivers it again. The daemon gives every onWake command
+    /// $WAITPOINT_WAKE_ID and $WAITPOINT_CHANNEL, which are the defaults here. Exit 0 when the
+    /// wake is now read (or was already); 3 when the session has no such wake.
+    Ack(waitpoint::AckArgs),
     /// Block until a waitpoint resolves, expires or is cancelled
     Wait(waitpoint::WaitArgs),
     /// A live view of `check` that redraws whenever something changes
@@ -522,6 +530,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Show(a) => waitpoint::show(&engine, a, &mut out),
         Command::Cancel(a) => waitpoint::cancel(&engine, a, &mut out),
         Command::Next(a) => waitpoint::next(&engine, a, &mut out),
+        Command::Ack(a) => waitpoint::ack(&engine, a, &mut out),
         Command::Wait(a) => waitpoint::wait(&engine, a, &mut out),
         Command::Watch(a) => waitpoint::watch(&engine, a, &mut out),
         Command::Session(waitpoint::SessionCommand::Delete(a)) => {

@@ -172,6 +172,19 @@ pub struct NextArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct AckArgs {
+    /// The wake's id
+    #[arg(value_name = "WAKE_ID", env = "WAITPOINT_WAKE_ID", hide_env = true)]
+    pub wake_id: String,
+    /// The session (channel) whose inbox holds it [default: $WAITPOINT_CHANNEL, else the
+    /// session]
+    #[arg(long, value_name = "C", env = "WAITPOINT_CHANNEL", hide_env = true)]
+    pub channel: Option<String>,
+    #[command(flatten)]
+    pub session: SessionArg,
+}
+
+#[derive(Debug, Args)]
 pub struct WaitArgs {
     /// The waitpoint id
     pub id: String,
@@ -554,6 +567,22 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
             return Ok(exit::OK);
         }
     }
+}
+
+pub(super) fn ack(engine: &Engine, a: AckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+    let channel = a.channel.unwrap_or(a.session.session);
+    engine::check_name("channel", &channel)?;
+    let home = engine.home();
+    if crate::delivery::mark_read(home, &channel, &a.wake_id)? {
+        writeln!(out, "{} marked read", a.wake_id)?;
+    } else if crate::delivery::read_delivered(home, &channel, &a.wake_id)?.is_some() {
+        writeln!(out, "{} was read already", a.wake_id)?;
+    } else {
+        return Err(
+            Error::not_found("wake", &format!("{} in session {channel}", a.wake_id)).into(),
+        );
+    }
+    Ok(exit::OK)
 }
 
 pub(super) fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow::Result<u8> {

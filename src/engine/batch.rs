@@ -306,7 +306,7 @@ impl Engine {
             match txn.version(&group.wp.id) {
                 Some(version) => group.version = version,
                 None => {
-                    let e = Error::not_found(&group.wp.id);
+                    let e = Error::not_found("waitpoint", &group.wp.id);
                     group.failed = Some(e.to_string());
                     return Slot::Done(Err(e));
                 }

@@ -121,7 +121,7 @@ impl Engine {
     pub fn callback_for(&self, id: &str, session: &str) -> Result<Callback> {
         match self.load_callback(id)? {
             Some(c) if c.session == session => Ok(c),
-            _ => Err(Error::not_found_for_session(id)),
+            _ => Err(Error::not_found_for_session("callback", id)),
         }
     }
 
@@ -291,7 +291,7 @@ impl Engine {
 fn owned(txn: &mut dyn DocTxn<Callback>, id: &str, session: &str) -> Result<Callback> {
     match txn.read(id)? {
         Some(c) if c.session == session => Ok(c),
-        _ => Err(Error::not_found_for_session(id)),
+        _ => Err(Error::not_found_for_session("callback", id)),
     }
 }
 

@@ -172,8 +172,8 @@ impl Engine {
     pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
         match self.load(id)? {
             Some(wp) if session.is_none_or(|s| wp.visible_to(s)) => Ok(wp),
-            _ if session.is_some() => Err(Error::not_found_for_session(id)),
-            _ => Err(Error::not_found(id)),
+            _ if session.is_some() => Err(Error::not_found_for_session("waitpoint", id)),
+            _ => Err(Error::not_found("waitpoint", id)),
         }
     }
 
@@ -617,6 +617,6 @@ pub fn prejudge(home: &Home, now: Timestamp, req: &SignalRequest) -> Result<Prej
 fn read_visible(txn: &mut dyn Txn, id: &str, session: &str) -> Result<Waitpoint> {
     match txn.read(id)? {
         Some((wp, _)) if wp.visible_to(session) => Ok(wp),
-        _ => Err(Error::not_found_for_session(id)),
+        _ => Err(Error::not_found_for_session("waitpoint", id)),
     }
 }

@@ -117,7 +117,7 @@ impl Engine {
     pub fn timer_for(&self, id: &str, session: &str) -> Result<Timer> {
         match self.load_timer(id)? {
             Some(t) if t.session == session => Ok(t),
-            _ => Err(Error::not_found_for_session(id)),
+            _ => Err(Error::not_found_for_session("timer", id)),
         }
     }
 
@@ -143,7 +143,7 @@ impl Engine {
         let mut txn = self.store.timers().begin_docs()?;
         let mut t = match txn.read(id)? {
             Some(t) if t.session == session => t,
-            _ => return Err(Error::not_found_for_session(id)),
+            _ => return Err(Error::not_found_for_session("timer", id)),
         };
         match t.status {
             TimerStatus::Cancelled => return Ok(t),

@@ -24,7 +24,7 @@ impl StandIn {
         let record = dir.join("record");
         fs::create_dir_all(&record).unwrap();
         let script = format!(
-            "#!/bin/sh\nr='{r}'\nprintf '%s\\n' \"$@\" > \"$r/argv.tmp\"\ncat > \"$r/stdin\"\nenv > \"$r/env\"\n\
+            "#!/bin/sh\nr='{r}'\nprintf '%s\\n' \"$@\" > \"$r/argv.tmp\"\ncat > \"$r/stdin\"\nenv > \"$r/env\"\npwd > \"$r/cwd\"\n\
              if [ -e \"$r/fail\" ]; then printf '%s\\n' '{failing_reply}'; else printf '%s\\n' '{reply}'; fi\n\
              mv \"$r/argv.tmp\" \"$r/argv\"\n",
             r = record.display()
@@ -311,7 +311,14 @@ fn codex_resume_runs_codex_exec_resume_and_judges_its_events() {
     env.wait_until("codex to be resumed", || codex.ran());
     assert_eq!(
         codex.argv(),
-        ["exec", "--json", "--skip-git-repo-check", "resume", "thr-1", "-"]
+        [
+            "exec",
+            "--json",
+            "--skip-git-repo-check",
+            "resume",
+            "thr-1",
+            "-"
+        ]
     );
     assert!(codex.record("stdin").contains("rerun the eval"));
     // A failed turn under exit status 0 is still a failure: the wake stays unread.
@@ -335,4 +342,236 @@ fn codex_resume_runs_codex_exec_resume_and_judges_its_events() {
     });
     assert!(!codex.ran(), "resumed codex for another session's wake");
     assert_eq!(env.inbox("someone-else", "new").len(), 1);
+}
+
+// ---- the harness's session, one live waiter, one delivery ----
+
+/// Runs a hook as the harness does, with `input` as its stdin JSON and `vars` in its
+/// environment, under `starter` (argv of a process that runs the hook as its child and stays
+/// alive, like a harness) or directly.
+fn spawn_hook(env: &Env, args: &[&str], input: &Value, vars: &[(&str, &str)]) -> Child {
+    let mut child = env
+        .command(WAITPOINT)
+        .args(args)
+        .envs(vars.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.to_string().as_bytes()).unwrap();
+    drop(stdin);
+    child
+}
+
+fn claude_event(session_id: &str, event: &str, cwd: &Path) -> Value {
+    serde_json::json!({"session_id": session_id, "hook_event_name": event,
+                       "cwd": cwd.display().to_string()})
+}
+
+/// Whether `child` exits within [`PATIENCE`]; its status code.
+fn exits(child: &mut Child) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code().unwrap_or(-1);
+        }
+        assert!(start.elapsed() < PATIENCE, "the waiter did not leave");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether the session's waiter record names a live waiter.
+fn waiter_pid(env: &Env, session: &str) -> Option<u64> {
+    let path = env.home.join("sessions").join(session).join("waiter.json");
+    let v: Value = serde_json::from_str(&fs::read_to_string(path).ok()?).ok()?;
+    v["pid"].as_u64()
+}
+
+#[test]
+fn a_hook_acts_for_the_harness_session_it_was_run_for_and_remembers_it() {
+    let env = Env::new();
+    let project = env.home.join("../project");
+    fs::create_dir_all(&project).unwrap();
+    let input = claude_event("sess-123", "SessionEnd", &project);
+    let (code, _, stderr) = finish(spawn_hook(&env, &["adapter", "claude-hook"], &input, &[]));
+    assert_eq!(code, 0, "{stderr}");
+    let seen: Value = serde_json::from_str(
+        &fs::read_to_string(env.home.join("sessions/claude-sess-123/harness.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(seen["harness"], "claude-code");
+    assert_eq!(seen["session_id"], "sess-123");
+    assert_eq!(seen["project_dir"], project.display().to_string());
+    // The CLI run inside the harness (its Bash tool) acts for the same session.
+    let inside = env
+        .command(WAITPOINT)
+        .args(["check", "--json"])
+        .env("CLAUDE_CODE_SESSION_ID", "sess-123")
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_str(&env.ok("check", &inside)).unwrap();
+    assert_eq!(v["session"], "claude-sess-123");
+}
+
+#[test]
+fn a_new_waiter_replaces_the_old_and_session_end_ends_the_last() {
+    let env = Env::new();
+    let project = env.home.clone();
+    let args = ["adapter", "claude-hook", "--timeout", "120"];
+    let stop = claude_event("s1", "Stop", &project);
+    let mut first = spawn_hook(&env, &args, &stop, &[]);
+    env.wait_until("the first waiter", || {
+        waiter_pid(&env, "claude-s1") == Some(u64::from(first.id()))
+    });
+    let mut second = spawn_hook(&env, &args, &stop, &[]);
+    assert_eq!(exits(&mut first), 0, "the replaced waiter leaves quietly");
+    assert_eq!(waiter_pid(&env, "claude-s1"), Some(u64::from(second.id())));
+    let end = claude_event("s1", "SessionEnd", &project);
+    let (code, _, _) = finish(spawn_hook(&env, &args, &end, &[]));
+    assert_eq!(code, 0);
+    assert_eq!(exits(&mut second), 0, "SessionEnd ends the waiter");
+    assert_eq!(waiter_pid(&env, "claude-s1"), None);
+}
+
+#[test]
+fn a_waiter_leaves_when_the_harness_that_started_it_exits() {
+    let env = Env::new();
+    // A stand-in harness: a process (not a shell) that runs the hook as its child and lives on.
+    let mut harness = env
+        .command("perl")
+        .args([
+            "-e",
+            "my $p = fork; if (!$p) { exec @ARGV } sleep 300",
+            "--",
+            WAITPOINT,
+            "adapter",
+            "claude-hook",
+            "--timeout",
+            "300",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = harness.stdin.take().unwrap();
+        let input = claude_event("s2", "Stop", &env.home);
+        stdin.write_all(input.to_string().as_bytes()).unwrap();
+    }
+    let mut pid = None;
+    env.wait_until("the waiter", || {
+        pid = waiter_pid(&env, "claude-s2");
+        pid.is_some()
+    });
+    let waiter = pid.unwrap() as i32;
+    harness.kill().unwrap();
+    harness.wait().unwrap();
+    env.wait_until("the orphaned waiter to leave", || {
+        // SAFETY: signal 0 only asks whether the pid exists.
+        let gone = unsafe { libc::kill(waiter, 0) } != 0;
+        gone || fs::read_to_string(format!("/proc/{waiter}/stat"))
+            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+    });
+}
+
+#[test]
+fn in_print_mode_and_inside_a_resume_the_hook_answers_at_once_and_takes_nothing() {
+    let env = Env::new();
+    let _daemon = env.daemon();
+    env.timer_now("claude-s3", "unread");
+    env.wait_until("the wake", || env.inbox("claude-s3", "new").len() == 1);
+    let stop = claude_event("s3", "Stop", &env.home);
+    let args = ["adapter", "claude-hook", "--timeout", "300"];
+    for vars in [
+        [("CLAUDE_CODE_ENTRYPOINT", "sdk-cli")],
+        [("WAITPOINT_RESUMING", "wk_1")],
+    ] {
+        let (code, out, err) = finish(spawn_hook(&env, &args, &stop, &vars));
+        assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""), "{vars:?}");
+        assert_eq!(env.inbox("claude-s3", "new").len(), 1, "{vars:?}");
+    }
+    // Interactive (`cli`), it hands the wake over.
+    let live = [("CLAUDE_CODE_ENTRYPOINT", "cli")];
+    let (code, _, err) = finish(spawn_hook(&env, &args, &stop, &live));
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unread"), "{err}");
+}
+
+#[test]
+fn adapter_resume_resumes_the_recorded_session_in_its_project_unless_it_is_live() {
+    let env = Env::with_settings(&settings_with(&["waitpoint", "adapter", "resume"]));
+    let project = env.home.join("../project");
+    fs::create_dir_all(&project).unwrap();
+    let claude = StandIn::new(&env, "claude", CLAUDE_OK, CLAUDE_ERR);
+    let _daemon = daemon_with_adapter(&claude, &env);
+    // The session was seen in Claude Code (its SessionEnd hook ran: it is closed).
+    let end = claude_event("c-77", "SessionEnd", &project);
+    finish(spawn_hook(&env, &["adapter", "claude-hook"], &end, &[]));
+    let (id, line) = arm(&env, "claude-c-77", "resume me where I ran");
+    env.ok("job", &env.job_then(true, &line, None));
+    env.wait_until("claude to be resumed", || claude.ran());
+    assert_eq!(
+        claude.argv(),
+        ["-p", "--resume", "c-77", "--output-format", "json"]
+    );
+    assert_eq!(
+        fs::canonicalize(claude.record("cwd").trim()).unwrap(),
+        fs::canonicalize(&project).unwrap()
+    );
+    assert!(claude.record("stdin").contains("resume me where I ran"));
+    assert!(claude.record("env").contains("WAITPOINT_RESUMING=wk_"));
+    env.wait_until("the wake read", || {
+        env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+    assert!(env.inbox("claude-c-77", "new").is_empty());
+
+    // Live: its waiter takes the wake, and the resume yields to it.
+    claude.forget_run();
+    let stop = claude_event("c-77", "Stop", &project);
+    let live = spawn_hook(
+        &env,
+        &["adapter", "claude-hook", "--timeout", "120"],
+        &stop,
+        &[],
+    );
+    env.wait_until("the live waiter", || {
+        waiter_pid(&env, "claude-c-77").is_some()
+    });
+    let (id2, line2) = arm(&env, "claude-c-77", "deliver me live");
+    env.ok("job", &env.job_then(true, &line2, None));
+    let (code, _, stderr) = finish(live);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("deliver me live"), "{stderr}");
+    env.wait_until("the onWake run recorded", || {
+        env.state(&id2)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+    assert!(!claude.ran(), "a live session was resumed as well");
+}
+
+#[test]
+fn an_on_wake_command_that_delivers_the_wake_itself_acks_it_once() {
+    let env = Env::with_settings(&settings_with(&["sh", "-c", "waitpoint ack"]));
+    let _daemon = env.daemon();
+    let (id, line) = arm(&env, "agent", "delivered by my own command");
+    env.ok("job", &env.job_then(true, &line, None));
+    env.wait_until("the hook's run", || {
+        env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+    assert_eq!(env.inbox("agent", "cur").len(), 1);
+    // No reader is handed it again.
+    let again = env.waitpoint(&["next", "--session", "agent", "--timeout", "0"]);
+    env.expect_code("next after the ack", &again, 7);
+    let wake_id = env.inbox("agent", "cur")[0]["wake_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let twice = env.waitpoint(&["ack", &wake_id, "--channel", "agent"]);
+    assert!(env.ok("ack again", &twice).contains("read already"));
+    let bogus = env.waitpoint(&["ack", "wk_0_1", "--channel", "agent"]);
+    env.expect_code("ack of no wake", &bogus, 3);
+    let err = String::from_utf8_lossy(&bogus.stderr);
+    assert!(err.contains("no wake wk_0_1"), "{err}");
 }

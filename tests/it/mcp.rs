@@ -601,10 +601,13 @@ impl Raw {
     }
 
     fn start_with(env: &Env, args: &[&str]) -> Raw {
-        let mut child = env
-            .command(WAITPOINT)
-            .arg("mcp")
-            .args(args)
+        let mut c = env.command(WAITPOINT);
+        c.arg("mcp").args(args);
+        Raw::spawn(c)
+    }
+
+    fn spawn(mut command: std::process::Command) -> Raw {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -874,4 +877,107 @@ fn the_inspector_cli_lists_and_calls_the_tools() {
     let check = env.waitpoint(&["check", "--session", "inspected", "--json"]);
     let v: Value = serde_json::from_str(&env.ok("check", &check)).unwrap();
     assert_eq!(v["waiting"].as_array().unwrap().len(), 2, "{v}");
+}
+
+// ---- whose session: the harness's own ----
+
+impl Raw {
+    /// `waitpoint mcp` started by a harness that sets `vars` in its environment.
+    fn start_in(env: &Env, args: &[&str], vars: &[(&str, &str)]) -> Raw {
+        let mut c = env.command(WAITPOINT);
+        c.arg("mcp").args(args).envs(vars.iter().copied());
+        Raw::spawn(c)
+    }
+
+    /// A `tools/call` with `_meta`, answered.
+    fn call(&mut self, id: u64, tool: &str, args: Value, meta: Value) -> Value {
+        let req = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+                         "params": {"name": tool, "arguments": args, "_meta": meta}});
+        self.send(&req.to_string());
+        self.answer(id)["result"].clone()
+    }
+}
+
+/// What Codex puts in each call's `_meta`.
+fn codex_turn(thread: &str, cwd: &str) -> Value {
+    json!({"x-codex-turn-metadata": {"session_id": thread, "thread_id": thread,
+                                     "turn_id": "turn-1", "cwd": cwd}})
+}
+
+#[test]
+fn each_codex_thread_is_a_session_of_its_own_and_remembered_for_resume() {
+    let env = Env::new();
+    let mut s = Raw::start(&env);
+    s.initialize();
+    let armed = s.call(
+        2,
+        "wait_create",
+        json!({"label": "a's job", "intent": "thread a waits"}),
+        codex_turn("thread-a", "/work/a"),
+    );
+    let id = armed["structuredContent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let theirs = s.call(
+        3,
+        "wait_check",
+        json!({}),
+        codex_turn("thread-b", "/work/b"),
+    );
+    assert_eq!(theirs["structuredContent"]["session"], "codex-thread-b");
+    assert_eq!(
+        theirs["structuredContent"]["waiting"],
+        json!([]),
+        "{theirs}"
+    );
+    let cancel = s.call(
+        4,
+        "wait_cancel",
+        json!({"id": id}),
+        codex_turn("thread-b", "/work/b"),
+    );
+    assert_eq!(cancel["isError"], true, "{cancel}");
+    let own = s.call(
+        5,
+        "wait_check",
+        json!({}),
+        codex_turn("thread-a", "/work/a"),
+    );
+    assert_eq!(own["structuredContent"]["session"], "codex-thread-a");
+    assert_eq!(own["structuredContent"]["waiting"][0]["id"], id.as_str());
+    let seen: Value = serde_json::from_str(
+        &std::fs::read_to_string(env.home.join("sessions/codex-thread-a/harness.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        seen,
+        json!({"harness": "codex", "session_id": "thread-a", "project_dir": "/work/a"})
+    );
+    // A call that names no thread acts for the default session, as before.
+    let plain = s.call(6, "wait_check", json!({}), json!({}));
+    assert_eq!(plain["structuredContent"]["session"], "default");
+}
+
+#[test]
+fn claude_code_names_the_session_in_the_servers_environment_and_a_named_one_wins() {
+    let env = Env::new();
+    let claude = [
+        ("CLAUDE_CODE_SESSION_ID", "5e1f0c2a-claude"),
+        ("CLAUDE_PROJECT_DIR", "/work/p"),
+    ];
+    let mut s = Raw::start_in(&env, &[], &claude);
+    s.initialize();
+    let v = s.call(2, "wait_check", json!({}), json!({}));
+    assert_eq!(v["structuredContent"]["session"], "claude-5e1f0c2a-claude");
+    assert!(
+        env.home
+            .join("sessions/claude-5e1f0c2a-claude/harness.json")
+            .exists()
+    );
+    // One inbox shared on purpose: the named session, whoever calls.
+    let mut shared = Raw::start_in(&env, &["--session", "myproject"], &claude);
+    shared.initialize();
+    let v = shared.call(2, "wait_check", json!({}), codex_turn("t", "/x"));
+    assert_eq!(v["structuredContent"]["session"], "myproject");
 }

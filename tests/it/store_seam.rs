@@ -166,7 +166,7 @@ impl Txn for MemoryTxn<'_> {
         let mut entries = self.store.entries.lock().unwrap();
         let e = entries
             .get_mut(&wp.id)
-            .ok_or_else(|| Error::not_found(&wp.id))?;
+            .ok_or_else(|| Error::not_found("waitpoint", &wp.id))?;
         e.wp = wp.clone();
         e.revision += 1;
         Ok(())
