@@ -34,6 +34,7 @@ pub mod render;
 pub mod request;
 pub mod secret;
 pub mod settings;
+pub mod setup;
 pub mod signal;
 pub mod state;
 pub mod store;

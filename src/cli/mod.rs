@@ -7,6 +7,7 @@ pub mod device;
 pub mod man;
 pub mod ops;
 pub mod progress;
+pub mod setup;
 pub use crate::render;
 mod sending;
 pub mod signal;
@@ -419,6 +420,16 @@ pub enum Command {
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
     Mcp(McpArgs),
+    /// Configure an agent harness for waitpoints: its MCP server, hooks and status line
+    ///
+    /// Writes into the harness's files (the user's with --user, the default; the project's with
+    /// --project) the MCP server entry (`waitpoint mcp`), the hooks that wake a live session
+    /// (Claude Code: SessionStart, Stop and SessionEnd; Codex: Stop), Claude Code's status line
+    /// (the capsule), and into the home's settings the onWake that resumes a closed session
+    /// (`waitpoint adapter resume`). What is there is kept: other servers and hooks, a status
+    /// line or onWake of your own (said, not replaced), TOML comments. Running it again changes
+    /// nothing. Prints each change; --dry-run writes nothing.
+    Setup(setup::SetupArgs),
     /// Wake adapters: hand a session's wakes to an agent harness (hooks, onWake resumes)
     ///
     /// One-line commands for a harness's configuration. Hooks block on the session's next wake
@@ -491,6 +502,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Attach(a) => return ops::attach(&home, a),
         Command::Doctor(a) => return ops::doctor(&home, store, a),
         Command::Completions(a) => return ops::completions(a),
+        Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
         other => other,
     };
     let mut settings = load_settings(&home)?;
@@ -564,7 +576,8 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         | Command::Run(_)
         | Command::Attach(_)
         | Command::Doctor(_)
-        | Command::Completions(_) => unreachable!("handled above"),
+        | Command::Completions(_)
+        | Command::Setup(_) => unreachable!("handled above"),
     }
 }
 

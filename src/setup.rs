@@ -1,0 +1,547 @@
+//! `waitpoint setup`: what a harness's configuration needs for the agent loop (the MCP server,
+//! the hooks that wake a live session, Claude Code's status line) and the home's `onWake`
+//! resume of a closed one, merged into the files that are there.
+//!
+//! Planning is pure: each file's text before goes in, its text after and a line per change come
+//! out, so the merge rules are tested without a disk. A merge keeps everything it does not own
+//! (other servers, other hooks, a status line of the user's own, comments in TOML) and owns only
+//! entries that run `waitpoint`: running it twice changes nothing.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+use crate::harness::Harness;
+
+/// Where a harness's configuration goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The user's own files: every project.
+    User,
+    /// The project's files: this project, for everyone who works in it.
+    Project,
+}
+
+/// What a plan depends on.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// How the harness runs us: `waitpoint` when that is on `PATH`, else the binary's path.
+    pub program: String,
+    /// The home, when it is not the one found without being told (`~/.cortex`): the MCP
+    /// server and every hook are given it explicitly, since a harness passes hooks its own
+    /// environment, not the MCP server's.
+    pub home: Option<PathBuf>,
+    /// The home's `settings.json`.
+    pub home_settings: PathBuf,
+    /// The user's home directory.
+    pub user_dir: PathBuf,
+    /// The project directory.
+    pub project_dir: PathBuf,
+}
+
+impl Context {
+    /// A `waitpoint` command line for a harness's configuration.
+    fn command(&self, args: &str) -> String {
+        match &self.home {
+            Some(h) => format!(
+                "{} --home {} {args}",
+                shell_word(&self.program),
+                shell_word(&h.to_string_lossy())
+            ),
+            None => format!("{} {args}", shell_word(&self.program)),
+        }
+    }
+
+    fn mcp_env(&self) -> Map<String, Value> {
+        let mut env = Map::new();
+        if let Some(h) = &self.home {
+            env.insert("CORTEX_HOME".into(), json!(h.to_string_lossy()));
+        }
+        env
+    }
+}
+
+/// Quotes `s` for `sh` when it needs it.
+fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+:@%".contains(&b));
+    if plain {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// One file of a plan: its text before (`None`: absent) and after, and what changed.
+#[derive(Debug, Clone)]
+pub struct Edit {
+    pub path: PathBuf,
+    pub before: Option<String>,
+    pub after: String,
+    pub changes: Vec<String>,
+}
+
+impl Edit {
+    /// Whether writing it changes the file.
+    pub fn changes_anything(&self) -> bool {
+        self.before.as_deref() != Some(self.after.as_str())
+    }
+}
+
+/// A file refused for a reason (it does not parse): named with the reason, left alone.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}; fix or move it, then run setup again", path.display())]
+pub struct Unmergeable {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// The files `setup` reads, in the order the plan edits them.
+pub fn files(h: Harness, scope: Scope, ctx: &Context) -> Vec<PathBuf> {
+    let mut files = match (h, scope) {
+        (Harness::Claude, Scope::User) => vec![
+            ctx.user_dir.join(".claude.json"),
+            ctx.user_dir.join(".claude/settings.json"),
+        ],
+        (Harness::Claude, Scope::Project) => vec![
+            ctx.project_dir.join(".mcp.json"),
+            ctx.project_dir.join(".claude/settings.json"),
+        ],
+        (Harness::Codex, Scope::User) => vec![
+            ctx.user_dir.join(".codex/config.toml"),
+            ctx.user_dir.join(".codex/hooks.json"),
+        ],
+        (Harness::Codex, Scope::Project) => vec![
+            ctx.project_dir.join(".codex/config.toml"),
+            ctx.project_dir.join(".codex/hooks.json"),
+        ],
+    };
+    files.push(ctx.home_settings.clone());
+    files
+}
+
+/// The plan: for each of [`files`] (given with its text, `None` when absent), the text after.
+pub fn plan(
+    h: Harness,
+    scope: Scope,
+    ctx: &Context,
+    current: &[(PathBuf, Option<String>)],
+) -> Result<Vec<Edit>, Unmergeable> {
+    let mut edits = Vec::new();
+    for (i, (path, before)) in current.iter().enumerate() {
+        let mut changes = Vec::new();
+        let after = match (h, i) {
+            (_, 2) => merge_json(path, before, |v| home_settings(v, &mut changes))?,
+            (Harness::Claude, 0) => merge_json(path, before, |v| {
+                claude_mcp(v, ctx, scope, &mut changes);
+            })?,
+            (Harness::Claude, _) => merge_json(path, before, |v| {
+                claude_settings(v, ctx, &mut changes);
+            })?,
+            (Harness::Codex, 0) => codex_config(path, before, ctx, &mut changes)?,
+            (Harness::Codex, _) => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
+        };
+        edits.push(Edit {
+            path: path.clone(),
+            before: before.clone(),
+            after,
+            changes,
+        });
+    }
+    Ok(edits)
+}
+
+fn merge_json(
+    path: &Path,
+    before: &Option<String>,
+    f: impl FnOnce(&mut Map<String, Value>),
+) -> Result<String, Unmergeable> {
+    let refuse = |reason: String| Unmergeable {
+        path: path.to_owned(),
+        reason,
+    };
+    let mut v: Value = match before.as_deref().map(str::trim) {
+        None | Some("") => json!({}),
+        Some(text) => {
+            serde_json::from_str(text).map_err(|e| refuse(format!("is not JSON ({e})")))?
+        }
+    };
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| refuse("is not a JSON object".into()))?;
+    f(obj);
+    if before.is_some()
+        && Some(&v)
+            == before
+                .as_deref()
+                .and_then(|b| serde_json::from_str(b).ok())
+                .as_ref()
+    {
+        // Nothing to change: keep the file byte for byte.
+        return Ok(before.clone().unwrap_or_default());
+    }
+    Ok(serde_json::to_string_pretty(&v).expect("JSON values print") + "\n")
+}
+
+/// The object at `key`, made when missing (or not an object).
+fn object_at<'a>(v: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    let slot = v.entry(key.to_owned()).or_insert_with(|| json!({}));
+    if !slot.is_object() {
+        *slot = json!({});
+    }
+    slot.as_object_mut().expect("made an object")
+}
+
+/// Sets `map[key]` to `value`, noting `what` when that changed it.
+fn set(
+    map: &mut Map<String, Value>,
+    key: &str,
+    value: Value,
+    what: String,
+    changes: &mut Vec<String>,
+) {
+    if map.get(key) != Some(&value) {
+        map.insert(key.to_owned(), value);
+        changes.push(what);
+    }
+}
+
+/// Whether a hook entry's command is one of ours: a `waitpoint … adapter …` line.
+fn is_ours(command: &str) -> bool {
+    command.contains("waitpoint") && command.contains(" adapter ")
+}
+
+/// Puts `hook` (a command hook object) under `hooks[event]`: replacing the entry of ours there,
+/// else adding a group of its own after the user's.
+fn put_hook(hooks: &mut Map<String, Value>, event: &str, hook: Value, changes: &mut Vec<String>) {
+    let groups = hooks.entry(event.to_owned()).or_insert_with(|| json!([]));
+    if !groups.is_array() {
+        *groups = json!([]);
+    }
+    let groups = groups.as_array_mut().expect("made an array");
+    for group in groups.iter_mut() {
+        let Some(list) = group["hooks"].as_array_mut() else {
+            continue;
+        };
+        for h in list.iter_mut() {
+            if h["command"].as_str().is_some_and(is_ours) {
+                if *h != hook {
+                    *h = hook;
+                    changes.push(format!("updated the {event} hook"));
+                }
+                return;
+            }
+        }
+    }
+    groups.push(json!({ "hooks": [hook] }));
+    changes.push(format!("added a {event} hook: {}", hook_command(&groups)));
+}
+
+fn hook_command(groups: &[Value]) -> String {
+    groups
+        .last()
+        .and_then(|g| g["hooks"][0]["command"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn mcp_entry(ctx: &Context, extra: Map<String, Value>) -> Value {
+    let mut entry = Map::new();
+    entry.insert("command".into(), json!(ctx.program));
+    entry.insert("args".into(), json!(["mcp"]));
+    let env = ctx.mcp_env();
+    if !env.is_empty() {
+        entry.insert("env".into(), Value::Object(env));
+    }
+    entry.extend(extra);
+    Value::Object(entry)
+}
+
+/// Claude Code's MCP server: `mcpServers.waitpoint` in `~/.claude.json` or the project's
+/// `.mcp.json`.
+fn claude_mcp(v: &mut Map<String, Value>, ctx: &Context, scope: Scope, changes: &mut Vec<String>) {
+    let servers = object_at(v, "mcpServers");
+    let mut extra = Map::new();
+    if scope == Scope::User {
+        extra.insert("type".into(), json!("stdio"));
+    }
+    set(
+        servers,
+        "waitpoint",
+        mcp_entry(ctx, extra),
+        "set the MCP server waitpoint (waitpoint mcp)".into(),
+        changes,
+    );
+}
+
+/// How long Claude Code lets a hook run, and how long our waiter waits inside that.
+const CLAUDE_HOOK_TIMEOUT_S: u64 = 86_400;
+const CLAUDE_WAIT_S: u64 = 86_000;
+
+/// Claude Code's settings: the hooks that wake a live session, the status line, the tools
+/// allowed without asking, and the project's `.mcp.json` server enabled.
+fn claude_settings(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<String>) {
+    let waiter = json!({
+        "type": "command",
+        "asyncRewake": true,
+        "timeout": CLAUDE_HOOK_TIMEOUT_S,
+        "command": ctx.command(&format!("adapter claude-hook --timeout {CLAUDE_WAIT_S}")),
+    });
+    let end = json!({ "type": "command", "command": ctx.command("adapter claude-hook") });
+    let hooks = object_at(v, "hooks");
+    for event in ["SessionStart", "Stop"] {
+        put_hook(hooks, event, waiter.clone(), changes);
+    }
+    put_hook(hooks, "SessionEnd", end, changes);
+    let status = json!({ "type": "command", "command": ctx.command("adapter claude-statusline") });
+    match v.get("statusLine") {
+        Some(s) if !s["command"].as_str().is_some_and(is_ours) => changes.push(
+            "left the status line as it is (yours); `waitpoint adapter claude-statusline` \
+             prints the capsule"
+                .into(),
+        ),
+        _ => set(
+            v,
+            "statusLine",
+            status,
+            "set the status line (the capsule)".into(),
+            changes,
+        ),
+    }
+    let allow = object_at(v, "permissions")
+        .entry("allow")
+        .or_insert_with(|| json!([]));
+    if let Some(list) = allow.as_array_mut()
+        && !list.contains(&json!("mcp__waitpoint"))
+    {
+        list.push(json!("mcp__waitpoint"));
+        changes.push("allowed the waitpoint tools (mcp__waitpoint)".into());
+    }
+    let enabled = v
+        .entry("enabledMcpjsonServers")
+        .or_insert_with(|| json!([]));
+    if let Some(list) = enabled.as_array_mut()
+        && !list.contains(&json!("waitpoint"))
+    {
+        list.push(json!("waitpoint"));
+        changes.push("enabled the project's MCP server waitpoint".into());
+    }
+}
+
+/// How long Codex lets the Stop hook run, and how long our waiter waits inside that.
+const CODEX_HOOK_TIMEOUT_S: u64 = 600;
+const CODEX_WAIT_S: u64 = 590;
+
+/// Codex's hooks file: the Stop hook that continues a turn with a wake.
+fn codex_hooks(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<String>) {
+    let stop = json!({
+        "type": "command",
+        "timeout": CODEX_HOOK_TIMEOUT_S,
+        "command": ctx.command(&format!("adapter codex-stop-hook --timeout {CODEX_WAIT_S}")),
+    });
+    put_hook(object_at(v, "hooks"), "Stop", stop, changes);
+}
+
+/// Codex's `config.toml`: `[mcp_servers.waitpoint]`, comments and the rest kept as they are.
+fn codex_config(
+    path: &Path,
+    before: &Option<String>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<String, Unmergeable> {
+    use toml_edit::{DocumentMut, Item, Table, value};
+    let text = before.clone().unwrap_or_default();
+    let mut doc: DocumentMut = text.parse().map_err(|e| Unmergeable {
+        path: path.to_owned(),
+        reason: format!("is not TOML ({e})"),
+    })?;
+    let servers = doc
+        .entry("mcp_servers")
+        .or_insert_with(|| {
+            let mut t = Table::new();
+            t.set_implicit(true);
+            Item::Table(t)
+        })
+        .as_table_mut()
+        .ok_or_else(|| Unmergeable {
+            path: path.to_owned(),
+            reason: "mcp_servers is not a table".into(),
+        })?;
+    let mut want = Table::new();
+    want["command"] = value(ctx.program.as_str());
+    let mut args = toml_edit::Array::new();
+    args.push("mcp");
+    want["args"] = value(args);
+    let env = ctx.mcp_env();
+    if !env.is_empty() {
+        let mut t = toml_edit::InlineTable::new();
+        for (k, v) in env {
+            t.insert(&k, v.as_str().unwrap_or_default().into());
+        }
+        want["env"] = value(t);
+    }
+    // wait_next may block for up to 300 s.
+    want["tool_timeout_sec"] = value(330);
+    let same = servers
+        .get("waitpoint")
+        .and_then(Item::as_table)
+        .is_some_and(|t| t.to_string() == want.to_string());
+    if !same {
+        servers.insert("waitpoint", Item::Table(want));
+        changes.push("set the MCP server waitpoint (waitpoint mcp)".into());
+    }
+    let features = doc
+        .entry("features")
+        .or_insert_with(|| Item::Table(Table::new()));
+    if let Some(f) = features.as_table_mut()
+        && f.get("codex_hooks").and_then(Item::as_bool) != Some(true)
+    {
+        f["codex_hooks"] = value(true);
+        changes.push("turned on Codex's hooks (features.codex_hooks)".into());
+    }
+    if changes.is_empty() {
+        return Ok(text);
+    }
+    Ok(doc.to_string())
+}
+
+/// The home's settings: `onWake` resumes a closed session in whichever harness armed it.
+fn home_settings(v: &mut Map<String, Value>, changes: &mut Vec<String>) {
+    let want = json!(["waitpoint", "adapter", "resume"]);
+    match v.get("onWake") {
+        None | Some(Value::Null) => set(
+            v,
+            "onWake",
+            want,
+            "set onWake to resume a closed session (waitpoint adapter resume)".into(),
+            changes,
+        ),
+        Some(w) if *w == want => {}
+        Some(_) => changes.push(
+            "left onWake as it is (yours); [\"waitpoint\", \"adapter\", \"resume\"] resumes a \
+             closed session"
+                .into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(home: Option<&str>) -> Context {
+        Context {
+            program: "waitpoint".into(),
+            home: home.map(PathBuf::from),
+            home_settings: "/h/settings.json".into(),
+            user_dir: "/u".into(),
+            project_dir: "/p".into(),
+        }
+    }
+
+    fn run(h: Harness, scope: Scope, ctx: &Context, texts: &[Option<&str>]) -> Vec<Edit> {
+        let current: Vec<_> = files(h, scope, ctx)
+            .into_iter()
+            .zip(texts)
+            .map(|(p, t)| (p, t.map(str::to_owned)))
+            .collect();
+        plan(h, scope, ctx, &current).unwrap()
+    }
+
+    #[test]
+    fn claude_project_setup_keeps_what_is_there_and_is_idempotent() {
+        let c = ctx(Some("/data/my home"));
+        let settings = r#"{"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}]}, "statusLine": {"type": "command", "command": "my-line"}}"#;
+        let first = run(
+            Harness::Claude,
+            Scope::Project,
+            &c,
+            &[None, Some(settings), Some("{}")],
+        );
+        let s: Value = serde_json::from_str(&first[1].after).unwrap();
+        assert_eq!(s["model"], "opus");
+        let stop = s["hooks"]["Stop"].as_array().unwrap();
+        assert_eq!(stop[0]["hooks"][0]["command"], "notify-send done");
+        assert_eq!(
+            stop[1]["hooks"][0]["command"],
+            "waitpoint --home '/data/my home' adapter claude-hook --timeout 86000"
+        );
+        assert_eq!(stop[1]["hooks"][0]["asyncRewake"], true);
+        assert_eq!(s["statusLine"]["command"], "my-line");
+        assert!(
+            first[1]
+                .changes
+                .iter()
+                .any(|c| c.contains("left the status line"))
+        );
+        let mcp: Value = serde_json::from_str(&first[0].after).unwrap();
+        assert_eq!(
+            mcp["mcpServers"]["waitpoint"]["env"]["CORTEX_HOME"],
+            "/data/my home"
+        );
+        let home: Value = serde_json::from_str(&first[2].after).unwrap();
+        assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
+        // Again, over what the first run wrote: nothing changes.
+        let texts: Vec<Option<&str>> = first.iter().map(|e| Some(e.after.as_str())).collect();
+        for e in run(Harness::Claude, Scope::Project, &c, &texts) {
+            assert!(
+                !e.changes_anything(),
+                "{} changed: {:?}",
+                e.path.display(),
+                e.changes
+            );
+        }
+    }
+
+    #[test]
+    fn codex_setup_edits_toml_keeping_comments_and_an_own_on_wake() {
+        let c = ctx(None);
+        let toml = "# my config\nmodel = \"o3\"\n\n[mcp_servers.other]\ncommand = \"x\"\n";
+        let own = r#"{"onWake": ["my-notifier"]}"#;
+        let first = run(
+            Harness::Codex,
+            Scope::User,
+            &c,
+            &[Some(toml), None, Some(own)],
+        );
+        let after = &first[0].after;
+        assert!(after.starts_with("# my config\nmodel = \"o3\""), "{after}");
+        assert!(after.contains("[mcp_servers.other]"), "{after}");
+        assert!(
+            after.contains("[mcp_servers.waitpoint]\ncommand = \"waitpoint\"\nargs = [\"mcp\"]"),
+            "{after}"
+        );
+        assert!(after.contains("codex_hooks = true"), "{after}");
+        let hooks: Value = serde_json::from_str(&first[1].after).unwrap();
+        assert_eq!(
+            hooks["hooks"]["Stop"][0]["hooks"][0]["command"],
+            "waitpoint adapter codex-stop-hook --timeout 590"
+        );
+        assert!(!first[2].changes_anything());
+        assert!(first[2].changes[0].contains("left onWake"));
+        let texts: Vec<Option<&str>> = first.iter().map(|e| Some(e.after.as_str())).collect();
+        for e in run(Harness::Codex, Scope::User, &c, &texts) {
+            assert!(
+                !e.changes_anything(),
+                "{} changed: {:?}",
+                e.path.display(),
+                e.changes
+            );
+        }
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_is_refused_by_name() {
+        let c = ctx(None);
+        let current: Vec<_> = files(Harness::Claude, Scope::User, &c)
+            .into_iter()
+            .map(|p| (p, Some("{not json".to_owned())))
+            .collect();
+        let e = plan(Harness::Claude, Scope::User, &c, &current).unwrap_err();
+        assert!(
+            e.to_string().starts_with("/u/.claude.json: is not JSON"),
+            "{e}"
+        );
+    }
+}
