@@ -235,7 +235,7 @@ fn put_hook(hooks: &mut Map<String, Value>, event: &str, hook: Value, changes: &
         }
     }
     groups.push(json!({ "hooks": [hook] }));
-    changes.push(format!("added a {event} hook: {}", hook_command(&groups)));
+    changes.push(format!("added a {event} hook: {}", hook_command(groups)));
 }
 
 fn hook_command(groups: &[Value]) -> String {
