@@ -53,6 +53,15 @@ pub enum AdapterCommand {
     /// has. Exit 0 when the wake was delivered (or the session was never seen in a harness, and
     /// the wake stays unread for `wait_next`); exit 1 otherwise, for the daemon to retry.
     Resume(AnyResumeArgs),
+    /// Claude Code status line: print the capsule of the session it is drawn for
+    ///
+    /// Reads the status line's JSON on stdin (its `session_id`) and prints one line: the
+    /// waitpoint's label, "N/M received" and when it expires, or "N waiting items · <first
+    /// label>", with a dot when something needs attention; nothing when the session waits on
+    /// nothing. Configure it as "statusLine": {"type": "command", "command": "waitpoint adapter
+    /// claude-statusline"} (`waitpoint setup claude-code` does). It runs on every redraw, so
+    /// it reads and never writes.
+    ClaudeStatusline(StatuslineArgs),
     /// `onWake` command: resume a Codex CLI session with the wake as its prompt
     ///
     /// Reads the wake JSON the daemon gives an onWake command on stdin and runs
@@ -71,6 +80,14 @@ pub struct HookArgs {
     /// Give up after this many seconds with nothing to hand over
     #[arg(long, value_name = "SECS", default_value_t = 3300)]
     pub timeout: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct StatuslineArgs {
+    /// The session to show [default: $CORTEX_SESSION, else the one Claude Code draws the line
+    /// for]
+    #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
+    pub session: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -106,16 +123,14 @@ pub fn run(engine: &Engine, cmd: AdapterCommand) -> anyhow::Result<u8> {
         AdapterCommand::ClaudeHook(a) => hook(engine, a, Harness::Claude),
         AdapterCommand::CodexStopHook(a) => hook(engine, a, Harness::Codex),
         AdapterCommand::Resume(a) => resume_any(engine, a),
+        AdapterCommand::ClaudeStatusline(a) => statusline(engine, a),
         AdapterCommand::ClaudeResume(a) => resume(engine, a, Harness::Claude),
         AdapterCommand::CodexResume(a) => resume(engine, a, Harness::Codex),
     }
 }
 
 fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
-    // The harness's hook JSON: read it whole so the harness never blocks writing it.
-    let mut raw = Vec::new();
-    let _ = std::io::stdin().take(1 << 20).read_to_end(&mut raw);
-    let input: Value = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+    let input = harness_input();
     // A resumed run's own hooks: the resume is delivering a wake already, and nobody is idle.
     // Claude Code without a terminal runs async hooks synchronously: a wait would hold it up.
     if env_var(adapter::RESUMING_ENV).is_some()
@@ -164,6 +179,31 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
         Harness::Claude => CLAUDE_REWAKE,
         Harness::Codex => exit::OK,
     })
+}
+
+/// The harness's JSON on a command's stdin (hooks, the status line), read whole so the harness
+/// never blocks writing it; `Null` when it is not JSON.
+fn harness_input() -> Value {
+    let mut raw = Vec::new();
+    let _ = std::io::stdin().take(1 << 20).read_to_end(&mut raw);
+    serde_json::from_slice(&raw).unwrap_or(Value::Null)
+}
+
+fn statusline(engine: &Engine, a: StatuslineArgs) -> anyhow::Result<u8> {
+    let input = harness_input();
+    let session = match a.session {
+        Some(s) => s,
+        None => match harness::from_hook_input(Harness::Claude, &input)
+            .or_else(|| harness::from_env(&env_var))
+        {
+            Some(c) => c.session(),
+            None => "default".to_owned(),
+        },
+    };
+    let items = crate::agent::waiting_for(engine, &session)?;
+    let rows = crate::agent::check_rows(engine, &items)?;
+    print!("{}", crate::render::check_brief(&rows));
+    Ok(exit::OK)
 }
 
 /// The wake an `onWake` command is given on stdin.

@@ -575,3 +575,35 @@ fn an_on_wake_command_that_delivers_the_wake_itself_acks_it_once() {
     let err = String::from_utf8_lossy(&bogus.stderr);
     assert!(err.contains("no wake wk_0_1"), "{err}");
 }
+
+#[test]
+fn the_status_line_shows_the_capsule_of_the_session_it_is_drawn_for() {
+    let env = Env::new();
+    env.create(&[
+        "--session",
+        "claude-s6",
+        "--label",
+        "train-arm2",
+        "--intent",
+        "i",
+    ]);
+    let line = |session_id: &str| {
+        let input = serde_json::json!({"session_id": session_id, "hook_event_name": "Status",
+                                       "model": {"display_name": "Opus"}});
+        finish(spawn_hook(
+            &env,
+            &["adapter", "claude-statusline"],
+            &input,
+            &[],
+        ))
+    };
+    let (code, out, err) = line("s6");
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("train-arm2 · 0/1 received · expires in "),
+        "{out}"
+    );
+    // Another session, and a session with nothing armed, show nothing at all.
+    let (code, out, _) = line("s7");
+    assert_eq!((code, out.as_str()), (0, ""));
+}
