@@ -336,7 +336,29 @@ fn waitpoint_1_sections() -> Doc {
     common_home_env(&mut d);
     d.var(
         "CORTEX_SESSION",
-        "The session acting, for create, check, cancel and next. Default \"default\".",
+        "The session acting, for create, check, cancel, next, mcp and the adapters. Default: \
+the harness's own session when a harness started the command (see below), else \"default\".",
+    );
+    d.var(
+        "CLAUDE_CODE_SESSION_ID, CLAUDE_PROJECT_DIR",
+        "Set by Claude Code for the MCP servers and hooks it starts: the session is then \
+claude-<id>, and mcp and the hooks remember the id and the project directory in \
+sessions/<session>/harness.json for adapter resume. A Codex thread names itself in each MCP \
+call instead (codex-<thread>).",
+    );
+    d.var(
+        "CLAUDE_CODE_ENTRYPOINT",
+        "Set by Claude Code; when it names an SDK run (sdk-cli: claude -p), adapter claude-hook \
+returns at once, since Claude Code then runs asynchronous hooks synchronously.",
+    );
+    d.var(
+        "WAITPOINT_WAKE_ID, WAITPOINT_CHANNEL",
+        "Given by the daemon to an onWake command: the defaults of ack.",
+    );
+    d.var(
+        "WAITPOINT_RESUMING",
+        "Set by adapter resume in the resumed harness's environment; the harness's own hooks \
+then take no wake.",
     );
     d.var(
         "CORTEX_SIGNAL_ID, CORTEX_SIGNAL_SECRET, CORTEX_SIGNAL_MEMBER",
@@ -361,6 +383,16 @@ fn waitpoint_1_sections() -> Doc {
         "$CORTEX_HOME/sessions/<channel>/wakes/new/",
         "Wakes not yet read; next moves each to cur/ as it prints it.",
     );
+    d.file(
+        "$CORTEX_HOME/sessions/<session>/harness.json",
+        "The harness session the session was last seen in (harness, session_id, project_dir), \
+for adapter resume.",
+    );
+    d.file(
+        "$CORTEX_HOME/sessions/<session>/waiter.json, waiter.lock",
+        "The session's live waiter (a hook handing wakes to an open harness session): its pid, \
+and a lock it holds while it lives, which adapter resume yields to.",
+    );
     d.section("EXIT STATUS");
     d.exit_table(WAITPOINT_EXIT);
     d.para(
@@ -371,8 +403,9 @@ cannot be found and 126 when it cannot be run; 2 when the id or secret is missin
     d.para(
         "adapter claude-hook exits 2 when it hands wakes to Claude Code (the status an \
 asyncRewake hook wakes the session on) and 0 when its timeout passed with none; adapter \
-claude-resume and codex-resume exit 1 when the harness failed, leaving the wake unread for the \
-daemon to retry.",
+resume, claude-resume and codex-resume exit 1 when the harness failed (or a live waiter did not \
+take the wake in time), leaving the wake unread for the daemon to retry. ack exits 3 when the \
+session has no such wake.",
     );
     d.section("EXAMPLES");
     d.example(
