@@ -120,20 +120,16 @@ pub fn from_codex_meta(meta: &serde_json::Map<String, Value>) -> Option<Caller> 
     Caller::new(Harness::Codex, thread, workspace_of(turn))
 }
 
-/// The directory a Codex turn works in: `cwd`, else the first of its workspaces (a path, or an
-/// object with one).
+/// The directory a Codex turn works in: `cwd` if given, else the first of its `workspaces` (an
+/// object keyed by path, as Codex 0.171 sends it for a git checkout, or a list of paths).
 fn workspace_of(turn: &Value) -> Option<&str> {
     if let Some(cwd) = turn["cwd"].as_str() {
         return Some(cwd);
     }
-    let first = match &turn["workspaces"] {
-        Value::Array(a) => a.first()?,
-        Value::Object(o) => o.keys().next().map(|k| &turn["workspaces"][k])?,
-        _ => return None,
-    };
-    match first {
-        Value::String(s) => Some(s),
-        v => v["path"].as_str().or(v["root"].as_str()),
+    match &turn["workspaces"] {
+        Value::Object(o) => o.keys().next().map(String::as_str),
+        Value::Array(a) => a.first()?.as_str(),
+        _ => None,
     }
 }
 
@@ -230,7 +226,9 @@ mod tests {
             assert_eq!(c.session(), "codex-0199a2b3-c4d5");
             assert_eq!(c.project_dir.as_deref(), Some(Path::new("/work/proj")));
         }
-        let ws = json!({"x-codex-turn-metadata": {"thread_id": "t1", "workspaces": ["/a", "/b"]}});
+        // As Codex 0.171 sends it for a git checkout: workspaces keyed by path.
+        let ws = json!({"x-codex-turn-metadata": {"thread_id": "t1",
+                        "workspaces": {"/a": {"has_changes": false}}}});
         let c = from_codex_meta(ws.as_object().unwrap()).unwrap();
         assert_eq!(c.project_dir.as_deref(), Some(Path::new("/a")));
         assert!(from_codex_meta(json!({}).as_object().unwrap()).is_none());

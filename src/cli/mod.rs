@@ -505,7 +505,17 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
         other => other,
     };
-    let mut settings = load_settings(&home)?;
+    let mut settings = match (load_settings(&home), &command) {
+        (Ok(s), _) => s,
+        // A harness shows a server that exits as dead, with the reason out of sight: the MCP
+        // server serves instead and answers every call with what is wrong.
+        (Err(e), Command::Mcp(a)) => {
+            let broken = format!("{e}; fix it, then restart the MCP server");
+            tracing::error!("{broken}");
+            return serve_mcp(home, store, Settings::default(), a, Some(broken));
+        }
+        (Err(e), _) => return Err(e.into()),
+    };
     if let Some(url) = store {
         settings.store = crate::state::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
@@ -515,26 +525,13 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         let http = ops::http_config(&a, &settings)?;
         return ops::run_daemon(home, settings, http);
     }
+    if let Command::Mcp(a) = &command {
+        return serve_mcp(home, None, settings, a, None);
+    }
     home.ensure()?;
     let engine = Engine::open(home, settings, clock, crate::state::Role::Command)?;
     // Before reading or changing any state: what a dead daemon left in the journal.
     engine.replay_left_journal()?;
-    if let Command::Mcp(a) = command {
-        // Before stdout is locked here: the server writes it from other threads.
-        let lines = line_context(engine.home())?;
-        let started_by = crate::harness::from_env(&env_var);
-        crate::mcp::serve_stdio(crate::mcp::Config {
-            engine,
-            sessions: a.session.map_or(
-                crate::mcp::Sessions::FromHarness,
-                crate::mcp::Sessions::Named,
-            ),
-            started_by,
-            lines,
-            claude_channel: a.claude_channel,
-        })?;
-        return Ok(exit::OK);
-    }
     let mut out = io::stdout().lock();
     match command {
         Command::Create(a) => waitpoint::create(&engine, a, &mut out),
@@ -579,6 +576,42 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         | Command::Completions(_)
         | Command::Setup(_) => unreachable!("handled above"),
     }
+}
+
+/// `waitpoint mcp`: serves until the client leaves. `broken` says what is wrong with the
+/// settings, when they could not be used: every call is answered with it.
+fn serve_mcp(
+    home: Home,
+    store: Option<&str>,
+    mut settings: Settings,
+    a: &McpArgs,
+    broken: Option<String>,
+) -> anyhow::Result<u8> {
+    if let Some(url) = store {
+        settings.store = crate::state::Location::parse(url)
+            .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
+    }
+    home.ensure()?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let engine = Engine::open(home, settings, clock, crate::state::Role::Command)?;
+    if broken.is_none() {
+        // Before reading or changing any state: what a dead daemon left in the journal.
+        engine.replay_left_journal()?;
+    }
+    // Before stdout is locked anywhere: the server writes it from other threads.
+    let lines = line_context(engine.home())?;
+    crate::mcp::serve_stdio(crate::mcp::Config {
+        engine,
+        sessions: a.session.clone().map_or(
+            crate::mcp::Sessions::FromHarness,
+            crate::mcp::Sessions::Named,
+        ),
+        started_by: crate::harness::from_env(&env_var),
+        lines,
+        claude_channel: a.claude_channel,
+        broken,
+    })?;
+    Ok(exit::OK)
 }
 
 /// What the reply's lines depend on in this process's environment.

@@ -67,6 +67,9 @@ pub struct Config {
     pub lines: LineContext,
     /// Ring Claude Code's channel (`notifications/claude/channel`) when a wake arrives.
     pub claude_channel: bool,
+    /// What is wrong with the home's settings, when they could not be used: every call is
+    /// refused with it, so the agent (and its user) read it where they look.
+    pub broken: Option<String>,
 }
 
 /// What every tool call shares.
@@ -78,6 +81,7 @@ struct Inner {
     /// Set when the client closed stdin: nobody will read an answer any more.
     gone: stdio::ClientGone,
     claude_channel: bool,
+    broken: Option<String>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -151,6 +155,7 @@ impl Server {
                 lines: config.lines,
                 gone,
                 claude_channel: config.claude_channel,
+                broken: config.broken,
             }),
             tool_router: Self::tool_router(),
         }
@@ -192,6 +197,9 @@ impl Inner {
     /// The session a call acts for, given the caller its `_meta` names (if any), with the
     /// harness session it lives in remembered for a later resume.
     fn session_for(&self, call: Option<&Caller>) -> crate::error::Result<String> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Usage(why.clone()));
+        }
         let caller = self.started_by.as_ref().or(call);
         let session = match (&self.sessions, caller) {
             (Sessions::Named(s), _) => s.clone(),
@@ -570,6 +578,15 @@ fn new_unread(
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Server {
+    /// A request the SDK could not read (see `stdio`), answered under its own id.
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, McpError> {
+        Err(stdio::refusal_for(&request.method, request.params.as_ref()))
+    }
+
     fn get_info(&self) -> ServerConfig {
         let mut capabilities = ServerCapabilities::builder().enable_tools().build();
         if self.inner.claude_channel {

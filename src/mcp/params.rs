@@ -119,21 +119,26 @@ pub struct WaitCreate {
     /// Wake on the first `fail` even if the quorum is not met. Default true.
     pub fail_fast: Option<bool>,
     /// How many times it may wake you. Default 1; higher keeps it open as a monitor.
+    #[schemars(range(min = 1, max = crate::engine::MAX_MAX_SIGNALS))]
     pub max_signals: Option<u32>,
     /// Deadline after which you are told nothing (more) arrived. Default 168 (7 days), at most
     /// 720, at least 0.0003 (one second); fractions allowed.
+    #[schemars(range(min = 0.0003, max = 720.0))]
     pub expires_in_hours: Option<f64>,
     /// The connected device the job runs on, so its signal files are collected there.
     pub device: Option<String>,
     /// If nothing terminal has arrived after this many milliseconds, send one "recheck" wake
     /// (the waitpoint stays armed).
+    #[schemars(range(min = 1))]
     pub recheck_after_ms: Option<u64>,
     /// If no signal at all (progress included) has arrived this many seconds after arming, you
     /// get one early wake saying so ("is the signal line wired?"); it stays armed.
+    #[schemars(range(min = 1))]
     pub started_within_s: Option<u64>,
     /// After the first signal: if no further report arrives within this many seconds, you are
     /// woken ("the job went quiet"); a later report re-arms it. Pair with `waitpoint run
     /// --heartbeat` (how_to_signal.run).
+    #[schemars(range(min = 1))]
     pub heartbeat_within_s: Option<u64>,
 }
 
@@ -154,6 +159,7 @@ pub const MAX_WAIT_NEXT_S: f64 = 300.0;
 pub struct WaitNext {
     /// How long to wait for a wake, in seconds: 0 (the default) only looks, at most 300.
     #[serde(default)]
+    #[schemars(range(min = 0.0, max = MAX_WAIT_NEXT_S))]
     pub timeout_s: f64,
 }
 
@@ -161,9 +167,15 @@ pub struct WaitNext {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTimer {
-    /// Delay before the first firing, in milliseconds (positive).
+    /// Delay before the first firing, in milliseconds (positive, at most ten years).
+    #[schemars(range(min = 1, max = crate::engine::timers::MAX_TIMER_MS))]
     pub duration_ms: u64,
-    /// Repeat every this many milliseconds after that (positive); omit for a one-shot timer.
+    /// Repeat every this many milliseconds after that (at least a second, at most ten years);
+    /// omit for a one-shot timer.
+    #[schemars(range(
+        min = crate::engine::timers::MIN_INTERVAL_MS,
+        max = crate::engine::timers::MAX_TIMER_MS
+    ))]
     pub interval_ms: Option<u64>,
     /// What the wake should remind you of.
     pub summary: Option<String>,

@@ -898,10 +898,12 @@ impl Raw {
     }
 }
 
-/// What Codex puts in each call's `_meta`.
+/// What Codex 0.171 puts in each call's `_meta` (abridged), in a git checkout at `cwd`.
 fn codex_turn(thread: &str, cwd: &str) -> Value {
-    json!({"x-codex-turn-metadata": {"session_id": thread, "thread_id": thread,
-                                     "turn_id": "turn-1", "cwd": cwd}})
+    json!({"callId": "call_1", "threadId": thread, "sessionId": thread,
+           "x-codex-turn-metadata": {"session_id": thread, "thread_id": thread,
+                                     "turn_id": "turn-1", "turn_trigger": "exec",
+                                     "workspaces": {cwd: {"has_changes": false}}}})
 }
 
 #[test]
@@ -980,4 +982,124 @@ fn claude_code_names_the_session_in_the_servers_environment_and_a_named_one_wins
     shared.initialize();
     let v = shared.call(2, "wait_check", json!({}), codex_turn("t", "/x"));
     assert_eq!(v["structuredContent"]["session"], "myproject");
+}
+
+/// Every numeric bound a tool's schema states is the bound its validation applies: the minimum
+/// (and maximum) are accepted, one step past either is refused naming the field. A client
+/// that trusts the schema never sends what is refused, nor avoids what is accepted.
+#[test]
+fn the_schemas_bounds_are_the_bounds_validation_applies() {
+    let env = Env::new();
+    let mut s = Raw::start(&env);
+    s.initialize();
+    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let tools = s.answer(2)["result"]["tools"].clone();
+    let base = |tool: &str| match tool {
+        "wait_create" => json!({"label": "b", "intent": "i", "expires_in_hours": 1.0}),
+        "CreateTimer" => json!({"duration_ms": 1000}),
+        _ => json!({}),
+    };
+    let mut id = 10;
+    let mut checked = Vec::new();
+    for tool in tools.as_array().unwrap() {
+        let name = tool["name"].as_str().unwrap();
+        for (field, p) in tool["inputSchema"]["properties"].as_object().unwrap() {
+            let integer = p["type"] == "integer" || p["type"][0] == "integer";
+            let step = if integer { 1.0 } else { 0.0001 };
+            for (bound, past) in [("minimum", -step), ("maximum", step)] {
+                let Some(b) = p[bound].as_f64() else { continue };
+                for (value, refused) in [(b, false), (b + past, true)] {
+                    if value < 0.0 && integer {
+                        continue; // Below zero is no u64: refused by its type, not a bound.
+                    }
+                    if name == "wait_next" && bound == "maximum" && !refused {
+                        continue; // Accepted, it would wait that long.
+                    }
+                    let mut args = base(name);
+                    args[field] = if integer {
+                        json!(value as u64)
+                    } else {
+                        json!(value)
+                    };
+                    id += 1;
+                    let r = s.call(id, name, args.clone(), json!({}));
+                    let text = r["content"][0]["text"].as_str().unwrap_or("").to_owned();
+                    let named = r["isError"] == true && text.contains(field.as_str());
+                    assert_eq!(named, refused, "{name} {args}: {text}");
+                }
+                checked.push(format!("{name}.{field}.{bound}"));
+            }
+        }
+    }
+    for must in [
+        "wait_create.max_signals.minimum",
+        "wait_create.max_signals.maximum",
+        "wait_create.expires_in_hours.maximum",
+        "wait_create.heartbeat_within_s.minimum",
+        "wait_next.timeout_s.maximum",
+        "CreateTimer.duration_ms.minimum",
+        "CreateTimer.interval_ms.maximum",
+    ] {
+        assert!(
+            checked.iter().any(|c| c == must),
+            "{must} not in {checked:?}"
+        );
+    }
+}
+
+#[test]
+fn settings_out_of_range_are_told_in_every_call_not_by_a_dead_server() {
+    let env = Env::with_settings(r#"{"waitpointTtlMs": 999999999999999}"#);
+    let mut s = Raw::start(&env);
+    s.initialize();
+    for (id, tool) in [(2, "wait_check"), (3, "wait_next")] {
+        let r = s.call(id, tool, json!({}), json!({}));
+        let text = r["content"][0]["text"].as_str().unwrap_or("");
+        assert_eq!(r["isError"], true, "{r}");
+        assert!(text.contains("waitpointTtlMs"), "{text}");
+    }
+    let (status, _) = s.close();
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn a_request_the_sdk_cannot_read_is_answered_under_its_own_id() {
+    let env = Env::new();
+    let mut s = Raw::start(&env);
+    s.initialize();
+    for (line, id, code, says) in [
+        (
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":5}"#,
+            json!(8),
+            -32602,
+            "params must be an object",
+        ),
+        (
+            r#"{"id":"x9","method":"ping"}"#,
+            json!("x9"),
+            -32600,
+            "jsonrpc",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":10,"method":"tools/call","params":{}}"#,
+            json!(10),
+            -32602,
+            "tools/call",
+        ),
+        (
+            r#"{"jsonrpc":"2.0","id":11,"method":"no/such"}"#,
+            json!(11),
+            -32601,
+            "no/such",
+        ),
+    ] {
+        s.send(line);
+        let answer = s.next_message(&format!("an answer to {line}"), |v| v["id"] == id);
+        assert_eq!(answer["error"]["code"], code, "{line}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{line}: {message}");
+    }
+    // And the server reads on.
+    s.send(r#"{"jsonrpc":"2.0","id":12,"method":"ping"}"#);
+    assert_eq!(s.answer(12)["result"], json!({}));
 }
