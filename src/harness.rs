@@ -143,6 +143,20 @@ pub fn from_hook_input(harness: Harness, input: &Value) -> Option<Caller> {
     )
 }
 
+/// Whether a Codex session is a `codex exec` run, from the start of its transcript (the rollout
+/// file a hook's stdin names): its first line is the session's metadata, whose `source` is
+/// `exec` there. Nobody is idle in such a run, so a hook that waited would only hold it up.
+/// `head` may be cut short: the line is long (it carries the base instructions), and the field
+/// comes early in it.
+pub fn codex_is_exec(head: &[u8]) -> bool {
+    let first = head.split(|&b| b == b'\n').next().unwrap_or_default();
+    if let Ok(meta) = serde_json::from_slice::<Value>(first) {
+        return meta["payload"]["source"] == "exec";
+    }
+    let needle = br#""source":"exec""#;
+    first.windows(needle.len()).any(|w| w == needle)
+}
+
 fn record_file(home: &Home, session: &str) -> PathBuf {
     home.sessions_dir().join(session).join("harness.json")
 }
@@ -232,6 +246,17 @@ mod tests {
         let c = from_codex_meta(ws.as_object().unwrap()).unwrap();
         assert_eq!(c.project_dir.as_deref(), Some(Path::new("/a")));
         assert!(from_codex_meta(json!({}).as_object().unwrap()).is_none());
+    }
+
+    #[test]
+    fn a_codex_exec_run_is_told_by_its_transcript() {
+        let exec = br#"{"type":"session_meta","payload":{"id":"t","source":"exec","originator":"codex_exec"}}"#;
+        assert!(codex_is_exec(exec));
+        assert!(codex_is_exec(&exec[..60]), "cut short, after the field");
+        let tui = br#"{"type":"session_meta","payload":{"id":"t","source":"cli"}}
+{"x":"\"source\":\"exec\""}"#;
+        assert!(!codex_is_exec(tui));
+        assert!(!codex_is_exec(b""));
     }
 
     #[test]

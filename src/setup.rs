@@ -97,31 +97,60 @@ pub struct Unmergeable {
     pub reason: String,
 }
 
-/// The files `setup` reads, in the order the plan edits them.
-pub fn files(h: Harness, scope: Scope, ctx: &Context) -> Vec<PathBuf> {
+/// What a file of the plan is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Where Claude Code reads its MCP servers (`~/.claude.json`, the project's `.mcp.json`).
+    ClaudeMcp,
+    /// Claude Code's settings: hooks, status line, tool permissions.
+    ClaudeSettings,
+    /// The user's approval of the project's `.mcp.json` server, where Claude Code's own
+    /// approval dialog writes it (`.claude/settings.local.json`, the user's and not shared);
+    /// Claude Code does not take an approval from the project's shared settings.
+    ClaudeApproval,
+    /// Codex's `config.toml`: the MCP server.
+    CodexConfig,
+    /// Codex's `hooks.json`.
+    CodexHooks,
+    /// The home's `settings.json`: `onWake`.
+    Home,
+}
+
+fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
+    let (user, project) = (&ctx.user_dir, &ctx.project_dir);
     let mut files = match (h, scope) {
         (Harness::Claude, Scope::User) => vec![
-            ctx.user_dir.join(".claude.json"),
-            ctx.user_dir.join(".claude/settings.json"),
+            (Role::ClaudeMcp, user.join(".claude.json")),
+            (Role::ClaudeSettings, user.join(".claude/settings.json")),
         ],
         (Harness::Claude, Scope::Project) => vec![
-            ctx.project_dir.join(".mcp.json"),
-            ctx.project_dir.join(".claude/settings.json"),
+            (Role::ClaudeMcp, project.join(".mcp.json")),
+            (Role::ClaudeSettings, project.join(".claude/settings.json")),
+            (
+                Role::ClaudeApproval,
+                project.join(".claude/settings.local.json"),
+            ),
         ],
         (Harness::Codex, Scope::User) => vec![
-            ctx.user_dir.join(".codex/config.toml"),
-            ctx.user_dir.join(".codex/hooks.json"),
+            (Role::CodexConfig, user.join(".codex/config.toml")),
+            (Role::CodexHooks, user.join(".codex/hooks.json")),
         ],
         (Harness::Codex, Scope::Project) => vec![
-            ctx.project_dir.join(".codex/config.toml"),
-            ctx.project_dir.join(".codex/hooks.json"),
+            (Role::CodexConfig, project.join(".codex/config.toml")),
+            (Role::CodexHooks, project.join(".codex/hooks.json")),
         ],
     };
-    files.push(ctx.home_settings.clone());
+    files.push((Role::Home, ctx.home_settings.clone()));
     files
 }
 
-/// The plan: for each of [`files`] (given with its text, `None` when absent), the text after.
+/// The files `setup` reads, in the order the plan edits them.
+pub fn files(h: Harness, scope: Scope, ctx: &Context) -> Vec<PathBuf> {
+    roles(h, scope, ctx).into_iter().map(|(_, p)| p).collect()
+}
+
+/// The plan: for each of [`files`] (given with its text, `None` when absent, in that order),
+/// the text after.
 pub fn plan(
     h: Harness,
     scope: Scope,
@@ -129,18 +158,21 @@ pub fn plan(
     current: &[(PathBuf, Option<String>)],
 ) -> Result<Vec<Edit>, Unmergeable> {
     let mut edits = Vec::new();
-    for (i, (path, before)) in current.iter().enumerate() {
+    for ((role, _), (path, before)) in roles(h, scope, ctx).into_iter().zip(current) {
         let mut changes = Vec::new();
-        let after = match (h, i) {
-            (_, 2) => merge_json(path, before, |v| home_settings(v, &mut changes))?,
-            (Harness::Claude, 0) => merge_json(path, before, |v| {
+        let after = match role {
+            Role::Home => merge_json(path, before, |v| home_settings(v, &mut changes))?,
+            Role::ClaudeMcp => merge_json(path, before, |v| {
                 claude_mcp(v, ctx, scope, &mut changes);
             })?,
-            (Harness::Claude, _) => merge_json(path, before, |v| {
+            Role::ClaudeSettings => merge_json(path, before, |v| {
                 claude_settings(v, ctx, &mut changes);
             })?,
-            (Harness::Codex, 0) => codex_config(path, before, ctx, &mut changes)?,
-            (Harness::Codex, _) => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
+            Role::ClaudeApproval => merge_json(path, before, |v| {
+                claude_approval(v, &mut changes);
+            })?,
+            Role::CodexConfig => codex_config(path, before, ctx, &mut changes)?,
+            Role::CodexHooks => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
         };
         edits.push(Edit {
             path: path.clone(),
@@ -318,6 +350,10 @@ fn claude_settings(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<
         list.push(json!("mcp__waitpoint"));
         changes.push("allowed the waitpoint tools (mcp__waitpoint)".into());
     }
+}
+
+/// The user's approval of the project's MCP server `waitpoint`.
+fn claude_approval(v: &mut Map<String, Value>, changes: &mut Vec<String>) {
     let enabled = v
         .entry("enabledMcpjsonServers")
         .or_insert_with(|| json!([]));
@@ -325,7 +361,7 @@ fn claude_settings(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<
         && !list.contains(&json!("waitpoint"))
     {
         list.push(json!("waitpoint"));
-        changes.push("enabled the project's MCP server waitpoint".into());
+        changes.push("approved the project's MCP server waitpoint for you".into());
     }
 }
 
@@ -457,7 +493,7 @@ mod tests {
             Harness::Claude,
             Scope::Project,
             &c,
-            &[None, Some(settings), Some("{}")],
+            &[None, Some(settings), None, Some("{}")],
         );
         let s: Value = serde_json::from_str(&first[1].after).unwrap();
         assert_eq!(s["model"], "opus");
@@ -480,7 +516,9 @@ mod tests {
             mcp["mcpServers"]["waitpoint"]["env"]["CORTEX_HOME"],
             "/data/my home"
         );
-        let home: Value = serde_json::from_str(&first[2].after).unwrap();
+        let approval: Value = serde_json::from_str(&first[2].after).unwrap();
+        assert_eq!(approval["enabledMcpjsonServers"], json!(["waitpoint"]));
+        let home: Value = serde_json::from_str(&first[3].after).unwrap();
         assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
         // Again, over what the first run wrote: nothing changes.
         let texts: Vec<Option<&str>> = first.iter().map(|e| Some(e.after.as_str())).collect();

@@ -138,6 +138,12 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     {
         return Ok(exit::OK);
     }
+    // `codex exec`: hand over what is there already, but never hold the run up waiting.
+    let timeout = if harness == Harness::Codex && codex_exec_run(&input) {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(a.timeout)
+    };
     let caller = harness::from_hook_input(harness, &input).or_else(|| match harness {
         Harness::Claude => harness::from_env(&env_var),
         Harness::Codex => None,
@@ -156,7 +162,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
         return Ok(exit::OK);
     }
     let waiter = adapter::Waiter::start(home, &session, crate::process::starter_pid())?;
-    let wakes = adapter::take_pending(home, &waiter, Duration::from_secs(a.timeout))?;
+    let wakes = adapter::take_pending(home, &waiter, timeout)?;
     if wakes.is_empty() {
         return Ok(exit::OK);
     }
@@ -204,6 +210,22 @@ fn statusline(engine: &Engine, a: StatuslineArgs) -> anyhow::Result<u8> {
     let rows = crate::agent::check_rows(engine, &items)?;
     print!("{}", crate::render::check_brief(&rows));
     Ok(exit::OK)
+}
+
+/// Whether the Codex session a hook runs for is a `codex exec` run: the start of the transcript
+/// its stdin names says (Codex's own file; at most 64 KiB of it is read).
+fn codex_exec_run(input: &Value) -> bool {
+    let Some(path) = input["transcript_path"].as_str() else {
+        return false;
+    };
+    let mut head = Vec::new();
+    match std::fs::File::open(path) {
+        Ok(f) => {
+            let _ = f.take(64 * 1024).read_to_end(&mut head);
+            harness::codex_is_exec(&head)
+        }
+        Err(_) => false,
+    }
 }
 
 /// The wake an `onWake` command is given on stdin.

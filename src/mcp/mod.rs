@@ -103,6 +103,13 @@ pub fn serve_stdio(config: Config) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let (transport, gone) = stdio::stdio();
         let server = Server::new(config, gone);
+        // The harness that started us is known now: remembered before any call, so the
+        // session can be resumed even if its first call never comes.
+        if server.inner.started_by.is_some()
+            && let Err(e) = server.inner.session_for(None)
+        {
+            tracing::warn!("cannot remember the harness session: {e}");
+        }
         let inner = server.inner.clone();
         let service = server
             .serve(transport)

@@ -139,6 +139,16 @@ pub struct Claude<'e> {
 /// Sets up Claude Code in `env`'s home against `server`, with `waitpoint mcp` registered as
 /// the MCP server `waitpoint` (CORTEX_HOME of `env`) and its tools allowed.
 pub fn claude_env<'e>(env: &'e Env, server: &ModelServer) -> Claude<'e> {
+    let claude = claude_first_run(env, server);
+    claude.edit_settings(|s| s["enableAllProjectMcpServers"] = json!(true));
+    claude.mcp_server("waitpoint", WAITPOINT, &["mcp"], &[]);
+    claude
+}
+
+/// Claude Code as a new user has it after its first run in the project (onboarding done, the
+/// project trusted, the key approved), with nothing else configured: what `waitpoint setup`
+/// starts from.
+pub fn claude_first_run<'e>(env: &'e Env, server: &ModelServer) -> Claude<'e> {
     let project = project_dir(env);
     // Without onboarding done it shows the first-run screens and tries api.anthropic.com;
     // without the project's trust accepted it asks "Is this a project you trust?"; without the
@@ -221,7 +231,8 @@ impl Claude<'_> {
         write_json(&path, &settings);
     }
 
-    fn vars(&self) -> [(&'static str, String); 4] {
+    /// What Claude Code needs in its environment here; a daemon that resumes it needs it too.
+    pub fn vars(&self) -> [(&'static str, String); 4] {
         [
             ("ANTHROPIC_BASE_URL", self.base_url.clone()),
             ("ANTHROPIC_API_KEY", API_KEY.to_owned()),
@@ -275,7 +286,12 @@ impl Claude<'_> {
         assert!(out.status.success(), "tmux new-session: {out:?}");
         let pid = tmux.tmux(&["display-message", "-p", "-t", "main", "#{pane_pid}"]);
         tmux.pane_pid = pid.trim().parse().ok();
-        tmux.wait_for_pane(|pane| pane.contains("? for shortcuts"), limit);
+        // The footer's hint says the prompt is ready: "? for shortcuts", or "← for agents" when
+        // a status line takes the footer's place.
+        tmux.wait_for_pane(
+            |pane| pane.contains("? for shortcuts") || pane.contains("← for agents"),
+            limit,
+        );
         tmux
     }
 }
@@ -437,6 +453,11 @@ impl Codex<'_> {
     /// Adds a command hook for `event` (`Stop`, `SessionStart`, …) in `$CODEX_HOME/hooks.json`.
     /// Codex runs only hooks it trusts; `exec` then passes `--dangerously-bypass-hook-trust`,
     /// without which they are skipped silently.
+    /// Runs `exec` with the hooks of `hooks.json` trusted, however they got there.
+    pub fn trust_hooks(&mut self) {
+        self.hooks = true;
+    }
+
     pub fn hook(&mut self, event: &str, command: &str) {
         let path = self.home.join("hooks.json");
         let mut hooks = read_json(&path);
@@ -486,10 +507,16 @@ impl Codex<'_> {
     /// `codex` in the project directory with the test's clean environment; add arguments.
     pub fn command(&self) -> Command {
         let mut cmd = self.env.command(harness_bin("codex").to_str().unwrap());
-        cmd.env("CODEX_HOME", &self.home)
-            .env("WAITPOINT_TEST_MODEL_KEY", API_KEY)
-            .current_dir(&self.project);
+        cmd.envs(self.vars()).current_dir(&self.project);
         cmd
+    }
+
+    /// What Codex needs in its environment here; a daemon that resumes it needs it too.
+    pub fn vars(&self) -> [(&'static str, String); 2] {
+        [
+            ("CODEX_HOME", self.home.display().to_string()),
+            ("WAITPOINT_TEST_MODEL_KEY", API_KEY.to_owned()),
+        ]
     }
 
     /// `codex exec --json ARGS… PROMPT` in the project, killed after `limit`. Its stdout is

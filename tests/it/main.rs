@@ -4,6 +4,7 @@
 mod helpers;
 
 mod adapters;
+mod agent_loop;
 mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;

@@ -1,0 +1,412 @@
+//! The agent's loop in the real harnesses: Claude Code 2.1 and Codex CLI 0.171, configured by
+//! `waitpoint setup` alone, talking to a scripted model on 127.0.0.1. An agent arms a
+//! waitpoint, ends its turn, the job signals, and the agent is woken in its own session: in
+//! place while the session is open, by a resume in its project once it was closed; once,
+//! and never with another session's wake.
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::{self, Claude, claude_first_run, codex_env, harness_bin};
+use crate::helpers::{CORTEX_SIGNAL, DaemonGuard, Env, WAITPOINT};
+use crate::model_server::{ModelServer, Reply, Request};
+
+/// The bound on each harness run and each wait: a hang stops here; nothing is timed.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// What a hook hands an open session: the first line of `adapter::hook_text`.
+const HOOK_HEADER: &str = "wake(s) for this session";
+
+/// The agent, scripted: "arm LABEL" arms a waitpoint, "check" lists what it waits on, "cancel
+/// ID" disarms one; after a tool's result it ends its turn; a wake's text gets "woken".
+fn agent(r: &Request) -> Reply {
+    if !r.offers_tool("mcp__waitpoint__wait_create") && r.offers_tool("Bash") {
+        return Reply::text("my waitpoint tools are not connected yet");
+    }
+    if r.tool_result().is_some() {
+        return Reply::text("noted; ending my turn");
+    }
+    let said = r.last_user_text();
+    if said.contains("Waitpoint wp_") {
+        return Reply::text("woken");
+    }
+    let word_after = |cue: &str| {
+        said.split_once(cue)
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .map(str::to_owned)
+    };
+    if let Some(label) = word_after("arm ") {
+        let intent = format!("the job {label}; when it lands, read its result");
+        return Reply::tool(
+            "mcp__waitpoint__wait_create",
+            json!({"label": label, "intent": intent}),
+        );
+    }
+    if let Some(id) = word_after("cancel ") {
+        return Reply::tool("mcp__waitpoint__wait_cancel", json!({"id": id}));
+    }
+    if said.contains("check") {
+        return Reply::tool("mcp__waitpoint__wait_check", json!({}));
+    }
+    Reply::text("ok")
+}
+
+/// The first JSON object in a tool result's text (the structured reply; a note follows it).
+fn reply_json(text: &str) -> Value {
+    let start = text
+        .find('{')
+        .unwrap_or_else(|| panic!("no JSON in {text}"));
+    serde_json::Deserializer::from_str(&text[start..])
+        .into_iter::<Value>()
+        .next()
+        .unwrap()
+        .unwrap()
+}
+
+/// A waitpoint the agent armed: its id, secret and the harness session that armed it.
+struct Armed {
+    id: String,
+    secret: String,
+    harness_session: String,
+}
+
+/// Waits for the result of a `wait_create` whose label is `label`.
+fn armed(server: &ModelServer, label: &str) -> Armed {
+    let r = server.wait_for_request(
+        |r| {
+            r.tool_result()
+                .is_some_and(|t| t.contains("\"secret\"") && t.contains(label))
+        },
+        LIMIT,
+    );
+    let v = reply_json(&r.tool_result().unwrap());
+    Armed {
+        id: v["id"].as_str().unwrap().to_owned(),
+        secret: v["secret"].as_str().unwrap().to_owned(),
+        harness_session: r.session_id().expect("a session header").to_owned(),
+    }
+}
+
+/// The job's signal line, run as a job runs it: the secret in the environment, never in argv.
+fn job_reports(env: &Env, a: &Armed) {
+    let out = env
+        .command(CORTEX_SIGNAL)
+        .env("CORTEX_SIGNAL_ID", &a.id)
+        .env("CORTEX_SIGNAL_SECRET", &a.secret)
+        .args(["--exit-code", "0", "--message", "exit=0"])
+        .output()
+        .unwrap();
+    env.ok("cortex-signal", &out);
+}
+
+/// `waitpoint setup ARGS` as a new user runs it, in the project.
+fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
+    let out = env
+        .command(WAITPOINT)
+        .arg("setup")
+        .args(args)
+        .current_dir(project)
+        .output()
+        .unwrap();
+    env.ok("waitpoint setup", &out)
+}
+
+/// The daemon, started outside the project, able to run `harness` for a resume.
+fn daemon(env: &Env, harness: &str, vars: &[(&'static str, String)]) -> DaemonGuard {
+    let bins = [
+        harness_bin(harness).parent().unwrap().to_owned(),
+        Path::new(WAITPOINT).parent().unwrap().to_owned(),
+    ];
+    let path = format!("{}:{}:/usr/bin:/bin", bins[0].display(), bins[1].display());
+    let mut all: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.push(("PATH", &path));
+    env.daemon_with_env(&all)
+}
+
+fn claude_by_setup<'e>(env: &'e Env, server: &ModelServer) -> Claude<'e> {
+    let claude = claude_first_run(env, server);
+    setup(env, &claude.project, &["claude-code", "--project"]);
+    claude
+}
+
+/// The wake files of a session's inbox folder (`new` or `cur`) for waitpoint `id`.
+fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
+    env.inbox(session, folder)
+        .iter()
+        .filter(|w| w["waitpoint_id"] == id || w["text"].as_str().is_some_and(|t| t.contains(id)))
+        .count()
+}
+
+/// The model turns (requests offering the agent's tools) whose newest user message holds
+/// `needle`.
+fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.offers_tool("mcp__waitpoint__wait_create"))
+        .filter(|r| r.last_user_text().contains(needle))
+        .collect()
+}
+
+/// The live waiters of this home: `adapter claude-hook` processes naming it (setup writes
+/// `--home` into the hooks).
+fn waiters(env: &Env) -> Vec<u32> {
+    let home = env.home.display().to_string();
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        let zombie = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.starts_with(" Z"));
+        // The waiter itself, not the `sh -c` Claude Code runs it under.
+        let ours = stat.contains("(waitpoint)");
+        if ours && cmdline.contains("adapter claude-hook") && cmdline.contains(&home) && !zombie {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+fn cpu_time(pid: u32) -> Duration {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+#[test]
+fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let claude = claude_by_setup(&env, &server);
+    let _daemon = daemon(&env, "claude", &claude.vars());
+    let tmux = claude.interactive(&[], LIMIT);
+    // Interactive Claude Code connects its MCP servers in the background: the session's first
+    // turn may come before the tools do. The server remembers the session when it starts.
+    env.wait_until("the MCP server to start", || {
+        fs::read_dir(env.home.join("sessions"))
+            .is_ok_and(|d| d.flatten().any(|e| e.path().join("harness.json").exists()))
+    });
+    let mut tries = 0;
+    let a = loop {
+        tries += 1;
+        tmux.send_line("please arm live-1 before the job starts");
+        let r = server.wait_for_request(
+            |r| {
+                r.tool_result().is_some_and(|t| t.contains("live-1"))
+                    || (r.last_user_text().contains("arm live-1")
+                        && r.offers_tool("Bash")
+                        && !r.offers_tool("mcp__waitpoint__wait_create"))
+            },
+            LIMIT,
+        );
+        if r.tool_result().is_some_and(|t| t.contains("\"secret\"")) {
+            break armed(&server, "live-1");
+        }
+        assert!(tries < 5, "the tools never came:\n{}", server.summary());
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let session = format!("claude-{}", a.harness_session);
+    // The status line carries the capsule of this session.
+    tmux.wait_for_pane(|p| p.contains("live-1 · 0/1 received · expires in"), LIMIT);
+    // The turn ended; the Stop hook's waiter holds the session.
+    env.wait_until("the session's waiter", || {
+        env.home
+            .join("sessions")
+            .join(&session)
+            .join("waiter.json")
+            .exists()
+    });
+    job_reports(&env, &a);
+    // No keystroke: the waiter's exit wakes the idle session with the wake.
+    tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    assert_eq!(
+        turns_saying(&server, HOOK_HEADER).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+    // Not also resumed: no turn was given the wake's bare text as its prompt.
+    let resumed = turns_saying(&server, &format!("Waitpoint {}", a.id))
+        .iter()
+        .filter(|r| !r.last_user_text().contains(HOOK_HEADER))
+        .count();
+    assert_eq!(resumed, 0, "{}", server.summary());
+    assert_eq!(wakes_of(&env, &session, "cur", &a.id), 1);
+    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+
+    // Ten more turns: each Stop starts a waiter, which replaces the one before, so the
+    // session never has more than one.
+    let record = env.home.join("sessions").join(&session).join("waiter.json");
+    let recorded = || {
+        fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["pid"].as_u64())
+            .map(|p| p as u32)
+    };
+    let mut one = Vec::new();
+    for n in 1..=10 {
+        let before = recorded();
+        tmux.send_line(&format!("turn {n}"));
+        env.wait_until("the turn's own waiter, alone", || {
+            let now = recorded();
+            one = waiters(&env);
+            now.is_some() && now != before && one == [now.unwrap()]
+        });
+    }
+    let before = cpu_time(one[0]);
+    // The measurement: ten seconds of an idle waiter.
+    std::thread::sleep(Duration::from_secs(10));
+    let used = cpu_time(one[0]) - before;
+    assert!(
+        used < Duration::from_millis(50),
+        "an idle waiter used {used:?} in 10 s"
+    );
+
+    tmux.send_line("/exit");
+    env.wait_until("no waiter once the session closed", || {
+        waiters(&env).is_empty()
+    });
+}
+
+#[test]
+fn a_closed_claude_code_session_is_resumed_in_its_project_by_a_daemon_started_elsewhere() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let claude = claude_by_setup(&env, &server);
+    // The daemon's directory is not the project: the resume finds the project on its own.
+    let _daemon = daemon(&env, "claude", &claude.vars());
+    claude.print("arm closed-1 then stop", &[], LIMIT).ok();
+    let a = armed(&server, "closed-1");
+    let session = format!("claude-{}", a.harness_session);
+    job_reports(&env, &a);
+    let resumed = server.wait_for_request(
+        |r| {
+            r.session_id() == Some(a.harness_session.as_str())
+                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
+        },
+        LIMIT,
+    );
+    assert!(!resumed.last_user_text().contains(HOOK_HEADER));
+    env.wait_until("the wake read once", || {
+        wakes_of(&env, &session, "cur", &a.id) == 1
+    });
+    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+}
+
+#[test]
+fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let claude = claude_by_setup(&env, &server);
+    let _daemon = daemon(&env, "claude", &claude.vars());
+    claude.print("arm iso-a", &[], LIMIT).ok();
+    let a = armed(&server, "iso-a");
+    claude.print("arm iso-b", &[], LIMIT).ok();
+    let b = armed(&server, "iso-b");
+    assert_ne!(a.harness_session, b.harness_session);
+    let in_b = ["--resume", b.harness_session.as_str()];
+    claude.print("check what I wait on", &in_b, LIMIT).ok();
+    let listed = server.wait_for_request(
+        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
+        LIMIT,
+    );
+    let listed = listed.tool_result().unwrap();
+    assert!(
+        listed.contains(&b.id) && !listed.contains(&a.id),
+        "{listed}"
+    );
+    claude.print(&format!("cancel {}", a.id), &in_b, LIMIT).ok();
+    server.wait_for_request(
+        |r| {
+            r.tool_result()
+                .is_some_and(|t| t.contains("not this session's"))
+        },
+        LIMIT,
+    );
+    assert_eq!(env.state(&a.id)["status"], "armed");
+
+    job_reports(&env, &a);
+    server.wait_for_request(
+        |r| {
+            r.session_id() == Some(a.harness_session.as_str())
+                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
+        },
+        LIMIT,
+    );
+    let wrong = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.session_id() == Some(b.harness_session.as_str()))
+        .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
+    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
+    env.wait_until("A's wake read", || {
+        wakes_of(&env, &format!("claude-{}", a.harness_session), "cur", &a.id) == 1
+    });
+}
+
+#[test]
+fn claude_print_mode_in_a_project_with_the_hooks_answers_at_once() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let claude = claude_by_setup(&env, &server);
+    // The hooks wait up to a day in an open session; under -p they must not wait at all.
+    let run = claude.print("hello", &[], LIMIT);
+    assert_eq!(run.ok().trim(), "ok", "{}", run.stderr);
+    assert!(waiters(&env).is_empty());
+}
+
+#[test]
+fn a_closed_codex_thread_is_resumed_with_its_wake_and_codex_exec_never_waits_on_the_hook() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let mut codex = codex_env(&env, &server);
+    setup(&env, &codex.project, &["codex"]);
+    codex.trust_hooks();
+    let _daemon = daemon(&env, "codex", &codex.vars());
+    // With the Stop hook trusted, an exec run still ends at once: nobody is idle to wake.
+    let run = codex.exec("arm cx-1 then stop", &[], LIMIT);
+    let thread = harness::thread_id(run.ok());
+    let a = armed(&server, "cx-1");
+    assert_eq!(a.harness_session, thread);
+    let seen: Value = serde_json::from_str(
+        &fs::read_to_string(
+            env.home
+                .join(format!("sessions/codex-{thread}/harness.json")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(seen["harness"], "codex");
+    job_reports(&env, &a);
+    server.wait_for_request(
+        |r| {
+            r.session_id() == Some(thread.as_str())
+                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
+        },
+        LIMIT,
+    );
+    let session = format!("codex-{thread}");
+    env.wait_until("the wake read once", || {
+        wakes_of(&env, &session, "cur", &a.id) == 1
+    });
+    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+}
