@@ -2,9 +2,10 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8] [--dir DIR] [--keep]`
+//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10] [--dir DIR] [--keep]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
+mod agents;
 #[cfg(feature = "etcd")]
 mod etcd;
 // The test suite's cluster: 3 etcd members on loopback, children of this process.
@@ -35,7 +36,7 @@ fn options() -> Options {
         quick: false,
         sizes: vec![1_000, 10_000, 100_000],
         idle: Duration::from_secs(60),
-        rows: vec![1, 2, 3, 4, 5, 6, 7, 8],
+        rows: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
     };
@@ -420,6 +421,44 @@ fn main() {
     }
     if o.rows.contains(&8) {
         row_etcd(&o, &b, &mut t, &mut notes);
+    }
+    if o.rows.contains(&9) {
+        let idle = o.idle.min(Duration::from_secs(60));
+        eprintln!(
+            "row 9: an idle waiter and tail -F, {} s each",
+            idle.as_secs()
+        );
+        let (ours, tail) = agents::idle_waiter(&b, &o.base.join("waiter"), idle);
+        t.row(
+            "9. idle waiter (`adapter claude-hook`), CPU (s per minute)",
+            format!("{ours:.4}"),
+            format!("{tail:.4} (`tail -F` on a file)"),
+            "-".into(),
+            "< 0.005",
+        );
+        notes.push(format!(
+            "Row 9: one waiter on an empty inbox and one `tail -F` on a quiet file, each \
+             measured from /proc over {} s once it holds its inotify watch (10 ms ticks).",
+            idle.as_secs()
+        ));
+    }
+    if o.rows.contains(&10) {
+        let n = if o.quick { 100 } else { 500 };
+        eprintln!("row 10: {n} status line runs, {n} runs of true");
+        let (ours, floor) = agents::statusline(&b, &o.base.join("statusline"), n);
+        t.row(
+            "10. Claude Code status line (`adapter claude-statusline`), p50 (ms)",
+            format!("{ours:.2}"),
+            format!("{floor:.2} (`true` as a process)"),
+            format!("{:.2}x", ours / floor),
+            "< 5 ms",
+        );
+        notes.push(
+            "Row 10: the status line command as Claude Code runs it on each redraw (its JSON on \
+             stdin), for a session waiting on 4 of 200 armed waitpoints; the floor is starting \
+             a process that does nothing."
+                .into(),
+        );
     }
     println!("| measure | ours | baseline (same run) | ratio | target |");
     println!("| --- | --- | --- | --- | --- |");

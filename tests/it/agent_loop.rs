@@ -51,6 +51,11 @@ fn agent(r: &Request) -> Reply {
     if said.contains("check") {
         return Reply::tool("mcp__waitpoint__wait_check", json!({}));
     }
+    if said.trim().starts_with("turn ") {
+        // A model that thinks a moment: the turn's end (and its Stop hook) comes well after
+        // its request, so the test can tell this turn's waiter from the previous one's.
+        std::thread::sleep(Duration::from_millis(300));
+    }
     Reply::text("ok")
 }
 
@@ -175,6 +180,30 @@ fn waiters(env: &Env) -> Vec<u32> {
     found
 }
 
+/// Clock ticks since boot, the unit of a process's start time.
+fn boot_ticks() -> u64 {
+    let uptime: f64 = fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    (uptime * unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64) as u64
+}
+
+/// When process `pid` started, in clock ticks since boot (`u64::MAX` when it is gone).
+fn started_ticks(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.to_owned();
+            rest.split_whitespace().nth(19)?.parse().ok()
+        })
+        .unwrap_or(u64::MAX)
+}
+
 fn cpu_time(pid: u32) -> Duration {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let rest = &stat[stat.rfind(')').unwrap() + 2..];
@@ -198,25 +227,26 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
         fs::read_dir(env.home.join("sessions"))
             .is_ok_and(|d| d.flatten().any(|e| e.path().join("harness.json").exists()))
     });
-    let mut tries = 0;
-    let a = loop {
-        tries += 1;
+    let is_armed = |r: &Request| r.tool_result().is_some_and(|t| t.contains("\"secret\""));
+    let too_early = |r: &Request| {
+        r.last_user_text().contains("arm live-1")
+            && r.offers_tool("Bash")
+            && !r.offers_tool("mcp__waitpoint__wait_create")
+    };
+    for tries in 1.. {
         tmux.send_line("please arm live-1 before the job starts");
-        let r = server.wait_for_request(
-            |r| {
-                r.tool_result().is_some_and(|t| t.contains("live-1"))
-                    || (r.last_user_text().contains("arm live-1")
-                        && r.offers_tool("Bash")
-                        && !r.offers_tool("mcp__waitpoint__wait_create"))
-            },
-            LIMIT,
-        );
-        if r.tool_result().is_some_and(|t| t.contains("\"secret\"")) {
-            break armed(&server, "live-1");
+        let mut done = false;
+        env.wait_until("the arming turn", || {
+            let rs = server.requests();
+            done = rs.iter().any(is_armed);
+            done || rs.iter().filter(|r| too_early(r)).count() >= tries
+        });
+        if done {
+            break;
         }
         assert!(tries < 5, "the tools never came:\n{}", server.summary());
-        std::thread::sleep(Duration::from_millis(500));
-    };
+    }
+    let a = armed(&server, "live-1");
     let session = format!("claude-{}", a.harness_session);
     // The status line carries the capsule of this session.
     tmux.wait_for_pane(|p| p.contains("live-1 · 0/1 received · expires in"), LIMIT);
@@ -247,7 +277,8 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
     assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
 
     // Ten more turns: each Stop starts a waiter, which replaces the one before, so the
-    // session never has more than one.
+    // session never has more than one. A turn's own waiter is the one started after its model
+    // request (the previous turn's was started before Claude Code sent it).
     let record = env.home.join("sessions").join(&session).join("waiter.json");
     let recorded = || {
         fs::read_to_string(&record)
@@ -258,12 +289,13 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
     };
     let mut one = Vec::new();
     for n in 1..=10 {
-        let before = recorded();
-        tmux.send_line(&format!("turn {n}"));
+        let said = format!("turn {n}");
+        tmux.send_line(&said);
+        server.wait_for_request(|r| r.last_user_text().trim() == said, LIMIT);
+        let asked = boot_ticks();
         env.wait_until("the turn's own waiter, alone", || {
-            let now = recorded();
             one = waiters(&env);
-            now.is_some() && now != before && one == [now.unwrap()]
+            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
         });
     }
     let before = cpu_time(one[0]);
