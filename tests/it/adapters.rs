@@ -405,6 +405,10 @@ fn a_hook_acts_for_the_harness_session_it_was_run_for_and_remembers_it() {
     assert_eq!(seen["harness"], "claude-code");
     assert_eq!(seen["session_id"], "sess-123");
     assert_eq!(seen["project_dir"], project.display().to_string());
+    crate::layouts::Schemas::load().check(
+        "session-harness",
+        &env.home.join("sessions/claude-sess-123/harness.json"),
+    );
     // The CLI run inside the harness (its Bash tool) acts for the same session.
     let inside = env
         .command(WAITPOINT)
@@ -426,6 +430,10 @@ fn a_new_waiter_replaces_the_old_and_session_end_ends_the_last() {
     env.wait_until("the first waiter", || {
         waiter_pid(&env, "claude-s1") == Some(u64::from(first.id()))
     });
+    crate::layouts::Schemas::load().check(
+        "session-waiter",
+        &env.home.join("sessions/claude-s1/waiter.json"),
+    );
     let mut second = spawn_hook(&env, &args, &stop, &[]);
     assert_eq!(exits(&mut first), 0, "the replaced waiter leaves quietly");
     assert_eq!(waiter_pid(&env, "claude-s1"), Some(u64::from(second.id())));

@@ -85,6 +85,8 @@ pub fn kind_of(rel: &Path) -> Option<&'static str> {
         ["waitpoints", _, "waitpoint.json"] => Some("waitpoint"),
         ["waitpoints", _, "signals", _] => Some("signal-record"),
         ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),
+        ["sessions", _, "harness.json"] => Some("session-harness"),
+        ["sessions", _, "waiter.json"] => Some("session-waiter"),
         ["timers", _] => Some("timer"),
         ["callbacks", _] => Some("callback"),
         ["tmp", "signals", "bad", _] => None,
