@@ -114,8 +114,14 @@ impl Engine {
     }
 
     /// A timer the session owns; another session's id reads as not found.
+    ///
+    /// Read inside a transaction of timers, i.e. after any firing in progress has committed:
+    /// a firing delivers its wake before it records itself (so a crash re-delivers the same
+    /// wake), and an agent that took the wake and asked at once would otherwise read the timer
+    /// as not yet fired.
     pub fn timer_for(&self, id: &str, session: &str) -> Result<Timer> {
-        match self.load_timer(id)? {
+        let settled = self.store.timers().begin_docs()?.read(id)?;
+        match settled {
             Some(t) if t.session == session => Ok(t),
             _ => Err(Error::not_found_for_session("timer", id)),
         }

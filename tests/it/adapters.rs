@@ -615,3 +615,43 @@ fn the_status_line_shows_the_capsule_of_the_session_it_is_drawn_for() {
     let (code, out, _) = line("s7");
     assert_eq!((code, out.as_str()), (0, ""));
 }
+
+/// A firing delivers its wake, then records itself, inside one transaction of timers; a read
+/// of the timer (GetTimer, `timer show`) waits for that transaction, so an agent that took the
+/// wake never reads the timer as not yet fired.
+#[test]
+fn a_timer_is_read_after_a_firing_in_progress_has_committed() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let env = Env::new();
+    let engine = Arc::new(env.engine());
+    let t = engine
+        .create_timer(waitpoint::engine::timers::TimerRequest {
+            duration_ms: 60_000,
+            interval_ms: None,
+            summary: Some("tick".into()),
+            session: "tm".into(),
+            authority_class: None,
+        })
+        .unwrap();
+    let committed = Arc::new(AtomicBool::new(false));
+    let (held, hold) = std::sync::mpsc::channel();
+    let firing = {
+        let (engine, committed) = (engine.clone(), committed.clone());
+        std::thread::spawn(move || {
+            let txn = engine.store().timers().begin_docs().unwrap();
+            held.send(()).unwrap();
+            // A firing's commit, taking a while (a slow disk's fsyncs).
+            std::thread::sleep(Duration::from_millis(300));
+            committed.store(true, Ordering::SeqCst);
+            drop(txn);
+        })
+    };
+    hold.recv().unwrap();
+    engine.timer_for(&t.id, "tm").unwrap();
+    assert!(
+        committed.load(Ordering::SeqCst),
+        "the timer was read while a firing was still in progress"
+    );
+    firing.join().unwrap();
+}
