@@ -485,6 +485,15 @@ mod tests {
         plan(h, scope, ctx, &current).unwrap()
     }
 
+    /// A second run, over what the first one wrote, changes nothing.
+    fn assert_unchanged_again(h: Harness, scope: Scope, c: &Context, first: &[Edit]) {
+        let texts: Vec<Option<&str>> = first.iter().map(|e| Some(e.after.as_str())).collect();
+        for e in run(h, scope, c, &texts) {
+            let what = (e.path.display(), &e.changes);
+            assert!(!e.changes_anything(), "{what:?}");
+        }
+    }
+
     #[test]
     fn claude_project_setup_keeps_what_is_there_and_is_idempotent() {
         let c = ctx(Some("/data/my home"));
@@ -520,16 +529,7 @@ mod tests {
         assert_eq!(approval["enabledMcpjsonServers"], json!(["waitpoint"]));
         let home: Value = serde_json::from_str(&first[3].after).unwrap();
         assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
-        // Again, over what the first run wrote: nothing changes.
-        let texts: Vec<Option<&str>> = first.iter().map(|e| Some(e.after.as_str())).collect();
-        for e in run(Harness::Claude, Scope::Project, &c, &texts) {
-            assert!(
-                !e.changes_anything(),
-                "{} changed: {:?}",
-                e.path.display(),
-                e.changes
-            );
-        }
+        assert_unchanged_again(Harness::Claude, Scope::Project, &c, &first);
     }
 
     #[test]
@@ -558,15 +558,7 @@ mod tests {
         );
         assert!(!first[2].changes_anything());
         assert!(first[2].changes[0].contains("left onWake"));
-        let texts: Vec<Option<&str>> = first.iter().map(|e| Some(e.after.as_str())).collect();
-        for e in run(Harness::Codex, Scope::User, &c, &texts) {
-            assert!(
-                !e.changes_anything(),
-                "{} changed: {:?}",
-                e.path.display(),
-                e.changes
-            );
-        }
+        assert_unchanged_again(Harness::Codex, Scope::User, &c, &first);
     }
 
     #[test]

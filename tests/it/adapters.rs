@@ -92,21 +92,9 @@ fn hook(env: &Env, name: &str, timeout: &str) -> Child {
 
 /// Starts a hook command as a harness does: the command with its JSON on stdin.
 fn start_hook(env: &Env, args: &[&str]) -> Child {
-    let mut child = env
-        .command(WAITPOINT)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    let mut stdin = child.stdin.take().unwrap();
-    stdin
-        .write_all(br#"{"session_id":"sess-123","hook_event_name":"Stop","stop_hook_active":false,"cwd":"/tmp"}"#)
-        .unwrap();
-    drop(stdin);
-    child
+    let input = serde_json::json!({"session_id": "sess-123", "hook_event_name": "Stop",
+                                   "stop_hook_active": false, "cwd": "/tmp"});
+    spawn_hook(env, args, &input, &[])
 }
 
 fn finish(child: Child) -> (i32, String, String) {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::harness::{self, Claude, claude_first_run, codex_env, harness_bin};
-use crate::helpers::{CORTEX_SIGNAL, DaemonGuard, Env, WAITPOINT};
+use crate::helpers::{CORTEX_SIGNAL, DaemonGuard, Env, WAITPOINT, cpu_time};
 use crate::model_server::{ModelServer, Reply, Request};
 
 /// The bound on each harness run and each wait: a hang stops here; nothing is timed.
@@ -202,16 +202,6 @@ fn started_ticks(pid: u32) -> u64 {
             rest.split_whitespace().nth(19)?.parse().ok()
         })
         .unwrap_or(u64::MAX)
-}
-
-fn cpu_time(pid: u32) -> Duration {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf reads a constant of the system.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis(ticks * 1000 / hz)
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::fs;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::helpers::{Env, PATIENCE, WAITPOINT};
+use crate::helpers::{Env, PATIENCE, WAITPOINT, cpu_time};
 
 /// A waiter child, killed on drop.
 struct Waiter(Child);
@@ -23,19 +23,6 @@ impl Waiter {
     fn pid(&self) -> u32 {
         self.0.id()
     }
-}
-
-/// The CPU time (user + system) a process has used so far, from `/proc/PID/stat`.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).expect("the waiter is running");
-    // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
-    // fixed: utime and stime are the 12th and 13th of them.
-    let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    Duration::from_millis(ticks * 1000 / per_second)
 }
 
 /// Whether the process has an inotify instance open, i.e. it reached its wait.
