@@ -193,6 +193,7 @@ pub fn take_pending(home: &Home, waiter: &Waiter, timeout: Duration) -> Result<V
 /// dies however it dies, so a resume of a closed session can tell a live one from a gone one
 /// without trusting a pid ([`resume_or_yield`]).
 pub struct Waiter {
+    home: Home,
     session: String,
     token: String,
     record: PathBuf,
@@ -249,6 +250,7 @@ impl Waiter {
             },
         )?;
         Ok(Waiter {
+            home: home.clone(),
             session: session.to_owned(),
             token,
             record,
@@ -269,10 +271,17 @@ impl Waiter {
         if self.starter_gone.load(Ordering::Relaxed) {
             return true;
         }
-        match crate::store::read_json::<WaiterRecord>(&self.record) {
+        // Reached beneath the home without following a link; one that is not a record (a link,
+        // huge, not JSON) is set aside, and this waiter leaves as for a removed one.
+        let found = crate::store::read_json_or_set_aside::<WaiterRecord>(
+            &self.home.quarantine_dir(),
+            self.home.root(),
+            &self.record,
+        );
+        match found {
             Ok(Some(r)) => r.token != self.token,
             Ok(None) => true,
-            // A record torn or unreadable says nothing about who replaced whom: keep waiting.
+            // The record cannot be read now (an I/O error): nothing says who replaced whom.
             Err(_) => false,
         }
     }

@@ -177,7 +177,12 @@ pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
 /// The harness session `session` was last seen in, if any.
 pub fn recall(home: &Home, session: &str) -> Result<Option<Caller>> {
     crate::engine::check_name("session", session)?;
-    let found: Option<Caller> = store::read_json(&record_file(home, session))?;
+    // Reached beneath the home without following a link, size-capped; a bad one is set aside.
+    let found: Option<Caller> = store::read_json_or_set_aside(
+        &home.quarantine_dir(),
+        home.root(),
+        &record_file(home, session),
+    )?;
     // A record edited by hand into a session id that is not a plain token never reaches an argv.
     Ok(found.filter(|c| c.harness.session_name(&c.session_id).is_some()))
 }
@@ -290,6 +295,14 @@ mod tests {
             std::fs::metadata(&file).unwrap().modified().unwrap(),
             before
         );
+        // A link where the record should be is never followed: set aside, the target untouched.
+        let outside = dir.path().join("outside.json");
+        std::fs::write(&outside, r#"{"harness":"codex","session_id":"evil"}"#).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&outside, &file).unwrap();
+        assert_eq!(recall(&home, "codex-t9").unwrap(), None);
+        assert!(outside.exists() && !file.exists());
+        remember(&home, "codex-t9", &c).unwrap();
         // A hand-edited id that could reach an argv as an option or a path is ignored.
         std::fs::write(&file, r#"{"harness":"codex","session_id":"../x"}"#).unwrap();
         assert_eq!(recall(&home, "codex-t9").unwrap(), None);
