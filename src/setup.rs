@@ -380,6 +380,8 @@ fn codex_hooks(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<Stri
 }
 
 /// Codex's `config.toml`: `[mcp_servers.waitpoint]`, comments and the rest kept as they are.
+/// Codex 0.171 runs the hooks of `hooks.json` without a feature switch (`features.codex_hooks`
+/// is deprecated there), so none is written.
 fn codex_config(
     path: &Path,
     before: &Option<String>,
@@ -426,15 +428,6 @@ fn codex_config(
     if !same {
         servers.insert("waitpoint", Item::Table(want));
         changes.push("set the MCP server waitpoint (waitpoint mcp)".into());
-    }
-    let features = doc
-        .entry("features")
-        .or_insert_with(|| Item::Table(Table::new()));
-    if let Some(f) = features.as_table_mut()
-        && f.get("codex_hooks").and_then(Item::as_bool) != Some(true)
-    {
-        f["codex_hooks"] = value(true);
-        changes.push("turned on Codex's hooks (features.codex_hooks)".into());
     }
     if changes.is_empty() {
         return Ok(text);
@@ -550,7 +543,6 @@ mod tests {
             after.contains("[mcp_servers.waitpoint]\ncommand = \"waitpoint\"\nargs = [\"mcp\"]"),
             "{after}"
         );
-        assert!(after.contains("codex_hooks = true"), "{after}");
         let hooks: Value = serde_json::from_str(&first[1].after).unwrap();
         assert_eq!(
             hooks["hooks"]["Stop"][0]["hooks"][0]["command"],

@@ -30,6 +30,10 @@ fn agent(r: &Request) -> Reply {
         return Reply::text("noted; ending my turn");
     }
     let said = r.last_user_text();
+    if said.starts_with("Generate a concise") {
+        // Codex's TUI asks for a title for the task on the side, quoting the prompt.
+        return Reply::text("a title");
+    }
     if said.contains("Waitpoint wp_") {
         return Reply::text("woken");
     }
@@ -431,4 +435,54 @@ fn a_closed_codex_thread_is_resumed_with_its_wake_and_codex_exec_never_waits_on_
         wakes_of(&env, &session, "cur", &a.id) == 1
     });
     assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+}
+
+#[test]
+fn an_open_codex_session_continues_its_turn_with_its_wake_without_a_keystroke() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let mut codex = codex_env(&env, &server);
+    setup(&env, &codex.project, &["codex"]);
+    // The Stop hook setup wrote is new to Codex, which runs it only once trusted.
+    codex.trust_hooks();
+    let _daemon = daemon(&env, "codex", &codex.vars());
+    let tmux = codex.interactive(&[], LIMIT);
+    tmux.send_line("arm cx-live");
+    let a = armed(&server, "cx-live");
+    let thread = a.harness_session.as_str();
+    let session = format!("codex-{thread}");
+    // The turn ended; the Stop hook's waiter holds it open for the session's next wake.
+    env.wait_until("the session's waiter", || {
+        env.home
+            .join("sessions")
+            .join(&session)
+            .join("waiter.json")
+            .exists()
+    });
+    job_reports(&env, &a);
+    // No keystroke: the hook's reply continues the turn, in the same thread, with the wake.
+    let woken = server.wait_for_request(
+        |r| {
+            r.session_id() == Some(thread)
+                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
+        },
+        LIMIT,
+    );
+    assert!(
+        woken.last_user_text().contains(HOOK_HEADER),
+        "not the hook's text:\n{}",
+        server.summary()
+    );
+    tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    env.wait_until("the wake read once", || {
+        wakes_of(&env, &session, "cur", &a.id) == 1
+    });
+    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+    // Not also resumed: the wake reached the model once.
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
 }

@@ -2,7 +2,7 @@
 //! whose configuration points them at a [`ModelServer`] on 127.0.0.1, registers `waitpoint mcp`
 //! as the MCP server `waitpoint`, and answers every first-run question in advance, so they run
 //! with no network besides loopback and no prompt. Claude Code runs under `-p` or interactively
-//! inside a private tmux server; Codex runs `codex exec`.
+//! inside a private tmux server; Codex runs `codex exec` or its TUI, in tmux too.
 //!
 //! The binaries come from npm, pinned, installed by `scripts/test-deps` (which `scripts/test`
 //! runs) under `$WAITPOINT_TEST_DEPS/harness/`; a missing one fails the test with that hint.
@@ -260,32 +260,13 @@ impl Claude<'_> {
     /// Interactive `claude ARGS…` in a private tmux server (a 200×50 pane), returned once its
     /// prompt is ready for input.
     pub fn interactive(&self, args: &[&str], limit: Duration) -> Tmux {
-        let dir = self.env.user_home.join("tmux");
-        fs::create_dir_all(&dir).unwrap();
-        // A dead pane stays, so a harness that exits at once can still be read.
-        let conf = dir.join("tmux.conf");
-        let settings = "set -g remain-on-exit on\nset -g history-limit 10000\n";
-        fs::write(&conf, settings).unwrap();
-        let mut tmux = Tmux {
-            socket: dir.join("socket"),
-            conf,
-            pane_pid: None,
-        };
-        let mut cmd = self.env.command("tmux");
-        // The pane's command inherits the server's environment: this one, and TERM from tmux.
-        cmd.envs(self.vars())
-            .current_dir(&self.project)
-            .args(tmux.base_args())
-            .args(["new-session", "-d", "-s", "main"])
-            .args(["-x", "200", "-y", "50", "-c"])
-            .arg(&self.project)
-            .arg("--")
-            .arg(harness_bin("claude"))
-            .args(args);
-        let out = cmd.output().expect("spawn tmux");
-        assert!(out.status.success(), "tmux new-session: {out:?}");
-        let pid = tmux.tmux(&["display-message", "-p", "-t", "main", "#{pane_pid}"]);
-        tmux.pane_pid = pid.trim().parse().ok();
+        let tmux = Tmux::start(
+            self.env,
+            &self.project,
+            self.vars(),
+            &harness_bin("claude"),
+            args,
+        );
         // The footer's hint says the prompt is ready: "? for shortcuts", or "← for agents" when
         // a status line takes the footer's place.
         tmux.wait_for_pane(
@@ -304,6 +285,44 @@ pub struct Tmux {
 }
 
 impl Tmux {
+    /// Starts `program args…` in `dir` in a new private tmux server of `env`'s home (one
+    /// 200×50 pane, `main`), with the test's clean environment plus `vars`.
+    fn start(
+        env: &Env,
+        dir: &Path,
+        vars: impl IntoIterator<Item = (&'static str, String)>,
+        program: &Path,
+        args: &[&str],
+    ) -> Tmux {
+        let tmux_dir = env.user_home.join("tmux");
+        fs::create_dir_all(&tmux_dir).unwrap();
+        // A dead pane stays, so a harness that exits at once can still be read.
+        let conf = tmux_dir.join("tmux.conf");
+        let settings = "set -g remain-on-exit on\nset -g history-limit 10000\n";
+        fs::write(&conf, settings).unwrap();
+        let mut tmux = Tmux {
+            socket: tmux_dir.join("socket"),
+            conf,
+            pane_pid: None,
+        };
+        let mut cmd = env.command("tmux");
+        // The pane's command inherits the server's environment: this one, and TERM from tmux.
+        cmd.envs(vars)
+            .current_dir(dir)
+            .args(tmux.base_args())
+            .args(["new-session", "-d", "-s", "main"])
+            .args(["-x", "200", "-y", "50", "-c"])
+            .arg(dir)
+            .arg("--")
+            .arg(program)
+            .args(args);
+        let out = cmd.output().expect("spawn tmux");
+        assert!(out.status.success(), "tmux new-session: {out:?}");
+        let pid = tmux.tmux(&["display-message", "-p", "-t", "main", "#{pane_pid}"]);
+        tmux.pane_pid = pid.trim().parse().ok();
+        tmux
+    }
+
     fn base_args(&self) -> [&Path; 4] {
         [Path::new("-S"), &self.socket, Path::new("-f"), &self.conf]
     }
@@ -450,14 +469,14 @@ impl Codex<'_> {
         self.write_config();
     }
 
-    /// Adds a command hook for `event` (`Stop`, `SessionStart`, …) in `$CODEX_HOME/hooks.json`.
-    /// Codex runs only hooks it trusts; `exec` then passes `--dangerously-bypass-hook-trust`,
-    /// without which they are skipped silently.
-    /// Runs `exec` with the hooks of `hooks.json` trusted, however they got there.
+    /// Runs `exec` and the TUI with the hooks of `hooks.json` trusted, however they got there.
     pub fn trust_hooks(&mut self) {
         self.hooks = true;
     }
 
+    /// Adds a command hook for `event` (`Stop`, `SessionStart`, …) in `$CODEX_HOME/hooks.json`.
+    /// Codex runs only hooks it trusts; `exec` then passes `--dangerously-bypass-hook-trust`,
+    /// without which they are skipped silently.
     pub fn hook(&mut self, event: &str, command: &str) {
         let path = self.home.join("hooks.json");
         let mut hooks = read_json(&path);
@@ -517,6 +536,35 @@ impl Codex<'_> {
             ("CODEX_HOME", self.home.display().to_string()),
             ("WAITPOINT_TEST_MODEL_KEY", API_KEY.to_owned()),
         ]
+    }
+
+    /// The interactive Codex TUI, `codex ARGS…` in the project, in a private tmux server (a
+    /// 200×50 pane), returned once its prompt is ready for input.
+    pub fn interactive(&self, args: &[&str], limit: Duration) -> Tmux {
+        // Without --no-daemon the TUI runs its session in a shared app server that it starts
+        // as a detached daemon (with an updater loop beside it) under CODEX_HOME, and both
+        // outlive the pane and the test.
+        let mut all = vec!["--no-daemon"];
+        // A new or changed hook holds the start at "Hooks need review" until someone answers.
+        if self.hooks {
+            all.push("--dangerously-bypass-hook-trust");
+        }
+        all.extend_from_slice(args);
+        let tmux = Tmux::start(
+            self.env,
+            &self.project,
+            self.vars(),
+            &harness_bin("codex"),
+            &all,
+        );
+        // The footer names the model once the session is configured; the bare composer with
+        // "? for shortcuts" shows before that, and a first-run dialog (the hooks' review) can
+        // still take its place then.
+        tmux.wait_for_pane(
+            |pane| pane.contains("? for shortcuts") && pane.contains("scripted-model"),
+            limit,
+        );
+        tmux
     }
 
     /// `codex exec --json ARGS… PROMPT` in the project, killed after `limit`. Its stdout is
