@@ -160,6 +160,15 @@ fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
         .collect()
 }
 
+/// Waits for the model turn of harness session `session` that carries `a`'s wake.
+fn woken_in(server: &ModelServer, session: &str, a: &Armed) -> Request {
+    let wake = format!("Waitpoint {}", a.id);
+    server.wait_for_request(
+        |r| r.session_id() == Some(session) && r.last_user_text().contains(&wake),
+        LIMIT,
+    )
+}
+
 /// The live waiters of this home: `adapter claude-hook` processes naming it (setup writes
 /// `--home` into the hooks).
 fn waiters(env: &Env) -> Vec<u32> {
@@ -318,13 +327,7 @@ fn a_closed_claude_code_session_is_resumed_in_its_project_by_a_daemon_started_el
     let a = armed(&server, "closed-1");
     let session = format!("claude-{}", a.harness_session);
     job_reports(&env, &a);
-    let resumed = server.wait_for_request(
-        |r| {
-            r.session_id() == Some(a.harness_session.as_str())
-                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
-        },
-        LIMIT,
-    );
+    let resumed = woken_in(&server, &a.harness_session, &a);
     assert!(!resumed.last_user_text().contains(HOOK_HEADER));
     env.wait_until("the wake read once", || {
         wakes_of(&env, &session, "cur", &a.id) == 1
@@ -371,13 +374,7 @@ fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
     assert_eq!(env.state(&a.id)["status"], "armed");
 
     job_reports(&env, &a);
-    server.wait_for_request(
-        |r| {
-            r.session_id() == Some(a.harness_session.as_str())
-                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
-        },
-        LIMIT,
-    );
+    woken_in(&server, &a.harness_session, &a);
     let wrong = server
         .requests()
         .into_iter()
@@ -423,13 +420,7 @@ fn a_closed_codex_thread_is_resumed_with_its_wake_and_codex_exec_never_waits_on_
     .unwrap();
     assert_eq!(seen["harness"], "codex");
     job_reports(&env, &a);
-    server.wait_for_request(
-        |r| {
-            r.session_id() == Some(thread.as_str())
-                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
-        },
-        LIMIT,
-    );
+    woken_in(&server, &thread, &a);
     let session = format!("codex-{thread}");
     env.wait_until("the wake read once", || {
         wakes_of(&env, &session, "cur", &a.id) == 1
@@ -461,13 +452,7 @@ fn an_open_codex_session_continues_its_turn_with_its_wake_without_a_keystroke() 
     });
     job_reports(&env, &a);
     // No keystroke: the hook's reply continues the turn, in the same thread, with the wake.
-    let woken = server.wait_for_request(
-        |r| {
-            r.session_id() == Some(thread)
-                && r.last_user_text().contains(&format!("Waitpoint {}", a.id))
-        },
-        LIMIT,
-    );
+    let woken = woken_in(&server, thread, &a);
     assert!(
         woken.last_user_text().contains(HOOK_HEADER),
         "not the hook's text:\n{}",
