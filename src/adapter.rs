@@ -157,13 +157,21 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
     Ok(())
 }
 
-/// Blocks until the session has a wake (or `timeout` passes, or `waiter` is told to leave),
-/// then takes it and every other unread one, oldest first: one harness turn for what piled up.
-pub fn take_pending(home: &Home, waiter: &Waiter, timeout: Duration) -> Result<Vec<Wake>> {
+/// Blocks until the session has a wake (or `timeout` passes, `waiter` is told to leave, or
+/// `interrupt` is raised), then takes it and every other unread one, oldest first: one harness
+/// turn for what piled up. Raised while taking, it stops taking: the caller hands over what it
+/// holds, and the rest stays unread.
+pub fn take_pending(
+    home: &Home,
+    waiter: &Waiter,
+    timeout: Duration,
+    interrupt: &crate::agent::Interrupt,
+) -> Result<Vec<Wake>> {
     let deadline = Some(Instant::now() + timeout);
     let session = &waiter.session;
     let mut inbox = crate::agent::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
+    interrupt.wake(inbox.poker());
     if let Some(pid) = waiter.starter {
         let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
         // Told by the kernel (a pidfd) when the harness exits: nothing polls while it lives.
@@ -173,12 +181,14 @@ pub fn take_pending(home: &Home, waiter: &Waiter, timeout: Duration) -> Result<V
             let _ = poke.send(());
         });
     }
-    let stop = || waiter.should_leave();
+    let stop = || interrupt.raised().is_some() || waiter.should_leave();
     let Some(first) = inbox.take(deadline, Duration::from_secs(60), &stop)? else {
         return Ok(Vec::new());
     };
     let mut wakes = vec![first];
-    while let Some(w) = delivery::take_next(home, session)? {
+    while interrupt.raised().is_none()
+        && let Some(w) = delivery::take_next(home, session)?
+    {
         wakes.push(w);
     }
     Ok(wakes)

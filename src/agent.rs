@@ -5,7 +5,8 @@
 //! these, so an agent gets the same JSON whichever way it asks.
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use notify::{RecursiveMode, Watcher};
@@ -226,6 +227,48 @@ pub fn wait_for_change(
     let got = rx.recv_timeout(timeout).is_ok();
     while rx.try_recv().is_ok() {}
     got || deadline.is_none_or(|d| Instant::now() < d)
+}
+
+/// A request to stop, raised from outside (the CLI turns SIGTERM, SIGINT and SIGHUP into it):
+/// a reader asks [`Interrupt::raised`] between steps, so one stopped while it has a wake in
+/// hand finishes handing it over instead of dying with it taken and never delivered.
+#[derive(Debug, Clone, Default)]
+pub struct Interrupt(Arc<Raised>);
+
+#[derive(Debug, Default)]
+struct Raised {
+    signal: AtomicI32,
+    pokes: Mutex<Vec<mpsc::Sender<()>>>,
+}
+
+impl Interrupt {
+    /// Raises it (for `signal`, a positive number) and wakes every waiting reader.
+    pub fn raise(&self, signal: i32) {
+        self.0.signal.store(signal, Ordering::SeqCst);
+        for poke in self
+            .0
+            .pokes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+        {
+            let _ = poke.send(());
+        }
+    }
+
+    /// The signal it was raised for, if it was.
+    pub fn raised(&self) -> Option<i32> {
+        Some(self.0.signal.load(Ordering::SeqCst)).filter(|s| *s > 0)
+    }
+
+    /// Wakes `poke` when raised (an [`Inbox::poker`]), so a wait ends at once.
+    pub fn wake(&self, poke: mpsc::Sender<()>) {
+        self.0
+            .pokes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(poke);
+    }
 }
 
 /// A channel's inbox, watched: each [`Inbox::take`] takes the next unread wake (marking it

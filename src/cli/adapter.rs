@@ -161,8 +161,11 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
         adapter::end_waiter(home, &session)?;
         return Ok(exit::OK);
     }
+    // A stop signal while wakes are in hand must not lose them: it is turned into a request
+    // to stop, and what was taken is handed over first.
+    let interrupt = super::interrupt_on_stop_signals()?;
     let waiter = adapter::Waiter::start(home, &session, crate::process::starter_pid())?;
-    let wakes = adapter::take_pending(home, &waiter, timeout)?;
+    let wakes = adapter::take_pending(home, &waiter, timeout, &interrupt)?;
     if wakes.is_empty() {
         return Ok(exit::OK);
     }

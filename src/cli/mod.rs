@@ -303,6 +303,24 @@ pub fn default_session() -> String {
     crate::harness::from_env(&env_var).map_or_else(|| "default".to_owned(), |c| c.session())
 }
 
+/// SIGTERM, SIGINT and SIGHUP turned into an [`agent::Interrupt`] for a reader of wakes, so
+/// one stopped with a wake in hand hands it over (or gives it back) before it exits, instead of
+/// dying with it taken.
+pub fn interrupt_on_stop_signals() -> anyhow::Result<agent::Interrupt> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let interrupt = agent::Interrupt::default();
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+    let raised = interrupt.clone();
+    std::thread::Builder::new()
+        .name("stop-signals".into())
+        .spawn(move || {
+            for signal in signals.forever() {
+                raised.raise(signal);
+            }
+        })?;
+    Ok(interrupt)
+}
+
 /// A variable of the process environment; unset and empty are the same.
 pub fn env_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

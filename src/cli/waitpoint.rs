@@ -557,11 +557,24 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
 pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let channel = a.channel.unwrap_or(a.session.session);
     let deadline = deadline_of(a.timeout)?;
+    // A stop signal between taking a wake and printing it must not lose it: the wake in hand
+    // is printed, then the command ends as the signal asked (128 + its number).
+    let interrupt = super::interrupt_on_stop_signals()?;
     let inbox = agent::Inbox::open(engine.home(), &channel)?;
+    interrupt.wake(inbox.poker());
+    let stopped = || interrupt.raised().map(|s| 128 + s as u8);
     loop {
-        match inbox.take(deadline, LOOK_AGAIN, &|| false)? {
-            Some(wake) => print_wake(out, &wake, a.json, a.follow)?,
-            None => return Ok(exit::TIMED_OUT),
+        match inbox.take(deadline, LOOK_AGAIN, &|| interrupt.raised().is_some())? {
+            Some(wake) => {
+                if let Err(e) = print_wake(out, &wake, a.json, a.follow) {
+                    crate::adapter::give_back(engine.home(), std::slice::from_ref(&wake));
+                    return Err(e.context("cannot print the wake; it stays unread"));
+                }
+            }
+            None => return Ok(stopped().unwrap_or(exit::TIMED_OUT)),
+        }
+        if let Some(code) = stopped() {
+            return Ok(code);
         }
         if !a.follow {
             return Ok(exit::OK);
