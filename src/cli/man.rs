@@ -337,7 +337,9 @@ fn waitpoint_1_sections() -> Doc {
     d.var(
         "CORTEX_SESSION",
         "The session acting, for create, check, cancel, next, mcp and the adapters. Default: \
-the harness's own session when a harness started the command (see below), else \"default\".",
+the harness's own session when a harness started the command (see below), else \"default\". \
+A session name is 1-128 letters, digits, '.', '_', '-' or '@', and does not start with '-' (it \
+may reach a harness's command line).",
     );
     d.var(
         "CLAUDE_CODE_SESSION_ID, CLAUDE_PROJECT_DIR",

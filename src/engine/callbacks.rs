@@ -127,6 +127,9 @@ impl Engine {
 
     /// The session's callbacks, newest first.
     pub fn list_callbacks(&self, session: Option<&str>) -> Result<Vec<Callback>> {
+        if let Some(s) = session {
+            check_name("agent_id", s)?;
+        }
         let mut out = self.store.callbacks().all_docs()?;
         out.retain(|c| session.is_none_or(|s| c.session == s));
         out.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));

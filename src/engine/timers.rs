@@ -129,6 +129,7 @@ impl Engine {
 
     /// The session's timers, most recent first, at most `limit`.
     pub fn list_timers(&self, session: &str, limit: usize) -> Result<Vec<Timer>> {
+        check_name("agent_id", session)?;
         let mut out: Vec<Timer> = self
             .all_timers()?
             .into_iter()

@@ -643,3 +643,26 @@ fn a_timer_is_read_after_a_firing_in_progress_has_committed() {
     );
     firing.join().unwrap();
 }
+
+#[test]
+fn a_name_that_would_read_as_an_option_is_refused_everywhere() {
+    let env = Env::new();
+    let out = env.waitpoint(&[
+        "create",
+        "--session=--dangerously-skip-permissions",
+        "--label",
+        "x",
+        "--intent",
+        "i",
+    ]);
+    env.expect_code("a session starting with '-'", &out, 2);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not starting with '-'"), "{err}");
+    let out = env.waitpoint(&["timer", "list", "--agent=-rf"]);
+    env.expect_code("an agent starting with '-'", &out, 2);
+    // Nor does a harness's own id become one (it would reach `claude --resume`).
+    let input = serde_json::json!({"session_id": "-rf", "hook_event_name": "SessionEnd"});
+    let (code, _, _) = finish(spawn_hook(&env, &["adapter", "claude-hook"], &input, &[]));
+    assert_eq!(code, 0);
+    assert!(!env.home.join("sessions/claude--rf").exists());
+}
