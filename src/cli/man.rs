@@ -326,7 +326,9 @@ fn home_files(d: &mut Doc) {
     d.file(
         "$CORTEX_HOME/tmp/signals/",
         "The drop zone, where jobs and cortex-signal leave signal files; refused files are \
-parked in bad/ with a .reason file.",
+parked in bad/ with a .reason file. A signal file's name is at most 128 ASCII letters, digits \
+and ._-@+=,:~, not starting with '.', ending in .json; another name is parked unread (the name \
+is shown in the wake).",
     );
 }
 

@@ -337,7 +337,10 @@ window folded {rounds} reports into it",
         text.push_str("Reported: ");
         let lines: Vec<String> = signals
             .iter()
-            .map(|s| format!("{} (via {}, {})", who(s), s.source, s.received_at))
+            .map(|s| {
+                let source = crate::model::one_line(&s.source);
+                format!("{} (via {source}, {})", who(s), s.received_at)
+            })
             .collect();
         text.push_str(&lines.join("; "));
         text.push('\n');

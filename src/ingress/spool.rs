@@ -320,6 +320,13 @@ impl Spool {
         engine: &Engine,
         name: &str,
     ) -> Result<std::result::Result<(SignalRequest, Vec<u8>), FileOutcome>> {
+        // The name reaches the wake's text (`spool:<name>`): one a sender could break a line
+        // or a terminal with is refused at the door.
+        if !is_safe_name(name) {
+            let reason = UNSAFE_NAME.to_owned();
+            self.park(dz, name, &reason, None, None, engine.now())?;
+            return Ok(Err(FileOutcome::Parked(reason)));
+        }
         let bytes = match read_regular(dz, OsStr::new(name)) {
             Ok(b) => b,
             Err(ReadError::Gone) => return Ok(Err(FileOutcome::Vanished)),
@@ -452,6 +459,21 @@ fn is_fresh(dz: &Dir, name: &str) -> bool {
 }
 
 /// Whether a name in the drop zone is a signal file to collect.
+/// Why a file whose name is not [`is_safe_name`] is parked.
+const UNSAFE_NAME: &str = "its name is not 1-128 characters of letters, digits and ._-@+=,:~ \
+(cortex-signal and the shell line never write such a name); it is not read";
+
+/// Whether a drop-zone file's name is one a signal may have: at most 128 characters, ASCII
+/// letters, digits and `._-@+=,:~`, not starting with `.` (what `cortex-signal`, the reply's
+/// shell line and the spec's `$(date +%s%N)-$RANDOM.json` write).
+pub fn is_safe_name(name: &str) -> bool {
+    name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-@+=,:~".contains(&b))
+}
+
 pub fn is_candidate(name: &str) -> bool {
     name.ends_with(".json") && !store::is_temp_name(name) && name != "bad"
 }
