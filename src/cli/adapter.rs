@@ -24,17 +24,23 @@ pub enum AdapterCommand {
     ///
     /// Blocks until the session has an unread wake (or --timeout passes), takes it and any
     /// others waiting, writes their text to stderr and exits 2, which wakes an idle Claude Code
-    /// session with that text. Exits 0 with no output when the timeout passes first. Claude
-    /// passes the hook's JSON on stdin; it is read and ignored. Configure it as a SessionStart
-    /// and Stop command hook with "asyncRewake": true and a "timeout" a little longer than
-    /// --timeout.
+    /// session with that text. Exits 0 with no output when the timeout passes first, when a
+    /// newer waiter replaces it (one per session), when Claude Code exits, or on a stop signal
+    /// with nothing in hand. The session is Claude's own (the hook's stdin `session_id`) unless
+    /// --session or $CORTEX_SESSION names one. On SessionEnd it ends the session's waiter; under
+    /// `claude -p` (CLAUDE_CODE_ENTRYPOINT=sdk-cli) and inside a resume it returns at once.
+    /// Configure it as a SessionStart and Stop command hook with "asyncRewake": true and a
+    /// "timeout" a little longer than --timeout, and as a SessionEnd hook (`waitpoint setup
+    /// claude-code` does).
     ClaudeHook(HookArgs),
     /// Codex CLI `Stop` hook: wait for the session's next wake and continue the turn with it
     ///
     /// Blocks until the session has an unread wake (or --timeout passes), takes it and any
     /// others waiting, and prints {"decision":"block","reason":TEXT}, which makes Codex continue
     /// with TEXT as the next prompt. Prints nothing when the timeout passes first. Exits 0 either
-    /// way. Codex passes the hook's JSON on stdin; it is read and ignored.
+    /// way. The session is the Codex thread's (the hook's stdin `session_id`) unless --session
+    /// or $CORTEX_SESSION names one. In a `codex exec` run it hands over what is there and does
+    /// not wait.
     CodexStopHook(HookArgs),
     /// `onWake` command: resume a Claude Code session with the wake as its prompt
     ///
