@@ -101,21 +101,35 @@ impl Heartbeat {
     fn line(&self, width: usize) -> String {
         let mut text = format!("heartbeat {}", self.age);
         if let Some(m) = &self.member {
-            text.push_str(&format!(" ({})", printable(m)));
+            text.push_str(&format!(" ({})", visible(m)));
         }
         if let Some(msg) = &self.message {
-            text.push_str(&format!(": {}", clip(&printable(msg), width)));
+            text.push_str(&format!(": {}", clip(&visible(msg), width)));
         }
         text
     }
 }
 
-/// `s` with control characters (escape sequences, newlines) shown as spaces, so a sender's
-/// text cannot redraw the operator's terminal.
-fn printable(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+/// `s` for one line of a terminal: every character that could move the cursor, redraw the
+/// screen, write the clipboard (OSC 52) or reorder the text is shown as `\u{…}`, so text from
+/// outside (labels, intents, sources, messages, file names, hook errors) reads as what it is.
+/// Every terminal view passes such text through here or [`visible_text`], once; JSON output is
+/// never escaped.
+pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
+    crate::model::one_line(s)
+}
+
+/// Like [`visible`], for text of several lines (a wake's text): its newlines and tabs stay.
+pub fn visible_text(s: &str) -> String {
+    s.split('\n')
+        .map(|line| {
+            line.split('\t')
+                .map(|part| visible(part).into_owned())
+                .collect::<Vec<_>>()
+                .join("\t")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Terminal styling: ANSI colour or plain text.
@@ -293,7 +307,7 @@ pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
         out.push_str(&format!(
             "{:<16} {:<24} {:<9} {:<28} {deadline}\n",
             it.id,
-            clip(&it.label, 24),
+            clip(&visible(&it.label), 24),
             it.status.as_str(),
             it.progress,
         ));
@@ -335,10 +349,16 @@ pub fn check_brief(items: &[CheckItem]) -> String {
                 .unwrap_or_default();
             format!(
                 "{dot}{} · {} · expires {}{beat}\n",
-                one.label, one.progress, one.time_left
+                visible(&one.label),
+                one.progress,
+                one.time_left
             )
         }
-        [first, ..] => format!("{dot}{} waiting items · {}\n", items.len(), first.label),
+        [first, ..] => format!(
+            "{dot}{} waiting items · {}\n",
+            items.len(),
+            visible(&first.label)
+        ),
     }
 }
 
@@ -394,7 +414,7 @@ pub fn show_text(
         None => "",
     };
     line(format!("  status    {}{outcome}", wp.status.as_str()));
-    line(format!("  intent    {}", wp.intent));
+    line(format!("  intent    {}", visible(&wp.intent)));
     line(format!(
         "  session   {} · channel {}",
         wp.session, wp.channel
@@ -466,7 +486,7 @@ pub fn show_text(
             s.status.as_str(),
             s.member.as_deref().unwrap_or("-"),
             s.received_at,
-            s.source,
+            visible(&s.source),
         ));
     }
     if let Some(p) = &wp.pending_wake {
@@ -487,7 +507,7 @@ pub fn show_text(
         let last = h
             .last_error
             .as_ref()
-            .map(|e| format!("; last error: {e}"))
+            .map(|e| format!("; last error: {}", visible(e)))
             .unwrap_or_default();
         let state = match h.delivered_at {
             Some(at) => format!("delivered {at}"),
@@ -516,7 +536,7 @@ pub fn timer_line(t: &Timer) -> String {
         t.id,
         t.status.as_str(),
         t.fire_count,
-        t.summary.as_deref().unwrap_or("")
+        visible(t.summary.as_deref().unwrap_or(""))
     )
 }
 

@@ -398,7 +398,8 @@ pub fn doctor(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Resul
     });
     let mut out = io::stdout().lock();
     for check in &checks {
-        writeln!(out, "{check}")?;
+        // A check may name a file of the home, and a name may hold anything.
+        writeln!(out, "{}", crate::render::visible_text(&check.to_string()))?;
     }
     Ok(if doctor::worst(&checks) == doctor::Level::Fail {
         exit::FAILURE

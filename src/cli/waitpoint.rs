@@ -548,7 +548,7 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
             wake.kind.as_str(),
             wake.created_at
         )?;
-        write!(out, "{}", wake.text)?;
+        write!(out, "{}", render::visible_text(&wake.text))?;
     }
     out.flush()?;
     Ok(())

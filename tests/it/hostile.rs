@@ -612,3 +612,69 @@ fn a_drop_file_named_to_break_out_of_the_wake_text_is_parked_unread() {
         .to_owned();
     assert!(!text.contains("OPERATOR"), "{text}");
 }
+
+/// Text from outside printed to a terminal (labels, intents, a wake's text, a stale temp file's
+/// name) cannot draw on it: `ESC [2J` clears the screen, OSC 52 writes the clipboard. Every
+/// terminal view shows such characters as `\u{…}`; JSON output keeps them exact.
+#[test]
+fn text_from_outside_cannot_draw_on_the_operators_terminal() {
+    let env = crate::helpers::Env::new();
+    let hostile = "clear\u{1b}[2J\u{1b}]52;c;aGk=\u{7}";
+    let armed = env.create(&["--label", hostile, "--intent", &format!("intent {hostile}")]);
+    let (id, secret) = crate::helpers::id_secret(&armed);
+    // A stale temp file left in the home under a hostile name, for doctor to report.
+    let tmp = env.home.join(format!("waitpoints/{hostile}.tmp"));
+    fs::write(&tmp, "x").unwrap();
+    let touched = env.run("touch", &["-d", "3 days ago", tmp.to_str().unwrap()]);
+    env.ok("touch", &touched);
+    let mut views = Vec::new();
+    for args in [
+        vec!["check"],
+        vec!["check", "--brief"],
+        vec!["show", id.as_str()],
+        vec!["timer", "list"],
+    ] {
+        views.push((
+            args.join(" "),
+            env.ok(&args.join(" "), &env.waitpoint(&args)),
+        ));
+    }
+    let doctor = env.waitpoint(&["doctor"]);
+    views.push((
+        "doctor".into(),
+        String::from_utf8_lossy(&doctor.stdout).into_owned(),
+    ));
+    // JSON stays exact.
+    let json = env.ok("check --json", &env.waitpoint(&["check", "--json"]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["waiting"][0]["label"], hostile);
+    let _daemon = env.daemon();
+    let signal = env
+        .command(crate::helpers::CORTEX_SIGNAL)
+        .env("CORTEX_SIGNAL_ID", &id)
+        .env("CORTEX_SIGNAL_SECRET", &secret)
+        .args(["--message", "done"])
+        .output()
+        .unwrap();
+    env.ok("cortex-signal", &signal);
+    env.wait_until("the wake", || env.inbox("default", "new").len() == 1);
+    let next = env.waitpoint(&["next", "--timeout", "10"]);
+    views.push(("next".into(), env.ok("next", &next)));
+    for (what, out) in &views {
+        assert!(
+            !out.contains('\u{1b}') && !out.contains('\u{7}'),
+            "{what} printed raw escapes:\n{out:?}"
+        );
+    }
+    assert!(views[0].1.contains("\\u{1b}"), "{}", views[0].1);
+    assert!(
+        views[4].1.contains("\\u{1b}"),
+        "doctor hid the name: {}",
+        views[4].1
+    );
+    assert!(
+        views[5].1.contains("\\u{1b}"),
+        "next hid the label: {}",
+        views[5].1
+    );
+}
