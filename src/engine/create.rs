@@ -266,7 +266,8 @@ fn check_window(field: &'static str, value: Option<u64>, lifetime_ms: i64) -> Re
             format!(
                 "must be shorter than the waitpoint's lifetime ({}), not {}",
                 human_duration(lifetime_ms),
-                human_duration(ms as i64)
+                // Past i64 (u64::MAX seconds, say) the cast wrapped and said "0s".
+                human_duration(i64::try_from(ms).unwrap_or(i64::MAX))
             ),
         )),
         _ => Ok(()),

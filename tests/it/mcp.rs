@@ -538,6 +538,10 @@ fn refused_requests_are_tool_errors_naming_the_request_field() {
             "heartbeat_within_s must be at least 1 second",
         ),
         (
+            json!({"heartbeat_within_s": u64::MAX}),
+            "heartbeat_within_s must be shorter than the waitpoint's lifetime (7d 0h), not 106751991167d 7h",
+        ),
+        (
             json!({"started_within_s": 1_000_000}),
             "started_within_s must be shorter than the waitpoint's lifetime (7d 0h), not 11d 13h",
         ),
