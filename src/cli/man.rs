@@ -328,7 +328,8 @@ fn home_files(d: &mut Doc) {
         "The drop zone, where jobs and cortex-signal leave signal files; refused files are \
 parked in bad/ with a .reason file. A signal file's name is at most 128 ASCII letters, digits \
 and ._-@+=,:~, not starting with '.', ending in .json; another name is parked unread (the name \
-is shown in the wake).",
+is shown in the wake), and so is a file over 64 KB. bad/ keeps at most the first 64 KB of a file \
+parked unread, with anything secret-like redacted.",
     );
 }
 

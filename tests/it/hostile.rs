@@ -678,3 +678,35 @@ fn text_from_outside_cannot_draw_on_the_operators_terminal() {
         views[5].1
     );
 }
+
+/// A huge (here 512 MB, sparse) file in the drop zone is parked without being copied: only an
+/// excerpt, redacted, rests in `bad/`, and a valid signal beside it is applied.
+#[test]
+fn a_huge_sparse_drop_file_is_parked_as_a_capped_excerpt() {
+    let env = crate::helpers::Env::new();
+    let armed = env.arm("beside", &[]);
+    let (id, secret) = crate::helpers::id_secret(&armed);
+    let dz = env.drop_zone();
+    fs::create_dir_all(&dz).unwrap();
+    let big = fs::File::create(dz.join("big.tmp")).unwrap();
+    big.set_len(512 << 20).unwrap();
+    drop(big);
+    fs::rename(dz.join("big.tmp"), dz.join("big.json")).unwrap();
+    env.drop_file(
+        "1796103407547177045-1-ok",
+        &crate::helpers::body(&id, &secret, ""),
+    );
+    let _daemon = env.daemon();
+    env.wait_until("the valid signal's wake", || {
+        env.inbox("default", "new").len() == 1
+    });
+    // Parking writes the reason, then the copy, and removes the source last.
+    env.wait_until("the huge file parked", || !dz.join("big.json").exists());
+    let kept = fs::metadata(dz.join("bad/big.json")).unwrap().len();
+    assert!(kept <= 64 * 1024, "bad/ keeps {kept} bytes of it");
+    let reason = fs::read_to_string(dz.join("bad/big.reason")).unwrap();
+    assert!(
+        reason.contains("larger than 65536 bytes") && reason.contains("first 64 KB"),
+        "{reason}"
+    );
+}

@@ -103,7 +103,9 @@ impl Spool {
 it names elsewhere is untouched, and no copy of it is kept here)\n"
             ),
             None if bytes.is_none() => format!(
-                "{now} refused {name:?}: {reason}\n(any secret-like text is redacted in this copy)\n"
+                "{now} refused {name:?}: {reason}\n(this copy keeps at most its first {} KB, \
+with any secret-like text redacted)\n",
+                EXCERPT / 1024
             ),
             None => format!("{now} refused {name:?}: {reason}\n"),
         };
@@ -116,8 +118,8 @@ it names elsewhere is untouched, and no copy of it is kept here)\n"
             // A second name of a file that lives elsewhere: parking the link would keep that
             // file's content (maybe a secret) under the home, so only our name for it goes.
             None if bytes.is_none() && hard_linked => dz.unlink_durably(source)?,
-            // Refused unread for its size: copied with every secret-like run removed, so no
-            // plaintext rests in bad/ however large the file.
+            // Refused unread (its size, its name): an excerpt is copied with every secret-like
+            // run removed, so no plaintext rests in bad/, and no large file is copied at all.
             None if bytes.is_none() && lone_file => {
                 copy_redacted(dz, source, &bad, &target)?;
                 dz.unlink_durably(source)?;
@@ -221,6 +223,11 @@ pub(super) fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, Option<String>)> {
 
 /// Copies a file too large to read at once into `bad/target`, every secret-like run of hex
 /// removed, reading it through a handle opened without following links or blocking.
+/// How much of a file refused unread is kept in `bad/`: enough to see what it was. A larger
+/// file (a 2 GB sparse one filled the disk and held the batch up while it was copied whole) is
+/// cut there.
+pub(super) const EXCERPT: u64 = 64 * 1024;
+
 pub(super) fn copy_redacted(dz: &Dir, source: &OsStr, bad: &Dir, target: &str) -> Result<()> {
     use std::os::unix::fs::MetadataExt;
     let path = || dz.path().join(source);
@@ -237,6 +244,7 @@ pub(super) fn copy_redacted(dz: &Dir, source: &OsStr, bad: &Dir, target: &str) -
         let mut redactor = secret::HexRedactor::default();
         let mut chunk = vec![0u8; 64 * 1024];
         let mut clean = Vec::with_capacity(chunk.len() + 16);
+        let mut file = (&mut file).take(EXCERPT);
         loop {
             let n = match file.read(&mut chunk) {
                 Ok(0) => break,
