@@ -160,14 +160,19 @@ impl Daemon {
 
     /// User + system CPU seconds used so far.
     pub fn cpu_secs(&self) -> f64 {
-        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
-        // Fields after the command name (which may hold spaces) start after the last ')'.
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
-        // SAFETY: sysconf has no preconditions.
-        ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+        cpu_secs(self.pid())
     }
+}
+
+/// User + system CPU seconds process `pid` has used so far.
+pub fn cpu_secs(pid: u32) -> f64 {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
 }
 
 impl Drop for Daemon {

@@ -149,6 +149,15 @@ fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
         .count()
 }
 
+/// Waits until `a`'s wake is read in `session`'s inbox, and checks it is read once: in `cur/`
+/// exactly once, no longer in `new/`.
+fn read_once(env: &Env, session: &str, a: &Armed) {
+    env.wait_until("the wake read once", || {
+        wakes_of(env, session, "cur", &a.id) == 1
+    });
+    assert_eq!(wakes_of(env, session, "new", &a.id), 0);
+}
+
 /// The model turns (requests offering the agent's tools) whose newest user message holds
 /// `needle`.
 fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
@@ -276,8 +285,7 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
         .filter(|r| !r.last_user_text().contains(HOOK_HEADER))
         .count();
     assert_eq!(resumed, 0, "{}", server.summary());
-    assert_eq!(wakes_of(&env, &session, "cur", &a.id), 1);
-    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+    read_once(&env, &session, &a);
 
     // Ten more turns: each Stop starts a waiter, which replaces the one before, so the
     // session never has more than one. A turn's own waiter is the one started after its model
@@ -329,10 +337,7 @@ fn a_closed_claude_code_session_is_resumed_in_its_project_by_a_daemon_started_el
     job_reports(&env, &a);
     let resumed = woken_in(&server, &a.harness_session, &a);
     assert!(!resumed.last_user_text().contains(HOOK_HEADER));
-    env.wait_until("the wake read once", || {
-        wakes_of(&env, &session, "cur", &a.id) == 1
-    });
-    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+    read_once(&env, &session, &a);
     assert_eq!(
         turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
         1,
@@ -381,9 +386,7 @@ fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
         .filter(|r| r.session_id() == Some(b.harness_session.as_str()))
         .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
     assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
-    env.wait_until("A's wake read", || {
-        wakes_of(&env, &format!("claude-{}", a.harness_session), "cur", &a.id) == 1
-    });
+    read_once(&env, &format!("claude-{}", a.harness_session), &a);
 }
 
 #[test]
@@ -422,10 +425,7 @@ fn a_closed_codex_thread_is_resumed_with_its_wake_and_codex_exec_never_waits_on_
     job_reports(&env, &a);
     woken_in(&server, &thread, &a);
     let session = format!("codex-{thread}");
-    env.wait_until("the wake read once", || {
-        wakes_of(&env, &session, "cur", &a.id) == 1
-    });
-    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+    read_once(&env, &session, &a);
 }
 
 #[test]
@@ -459,10 +459,7 @@ fn an_open_codex_session_continues_its_turn_with_its_wake_without_a_keystroke() 
         server.summary()
     );
     tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
-    env.wait_until("the wake read once", || {
-        wakes_of(&env, &session, "cur", &a.id) == 1
-    });
-    assert_eq!(wakes_of(&env, &session, "new", &a.id), 0);
+    read_once(&env, &session, &a);
     // Not also resumed: the wake reached the model once.
     assert_eq!(
         turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),

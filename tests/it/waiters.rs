@@ -124,53 +124,60 @@ fn markers(text: &str) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_hook_stopped_by_sigterm_loses_no_wake_and_hands_none_over_twice() {
-    let env = Env::new();
-    let mut next = 0;
-    let mut made = std::collections::BTreeSet::new();
-    let mut handed: std::collections::BTreeMap<String, usize> = Default::default();
+/// The kill loop: fifteen rounds, each starting `args` on an inbox of 100 unread wakes
+/// and sending it SIGTERM 10-164 ms in (taking a hundred wakes is slow, so some rounds land
+/// mid-take). `handed` says which wakes a round handed over, from its exit status and the
+/// stream it writes wakes to (stderr for a hook, stdout for `next`). None may be handed over
+/// twice, and every wake is either handed over or still unread: none lost.
+fn kill_loop(
+    env: &Env,
+    channel: &str,
+    args: &[&str],
+    stderr: bool,
+    handed: impl Fn(std::process::ExitStatus, &str) -> Vec<String>,
+) {
+    let (mut next, mut made) = (0, std::collections::BTreeSet::new());
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
     for run in 0..15u64 {
-        made.extend(fill_inbox(&env, "agent", 100, &mut next));
-        let mut hook = env
+        made.extend(fill_inbox(env, channel, 100, &mut next));
+        let (out, err) = if stderr {
+            (Stdio::null(), Stdio::piped())
+        } else {
+            (Stdio::piped(), Stdio::null())
+        };
+        let mut reader = env
             .command(WAITPOINT)
-            .args([
-                "adapter",
-                "claude-hook",
-                "--session",
-                "agent",
-                "--timeout",
-                "60",
-            ])
+            .args(args)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stdout(out)
+            .stderr(err)
             .spawn()
             .unwrap();
-        // Somewhere between starting and handing over: the take of a hundred wakes is slow.
         std::thread::sleep(Duration::from_millis(10 + run * 11));
         // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(hook.id() as libc::pid_t, libc::SIGTERM) };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut hook.stderr.take().unwrap(), &mut err).unwrap();
-        let status = hook.wait().unwrap();
-        // Claude Code takes a hook's text only when it exits 2.
-        if status.code() == Some(2) {
-            for m in markers(&err) {
-                *handed.entry(m).or_default() += 1;
-            }
+        unsafe { libc::kill(reader.id() as libc::pid_t, libc::SIGTERM) };
+        let mut text = String::new();
+        let stream: Box<dyn std::io::Read> = match (reader.stdout.take(), reader.stderr.take()) {
+            (Some(o), _) => Box::new(o),
+            (_, Some(e)) => Box::new(e),
+            _ => unreachable!("one stream is piped"),
+        };
+        std::io::Read::read_to_string(&mut { stream }, &mut text).unwrap();
+        let status = reader.wait().unwrap();
+        for m in handed(status, &text) {
+            *seen.entry(m).or_default() += 1;
         }
     }
-    let twice: Vec<_> = handed.iter().filter(|(_, n)| **n > 1).collect();
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "handed over twice: {twice:?}");
     let unread: std::collections::BTreeSet<String> = env
-        .inbox("agent", "new")
+        .inbox(channel, "new")
         .iter()
         .flat_map(|w| markers(w["text"].as_str().unwrap()))
         .collect();
     let lost: Vec<_> = made
         .iter()
-        .filter(|m| !handed.contains_key(*m) && !unread.contains(*m))
+        .filter(|m| !seen.contains_key(*m) && !unread.contains(*m))
         .collect();
     assert!(
         lost.is_empty(),
@@ -182,47 +189,32 @@ fn a_hook_stopped_by_sigterm_loses_no_wake_and_hands_none_over_twice() {
 }
 
 #[test]
+fn a_hook_stopped_by_sigterm_loses_no_wake_and_hands_none_over_twice() {
+    let env = Env::new();
+    let hook = [
+        "adapter",
+        "claude-hook",
+        "--session",
+        "agent",
+        "--timeout",
+        "60",
+    ];
+    // Claude Code takes a hook's text only when it exits 2.
+    kill_loop(&env, "agent", &hook, true, |status, err| {
+        if status.code() == Some(2) {
+            markers(err)
+        } else {
+            Vec::new()
+        }
+    });
+}
+
+#[test]
 fn next_stopped_by_sigterm_loses_no_wake_and_prints_none_twice() {
     let env = Env::new();
-    let mut next = 0;
-    let mut made = std::collections::BTreeSet::new();
-    let mut printed: std::collections::BTreeMap<String, usize> = Default::default();
-    for run in 0..15u64 {
-        made.extend(fill_inbox(&env, "reader", 100, &mut next));
-        let mut reader = env
-            .command(WAITPOINT)
-            .args(["next", "--session", "reader", "--follow", "--json"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep(Duration::from_millis(10 + run * 11));
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(reader.id() as libc::pid_t, libc::SIGTERM) };
-        let mut out = String::new();
-        std::io::Read::read_to_string(&mut reader.stdout.take().unwrap(), &mut out).unwrap();
-        let status = reader.wait().unwrap();
+    let next = ["next", "--session", "reader", "--follow", "--json"];
+    kill_loop(&env, "reader", &next, false, |status, out| {
         assert!(matches!(status.code(), Some(143) | None), "{status}");
-        for m in markers(&out) {
-            *printed.entry(m).or_default() += 1;
-        }
-    }
-    let twice: Vec<_> = printed.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "printed twice: {twice:?}");
-    let unread: std::collections::BTreeSet<String> = env
-        .inbox("reader", "new")
-        .iter()
-        .flat_map(|w| markers(w["text"].as_str().unwrap()))
-        .collect();
-    let lost: Vec<_> = made
-        .iter()
-        .filter(|m| !printed.contains_key(*m) && !unread.contains(*m))
-        .collect();
-    assert!(
-        lost.is_empty(),
-        "{} of {} lost: {lost:?}",
-        lost.len(),
-        made.len()
-    );
+        markers(out)
+    });
 }
