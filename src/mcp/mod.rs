@@ -82,6 +82,8 @@ struct Inner {
     gone: stdio::ClientGone,
     claude_channel: bool,
     broken: Option<String>,
+    /// The harness sessions already remembered in `harness.json`, by waitpoint session.
+    remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -163,6 +165,7 @@ impl Server {
                 gone,
                 claude_channel: config.claude_channel,
                 broken: config.broken,
+                remembered: Default::default(),
             }),
             tool_router: Self::tool_router(),
         }
@@ -214,7 +217,12 @@ impl Inner {
             (Sessions::FromHarness, None) => "default".to_owned(),
         };
         if let Some(c) = caller {
-            harness::remember(self.engine.home(), &session, c)?;
+            // Once per session and caller for the server's life, not a file read per call.
+            let mut known = self.remembered.lock().unwrap_or_else(|e| e.into_inner());
+            if known.get(&session) != Some(c) {
+                harness::remember(self.engine.home(), &session, c)?;
+                known.insert(session.clone(), c.clone());
+            }
         }
         Ok(session)
     }
