@@ -14,7 +14,6 @@
 //! I/O besides the inbox.
 
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -228,14 +227,7 @@ fn presence_lock(home: &Home, session: &str) -> Result<File> {
     let dir = home.sessions_dir().join(session);
     crate::store::create_dir_private(&dir)?;
     let path = dir.join("waiter.lock");
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| Error::io("cannot open lock", &path, e))
+    crate::store::open_or_create(&path).map_err(|e| Error::io("cannot open lock", &path, e))
 }
 
 impl Waiter {
@@ -301,7 +293,7 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         // Leave no record naming a waiter that is gone; a newer one's record stays.
         if !self.should_leave() {
-            let _ = std::fs::remove_file(&self.record);
+            let _ = crate::store::unlink(&self.record);
         }
     }
 }
@@ -311,7 +303,7 @@ impl Drop for Waiter {
 pub fn end_waiter(home: &Home, session: &str) -> Result<bool> {
     crate::engine::check_name("session", session)?;
     let record = waiter_record(home, session);
-    match std::fs::remove_file(&record) {
+    match crate::store::unlink(&record) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("cannot remove", &record, e)),

@@ -184,24 +184,78 @@ pub fn create(engine: &Engine, req: engine::CreateRequest) -> Result<Created> {
 /// every re-read wake the caller again, and an idle waiter spun a core. Only events that can
 /// change what a re-read finds are forwarded; an error or an overflow is forwarded too, since the
 /// caller's re-read is exactly the rescan it asks for.
-pub fn wake_on_change(dir: &Path) -> Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+pub fn wake_on_change(dir: &Path) -> Result<(DirWatch, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::channel();
     Ok((watch_into(dir, tx)?, rx))
 }
 
+/// A reader's watcher: inotify's, or notify's poller when the kernel's inotify limits are
+/// reached (instances or watches), so a reader waits either way.
+pub type DirWatch = Box<dyn notify::Watcher + Send>;
+
+/// How often the poller looks when inotify cannot be had.
+const POLL_EVERY: Duration = Duration::from_secs(1);
+
 /// A watcher on `dir` that sends to `tx` on each change (see [`wake_on_change`]).
-fn watch_into(dir: &Path, tx: mpsc::Sender<()>) -> Result<notify::RecommendedWatcher> {
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok_and(|e| is_read_only(&e.kind)) {
-            return;
+fn watch_into(dir: &Path, tx: mpsc::Sender<()>) -> Result<DirWatch> {
+    let handler = |tx: mpsc::Sender<()>| {
+        move |res: notify::Result<notify::Event>| {
+            if res.is_ok_and(|e| is_read_only(&e.kind)) {
+                return;
+            }
+            let _ = tx.send(());
         }
-        let _ = tx.send(());
-    })
-    .map_err(|e| watch_error(dir, e))?;
-    watcher
-        .watch(dir, RecursiveMode::NonRecursive)
-        .map_err(|e| watch_error(dir, e))?;
-    Ok(watcher)
+    };
+    match inotify_on(dir, handler(tx.clone())) {
+        Ok(w) => Ok(w),
+        Err(e) if is_limit(&e) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                "inotify cannot be had ({e}); looking every {} ms instead",
+                POLL_EVERY.as_millis()
+            );
+            let config = notify::Config::default().with_poll_interval(POLL_EVERY);
+            let mut poller =
+                notify::PollWatcher::new(handler(tx), config).map_err(|e| watch_error(dir, e))?;
+            poller
+                .watch(dir, RecursiveMode::NonRecursive)
+                .map_err(|e| watch_error(dir, e))?;
+            Ok(Box::new(poller))
+        }
+        Err(e) => Err(watch_error(dir, e)),
+    }
+}
+
+fn inotify_on(
+    dir: &Path,
+    handler: impl notify::EventHandler,
+) -> std::result::Result<DirWatch, notify::Error> {
+    if let Err(Error::Io { source, .. }) = injected_watcher_fault(dir) {
+        return Err(notify::Error::io(source));
+    }
+    let mut watcher = notify::recommended_watcher(handler)?;
+    watcher.watch(dir, RecursiveMode::NonRecursive)?;
+    Ok(Box::new(watcher))
+}
+
+/// The `watcher` failpoint's fault, if one is injected (nothing in a release build).
+fn injected_watcher_fault(dir: &Path) -> Result<()> {
+    crate::failpoint!(
+        crate::failpoint::WATCHER,
+        "cannot start the file watcher on",
+        dir
+    );
+    let _ = dir;
+    Ok(())
+}
+
+/// Whether `e` is the kernel saying no more inotify instances or watches for this user.
+fn is_limit(e: &notify::Error) -> bool {
+    match &e.kind {
+        notify::ErrorKind::MaxFilesWatch => true,
+        notify::ErrorKind::Io(io) => matches!(io.raw_os_error(), Some(24 | 28)),
+        _ => false,
+    }
 }
 
 fn watch_error(dir: &Path, e: notify::Error) -> Error {
@@ -277,7 +331,7 @@ impl Interrupt {
 pub struct Inbox<'h> {
     home: &'h Home,
     channel: String,
-    watcher: notify::RecommendedWatcher,
+    watcher: DirWatch,
     changes: mpsc::Receiver<()>,
     poke: mpsc::Sender<()>,
 }

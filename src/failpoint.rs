@@ -58,6 +58,11 @@ pub const WATCHER: &str = "watcher";
 /// in [`ALL`].
 pub const DEVICE_AFTER_LIST: &str = "device-after-list";
 
+/// Timers and callbacks: a commit of several documents (a callback reset's revocation and
+/// replacement) is durable as one intent file, none of the documents written yet. Not on a
+/// signal's path, so not in [`ALL`].
+pub const DOCS_AFTER_INTENT: &str = "docs-after-intent";
+
 /// Every point, for tests that walk them all.
 pub const ALL: [&str; 10] = [
     STORE_WRITE,

@@ -47,6 +47,8 @@ impl Home {
                 .map(|cwd| cwd.join(&root))
                 .unwrap_or(root)
         };
+        // Every path of this home is reached beneath its root from now on (store/beneath.rs).
+        crate::store::confine(&root, &root.join("quarantine"));
         Home { root }
     }
 

@@ -29,6 +29,7 @@ pub mod ingress;
 pub mod journal;
 pub mod mcp;
 pub mod model;
+pub mod names;
 pub mod process;
 pub mod render;
 pub mod request;

@@ -102,15 +102,21 @@ pub struct Round {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Waitpoint {
+    // Every id and name that becomes a path is checked as it is read back, from any store
+    // (`names.rs`): a record naming `../..` does not parse and is set aside.
+    #[serde(deserialize_with = "crate::names::de_waitpoint_id")]
     pub id: String,
     pub label: String,
     pub intent: String,
+    #[serde(deserialize_with = "crate::names::de_name")]
     pub session: String,
+    #[serde(deserialize_with = "crate::names::de_name")]
     pub channel: String,
     pub members: Vec<String>,
     pub quorum: u32,
     pub fail_fast: bool,
     pub max_signals: u32,
+    #[serde(default, deserialize_with = "crate::names::de_opt_name")]
     pub device: Option<String>,
     pub status: Status,
     pub outcome: Option<Outcome>,
@@ -408,10 +414,15 @@ impl TimerStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Timer {
+    #[serde(deserialize_with = "crate::names::de_timer_id")]
     pub id: String,
     /// The owning session: the spec's agent, so `agent_id` on disk and on the wire (files
     /// written before said `session`, which still reads). Its wakes go to its channel.
-    #[serde(rename = "agent_id", alias = "session")]
+    #[serde(
+        rename = "agent_id",
+        alias = "session",
+        deserialize_with = "crate::names::de_name"
+    )]
     pub session: String,
     pub created_at: Timestamp,
     pub duration_ms: u64,
@@ -442,9 +453,14 @@ pub enum CallbackStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Callback {
+    #[serde(deserialize_with = "crate::names::de_callback_id")]
     pub id: String,
     /// The owning session, the spec's agent: `agent_id` (older files' `session` still reads).
-    #[serde(rename = "agent_id", alias = "session")]
+    #[serde(
+        rename = "agent_id",
+        alias = "session",
+        deserialize_with = "crate::names::de_name"
+    )]
     pub session: String,
     pub label: Option<String>,
     pub mode: CallbackMode,
@@ -532,10 +548,13 @@ pub struct DeadlineNotice {
 /// `sessions/<channel>/wakes/{new,cur}/<wake_id>.json`: one wake for a session.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Wake {
+    #[serde(deserialize_with = "crate::names::de_wake_id")]
     pub wake_id: String,
     pub kind: WakeKind,
     pub created_at: Timestamp,
+    #[serde(deserialize_with = "crate::names::de_name")]
     pub session: String,
+    #[serde(deserialize_with = "crate::names::de_name")]
     pub channel: String,
     /// The waitpoint this wake is about (null for timer and callback wakes).
     pub waitpoint: Option<WakeSubject>,

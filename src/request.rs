@@ -110,16 +110,6 @@ pub fn identity_of(origin: &str) -> String {
     }
 }
 
-/// True for a syntactically valid waitpoint id: `wp_` and 12 lowercase hex digits.
-pub fn is_waitpoint_id(id: &str) -> bool {
-    is_prefixed_id(id, "wp_")
-}
-
-/// True for a syntactically valid timer id: `tm_` and 12 lowercase hex digits.
-pub fn is_timer_id(id: &str) -> bool {
-    is_prefixed_id(id, "tm_")
-}
-
 /// Checks a member name's shape (the engine checks it against the waitpoint's list).
 pub fn check_member_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
@@ -146,15 +136,6 @@ pub struct CallbackRequest {
     pub text: Option<String>,
 }
 
-/// True for `<prefix>` followed by 12 lowercase hex digits.
-pub fn is_prefixed_id(id: &str, prefix: &str) -> bool {
-    id.len() == prefix.len() + 12
-        && id.starts_with(prefix)
-        && id[prefix.len()..]
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 /// What owns a wake, and so its hook deliveries and its place in the daemon's due queue: a
 /// waitpoint, a timer or a callback. Parsed once from an id ([`Owner::of`]) so no caller
 /// dispatches on prefixes itself.
@@ -169,11 +150,11 @@ impl Owner {
     /// The owner an id names, by its shape (`wp_`, `tm_`, `cb_` and 12 hex digits); `None` for
     /// anything else.
     pub fn of(id: &str) -> Option<Owner> {
-        if is_prefixed_id(id, "wp_") {
+        if crate::names::is_waitpoint_id(id) {
             Some(Owner::Waitpoint(id.to_owned()))
-        } else if is_prefixed_id(id, "tm_") {
+        } else if crate::names::is_timer_id(id) {
             Some(Owner::Timer(id.to_owned()))
-        } else if is_prefixed_id(id, "cb_") {
+        } else if crate::names::is_callback_id(id) {
             Some(Owner::Callback(id.to_owned()))
         } else {
             None

@@ -98,7 +98,7 @@ send a shorter tail (e.g. `tail -c 8000`)"
 impl SignalBody {
     /// Checks the caps and serialises the body. Oversize is a usage error, never a truncation.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        if !crate::ingress::is_waitpoint_id(&self.id) {
+        if !crate::names::is_waitpoint_id(&self.id) {
             return Err(Error::Usage(format!(
                 "--id must be wp_ followed by 12 hex digits, not {:?}",
                 self.id

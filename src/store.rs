@@ -8,9 +8,10 @@
 //! power cut. Any error aborts the commit (the temp file is removed) and is returned, so callers
 //! never report success for a write that did not reach the disk and keep their source.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -24,11 +25,13 @@ use serde::de::DeserializeOwned;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
+mod beneath;
 mod dir;
 mod lock;
 mod read;
 mod trash;
 
+pub use beneath::confine;
 pub use dir::{Dir, Entry};
 pub use lock::*;
 pub use read::*;
@@ -43,8 +46,14 @@ pub const TEMP_PREFIX: char = '.';
 /// Suffix of temp files, so `ls -a` and the stale-temp sweep recognise them.
 pub const TEMP_SUFFIX: &str = ".tmp";
 
-/// `mkdir -p` with mode 0700 for every directory it creates.
+/// `mkdir -p` with mode 0700 for every directory it creates; beneath a home, no link is
+/// followed on the way (see `beneath.rs`).
 pub fn create_dir_private(path: &Path) -> Result<()> {
+    beneath::open_dir(path, true).map(drop)
+}
+
+/// `mkdir -p` of a path outside every home, as given.
+fn mkdir_all_plain(path: &Path) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(DIR_MODE)
@@ -54,9 +63,140 @@ pub fn create_dir_private(path: &Path) -> Result<()> {
 
 /// fsync a directory so a rename or unlink inside it is durable.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("cannot fsync directory", dir, e))
+    let fd = beneath::open_dir(dir, false)?
+        .ok_or_else(|| Error::io("cannot fsync directory", dir, not_found()))?;
+    rustix::fs::fsync(&fd).map_err(|e| Error::io("cannot fsync directory", dir, e.into()))
+}
+
+fn not_found() -> io::Error {
+    io::Error::from(io::ErrorKind::NotFound)
+}
+
+/// `path`'s directory, reached as `beneath.rs` says, and its last component there.
+fn parent_at(path: &Path) -> io::Result<(beneath::At, std::ffi::OsString)> {
+    beneath::parent(path, false)
+        .map_err(io::Error::other)?
+        .ok_or_else(not_found)
+}
+
+/// Opens `path` with `flags` (never following a link as its last component), its directory
+/// reached as `beneath.rs` says.
+fn open_at(path: &Path, flags: rustix::fs::OFlags, mode: u32) -> io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let (at, name) = parent_at(path)?;
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(File::from(rustix::fs::openat(
+        &at,
+        name.as_os_str(),
+        flags,
+        Mode::from_raw_mode(mode),
+    )?))
+}
+
+/// Creates `path` (which must not exist) for writing, mode 0600.
+fn create_new(path: &Path) -> io::Result<File> {
+    use rustix::fs::OFlags;
+    open_at(
+        path,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
+        FILE_MODE,
+    )
+}
+
+/// Opens `path` for reading: a link as the last component is refused (`ELOOP`), a FIFO does
+/// not block the open.
+pub fn open_read(path: &Path) -> io::Result<File> {
+    use rustix::fs::OFlags;
+    open_at(path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+}
+
+/// Opens (creating when missing) `path` for reading and writing, mode 0600 (a lock file).
+pub fn open_or_create(path: &Path) -> io::Result<File> {
+    use rustix::fs::OFlags;
+    open_at(path, OFlags::RDWR | OFlags::CREATE, FILE_MODE)
+}
+
+/// Removes the file `path` (not durably), reached as [`open_read`] reaches it.
+pub fn unlink(path: &Path) -> io::Result<()> {
+    let (at, name) = parent_at(path)?;
+    Ok(rustix::fs::unlinkat(
+        &at,
+        name.as_os_str(),
+        rustix::fs::AtFlags::empty(),
+    )?)
+}
+
+/// Renames `from` to `to` (not durably), both reached as [`open_read`] reaches them.
+pub fn rename(from: &Path, to: &Path) -> io::Result<()> {
+    rename_with(from, to, rustix::fs::RenameFlags::empty())
+}
+
+/// Swaps the names `a` and `b` atomically (`renameat2(2)` with `RENAME_EXCHANGE`), both
+/// reached as [`open_read`] reaches them; both must exist.
+pub fn exchange(a: &Path, b: &Path) -> io::Result<()> {
+    rename_with(a, b, rustix::fs::RenameFlags::EXCHANGE)
+}
+
+fn rename_with(from: &Path, to: &Path, flags: rustix::fs::RenameFlags) -> io::Result<()> {
+    let (from_at, from_name) = parent_at(from)?;
+    let (to_at, to_name) = parent_at(to)?;
+    Ok(rustix::fs::renameat_with(
+        &from_at,
+        from_name.as_os_str(),
+        &to_at,
+        to_name.as_os_str(),
+        flags,
+    )?)
+}
+
+/// Removes the directory `path` and everything in it, every step through a handle of the
+/// directory above (no link is followed, at any depth: a link inside is removed as a link).
+/// A missing directory is not an error; nothing is made durable.
+pub fn remove_tree(path: &Path) -> Result<()> {
+    let Some((at, name)) = beneath::parent(path, false)? else {
+        return Ok(());
+    };
+    match remove_tree_at(at.as_fd(), &name, path) {
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn remove_tree_at(
+    parent: std::os::fd::BorrowedFd<'_>,
+    name: &std::ffi::OsStr,
+    path: &Path,
+) -> Result<()> {
+    use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let dir = rustix::fs::openat(parent, name, flags, Mode::empty())
+        .map_err(|e| Error::io("cannot remove", path, e.into()))?;
+    let via = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&dir)
+    ));
+    let entries = fs::read_dir(&via).map_err(|e| Error::io("cannot list", path, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("cannot list", path, e))?;
+        let child = entry.file_name();
+        let child_path = path.join(&child);
+        let st = match rustix::fs::statat(&dir, &child, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(Error::io("cannot inspect", &child_path, e.into())),
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            remove_tree_at(dir.as_fd(), &child, &child_path)?;
+        } else {
+            match rustix::fs::unlinkat(&dir, &child, AtFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(Error::io("cannot remove", &child_path, e.into())),
+            }
+        }
+    }
+    drop(dir);
+    rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+        .map_err(|e| Error::io("cannot remove", path, e.into()))
 }
 
 fn parent_of(path: &Path) -> &Path {
@@ -92,7 +232,7 @@ pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
     if result.is_err() {
         // The commit is void; do not leave half-made files behind. The rename may already have
         // happened (then the directory fsync failed), in which case the temp name is gone.
-        let _ = fs::remove_file(&temp);
+        let _ = unlink(&temp);
     }
     result
 }
@@ -100,11 +240,7 @@ pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
 /// Like [`commit`], with the content written by `fill` (for content too large to hold).
 pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>) -> Result<()> {
     let temp = temp_path_for(target);
-    let result = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(FILE_MODE)
-        .open(&temp)
+    let result = create_new(&temp)
         .map_err(|e| Error::io("cannot create", &temp, e))
         .and_then(|mut file| {
             fill(&mut file).map_err(|e| Error::io("cannot write", &temp, e))?;
@@ -114,18 +250,13 @@ pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>
         .and_then(|()| rename_into_place(&temp, target))
         .and_then(|()| fsync_dir(parent_of(target)));
     if result.is_err() {
-        let _ = fs::remove_file(&temp);
+        let _ = unlink(&temp);
     }
     result
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(FILE_MODE)
-        .open(path)
-        .map_err(|e| Error::io("cannot create", path, e))?;
+    let mut file = create_new(path).map_err(|e| Error::io("cannot create", path, e))?;
     crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", path);
     file.write_all(bytes)
         .map_err(|e| Error::io("cannot write", path, e))?;
@@ -136,7 +267,7 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 
 fn rename_into_place(temp: &Path, target: &Path) -> Result<()> {
     crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", target);
-    fs::rename(temp, target).map_err(|e| Error::io("cannot rename", target, e))
+    rename(temp, target).map_err(|e| Error::io("cannot rename", target, e))
 }
 
 /// Files written together and made durable together (group commit).
@@ -182,12 +313,7 @@ impl Batch {
     /// Writes `bytes` to a temp file beside `target` (not yet synced or renamed).
     pub fn stage(&mut self, target: &Path, bytes: &[u8]) -> Result<()> {
         let temp = temp_path_for(target);
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(FILE_MODE)
-            .open(&temp)
-            .map_err(|e| Error::io("cannot create", &temp, e))?;
+        let mut file = create_new(&temp).map_err(|e| Error::io("cannot create", &temp, e))?;
         // Registered before writing, so a failed write still has its temp file removed.
         self.staged.push(Staged {
             temp: temp.clone(),
@@ -305,13 +431,7 @@ impl Unsynced {
 
 fn write_unsynced(target: &Path, bytes: &[u8], trash: Option<&Trash>) -> Result<()> {
     let temp = temp_path_for(target);
-    let create = || {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(FILE_MODE)
-            .open(&temp)
-    };
+    let create = || create_new(&temp);
     // The directory is made only when it is missing (a legacy waitpoint without `signals/`, a
     // channel's first wake): a batch does not pay a mkdir per file for the rare case.
     let result = match create() {
@@ -329,7 +449,7 @@ fn write_unsynced(target: &Path, bytes: &[u8], trash: Option<&Trash>) -> Result<
         None => rename_into_place(&temp, target),
     });
     if result.is_err() {
-        let _ = fs::remove_file(&temp);
+        let _ = unlink(&temp);
     }
     result
 }
@@ -338,7 +458,7 @@ impl Drop for Batch {
     fn drop(&mut self) {
         for s in &self.staged {
             if !s.temp.as_os_str().is_empty() {
-                let _ = fs::remove_file(&s.temp);
+                let _ = unlink(&s.temp);
             }
         }
     }
@@ -351,7 +471,7 @@ impl Drop for Batch {
 pub fn remove_all(paths: &[PathBuf]) -> Result<()> {
     // Concurrently: each removal frees the file's blocks, which on a filesystem mounted with
     // `discard` waits for the device; issued together, the waits overlap.
-    let remove = |path: &PathBuf| match fs::remove_file(path) {
+    let remove = |path: &PathBuf| match unlink(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("cannot remove", path, e)),
@@ -421,7 +541,7 @@ pub fn commit_json<T: Serialize>(target: &Path, value: &T) -> Result<()> {
 
 /// Removes a file and makes the removal durable. A file already gone is not an error.
 pub fn remove_durably(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
+    match unlink(path) {
         Ok(()) => fsync_dir(parent_of(path)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("cannot remove", path, e)),
@@ -430,7 +550,7 @@ pub fn remove_durably(path: &Path) -> Result<()> {
 
 /// Renames durably: both directories are fsynced.
 pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
-    fs::rename(from, to).map_err(|e| Error::io("cannot move", from, e))?;
+    rename(from, to).map_err(|e| Error::io("cannot move", from, e))?;
     fsync_dir(parent_of(to))?;
     if parent_of(from) != parent_of(to) {
         fsync_dir(parent_of(from))?;
@@ -442,7 +562,15 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
 /// not UTF-8 are returned lossily converted (callers that must handle them list the directory
 /// themselves).
 pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let entries = match fs::read_dir(dir) {
+    let Some(fd) = beneath::open_dir(dir, false)? else {
+        return Ok(Vec::new());
+    };
+    // `/proc/self/fd/N` is the directory just reached, not the path resolved again.
+    let via = PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(&fd)
+    ));
+    let entries = match fs::read_dir(&via) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io("cannot list", dir, e)),
@@ -450,10 +578,8 @@ pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let mut out = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|e| Error::io("cannot list", dir, e))?;
-        out.push((
-            entry.file_name().to_string_lossy().into_owned(),
-            entry.path(),
-        ));
+        let name = entry.file_name();
+        out.push((name.to_string_lossy().into_owned(), dir.join(name)));
     }
     Ok(out)
 }

@@ -24,6 +24,10 @@ pub enum CallbackCommand {
     Cancel(CallbackIdArgs),
     /// Without ID: revoke the agent's default callback and issue a replacement (the spec's
     /// reset); with ID: replace that active callback's token (a revoked one stays revoked)
+    ///
+    /// The revocation and the replacement are one commit: cut short, the agent keeps its old
+    /// default or has the new one, never neither. The token is printed after the commit; a
+    /// reset killed in between leaves a token nobody saw: run it again.
     Reset(CallbackResetArgs),
 }
 

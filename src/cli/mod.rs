@@ -406,6 +406,9 @@ pub enum Command {
     #[command(subcommand)]
     Session(waitpoint::SessionCommand),
     /// Replace a waitpoint's secret: the old one is refused from now on
+    ///
+    /// The new secret is committed before it is printed, and only its hash is kept: a reset
+    /// killed between the two leaves a secret nobody saw and the old one refused. Run it again.
     ResetSecret(waitpoint::ResetSecretArgs),
     /// Durable timers: wakes after a delay, optionally repeating
     ///
@@ -490,7 +493,10 @@ pub enum Command {
     /// Copy the waitpoints of a home on this machine, with their signals, into the store
     ///
     /// For moving a single machine into a cluster: `waitpoint --store etcd://… import
-    /// ~/.cortex`. Ids the store has already are left alone and listed.
+    /// ~/.cortex`. Ids the store has already are left alone and listed. The source is only
+    /// read, never changed: each file at most 16 MB, no link followed, every id and name
+    /// checked as on arming. A waitpoint or timer with a file that fails is refused whole,
+    /// listed with its reason, and the rest is imported; the exit status is then 1.
     Import(ops::ImportArgs),
     /// Print a completion script for bash, zsh or fish
     ///

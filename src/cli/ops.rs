@@ -229,8 +229,10 @@ pub fn export(
     Ok(exit::OK)
 }
 
-/// `waitpoint import HOME`: a single machine's waitpoints, with their records, moved into
-/// the store; ids the store has already are left alone and listed.
+/// `waitpoint import HOME`: a single machine's waitpoints, with their records, and its timers
+/// copied into the store; ids the store has already are left alone and listed. The source is
+/// only read ([`crate::state::import`]); what cannot be imported is listed with its reason and
+/// makes the exit status 1.
 pub fn import(
     engine: &crate::engine::Engine,
     a: ImportArgs,
@@ -244,20 +246,33 @@ pub fn import(
         ))
         .into());
     }
-    let files = crate::state::Files::new(from.clone(), Arc::new(SystemClock), Default::default());
-    let copied = crate::state::copy_all(&files, engine.store())?;
-    writeln!(
-        out,
-        "imported {} waitpoints ({} signal records) and {} timers from {}",
-        copied.waitpoints,
-        copied.records,
-        copied.timers,
-        from.root().display()
-    )?;
+    let (copied, refused) = crate::state::import::import_home(from.root(), engine.store())?;
     for id in &copied.skipped {
         writeln!(out, "skipped {id}: the store has it already")?;
     }
-    Ok(exit::OK)
+    for r in &refused {
+        writeln!(
+            out,
+            "refused {}: {}",
+            crate::render::visible(&r.what),
+            crate::render::visible(&r.reason)
+        )?;
+    }
+    writeln!(
+        out,
+        "imported {} waitpoints ({} signal records) and {} timers from {}; {} skipped, {} refused",
+        copied.waitpoints,
+        copied.records,
+        copied.timers,
+        from.root().display(),
+        copied.skipped.len(),
+        refused.len()
+    )?;
+    Ok(if refused.is_empty() {
+        exit::OK
+    } else {
+        exit::FAILURE
+    })
 }
 
 /// Shells `completions` writes for.

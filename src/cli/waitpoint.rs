@@ -7,7 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use notify::{RecursiveMode, Watcher};
+use notify::RecursiveMode;
 use serde_json::{Value, json};
 
 use crate::agent;
@@ -486,9 +486,7 @@ pub(super) fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> an
 /// Even without a deadline the CLI looks again every minute, in case an event was lost.
 const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
-fn wake_on_change(
-    dir: &std::path::Path,
-) -> anyhow::Result<(notify::RecommendedWatcher, mpsc::Receiver<()>)> {
+fn wake_on_change(dir: &std::path::Path) -> anyhow::Result<(agent::DirWatch, mpsc::Receiver<()>)> {
     Ok(agent::wake_on_change(dir)?)
 }
 

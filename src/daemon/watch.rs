@@ -54,7 +54,7 @@ impl Daemon {
                     let _ = tx.send(Event::SpoolFile(name.to_owned()));
                 } else if parent == td
                     && let Some(id) = name.strip_suffix(".json")
-                    && engine::timers::is_timer_id(id)
+                    && crate::names::is_timer_id(id)
                 {
                     let _ = tx.send(Event::TimerChanged(id.to_owned()));
                 } else if let Some(hint) = device::hint_for(path, &dd) {

@@ -111,12 +111,7 @@ pub fn take_next(home: &Home, channel: &str) -> Result<Option<Wake>> {
 
 /// Wake ids are `wk_<hex>_<n>`; anything else never names a file of ours.
 fn check_wake_id(wake_id: &str) -> Result<()> {
-    let ok = !wake_id.is_empty()
-        && wake_id.len() <= 64
-        && wake_id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    if ok {
+    if crate::names::is_wake_id(wake_id) {
         Ok(())
     } else {
         Err(Error::invalid(
@@ -133,7 +128,8 @@ pub fn untake(home: &Home, channel: &str, wake_id: &str) -> Result<()> {
     let new = home.inbox_new(channel);
     let cur = home.inbox_cur(channel);
     let from = wake_file(&cur, wake_id);
-    fs::rename(&from, wake_file(&new, wake_id)).map_err(|e| Error::io("cannot move", &from, e))?;
+    store::rename(&from, &wake_file(&new, wake_id))
+        .map_err(|e| Error::io("cannot move", &from, e))?;
     store::fsync_dir(&new)?;
     store::fsync_dir(&cur)
 }
@@ -146,7 +142,7 @@ pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
     let cur = home.inbox_cur(channel);
     create_dir_private(&cur)?;
     let from = wake_file(&new, wake_id);
-    match fs::rename(&from, wake_file(&cur, wake_id)) {
+    match store::rename(&from, &wake_file(&cur, wake_id)) {
         Ok(()) => {
             store::fsync_dir(&cur)?;
             store::fsync_dir(&new)?;

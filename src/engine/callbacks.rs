@@ -22,11 +22,6 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// How many recent spool-trigger identities a callback remembers for de-duplication.
 const RECENT_SOURCES: usize = 64;
 
-/// True for a syntactically valid callback id.
-pub fn is_callback_id(id: &str) -> bool {
-    super::is_prefixed_id(id, ID_PREFIX)
-}
-
 /// A callback and its token, which exists only in this value.
 #[derive(Debug, Clone)]
 pub struct IssuedCallback {
@@ -50,7 +45,9 @@ pub enum Trigger {
 /// The callback id a token names (`cb_<12 hex>_<secret>`), if it has that shape.
 fn id_of(token: &str) -> Option<&str> {
     let id = token.get(..15)?;
-    (is_callback_id(id) && token.as_bytes().get(15) == Some(&b'_') && token.len() > 16)
+    (crate::names::is_callback_id(id)
+        && token.as_bytes().get(15) == Some(&b'_')
+        && token.len() > 16)
         .then_some(id)
 }
 
@@ -67,13 +64,15 @@ impl Engine {
         label: Option<String>,
     ) -> Result<IssuedCallback> {
         let mut txn = self.store.callbacks().begin_docs()?;
-        self.issue_callback(txn.as_mut(), mode, session, label, false)
+        let issued = self.new_callback(mode, session, label, false)?;
+        txn.put(&issued.callback)?;
+        tracing::info!(callback = %issued.callback.id, session, mode = mode.as_str(), "callback created");
+        Ok(issued)
     }
 
-    /// Issues a callback in `txn`.
-    fn issue_callback(
+    /// A new callback and its token, not yet stored.
+    fn new_callback(
         &self,
-        txn: &mut dyn DocTxn<Callback>,
         mode: CallbackMode,
         session: &str,
         label: Option<String>,
@@ -109,8 +108,6 @@ impl Engine {
             hook_deliveries: Vec::new(),
             default,
         };
-        txn.put(&cb)?;
-        tracing::info!(callback = %cb.id, session, mode = mode.as_str(), "callback created");
         Ok(IssuedCallback {
             callback: cb,
             token,
@@ -184,6 +181,7 @@ impl Engine {
         let mut txn = self.store.callbacks().begin_docs()?;
         let mut old_mode = None;
         let mut label = None;
+        let mut revoked = Vec::new();
         for listed in self.list_callbacks(Some(session))? {
             // Read again in the transaction, so the write is checked against what it read.
             let Some(mut cb) = txn.read(&listed.id)? else {
@@ -192,14 +190,23 @@ impl Engine {
             if cb.default && cb.status == CallbackStatus::Active {
                 cb.status = CallbackStatus::Revoked;
                 cb.revoked_at = Some(self.clock.now());
-                txn.put(&cb)?;
-                tracing::info!(callback = %cb.id, session, "default callback revoked by a reset");
                 old_mode = Some(cb.mode);
-                label = cb.label.take();
+                label = cb.label.clone();
+                revoked.push(cb);
             }
         }
         let mode = mode.or(old_mode).unwrap_or(CallbackMode::Wake);
-        self.issue_callback(txn.as_mut(), mode, session, label, true)
+        let issued = self.new_callback(mode, session, label, true)?;
+        // The revocation and the replacement are one commit: a reset cut short leaves the old
+        // default active or the new one in its place, never neither.
+        let mut docs = revoked.clone();
+        docs.push(issued.callback.clone());
+        txn.put_all(&docs)?;
+        for cb in &revoked {
+            tracing::info!(callback = %cb.id, session, "default callback revoked by a reset");
+        }
+        tracing::info!(callback = %issued.callback.id, session, "default callback issued by a reset");
+        Ok(issued)
     }
 
     /// Revokes every callback of a session (used when the session is deleted).

@@ -79,25 +79,12 @@ const MIN_TTL_HOURS_SHOWN: f64 = 0.0003;
 
 /// Checks a session or channel name: it becomes a directory name.
 pub fn check_name(what: &'static str, name: &str) -> Result<()> {
-    // A leading '-' would read as an option wherever a name reaches a command line (a
-    // session became `claude -p --resume --dangerously-skip-permissions`).
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name != "."
-        && name != ".."
-        && !name.starts_with('-')
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-@".contains(&b));
-    if ok {
+    if crate::names::is_name(name) {
         Ok(())
     } else {
         Err(Error::invalid(
             what,
-            format!(
-                "{name:?} must be 1-128 characters of letters, digits, '.', '_', '-' or '@', \
-                 not starting with '-'"
-            ),
+            format!("{name:?} {}", crate::names::NAME_RULE),
         ))
     }
 }

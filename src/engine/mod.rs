@@ -18,8 +18,6 @@ pub mod silence;
 pub mod timers;
 
 use std::collections::{HashMap, HashSet};
-use std::fs;
-use std::io;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use rand::Rng;
@@ -32,7 +30,8 @@ use crate::model::{
     Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
     WakeKind,
 };
-use crate::request::{Owner, SignalRequest, Source, check_member_name, is_waitpoint_id};
+use crate::names::is_waitpoint_id;
+use crate::request::{Owner, SignalRequest, Source, check_member_name};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::state::{self, Store, Txn};
@@ -76,7 +75,7 @@ pub enum Verdict {
     Queued { id: String },
 }
 
-pub use crate::request::{identity_key, is_prefixed_id};
+pub use crate::request::identity_key;
 pub use crate::state::signal_file_name;
 
 /// The engine. Cheap to build; the daemon keeps one, CLI commands make one per call.

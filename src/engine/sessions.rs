@@ -33,11 +33,8 @@ impl Engine {
             }
         }
         let dir = self.home.sessions_dir().join(session);
-        match fs::remove_dir_all(&dir) {
-            Ok(()) => store::fsync_dir(&self.home.sessions_dir())?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("cannot remove", &dir, e)),
-        }
+        store::remove_tree(&dir)?;
+        store::fsync_dir(&self.home.sessions_dir())?;
         tracing::info!(
             session,
             cancelled = cancelled.len(),

@@ -35,8 +35,6 @@ pub const MAX_TIMER_MS: u64 = 10 * 365 * 86_400_000;
 /// The shortest interval of a repeating timer.
 pub const MIN_INTERVAL_MS: u64 = 1_000;
 
-pub use crate::request::is_timer_id;
-
 impl Engine {
     /// Reads one timer; `None` when there is no such id.
     pub fn load_timer(&self, id: &str) -> Result<Option<Timer>> {

@@ -23,7 +23,6 @@ use crate::secret::Secret;
 pub use crate::request::{
     CallbackRequest, MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MEMBER_CHARS, MAX_MESSAGE_CHARS,
     SENDER_KEY_PREFIX, SignalRequest, Source, check_member_name, identity_of, is_sender_key,
-    is_waitpoint_id,
 };
 /// A field that was present, whatever its value (`null` included), as opposed to absent.
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
@@ -96,7 +95,7 @@ pub fn parse_signal(bytes: &[u8]) -> Result<SignalRequest, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
     let wire: WireSignal =
         serde_json::from_str(text).map_err(|e| format!("not a valid signal: {e}"))?;
-    if !is_waitpoint_id(&wire.id) {
+    if !crate::names::is_waitpoint_id(&wire.id) {
         return Err(format!(
             "`id` must be wp_ followed by 12 hex digits, not {:?}",
             crate::secret::echo(&wire.id)

@@ -36,7 +36,8 @@ use etcd_client::{
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::model::{Callback, SignalRecord, Timer, Waitpoint, Wake};
-use crate::request::{identity_key, identity_of, is_waitpoint_id};
+use crate::names::is_waitpoint_id;
+use crate::request::{identity_key, identity_of};
 
 use super::files::parse_signal_file_name;
 use super::location::EtcdLocation;
@@ -1289,25 +1290,38 @@ impl<T: Doc> DocTxn<T> for EtcdDocs<'_, T> {
     }
 
     fn put(&mut self, doc: &T) -> Result<()> {
-        let key = self.store.doc_key(T::KIND, doc.id());
-        let mut ops = vec![TxnOp::put(key.clone(), to_json(doc), None)];
-        let compare = match self.read.get(doc.id()) {
-            Some(rev) => Compare::mod_revision(key, CompareOp::Equal, *rev),
-            None => {
-                ops.push(TxnOp::put(
-                    self.store
-                        .key(&format!("chan/{}", identity_key(doc.session()))),
-                    self.store.host.as_bytes().to_vec(),
-                    None,
-                ));
-                Compare::version(key, CompareOp::Equal, 0)
-            }
-        };
+        self.put_all(std::slice::from_ref(doc))
+    }
+
+    /// Every document's write and its check in one etcd transaction.
+    fn put_all(&mut self, docs: &[T]) -> Result<()> {
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        let mut channels = std::collections::HashSet::new();
+        for doc in docs {
+            let key = self.store.doc_key(T::KIND, doc.id());
+            ops.push(TxnOp::put(key.clone(), to_json(doc), None));
+            compares.push(match self.read.get(doc.id()) {
+                Some(rev) => Compare::mod_revision(key, CompareOp::Equal, *rev),
+                None => {
+                    // One put per key: etcd refuses a transaction naming a key twice.
+                    if channels.insert(doc.session().to_owned()) {
+                        ops.push(TxnOp::put(
+                            self.store
+                                .key(&format!("chan/{}", identity_key(doc.session()))),
+                            self.store.host.as_bytes().to_vec(),
+                            None,
+                        ));
+                    }
+                    Compare::version(key, CompareOp::Equal, 0)
+                }
+            });
+        }
         let what = "cannot write a timer or callback";
-        let rev = self
-            .store
-            .commit(what, vec![compare], ops, T::KIND.fenced())?;
-        self.read.insert(doc.id().to_owned(), rev);
+        let rev = self.store.commit(what, compares, ops, T::KIND.fenced())?;
+        for doc in docs {
+            self.read.insert(doc.id().to_owned(), rev);
+        }
         Ok(())
     }
 }

@@ -12,7 +12,6 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::fs;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -23,7 +22,8 @@ use crate::journal::{self, Journal};
 use crate::model::{
     Callback, JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint,
 };
-use crate::request::{identity_key, identity_of, is_waitpoint_id};
+use crate::names::is_waitpoint_id;
+use crate::request::{identity_key, identity_of};
 use crate::store::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
 
 use super::{Change, Doc, DocTxn, Docs, Hint, Store, Txn, Version};
@@ -215,6 +215,13 @@ impl Store for Files {
     }
 
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
+        // The id becomes a directory name, and the staging clean-up removes it on failure.
+        if !is_waitpoint_id(&wp.id) {
+            return Err(Error::invalid(
+                "id",
+                format!("{:?} is not a waitpoint id", wp.id),
+            ));
+        }
         if self.home.waitpoint_dir(&wp.id).exists() {
             return Ok(false);
         }
@@ -235,17 +242,8 @@ impl Store for Files {
     /// Streams the waitpoints directory, so a scan of a large home holds one waitpoint in
     /// memory, not all of them. A waitpoint removed during the scan is skipped.
     fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()> {
-        let dir = self.home.waitpoints_dir();
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(Error::io("cannot list", &dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("cannot list", &dir, e))?;
-            let name = entry.file_name();
-            let Some(id) = name.to_str() else { continue };
-            if let Some(wp) = self.read_listed(id)? {
+        for (id, _) in store::list_dir(&self.home.waitpoints_dir())? {
+            if let Some(wp) = self.read_listed(&id)? {
                 f(wp)?;
             }
         }
@@ -392,9 +390,9 @@ impl Txn for FileTxn<'_> {
         let dir = home.waitpoint_dir(id);
         let parent = home.waitpoints_dir();
         let grave = parent.join(format!(".gone-{id}"));
-        fs::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
+        store::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
         store::fsync_dir(&parent)?;
-        fs::remove_dir_all(&grave).map_err(|e| Error::io("cannot remove", &grave, e))?;
+        store::remove_tree(&grave)?;
         self.files.index_remove(wp)?;
         self.held.remove(id);
         Ok(())
@@ -450,7 +448,7 @@ impl Files {
         let parent = self.home.waitpoints_dir();
         create_dir_private(&parent)?;
         let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
-        let _ = fs::remove_dir_all(&staging);
+        let _ = store::remove_tree(&staging);
         let signals = staging.join("signals");
         create_dir_private(&signals)?;
         let result = records
@@ -469,12 +467,12 @@ impl Files {
             .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
             .and_then(|()| store::fsync_dir(&staging))
             .and_then(|()| {
-                fs::rename(&staging, self.home.waitpoint_dir(&wp.id))
+                store::rename(&staging, &self.home.waitpoint_dir(&wp.id))
                     .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
             })
             .and_then(|()| store::fsync_dir(&parent));
         if result.is_err() {
-            let _ = fs::remove_dir_all(&staging);
+            let _ = store::remove_tree(&staging);
         }
         result
     }
@@ -486,17 +484,22 @@ impl<T: Doc> Docs<T> for Files {
         if !T::KIND.is_id(id) {
             return Ok(None);
         }
+        if let Some(d) = pending_docs::<T>(self)?.into_iter().find(|d| d.id() == id) {
+            return Ok(Some(d));
+        }
         read_json(&T::KIND.dir(&self.home).join(format!("{id}.json")))
     }
 
     /// Every one of a kind; one that does not parse is set aside (`quarantine/`).
     fn all_docs(&self) -> Result<Vec<T>> {
-        let mut out = Vec::new();
+        let pending = pending_docs::<T>(self)?;
+        let mut out: Vec<T> = pending.clone();
         for (name, path) in store::list_dir(&T::KIND.dir(&self.home))? {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
             if T::KIND.is_id(id)
+                && !pending.iter().any(|p| p.id() == id)
                 && let Some(d) = store::read_json_or_set_aside(
                     &self.home.quarantine_dir(),
                     self.home.root(),
@@ -522,15 +525,50 @@ struct FileDocs<'a, T> {
     kind: std::marker::PhantomData<T>,
 }
 
+/// `<kind dir>/.intent.json`: the documents of a [`DocTxn::put_all`] in flight, committed as
+/// one file before any of them is written. Its commit is the transaction's: once it exists,
+/// readers see its documents, and the next transaction writes whatever it holds that a crash
+/// left unwritten, then removes it.
+const INTENT: &str = ".intent.json";
+
+/// The documents of an intent a crash or a writer in progress left (see [`INTENT`]).
+fn pending_docs<T: Doc>(files: &Files) -> Result<Vec<T>> {
+    let path = T::KIND.dir(&files.home).join(INTENT);
+    Ok(store::read_json_or_set_aside::<Vec<T>>(
+        &files.home.quarantine_dir(),
+        files.home.root(),
+        &path,
+    )?
+    .unwrap_or_default())
+}
+
 impl<'a, T: Doc> FileDocs<'a, T> {
     fn begin(files: &'a Files) -> Result<Self> {
         let dir = T::KIND.dir(&files.home);
         create_dir_private(&dir)?;
-        Ok(FileDocs {
+        let txn = FileDocs {
             files,
             _lock: FileLock::acquire(&dir.join(".lock"))?,
             kind: std::marker::PhantomData,
-        })
+        };
+        let pending = pending_docs::<T>(files)?;
+        if !pending.is_empty() {
+            txn.write_out(&pending)?;
+            tracing::info!(
+                documents = pending.len(),
+                "finished a commit of several documents an interruption left"
+            );
+        }
+        Ok(txn)
+    }
+
+    /// Writes each document to its own file, then removes the intent.
+    fn write_out(&self, docs: &[T]) -> Result<()> {
+        let dir = T::KIND.dir(&self.files.home);
+        for doc in docs {
+            commit_json(&dir.join(format!("{}.json", doc.id())), doc)?;
+        }
+        store::remove_durably(&dir.join(INTENT))
     }
 }
 
@@ -542,6 +580,19 @@ impl<T: Doc> DocTxn<T> for FileDocs<'_, T> {
     fn put(&mut self, doc: &T) -> Result<()> {
         let dir = T::KIND.dir(&self.files.home);
         commit_json(&dir.join(format!("{}.json", doc.id())), doc)
+    }
+
+    fn put_all(&mut self, docs: &[T]) -> Result<()> {
+        if let [one] = docs {
+            return self.put(one);
+        }
+        commit_json(&T::KIND.dir(&self.files.home).join(INTENT), &docs)?;
+        crate::failpoint!(
+            crate::failpoint::DOCS_AFTER_INTENT,
+            "cannot write the documents of",
+            &T::KIND.dir(&self.files.home)
+        );
+        self.write_out(docs)
     }
 }
 

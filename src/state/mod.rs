@@ -22,6 +22,7 @@
 pub mod etcd;
 mod files;
 mod forward;
+pub mod import;
 mod index;
 pub mod location;
 
@@ -78,15 +79,21 @@ pub fn copy_all(from: &dyn Store, to: &dyn Store) -> Result<Copied> {
         Ok(())
     })?;
     for t in from.timers().all_docs()? {
-        let mut txn = to.timers().begin_docs()?;
-        if txn.read(&t.id)?.is_some() {
-            copied.skipped.push(t.id);
-        } else {
-            txn.put(&t)?;
-            copied.timers += 1;
-        }
+        copy_timer(t, to, &mut copied)?;
     }
     Ok(copied)
+}
+
+/// Stores timer `t` in `to` unless its id is taken there (then it is listed as skipped).
+fn copy_timer(t: Timer, to: &dyn Store, copied: &mut Copied) -> Result<()> {
+    let mut txn = to.timers().begin_docs()?;
+    if txn.read(&t.id)?.is_some() {
+        copied.skipped.push(t.id);
+    } else {
+        txn.put(&t)?;
+        copied.timers += 1;
+    }
+    Ok(())
 }
 
 /// Who writes through a shared store.
@@ -292,7 +299,7 @@ pub trait Store: Send + Sync {
 
 /// A record kept whole, one file (or key) each, changed under its kind's lock on files and
 /// under a revision check on a shared store: a timer or a callback.
-pub trait Doc: serde::Serialize + serde::de::DeserializeOwned + 'static {
+pub trait Doc: Clone + serde::Serialize + serde::de::DeserializeOwned + 'static {
     const KIND: DocKind;
     fn id(&self) -> &str;
     /// Whose it is: its wakes go to this session's inbox (on a shared store, to its host).
@@ -322,8 +329,8 @@ impl DocKind {
     }
     pub fn is_id(self, id: &str) -> bool {
         match self {
-            DocKind::Timer => crate::request::is_timer_id(id),
-            DocKind::Callback => crate::request::is_prefixed_id(id, "cb_"),
+            DocKind::Timer => crate::names::is_timer_id(id),
+            DocKind::Callback => crate::names::is_callback_id(id),
         }
     }
     /// Whether a daemon writes it only while it leads. A timer fires on the leader; a
@@ -368,6 +375,9 @@ pub trait DocTxn<T> {
     fn read(&mut self, id: &str) -> Result<Option<T>>;
     /// Writes one durably: one read in this transaction (unchanged since), or a new one.
     fn put(&mut self, doc: &T) -> Result<()>;
+    /// Writes several as one commit: after a crash, readers see all of them or none (a reset
+    /// that revokes one callback and issues its replacement).
+    fn put_all(&mut self, docs: &[T]) -> Result<()>;
 }
 
 /// A unit of work on a [`Store`]: what it reads for update stays unchanged by others until it

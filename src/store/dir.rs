@@ -278,7 +278,15 @@ impl Dir {
     /// Moves the file at `from` (a path) into this directory as `name`.
     pub fn rename_into(&self, from: &Path, name: &str) -> io::Result<()> {
         let to = self.plain(OsStr::new(name)).map_err(|_| invalid())?;
-        Ok(rustix::fs::renameat(CWD, from, &self.fd, to)?)
+        let (at, from_name) = super::beneath::parent(from, false)
+            .map_err(io::Error::other)?
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(rustix::fs::renameat(
+            &at,
+            from_name.as_os_str(),
+            &self.fd,
+            to,
+        )?)
     }
 
     /// Moves `name` of this directory to `to_name` in `to`, both through their handles.

@@ -11,21 +11,17 @@ pub struct FileLock {
 
 impl FileLock {
     fn open(path: &Path) -> Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(FILE_MODE)
-            .open(path)
-            .map_err(|e| Error::io("cannot open lock", path, e))
+        open_or_create(path).map_err(|e| Error::io("cannot open lock", path, e))
     }
 
     /// Blocks until the lock on the directory `dir` itself is ours: a lock that needs no file
     /// of its own, so taking it for the first time creates nothing (a waitpoint's lock is
     /// taken by every signal's commit).
     pub fn acquire_dir(dir: &Path) -> Result<Self> {
-        let file = File::open(dir).map_err(|e| Error::io("cannot open lock", dir, e))?;
+        let file = File::from(
+            beneath::open_dir(dir, false)?
+                .ok_or_else(|| Error::io("cannot open lock", dir, not_found()))?,
+        );
         file.lock().map_err(|e| Error::io("cannot lock", dir, e))?;
         Ok(FileLock { file })
     }

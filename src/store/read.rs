@@ -6,10 +6,8 @@ use super::*;
 
 /// Reads and parses a JSON file; `Ok(None)` when it does not exist.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("cannot read", path, e)),
+    let Some(bytes) = read_bytes_if_exists(path)? else {
+        return Ok(None);
     };
     serde_json::from_slice(&bytes)
         .map(Some)
@@ -64,7 +62,7 @@ type Refused = (PathBuf, String);
 
 /// The bytes of the record at `path` beneath `root` (see [`read_json_or_set_aside`]);
 /// `None` when it does not exist.
-pub(super) fn read_record_bytes(
+pub fn read_record_bytes(
     root: &Path,
     path: &Path,
 ) -> Result<std::result::Result<Option<Vec<u8>>, Refused>> {
@@ -164,12 +162,44 @@ pub(super) fn read_record_fast(
     Ok(Some(Ok(Some(bytes))))
 }
 
+/// The bytes of the file at `path`, reached as `beneath.rs` says (a link in the home's
+/// directories is not followed, nor one as the file itself); `None` when it does not exist.
+/// At most [`MAX_RECORD_BYTES`]: a larger file is an error, not read.
 pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
-    match fs::read(path) {
-        Ok(b) => Ok(Some(b)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("cannot read", path, e)),
+    let file = match open_read(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            message: "is not a regular file".into(),
+        });
     }
+    let mut bytes = Vec::with_capacity(meta.len().min(MAX_RECORD_BYTES) as usize);
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if bytes.len() as u64 > MAX_RECORD_BYTES {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            message: format!("is more than {MAX_RECORD_BYTES} bytes"),
+        });
+    }
+    Ok(Some(bytes))
+}
+
+/// The name a file set aside goes by in the quarantine: its place under the root, `/` (and
+/// any control character) as `%`.
+pub(super) fn aside_name(rel: &Path) -> String {
+    rel.to_string_lossy()
+        .chars()
+        .map(|c| if c == '/' || c.is_control() { '%' } else { c })
+        .collect()
 }
 
 /// Moves `path` into `quarantine` (named after its place under `root`, `/` as `%`) with a
@@ -177,11 +207,7 @@ pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
 pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> Result<PathBuf> {
     create_dir_private(quarantine)?;
     let rel = path.strip_prefix(root).unwrap_or(path);
-    let stem: String = rel
-        .to_string_lossy()
-        .chars()
-        .map(|c| if c == '/' || c.is_control() { '%' } else { c })
-        .collect();
+    let stem = aside_name(rel);
     let mut target = quarantine.join(&stem);
     let mut n = 1;
     while target.exists() {

@@ -82,7 +82,7 @@ impl Trash {
                     });
                 Ok(())
             }
-            Err(_) => fs::rename(temp, target).map_err(|e| Error::io("cannot rename", target, e)),
+            Err(_) => rename(temp, target).map_err(|e| Error::io("cannot rename", target, e)),
         }
     }
 
@@ -201,17 +201,4 @@ impl Drop for Reaper {
             tracing::error!("cannot empty the trash at stop (the next start does): {e}");
         }
     }
-}
-
-/// Swaps the names `a` and `b` atomically (`renameat2(2)` with `RENAME_EXCHANGE`); both must
-/// exist.
-pub(super) fn exchange(a: &Path, b: &Path) -> io::Result<()> {
-    use rustix::fs::{CWD, RenameFlags};
-    Ok(rustix::fs::renameat_with(
-        CWD,
-        a,
-        CWD,
-        b,
-        RenameFlags::EXCHANGE,
-    )?)
 }

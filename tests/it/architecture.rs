@@ -99,6 +99,10 @@ fn the_pipeline_modules_import_each_other_without_a_cycle_and_the_vocabulary_is_
         !graph["engine"].contains("ingress"),
         "the engine never imports ingress"
     );
+    // The rules for ids and names are applied by requests and by records read back alike, so
+    // they depend on nothing.
+    let names = imports_of(&src, "names");
+    assert!(names.is_empty(), "names must be a leaf: {names:?}");
 }
 
 #[test]

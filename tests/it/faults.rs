@@ -4,6 +4,7 @@
 //! success for a write that failed: not the daemon's log, not `cortex-signal`, not `create`.
 
 use std::fs;
+use std::os::unix::process::ExitStatusExt;
 
 use waitpoint::failpoint;
 
@@ -285,6 +286,37 @@ fn without_inotify_the_daemon_runs_on_the_sweep_alone_and_doctor_says_so() {
 }
 
 #[test]
+fn wait_and_next_past_the_inotify_limit_look_again_instead_of_failing() {
+    let no_watcher = format!("{}=return(emfile)", failpoint::WATCHER);
+    let env = Env::new();
+    let reply = env.arm("t", &[]);
+    let (id, _) = id_secret(&reply);
+    let spawn = |args: &[&str]| {
+        env.command(WAITPOINT)
+            .args(args)
+            .env("FAILPOINTS", &no_watcher)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    // Both start watching before the signal exists: they must see it by looking again.
+    let wait = spawn(&["wait", &id, "--timeout", "120"]);
+    let next = spawn(&["next", "--timeout", "120", "--json"]);
+    let _d = env.daemon();
+    env.ok("job", &env.job_then(true, &line(&reply, "cli"), None));
+    let wait = wait.wait_with_output().unwrap();
+    assert_eq!(wait.status.code(), Some(0), "{}", env.report(&wait));
+    let next = next.wait_with_output().unwrap();
+    assert_eq!(next.status.code(), Some(0), "{}", env.report(&next));
+    assert!(
+        String::from_utf8_lossy(&next.stdout).contains(&id),
+        "{}",
+        env.report(&next)
+    );
+}
+
+#[test]
 fn a_500_after_the_journal_commit_says_the_outcome_is_unknown_and_a_retry_counts_once() {
     use crate::http::{raw, request};
     let env = Env::new();
@@ -322,4 +354,70 @@ fn a_500_after_the_journal_commit_says_the_outcome_is_unknown_and_a_retry_counts
         "the first attempt was recorded after all: {text}"
     );
     assert_eq!(env.state(&id)["counters"]["signals"], 1);
+}
+
+/// The session's callbacks as `callback list --json` shows them: (id, status, default).
+fn callbacks_of(env: &Env, session: &str) -> Vec<(String, String, bool)> {
+    let list = env.ok(
+        "callback list",
+        &env.waitpoint(&["callback", "list", "--session", session, "--json"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let items = v
+        .as_array()
+        .cloned()
+        .or_else(|| v["callbacks"].as_array().cloned())
+        .unwrap_or_default();
+    items
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap_or_default().to_owned(),
+                c["status"].as_str().unwrap_or_default().to_owned(),
+                c["default"].as_bool().unwrap_or(false),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_callback_reset_killed_after_its_commit_leaves_exactly_one_active_default() {
+    let env = Env::new();
+    let reset = ["callback", "reset", "--session", "s", "--json"];
+    env.ok("first reset", &env.waitpoint(&reset));
+    let before = callbacks_of(&env, "s");
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // Killed with the revocation and the replacement committed as one intent, neither file
+    // written: readers see both, and the next transaction writes them out.
+    let out = env
+        .command(WAITPOINT)
+        .args(reset)
+        .env(
+            "FAILPOINTS",
+            format!("{}=return(crash)", failpoint::DOCS_AFTER_INTENT),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.signal(), Some(9), "{}", env.report(&out));
+    let after = callbacks_of(&env, "s");
+    let active: Vec<_> = after.iter().filter(|c| c.1 == "active" && c.2).collect();
+    assert_eq!(active.len(), 1, "{after:?}\n{}", env.tree());
+    assert_ne!(
+        active[0].0, before[0].0,
+        "the replacement is the active one"
+    );
+
+    env.ok("reset again", &env.waitpoint(&reset));
+    let last = callbacks_of(&env, "s");
+    assert_eq!(
+        last.iter().filter(|c| c.1 == "active" && c.2).count(),
+        1,
+        "{last:?}"
+    );
+    assert!(
+        !env.home.join("callbacks/.intent.json").exists(),
+        "{}",
+        env.tree()
+    );
 }

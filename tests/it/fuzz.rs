@@ -20,8 +20,7 @@ use waitpoint::engine::{CreateRequest, Engine};
 use waitpoint::home::Home;
 use waitpoint::ingress::spool::{FileOutcome, Spool};
 use waitpoint::ingress::{
-    MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MEMBER_CHARS, MAX_MESSAGE_CHARS, data_chars,
-    is_waitpoint_id, parse_signal,
+    MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MEMBER_CHARS, MAX_MESSAGE_CHARS, data_chars, parse_signal,
 };
 use waitpoint::settings::Settings;
 
@@ -219,7 +218,7 @@ fn check_parse(input: &[u8]) -> Result<(), TestCaseError> {
     match result {
         Ok(r) => {
             prop_assert!(input.len() <= MAX_BODY_BYTES);
-            prop_assert!(is_waitpoint_id(&r.id));
+            prop_assert!(waitpoint::names::is_waitpoint_id(&r.id));
             prop_assert!(!r.secret.is_empty());
             if let Some(m) = &r.message {
                 prop_assert!(m.chars().count() <= MAX_MESSAGE_CHARS);

@@ -169,11 +169,13 @@ fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
     for (i, (id, secret)) in ids.iter().enumerate() {
         env.drop_file(&format!("f{i}"), &body(id, secret, r#","status":"ok""#));
     }
-    // The inbox cannot be written (its `new` is a file): records and states become durable,
-    // delivery fails, so the whole batch must fail and keep its files.
+    // The inbox cannot be written (its `new` is a file, which cannot be set aside because
+    // the quarantine is a link): records and states become durable, delivery fails, so the
+    // whole batch must fail and keep its files.
     let wakes = env.home.join("sessions/s/wakes");
     fs::create_dir_all(&wakes).unwrap();
     fs::write(wakes.join("new"), b"in the way").unwrap();
+    std::os::unix::fs::symlink("/nonexistent", env.home.join("quarantine")).unwrap();
     let spool = Spool::new(&waitpoint::home::Home::new(&env.home));
     let names = spool.pending().unwrap();
     let first = waitpoint::daemon::collect_files(&spool, &e, &names);
@@ -181,6 +183,7 @@ fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
     assert_eq!(env.spooled().len(), 5, "every file kept");
 
     fs::remove_file(wakes.join("new")).unwrap();
+    fs::remove_file(env.home.join("quarantine")).unwrap();
     // A new engine, as after a restart, and the same engine (the daemon retrying) must both
     // finish the job with each signal counted once and every wake delivered.
     let retry = waitpoint::daemon::collect_files(&spool, &e, &spool.pending().unwrap());

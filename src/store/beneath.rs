@@ -1,0 +1,287 @@
+//! Paths of a home reached from its root, never through a link: the one place where a path
+//! under a home becomes a directory handle.
+//!
+//! Every file operation of this module's parent (`commit`, renames, removals, listings, locks,
+//! reads) takes a path, as its callers build them from [`Home`](crate::home::Home). For a path
+//! under a registered home ([`confine`]) the operation does not resolve the path as the kernel
+//! would, following any link on the way: it opens the home's root (which may itself be a link
+//! the user made, `~/.cortex -> /data/cortex`), then the directory holding the last component
+//! relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts
+//! on the last component through that handle (`openat`, `renameat`, `unlinkat` with
+//! `O_NOFOLLOW`). A kernel without `openat2` gets the same walk one component at a time.
+//!
+//! A link (or a file) where a directory of the home should be is never followed. It is set
+//! aside into the home's `quarantine/` with a `.reason` beside it and a warning in the log
+//! (what it points to is not touched), and the operation goes on as if the directory were
+//! missing: a write makes the real directory, a read finds nothing. So one planted link costs
+//! only its own directory, never the daemon's batch. If the link cannot be set aside (the
+//! quarantine is itself a link), the operation fails with [`Error::Insecure`].
+//!
+//! Paths outside every registered home (a user's file named on the command line, a test's
+//! temp directory) are used as given.
+
+use std::ffi::{OsStr, OsString};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::RwLock;
+
+use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+
+use crate::error::{Error, Result};
+use crate::store::DIR_MODE;
+
+/// The registered homes: `(root, quarantine)`.
+static HOMES: RwLock<Vec<(PathBuf, PathBuf)>> = RwLock::new(Vec::new());
+
+/// Registers a home: from now on every path under `root` is reached beneath it, and links met
+/// on the way are set aside into `quarantine` (see the module docs). Idempotent.
+pub fn confine(root: &Path, quarantine: &Path) {
+    let mut homes = HOMES.write().unwrap_or_else(|e| e.into_inner());
+    if !homes.iter().any(|(r, _)| r == root) {
+        homes.push((root.to_owned(), quarantine.to_owned()));
+    }
+}
+
+/// The registered home `path` lies under (the deepest one): its root, quarantine and the
+/// path relative to the root.
+fn home_of(path: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let homes = HOMES.read().unwrap_or_else(|e| e.into_inner());
+    homes
+        .iter()
+        .filter_map(|(root, q)| {
+            let rel = path.strip_prefix(root).ok()?;
+            // `..` anywhere would climb out of the root; such a path is not confined, and
+            // `open_dir` refuses it below.
+            Some((root.clone(), q.clone(), rel.to_owned()))
+        })
+        .max_by_key(|(root, _, _)| root.as_os_str().len())
+}
+
+/// A directory to act in: a handle reached beneath a home, or the current directory for a
+/// path outside every home (the path is then used whole, as given).
+#[derive(Debug)]
+pub enum At {
+    Dir(OwnedFd),
+    Cwd,
+}
+
+impl AsFd for At {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            At::Dir(fd) => fd.as_fd(),
+            At::Cwd => CWD,
+        }
+    }
+}
+
+/// Where `path`'s last component lives and its name there: the directory reached beneath
+/// its home (made when `make`), or, outside every home, the current directory and the whole
+/// path. `Ok(None)` when the directory is missing and not made.
+pub fn parent(path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
+    let Some((root, quarantine, rel)) = home_of(path) else {
+        return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
+    };
+    let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
+        // The root itself: reached as the user made it.
+        return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
+    };
+    Ok(walk(&root, &quarantine, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
+}
+
+/// `path` itself as a directory handle, reached as [`parent`] reaches a directory; `Ok(None)`
+/// when it is missing and not made.
+pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+    match home_of(path) {
+        Some((root, quarantine, rel)) => walk(&root, &quarantine, &rel, make),
+        None => {
+            if make {
+                crate::store::mkdir_all_plain(path)?;
+            }
+            match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
+                Ok(fd) => Ok(Some(fd)),
+                Err(Errno::NOENT) => Ok(None),
+                Err(e) => Err(Error::io("cannot open", path, e.into())),
+            }
+        }
+    }
+}
+
+const OPEN_DIR: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// The directory `rel` beneath `root`, no link followed: one `openat2` when nothing is
+/// unusual, else one component at a time, setting aside what stands where a directory should.
+fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
+    let root_fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) if make => {
+            crate::store::mkdir_all_plain(root)?;
+            rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty())
+                .map_err(|e| Error::io("cannot open", root, e.into()))?
+        }
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(Error::io("cannot open", root, e.into())),
+    };
+    if rel.as_os_str().is_empty() {
+        return Ok(Some(root_fd));
+    }
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(&root_fd, rel, OPEN_DIR, Mode::empty(), resolve) {
+        Ok(fd) => return Ok(Some(fd)),
+        Err(Errno::NOENT) if !make => {
+            // Missing, or a link on the way made it look so? Only a link would matter, and
+            // `NO_SYMLINKS` says ELOOP for one, so this is truly missing.
+            return Ok(None);
+        }
+        // Missing parts to make, a link or a file on the way, or no openat2 here: the walk
+        // below does each and says which.
+        Err(_) => {}
+    }
+    let mut dir = root_fd;
+    let mut at = root.to_owned();
+    for part in rel.components() {
+        let name = match part {
+            Component::Normal(name) => name,
+            Component::CurDir => continue,
+            _ => {
+                return Err(Error::io(
+                    "not a path beneath the home",
+                    root.join(rel),
+                    io::Error::from(io::ErrorKind::InvalidInput),
+                ));
+            }
+        };
+        at.push(name);
+        dir = match step(&dir, name, &at, root, quarantine, make)? {
+            Some(fd) => fd,
+            None => return Ok(None),
+        };
+    }
+    Ok(Some(dir))
+}
+
+/// One component of [`walk`]: the directory `name` in `dir`.
+fn step(
+    dir: &OwnedFd,
+    name: &OsStr,
+    at: &Path,
+    root: &Path,
+    quarantine: &Path,
+    make: bool,
+) -> Result<Option<OwnedFd>> {
+    for _ in 0..3 {
+        match rustix::fs::openat(dir, name, OPEN_DIR, Mode::empty()) {
+            Ok(fd) => return Ok(Some(fd)),
+            Err(Errno::NOENT) if make => {
+                match rustix::fs::mkdirat(dir, name, Mode::from_raw_mode(DIR_MODE)) {
+                    Ok(()) | Err(Errno::EXIST) => continue,
+                    Err(e) => return Err(Error::io("cannot create directory", at, e.into())),
+                }
+            }
+            Err(Errno::NOENT) => return Ok(None),
+            Err(Errno::LOOP | Errno::NOTDIR) => {
+                let what = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                    Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Symlink => {
+                        "is a symbolic link where the home has a directory"
+                    }
+                    Ok(_) => "is not a directory where the home has one",
+                    Err(Errno::NOENT) => continue,
+                    Err(e) => return Err(Error::io("cannot inspect", at, e.into())),
+                };
+                set_aside_entry(dir, name, at, root, quarantine, what)?;
+                if !make {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(Error::io("cannot open", at, e.into())),
+        }
+    }
+    Err(Error::Insecure {
+        path: at.to_owned(),
+        message: "keeps changing while being opened".into(),
+    })
+}
+
+/// Moves the entry `name` of `dir` (a link or a file standing where a directory should) into
+/// the quarantine, renamed after its place, with the reason beside it. The quarantine is
+/// reached without setting anything aside itself: if it is a link, nothing moves and the
+/// caller is refused.
+fn set_aside_entry(
+    dir: &OwnedFd,
+    name: &OsStr,
+    at: &Path,
+    root: &Path,
+    quarantine: &Path,
+    reason: &str,
+) -> Result<()> {
+    let insecure = |message: String| Error::Insecure {
+        path: at.to_owned(),
+        message,
+    };
+    if quarantine.starts_with(at) {
+        return Err(insecure(format!(
+            "{reason}, and cannot be set aside into itself; remove it (the directory is made \
+             again)"
+        )));
+    }
+    let q_rel = quarantine.strip_prefix(root).unwrap_or(quarantine);
+    let q = strict_walk(root, q_rel).map_err(|e| {
+        insecure(format!(
+            "stands where a directory should and cannot be set aside ({e}); remove it"
+        ))
+    })?;
+    let rel = at.strip_prefix(root).unwrap_or(at);
+    let stem = super::read::aside_name(rel);
+    let mut target = stem.clone();
+    let mut n = 1;
+    while rustix::fs::statat(&q, target.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+        target = format!("{stem}.{n}");
+        n += 1;
+    }
+    let note = format!("{}: {reason}; set aside, not followed\n", rel.display());
+    crate::store::commit(
+        &quarantine.join(format!("{target}.reason")),
+        note.as_bytes(),
+    )?;
+    rustix::fs::renameat(dir, name, &q, target.as_str())
+        .map_err(|e| Error::io("cannot set aside", at, e.into()))?;
+    let _ = rustix::fs::fsync(&q);
+    let _ = rustix::fs::fsync(dir);
+    tracing::warn!(
+        path = %at.display(),
+        quarantined = %quarantine.join(&target).display(),
+        "{reason}; set aside, not followed"
+    );
+    Ok(())
+}
+
+/// `rel` beneath `root` with every component a real directory (made when missing), nothing
+/// set aside: for the quarantine itself.
+fn strict_walk(root: &Path, rel: &Path) -> Result<OwnedFd> {
+    let mut dir = rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty())
+        .map_err(|e| Error::io("cannot open", root, e.into()))?;
+    let mut at = root.to_owned();
+    for name in rel.iter() {
+        at.push(name);
+        if name.as_bytes() == b".." {
+            return Err(Error::io(
+                "not a path beneath the home",
+                &at,
+                io::Error::from(io::ErrorKind::InvalidInput),
+            ));
+        }
+        let _ = rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(DIR_MODE));
+        dir = rustix::fs::openat(&dir, name, OPEN_DIR, Mode::empty()).map_err(|e| {
+            Error::Insecure {
+                path: at.clone(),
+                message: format!("is not a real directory ({e})"),
+            }
+        })?;
+    }
+    Ok(dir)
+}

@@ -1,0 +1,147 @@
+//! Links in the home: a directory of the home swapped for a symbolic link (before a command
+//! runs, or while the daemon runs) is never followed. Nothing is written, moved or removed
+//! outside the home; the link is set aside into `quarantine/` with a reason and the work goes
+//! on in a real directory, or, where even that cannot be done, the command is refused.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use crate::helpers::*;
+
+/// A directory outside the home, and a check that nothing ever arrived there.
+struct Outside(PathBuf);
+
+impl Outside {
+    fn new(env: &Env, name: &str) -> Self {
+        let dir = env.home.parent().unwrap().join(name);
+        fs::create_dir_all(&dir).unwrap();
+        Outside(dir)
+    }
+
+    fn assert_untouched(&self, env: &Env, what: &str) {
+        let names: Vec<String> = fs::read_dir(&self.0)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.is_empty(),
+            "{what}: {} received {names:?}\n{}",
+            self.0.display(),
+            env.tree()
+        );
+    }
+}
+
+/// Replaces the directory `rel` of the home by a link to `to` (made when missing first).
+fn swap_for_link(env: &Env, rel: &str, to: &Path) {
+    let path = env.home.join(rel);
+    if path.exists() {
+        fs::remove_dir_all(&path).unwrap();
+    } else {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+    }
+    symlink(to, &path).unwrap();
+}
+
+fn quarantined_reasons(env: &Env) -> Vec<String> {
+    fs::read_dir(env.home.join("quarantine"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
+                .map(|e| fs::read_to_string(e.path()).unwrap())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn directories_swapped_for_links_while_the_daemon_runs_receive_nothing_and_are_set_aside() {
+    let env = Env::new();
+    let signals_out = Outside::new(&env, "signals-out");
+    let inbox_out = Outside::new(&env, "inbox-out");
+    let index_out = Outside::new(&env, "index-out");
+    let (id, secret) = id_secret(&env.arm("job", &["--session", "s"]));
+    let _d = env.daemon();
+    swap_for_link(&env, &format!("waitpoints/{id}/signals"), &signals_out.0);
+    swap_for_link(&env, "sessions/s/wakes/new", &inbox_out.0);
+    swap_for_link(&env, "index/sessions/s", &index_out.0);
+
+    // A second waitpoint of the session writes its index marker; the signal writes a record
+    // and a wake.
+    let second = id_secret(&env.arm("second", &["--session", "s"])).0;
+    env.drop_file("done", &body(&id, &secret, ""));
+    env.wait_until("the wake in the real inbox", || {
+        !env.inbox("s", "new").is_empty()
+    });
+
+    signals_out.assert_untouched(&env, "the signal record");
+    inbox_out.assert_untouched(&env, "the wake");
+    index_out.assert_untouched(&env, "the index marker");
+    for rel in [
+        format!("waitpoints/{id}/signals"),
+        "sessions/s/wakes/new".into(),
+        "index/sessions/s".into(),
+    ] {
+        let m = fs::symlink_metadata(env.home.join(&rel)).unwrap();
+        assert!(
+            m.is_dir(),
+            "{rel} is a real directory again\n{}",
+            env.tree()
+        );
+    }
+    assert_eq!(
+        fs::read_dir(env.home.join(format!("waitpoints/{id}/signals")))
+            .unwrap()
+            .count(),
+        1,
+        "the record is in the home\n{}",
+        env.tree()
+    );
+    assert!(
+        env.home.join(format!("index/sessions/s/{second}")).exists(),
+        "the marker is in the home\n{}",
+        env.tree()
+    );
+    let reasons = quarantined_reasons(&env);
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| r.contains("is a symbolic link where the home has a directory"))
+            .count(),
+        3,
+        "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_linked_quarantine_or_inbox_moves_nothing_out_of_the_home() {
+    let env = Env::new();
+    let cur_out = Outside::new(&env, "cur-out");
+    let quarantine_out = Outside::new(&env, "quarantine-out");
+    env.timer_now("s", "ring");
+    {
+        let _d = env.daemon();
+        env.wait_until("the timer's wake", || !env.inbox("s", "new").is_empty());
+    }
+    // `next` moves the wake to `cur/`: a link there is set aside, the wake stays home.
+    swap_for_link(&env, "sessions/s/wakes/cur", &cur_out.0);
+    let next = env.waitpoint(&["next", "--session", "s", "--timeout", "0"]);
+    env.ok("next", &next);
+    cur_out.assert_untouched(&env, "next");
+    assert_eq!(env.inbox("s", "cur").len(), 1, "{}", env.tree());
+
+    // A record that does not parse would be set aside into a quarantine that is a link: it
+    // stays where it is, skipped, and nothing moves out of the home.
+    swap_for_link(&env, "quarantine", &quarantine_out.0);
+    fs::write(env.home.join("timers/tm_00000000abcd.json"), "{ torn").unwrap();
+    let list = env.waitpoint(&["timer", "list", "--session", "s", "--json"]);
+    env.ok("timer list", &list);
+    quarantine_out.assert_untouched(&env, "timer list");
+    assert!(env.home.join("timers/tm_00000000abcd.json").exists());
+    let dst = Env::new();
+    let out = dst.waitpoint(&["import", env.home.to_str().unwrap()]);
+    dst.expect_code("import of a home with a torn timer", &out, 1);
+    quarantine_out.assert_untouched(&env, "import");
+}
