@@ -1042,18 +1042,15 @@ fn a_member_killed_and_left_down_mid_storm_costs_nothing_and_a_lost_quorum_keeps
     let (id, secret) = id_secret(&a.arm("storm", &["--session", "s1", "--max-signals", "10000"]));
     let hosts = [(&a, "a"), (&b, "b")];
     let signals = |env: &Env| shown(env, &id)["counters"]["signals"].as_u64().unwrap_or(0);
+    // Signal `i` of a storm, named `name`, dropped on a and b in turn.
+    let spread = |i: usize, name: &str| {
+        let (env, host) = hosts[i % 2];
+        drop_on(env, host, name, &id, &secret, progress)
+    };
     let mut dropped = Vec::new();
     let mut killed_at = None;
     for i in 0..FILES {
-        let (env, name) = hosts[i % 2];
-        dropped.push(drop_on(
-            env,
-            name,
-            &format!("{i:04}"),
-            &id,
-            &secret,
-            progress,
-        ));
+        dropped.push(spread(i, &format!("{i:04}")));
         if i == FILES / 3 {
             // The raft leader, left down for the rest of the storm.
             let first = cluster.leader();
@@ -1085,15 +1082,7 @@ fn a_member_killed_and_left_down_mid_storm_costs_nothing_and_a_lost_quorum_keeps
     let before = [refusals(&a), refusals(&b)];
     cluster.kill(second);
     for i in 0..LATER {
-        let (env, name) = hosts[i % 2];
-        dropped.push(drop_on(
-            env,
-            name,
-            &format!("later-{i}"),
-            &id,
-            &secret,
-            progress,
-        ));
+        dropped.push(spread(i, &format!("later-{i}")));
     }
     for (env, before) in [&a, &b].into_iter().zip(before) {
         env.wait_until("a refused commit in the log", || refusals(env) > before);
