@@ -62,6 +62,7 @@ impl Daemon {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::warn!("cannot read handed-over signals (will retry): {e}");
+                    self.retry.failed(Instant::now());
                     return;
                 }
             };
@@ -98,9 +99,11 @@ impl Daemon {
             if let Err(e) = self.engine.store().settle_forwarded(&settled) {
                 // Applied but not forgotten: the next round finds them recorded (duplicates).
                 tracing::warn!("cannot forget applied handed-over signals: {e}");
+                self.retry.failed(Instant::now());
                 return;
             }
             if failed {
+                self.retry.failed(Instant::now());
                 return;
             }
         }
@@ -112,9 +115,21 @@ impl Daemon {
             Ok(0) => {}
             Ok(n) => tracing::info!(wakes = n, "delivered wakes from the shared store"),
             Err(e) => {
-                tracing::warn!("cannot deliver wakes from the shared store (will retry): {e}")
+                tracing::warn!("cannot deliver wakes from the shared store (will retry): {e}");
+                self.retry.failed(Instant::now());
             }
         }
+    }
+
+    /// Tries again, before the next sweep, what failed commits kept back (see `retry`): the
+    /// drop zone, the device mirrors, what other hosts handed over, this host's wakes.
+    pub(super) fn retry_kept_back(&mut self) {
+        tracing::debug!("retrying what a failed commit kept back");
+        self.sweep_spool();
+        self.sweep_devices();
+        self.apply_forwarded();
+        self.deliver_wakes();
+        self.retry.pass_done();
     }
 
     /// Leadership of a shared store moved. A new leader forgets what it believed about any
@@ -293,9 +308,10 @@ impl Daemon {
                 }
             }
             Ok(_) => {}
-            // The file stays in the spool; the next sweep tries again.
+            // The file stays in the spool; a retry pass soon (or the next sweep) tries again.
             Err(e) => {
-                tracing::error!(file = ?name, "cannot collect signal file (kept for retry): {e}")
+                tracing::error!(file = ?name, "cannot collect signal file (kept for retry): {e}");
+                self.retry.failed(Instant::now());
             }
         }
     }
@@ -412,11 +428,14 @@ impl Daemon {
             Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
             Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
             Ok(_) => {}
-            Err(e) => tracing::error!(
-                device,
-                file,
-                "cannot collect mirrored signal file (kept for retry): {e}"
-            ),
+            Err(e) => {
+                tracing::error!(
+                    device,
+                    file,
+                    "cannot collect mirrored signal file (kept for retry): {e}"
+                );
+                self.retry.failed(Instant::now());
+            }
         }
     }
 

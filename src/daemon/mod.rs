@@ -1,7 +1,8 @@
 //! The daemon: one loop that owns every state transition while it runs. This file is the
 //! loop and its router; each job it routes to has its own file: `collect` (drop zone, device
 //! mirrors, HTTP), `schedule` (the due queue), `hooks` (the `onWake` runner), `watch` (the
-//! filesystem watch) and `janitor` (clean-up).
+//! filesystem watch), `janitor` (clean-up) and `retry` (the prompt retry of what a failed
+//! commit kept back).
 //!
 //! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
 //! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
@@ -42,6 +43,7 @@ use crate::store::{self, FileLock};
 mod collect;
 mod hooks;
 mod janitor;
+mod retry;
 mod schedule;
 mod watch;
 
@@ -156,6 +158,8 @@ pub struct Daemon {
     tx: Sender<Event>,
     due: DueQueue,
     deferred: Vec<(Instant, String)>,
+    /// When to try again what a failed commit kept back (see `retry`).
+    retry: retry::Backoff,
     /// Refused drop-zone files waiting to be parked, a few each turn of the loop (see
     /// [`Daemon::park_some`]), and their names, which sweeps leave alone meanwhile.
     to_park: std::collections::VecDeque<crate::ingress::spool::QueuedPark>,
@@ -259,6 +263,7 @@ impl Daemon {
                 tx,
                 due: DueQueue::default(),
                 deferred: Vec::new(),
+                retry: retry::Backoff::default(),
                 to_park: Default::default(),
                 parking: HashSet::new(),
                 barriers: Vec::new(),
@@ -386,6 +391,9 @@ impl Daemon {
                 self.ensure_index();
                 self.gc();
                 next_sweep = Some(Instant::now() + Duration::from_millis(sweep));
+            }
+            if self.retry.take_due(Instant::now()) {
+                self.retry_kept_back();
             }
             self.retry_deferred();
             self.run_due();

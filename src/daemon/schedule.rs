@@ -65,6 +65,9 @@ impl Daemon {
         if let Some((at, _)) = self.deferred.iter().min_by_key(|(at, _)| *at) {
             wait = wait.min(at.saturating_duration_since(now));
         }
+        if let Some(at) = self.retry.at() {
+            wait = wait.min(at.saturating_duration_since(now));
+        }
         wait
     }
 

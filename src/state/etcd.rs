@@ -21,6 +21,9 @@
 //! The client is asynchronous (tonic); the store owns one small tokio runtime and blocks on it,
 //! so the engine stays synchronous. Nothing here runs inside another runtime's worker: the MCP
 //! front end calls the engine from blocking threads.
+//!
+//! Each member is reached on its own and a request goes to the next when one does not answer
+//! ([`endpoints`]): the store works while a majority of the members does.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -30,7 +33,8 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{
     Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType, GetOptions,
-    Identity, SortOrder, SortTarget, TlsOptions, Txn as EtcdTxnReq, TxnOp, WatchOptions,
+    Identity, LeaseKeepAliveStream, LeaseKeeper, SortOrder, SortTarget, TlsOptions,
+    Txn as EtcdTxnReq, TxnOp, WatchOptions,
 };
 
 use crate::error::{Error, Result};
@@ -38,6 +42,10 @@ use crate::home::Home;
 use crate::model::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::names::is_waitpoint_id;
 use crate::request::{identity_key, identity_of};
+
+mod endpoints;
+
+use endpoints::{CallError, Members};
 
 use super::files::parse_signal_file_name;
 use super::location::EtcdLocation;
@@ -72,7 +80,8 @@ struct Fence {
 pub struct Etcd {
     /// Taken only by `drop` (see there).
     rt: Option<tokio::runtime::Runtime>,
-    client: Client,
+    /// The members, each with its own client (see [`endpoints`]).
+    members: Arc<Members>,
     loc: EtcdLocation,
     host: String,
     /// This host's home: where the wakes for its sessions are delivered.
@@ -122,7 +131,7 @@ fn read_private(path: &std::path::Path, what: &str, secret: bool) -> Result<Vec<
 }
 
 impl Etcd {
-    /// Connects to the cluster (lazily: the first request finds out whether it is up).
+    /// Connects to the cluster (lazily: the first request finds out which members are up).
     pub fn connect(loc: &EtcdLocation, host: &str, home: Home, role: Role) -> Result<Etcd> {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -161,18 +170,13 @@ impl Etcd {
             }
             options = options.with_tls(tls);
         }
-        let endpoints = loc.endpoints.clone();
         let probe = options.clone();
-        let client = rt
-            .block_on(async {
-                tokio::time::timeout(REQUEST_TIMEOUT, Client::connect(endpoints, Some(options)))
-                    .await
-            })
-            .map_err(|_| store_error(loc, "cannot connect", "timed out"))?
-            .map_err(|e| store_error(loc, "cannot connect", e))?;
+        // A member cut off from the others answers "no leader" at once (and ends its watches)
+        // instead of serving stale reads or holding a request: the store moves to another.
+        let members = Members::new(loc.endpoints.clone(), options.with_require_leader(true));
         Ok(Etcd {
             rt: Some(rt),
-            client,
+            members: Arc::new(members),
             loc: loc.clone(),
             host: host.to_owned(),
             home,
@@ -219,21 +223,43 @@ impl Etcd {
         self.key("leader")
     }
 
-    /// Runs one request on the runtime, bounded by [`REQUEST_TIMEOUT`].
-    fn call<T>(
+    /// Runs one request on the runtime, on the first member that answers, within
+    /// [`REQUEST_TIMEOUT`]. `f` may run more than once (see [`endpoints`] on why every request
+    /// of this store may).
+    fn call<T, F: Future<Output = std::result::Result<T, etcd_client::Error>>>(
         &self,
         what: &str,
-        f: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+        f: impl FnMut(Client) -> F,
     ) -> Result<T> {
         self.rt()
-            .block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, f).await })
-            .map_err(|_| store_error(&self.loc, what, "no answer within 10 s"))?
+            .block_on(self.members.run(REQUEST_TIMEOUT, f))
+            .map(|(v, _)| v)
             .map_err(|e| store_error(&self.loc, what, e))
     }
 
+    /// One transaction, through [`call`](Self::call).
+    fn txn(&self, what: &str, req: EtcdTxnReq) -> Result<etcd_client::TxnResponse> {
+        self.call(what, |mut c| {
+            let req = req.clone();
+            async move { c.txn(req).await }
+        })
+    }
+
+    /// One range read, through [`call`](Self::call).
+    fn read(
+        &self,
+        what: &str,
+        key: &[u8],
+        options: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse> {
+        self.call(what, |mut c| {
+            let (key, options) = (key.to_vec(), options.clone());
+            async move { c.get(key, options).await }
+        })
+    }
+
     fn get_value(&self, key: Vec<u8>) -> Result<Fetched> {
-        let mut c = self.client.clone();
-        let mut resp = self.call("cannot read", async move { c.get(key, None).await })?;
+        let mut resp = self.read("cannot read", &key, None)?;
         Ok(resp
             .take_kvs()
             .into_iter()
@@ -251,8 +277,7 @@ impl Etcd {
                 .map(|id| TxnOp::get(self.wp_key(id), None))
                 .collect::<Vec<_>>();
             let req = EtcdTxnReq::new().and_then(ops);
-            let mut c = self.client.clone();
-            let resp = self.call("cannot read waitpoints", async move { c.txn(req).await })?;
+            let resp = self.txn("cannot read waitpoints", req)?;
             out.extend(resp.op_responses().into_iter().map(|r| {
                 match r {
                     etcd_client::TxnOpResponse::Get(g) => g
@@ -285,12 +310,7 @@ impl Etcd {
             if at > 0 {
                 options = options.with_revision(at);
             }
-            let mut c = self.client.clone();
-            let key = from.clone();
-            let mut resp = self.call(
-                "cannot list",
-                async move { c.get(key, Some(options)).await },
-            )?;
+            let mut resp = self.read("cannot list", &from, Some(options))?;
             let more = resp.more();
             let kvs = resp.take_kvs();
             let Some(last) = kvs.last().map(|kv| kv.key().to_vec()) else {
@@ -308,11 +328,12 @@ impl Etcd {
 
     /// The newest revision of the cluster (what an export reads at).
     pub fn revision(&self) -> Result<i64> {
-        let mut c = self.client.clone();
         let key = self.key("wp/");
-        let resp = self.call("cannot read", async move {
-            c.get(key, Some(GetOptions::new().with_count_only())).await
-        })?;
+        let resp = self.read(
+            "cannot read",
+            &key,
+            Some(GetOptions::new().with_count_only()),
+        )?;
         Ok(resp.header().map_or(0, |h| h.revision()))
     }
 
@@ -356,8 +377,7 @@ impl Etcd {
             // On failure, the leadership key as it is now: whose comparison failed.
             req = req.or_else(vec![TxnOp::get(f.key.clone(), None)]);
         }
-        let mut c = self.client.clone();
-        let resp = self.call(what, async move { c.txn(req).await })?;
+        let resp = self.txn(what, req)?;
         if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
             let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
@@ -440,9 +460,9 @@ impl Etcd {
                 Ok(wake) => crate::delivery::deliver(home, &wake)?,
                 Err(e) => self.set_aside(&key, &value, &e.to_string())?,
             }
-            let mut c = self.client.clone();
-            self.call("cannot settle a delivered wake", async move {
-                c.delete(key, None).await
+            self.call("cannot settle a delivered wake", |mut c| {
+                let key = key.clone();
+                async move { c.delete(key, None).await }
             })?;
             n += 1;
         }
@@ -463,8 +483,7 @@ impl Etcd {
             TxnOp::put(self.key(&format!("bad/{rest}")), to_json(&record), None),
             TxnOp::delete(key.to_vec(), None),
         ]);
-        let mut c = self.client.clone();
-        self.call("cannot set aside", async move { c.txn(req).await })?;
+        self.txn("cannot set aside", req)?;
         Ok(())
     }
 
@@ -483,7 +502,7 @@ impl Etcd {
     /// a renewal fails or the lease runs out, leadership is given up at once (the fence stops
     /// writes server-side anyway) and a new campaign starts on a new lease.
     pub fn campaign(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Box<dyn Any + Send> {
-        let client = self.client.clone();
+        let members = Arc::clone(&self.members);
         let fence = Arc::clone(&self.fence);
         let name = self.election();
         let host = self.host.clone();
@@ -494,7 +513,7 @@ impl Etcd {
         let task = self.rt().spawn(async move {
             loop {
                 if let Err(e) =
-                    lead_once(&client, &fence, &name, &host, ttl, &held, &on_change).await
+                    lead_once(&members, &fence, &name, &host, ttl, &held, &on_change).await
                 {
                     tracing::warn!(store = %shown, "leadership: {e}; campaigning again");
                 }
@@ -512,7 +531,7 @@ impl Etcd {
         Box::new(Campaign {
             task: task.abort_handle(),
             lease,
-            client: self.client.clone(),
+            members: Arc::clone(&self.members),
             handle: self.rt().handle().clone(),
             fence: Arc::clone(&self.fence),
         })
@@ -562,6 +581,7 @@ async fn health(store: &Etcd) -> Vec<Health> {
             Err(_) => silent.push(format!("{ep}: no answer within 3 s")),
         }
     }
+    let majority = total / 2 + 1;
     out.push(match (answered.len(), silent.is_empty()) {
         (0, _) => finding(
             "cluster",
@@ -570,6 +590,18 @@ async fn health(store: &Etcd) -> Vec<Health> {
             Some("start the etcd members, or fix `store` in settings.json"),
         ),
         (n, true) => finding("cluster", Ok, format!("{n} of {total} members answer: {}", answered.join(", ")), None),
+        (n, false) if n < majority => finding(
+            "cluster",
+            Fail,
+            format!(
+                "quorum lost: {n} of {total} members answer ({}), and the cluster needs \
+                 {majority}; not: {}. Nothing can be written: signals stay spooled where they \
+                 arrived and are applied once a majority answers again",
+                answered.join(", "),
+                silent.join("; ")
+            ),
+            Some("restart the silent members"),
+        ),
         (n, false) => finding(
             "cluster",
             Warn,
@@ -584,7 +616,11 @@ async fn health(store: &Etcd) -> Vec<Health> {
         0 => finding(
             "raft",
             Fail,
-            "no member leads the cluster: every write waits".into(),
+            format!(
+                "no member leads the cluster ({} of {total} answer, none has a leader): every \
+                 write fails and signals stay spooled where they arrived",
+                answered.len()
+            ),
             Some("bring a majority of the members up"),
         ),
         1 => finding("raft", Ok, "one member leads the cluster".into(), None),
@@ -595,14 +631,22 @@ async fn health(store: &Etcd) -> Vec<Health> {
             Some("run doctor again in a few seconds"),
         ),
     });
-    let mut c = store.client.clone();
-    let alarms = c
-        .alarm(
-            etcd_client::AlarmAction::Get,
-            etcd_client::AlarmType::None,
-            None,
-        )
-        .await;
+    if leaders.is_empty() {
+        // The checks below ask the cluster, which cannot answer without a leader.
+        return out;
+    }
+    let alarms = store
+        .members
+        .run(REQUEST_TIMEOUT, |mut c| async move {
+            c.alarm(
+                etcd_client::AlarmAction::Get,
+                etcd_client::AlarmType::None,
+                None,
+            )
+            .await
+        })
+        .await
+        .map(|(a, _)| a);
     let size = format!("database {} kB", db / 1024);
     out.push(match alarms {
         Err(e) => finding("space", Warn, format!("{size}; cannot read alarms: {e}"), None),
@@ -614,9 +658,16 @@ async fn health(store: &Etcd) -> Vec<Health> {
         ),
         Result::Ok(_) => finding("space", Ok, format!("{size}, no space alarm"), None),
     });
-    let mut c = store.client.clone();
-    out.push(match c.leader(store.election()).await {
-        Result::Ok(l) => {
+    let name = store.election();
+    let leading = store
+        .members
+        .run(REQUEST_TIMEOUT, |mut c| {
+            let name = name.clone();
+            async move { c.leader(name).await }
+        })
+        .await;
+    out.push(match leading {
+        Result::Ok((l, _)) => {
             let host = l
                 .kv()
                 .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
@@ -628,11 +679,24 @@ async fn health(store: &Etcd) -> Vec<Health> {
                 None,
             )
         }
-        Err(_) => finding(
+        // etcd answers an election without a leader with a plain error (code `Unknown`, which
+        // is also how a lost connection shows), so it is known by its text.
+        Err(e)
+            if matches!(e, CallError::Refused(_))
+                || e.to_string().contains("election: no leader") =>
+        {
+            finding(
+                "daemons",
+                Warn,
+                "no daemon leads: signals are kept, but nobody applies them".into(),
+                Some("start `waitpoint daemon` on a host of the cluster"),
+            )
+        }
+        Err(e) => finding(
             "daemons",
             Warn,
-            "no daemon leads: signals are kept, but nobody applies them".into(),
-            Some("start `waitpoint daemon` on a host of the cluster"),
+            format!("cannot ask which daemon leads: {e}"),
+            Some("run doctor again in a few seconds"),
         ),
     });
     out
@@ -651,7 +715,7 @@ impl Drop for Etcd {
 
 /// One lease: campaign on it, lead while it lives.
 async fn lead_once(
-    client: &Client,
+    members: &Members,
     fence: &Mutex<Option<Fence>>,
     name: &[u8],
     host: &str,
@@ -659,46 +723,37 @@ async fn lead_once(
     held: &Mutex<Option<i64>>,
     on_change: &(dyn Fn(bool) + Send + Sync),
 ) -> std::result::Result<(), String> {
-    let mut c = client.clone();
-    let grant = tokio::time::timeout(REQUEST_TIMEOUT, c.lease_grant(ttl, None))
+    let asked = Instant::now();
+    let (grant, _) = members
+        .run(REQUEST_TIMEOUT, |mut c| async move {
+            c.lease_grant(ttl, None).await
+        })
         .await
-        .map_err(|_| "no answer to a lease grant".to_owned())?
         .map_err(|e| format!("cannot take a lease: {e}"))?;
     let id = grant.id();
     *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
-    let (mut keeper, mut replies) = c
-        .lease_keep_alive(id)
-        .await
-        .map_err(|e| format!("cannot keep the lease alive: {e}"))?;
-    // Renewals run beside the campaign, which may wait for a long time.
-    let renew_every = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
-    let expires = Arc::new(Mutex::new(Instant::now() + Duration::from_secs(ttl as u64)));
-    let until = Arc::clone(&expires);
-    let renewals = async move {
-        loop {
-            keeper
-                .keep_alive()
-                .await
-                .map_err(|e| format!("lease renewal failed: {e}"))?;
-            match tokio::time::timeout(REQUEST_TIMEOUT, replies.message()).await {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => {
-                    *until.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Instant::now() + Duration::from_secs(r.ttl() as u64);
-                }
-                Ok(Ok(Some(_))) => return Err::<(), String>("the lease expired".into()),
-                Ok(Ok(None)) => return Err("the lease renewals ended".into()),
-                Ok(Err(e)) => return Err(format!("lease renewal failed: {e}")),
-                Err(_) => return Err("no answer to a lease renewal".into()),
-            }
-            tokio::time::sleep(renew_every).await;
-        }
-    };
+    // Counted from before the grant was asked for: the lease cannot outlive that.
+    let expires = Mutex::new(asked + Duration::from_secs(ttl as u64));
+    let renewals = keep_alive(members, id, ttl, &expires);
     let campaign = async {
-        let mut c = client.clone();
-        let resp = c
-            .campaign(name.to_vec(), host.as_bytes().to_vec(), id)
-            .await
-            .map_err(|e| format!("campaign failed: {e}"))?;
+        // A campaign waits (for as long as another daemon leads), so it is no request with a
+        // time limit: it runs on one member, and when that member fails the campaign ends and
+        // the next one, on a new lease, starts on the next member.
+        let at = members.preferred();
+        let asked = async {
+            let mut c = members.client(at).await?;
+            c.campaign(name.to_vec(), host.as_bytes().to_vec(), id)
+                .await
+        };
+        let resp = match asked.await {
+            Ok(resp) => resp,
+            Err(e) => {
+                if endpoints::unavailable(&e) {
+                    members.failed(at);
+                }
+                return Err(format!("campaign failed on {}: {e}", members.endpoint(at)));
+            }
+        };
         let leader = resp.leader().ok_or("the campaign named no leader")?;
         *fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Fence {
             key: leader.key().to_vec(),
@@ -726,9 +781,91 @@ async fn lead_once(
         r = renewals => r,
         r = campaign => r,
     };
-    let mut c = client.clone();
-    let _ = tokio::time::timeout(Duration::from_secs(1), c.lease_revoke(id)).await;
+    let _ = members
+        .run(Duration::from_secs(1), |mut c| async move {
+            c.lease_revoke(id).await
+        })
+        .await;
     result
+}
+
+/// Renews lease `id` while it lives, moving `expires` on with each renewal. The renewals run
+/// on one member's stream; when that member stops answering (its stream breaks, a renewal
+/// goes unanswered for a third of the TTL), the stream is opened again on the next member,
+/// the same lease, so leadership survives the loss of any member but a majority. Ends when the
+/// cluster says the lease is gone or no member renewed it in time.
+async fn keep_alive(
+    members: &Members,
+    id: i64,
+    ttl: i64,
+    expires: &Mutex<Instant>,
+) -> std::result::Result<(), String> {
+    let every = Duration::from_millis((ttl as u64 * 1000 / 3).max(200));
+    // Longer than this unanswered, a renewal is tried on another member.
+    let patience = every.max(Duration::from_millis(500));
+    let left = || {
+        expires
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .saturating_duration_since(Instant::now())
+    };
+    let renewed = |at: Instant, ttl: i64| {
+        *expires.lock().unwrap_or_else(|e| e.into_inner()) =
+            at + Duration::from_secs(ttl.max(0) as u64);
+    };
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream, usize)> = None;
+    loop {
+        if left().is_zero() {
+            return Err("the lease expired unrenewed".into());
+        }
+        let Some((keeper, replies, at)) = stream.as_mut() else {
+            // Opening the stream renews the lease once (its first request).
+            let sent = Instant::now();
+            match members
+                .run(left(), |mut c| async move { c.lease_keep_alive(id).await })
+                .await
+            {
+                Ok(((keeper, replies), at)) => {
+                    renewed(sent, ttl);
+                    stream = Some((keeper, replies, at));
+                    tokio::time::sleep(every).await;
+                }
+                Err(CallError::Refused(e)) => {
+                    return Err(format!("cannot keep the lease alive: {e}"));
+                }
+                Err(e) => {
+                    tracing::warn!("lease renewal: {e}; trying again while the lease lasts");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            continue;
+        };
+        let sent = Instant::now();
+        let answer = tokio::time::timeout(patience, async {
+            keeper.keep_alive().await?;
+            replies.message().await
+        })
+        .await;
+        match answer {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => renewed(sent, r.ttl()),
+            Ok(Ok(Some(_))) => return Err("the lease expired".into()),
+            broken => {
+                let why = match broken {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(_) => "the stream ended".into(),
+                    Err(_) => format!("no answer within {} ms", patience.as_millis()),
+                };
+                tracing::warn!(
+                    member = members.endpoint(*at),
+                    "lease renewals stopped ({why}); renewing through the next member"
+                );
+                members.failed(*at);
+                stream = None;
+                continue;
+            }
+        }
+        tokio::time::sleep(every).await;
+    }
 }
 
 /// A running campaign; dropping it ends the leadership at once (its lease is revoked), so a
@@ -736,7 +873,7 @@ async fn lead_once(
 struct Campaign {
     task: tokio::task::AbortHandle,
     lease: Arc<Mutex<Option<i64>>>,
-    client: Client,
+    members: Arc<Members>,
     handle: tokio::runtime::Handle,
     fence: Arc<Mutex<Option<Fence>>>,
 }
@@ -746,10 +883,12 @@ impl Drop for Campaign {
         self.task.abort();
         *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if let Some(id) = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let mut c = self.client.clone();
-            let _ = self.handle.block_on(async move {
-                tokio::time::timeout(Duration::from_secs(2), c.lease_revoke(id)).await
-            });
+            let revoke = self
+                .members
+                .run(Duration::from_secs(2), |mut c| async move {
+                    c.lease_revoke(id).await
+                });
+            let _ = self.handle.block_on(revoke);
         }
     }
 }
@@ -907,8 +1046,7 @@ impl Store for Etcd {
                 })
                 .collect::<Vec<_>>();
             let req = EtcdTxnReq::new().and_then(ops);
-            let mut c = self.client.clone();
-            self.call("cannot import records", async move { c.txn(req).await })?;
+            self.txn("cannot import records", req)?;
         }
         match self.create(wp) {
             Ok(()) => Ok(true),
@@ -992,9 +1130,11 @@ impl Store for Etcd {
     /// this host. A watch that ends (a member restarted) is resumed from the revision after
     /// the last one it reported, so nothing between is missed; only when that history is
     /// compacted away does the owner hear a resync (as after an inotify overflow). The first
-    /// watch needs none: its owner reads everything after starting it.
+    /// watch needs none: its owner reads everything after starting it. A watch that broke is
+    /// resumed on the next member; one that was cancelled because its member lost the leader
+    /// too (the members are asked to require one).
     fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
-        let client = self.client.clone();
+        let members = Arc::clone(&self.members);
         let prefix = self.loc.prefix.clone();
         let wakes = format!("{prefix}wake/{}/", self.host);
         let own = Arc::clone(&self.own);
@@ -1002,19 +1142,28 @@ impl Store for Etcd {
             // The first revision the next watch must report; 0: from now.
             let mut next = 0;
             loop {
-                let mut c = client.clone();
                 let mut opts = WatchOptions::new().with_prefix();
                 if next > 0 {
                     opts = opts.with_start_revision(next);
                 }
-                if let Ok(mut stream) = c.watch(prefix.clone(), Some(opts)).await {
+                let opened = members
+                    .run(REQUEST_TIMEOUT, |mut c| {
+                        let (prefix, opts) = (prefix.clone(), opts.clone());
+                        async move { c.watch(prefix, Some(opts)).await }
+                    })
+                    .await;
+                if let Ok((mut stream, at)) = opened {
                     // A watch from now starts after the revision its first answer names.
                     let mut from_now = next == 0;
+                    // Whether the watch ended through its member's failure (the stream broke,
+                    // the member lost its leader) rather than a compaction.
+                    let mut failed = true;
                     while let Ok(Some(resp)) = stream.message().await {
                         if resp.canceled() {
                             if resp.compact_revision() > 0 {
                                 // What happened since `next` is gone: read everything again.
                                 next = 0;
+                                failed = false;
                                 hint(Hint::Resync);
                             }
                             break;
@@ -1050,6 +1199,9 @@ impl Store for Etcd {
                                 hint(Hint::Wakes);
                             }
                         }
+                    }
+                    if failed {
+                        members.failed(at);
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1090,8 +1242,7 @@ impl Store for Etcd {
                 .map(|f| TxnOp::put(self.key(&format!("in/{}", f.key)), to_json(f), None))
                 .collect::<Vec<_>>();
             let req = EtcdTxnReq::new().and_then(ops);
-            let mut c = self.client.clone();
-            self.call("cannot hand signals over", async move { c.txn(req).await })?;
+            self.txn("cannot hand signals over", req)?;
         }
         Ok(())
     }
@@ -1102,10 +1253,7 @@ impl Store for Etcd {
             .with_prefix()
             .with_sort(SortTarget::Mod, SortOrder::Ascend)
             .with_limit(max as i64);
-        let mut c = self.client.clone();
-        let mut resp = self.call("cannot read handed-over signals", async move {
-            c.get(prefix, Some(options)).await
-        })?;
+        let mut resp = self.read("cannot read handed-over signals", &prefix, Some(options))?;
         let mut out = Vec::new();
         for kv in resp.take_kvs() {
             match serde_json::from_slice::<Forwarded>(kv.value()) {
@@ -1123,10 +1271,7 @@ impl Store for Etcd {
                 .map(|k| TxnOp::delete(self.key(&format!("in/{k}")), None))
                 .collect::<Vec<_>>();
             let req = EtcdTxnReq::new().and_then(ops);
-            let mut c = self.client.clone();
-            self.call("cannot settle handed-over signals", async move {
-                c.txn(req).await
-            })?;
+            self.txn("cannot settle handed-over signals", req)?;
         }
         Ok(())
     }
@@ -1137,8 +1282,7 @@ impl Store for Etcd {
         }
         let op = self.wake_op(wake)?;
         let req = EtcdTxnReq::new().and_then(vec![op]);
-        let mut c = self.client.clone();
-        self.call("cannot send a wake", async move { c.txn(req).await })?;
+        self.txn("cannot send a wake", req)?;
         Ok(())
     }
 
@@ -1148,22 +1292,20 @@ impl Store for Etcd {
 
     fn health(&self) -> Vec<Health> {
         let mut out = self.rt().block_on(health(self));
-        if out.len() == 1 {
-            // Nobody answered; there is nothing more to ask.
+        if out
+            .iter()
+            .any(|h| matches!(h.name, "cluster" | "raft") && h.level == HealthLevel::Fail)
+        {
+            // No member answers, or none has a leader: there is nothing more to ask.
             return out;
         }
         let now = self.revision().unwrap_or(0);
-        let first = self.call("cannot read", {
-            let mut c = self.client.clone();
-            let key = self.key("wp/");
-            async move {
-                c.get(
-                    key,
-                    Some(GetOptions::new().with_revision(1).with_count_only()),
-                )
-                .await
-            }
-        });
+        let key = self.key("wp/");
+        let first = self.read(
+            "cannot read",
+            &key,
+            Some(GetOptions::new().with_revision(1).with_count_only()),
+        );
         out.push(match first {
             Ok(_) if now > UNCOMPACTED_WARN => finding(
                 "history",

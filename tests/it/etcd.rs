@@ -6,7 +6,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -1025,4 +1025,105 @@ fn a_file_from_a_device_of_one_host_wakes_a_session_of_another() {
             .ok("show with CORTEX_STORE", &by_env)
             .contains("train")
     );
+}
+
+/// One member of three SIGKILLed mid-storm and left down: the two others keep the quorum, and
+/// the daemons and commands go on with them (issue 26, item 9: every request failed `tcp
+/// connect error` while one endpoint was down). Then a second member down, the quorum lost:
+/// signals stay spooled where they arrived and `doctor` says why; with the members back,
+/// everything is applied, once.
+#[test]
+fn a_member_killed_and_left_down_mid_storm_costs_nothing_and_a_lost_quorum_keeps_signals_spooled() {
+    const FILES: usize = 200;
+    const LATER: usize = 10;
+    let progress = r#","status":"progress""#;
+    let mut cluster = Cluster::start();
+    let (a, b, _da, _db) = two_hosts(&cluster);
+    let (id, secret) = id_secret(&a.arm("storm", &["--session", "s1", "--max-signals", "10000"]));
+    let hosts = [(&a, "a"), (&b, "b")];
+    let signals = |env: &Env| shown(env, &id)["counters"]["signals"].as_u64().unwrap_or(0);
+    // Signal `i` of a storm, named `name`, dropped on a and b in turn.
+    let spread = |i: usize, name: &str| {
+        let (env, host) = hosts[i % 2];
+        drop_on(env, host, name, &id, &secret, progress)
+    };
+    let mut dropped = Vec::new();
+    let mut killed_at = None;
+    for i in 0..FILES {
+        dropped.push(spread(i, &format!("{i:04}")));
+        if i == FILES / 3 {
+            // The raft leader, left down for the rest of the storm.
+            let first = cluster.leader();
+            cluster.kill(first);
+            killed_at = Some((first, Instant::now()));
+        }
+    }
+    let (first, since) = killed_at.unwrap();
+    let last_drop = Instant::now();
+    for env in [&a, &b] {
+        env.wait_until_within(
+            "the drop zone empty with a member down",
+            Duration::from_secs(60),
+            || env.spooled().is_empty(),
+        );
+    }
+    a.wait_until("nothing left handed over", || cluster.count("in/") == 0);
+    // Read on b, through the CLI, with the member still down.
+    assert_eq!(signals(&b), FILES as u64, "{}", log(&a));
+    eprintln!(
+        "200 signals applied with a member down: {} ms after the kill, {} ms after the last drop",
+        since.elapsed().as_millis(),
+        last_drop.elapsed().as_millis()
+    );
+
+    // A second member down: no quorum. New signals stay where they arrived.
+    let second = (0..3).find(|i| *i != first).unwrap();
+    let refusals = |env: &Env| log(env).matches("kept for retry").count();
+    let before = [refusals(&a), refusals(&b)];
+    cluster.kill(second);
+    for i in 0..LATER {
+        dropped.push(spread(i, &format!("later-{i}")));
+    }
+    for (env, before) in [&a, &b].into_iter().zip(before) {
+        env.wait_until("a refused commit in the log", || refusals(env) > before);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        a.spooled().len() + b.spooled().len(),
+        LATER,
+        "all stay spooled"
+    );
+    let out = a.waitpoint(&["doctor"]);
+    let report = a.expect_code("doctor without a quorum", &out, 1);
+    let line = report
+        .lines()
+        .find(|l| l.contains("quorum lost"))
+        .unwrap_or_else(|| panic!("doctor does not say the quorum is lost:\n{report}"));
+    assert!(
+        line.starts_with("FAIL") && line.contains("1 of 3"),
+        "{report}"
+    );
+
+    // The members back: everything is applied, nothing lost or counted twice.
+    let back = Instant::now();
+    cluster.restart(first);
+    cluster.restart(second);
+    for env in [&a, &b] {
+        env.wait_until("the spooled signals applied", || env.spooled().is_empty());
+    }
+    a.wait_until("nothing left handed over", || cluster.count("in/") == 0);
+    eprintln!(
+        "{LATER} spooled signals applied {} ms after the members were restarted",
+        back.elapsed().as_millis()
+    );
+    dropped.push(drop_on(&b, "b", "end", &id, &secret, ""));
+    a.wait_until("the resolved wake on host a", || {
+        a.inbox("s1", "new").len() == 1
+    });
+    assert_eq!(signals(&a), (FILES + LATER + 1) as u64);
+    let audit = audit(&a, &[&a, &b]);
+    let findings = invariants::check(&audit, &dropped);
+    findings.assert_kept("a member down, then the quorum lost");
+    assert_eq!(findings.recorded, dropped.len(), "{findings:?}");
+    assert_eq!(findings.wakes, 1, "{findings:?}");
 }
