@@ -309,7 +309,10 @@ fn settings_env(d: &mut Doc) {
     d.var(
         "CORTEX_WAITPOINT_MAX_WAKES_PER_HOUR",
         "Wake cap per waitpoint per sliding hour, when settings.json has no \
-waitpointMaxWakesPerHour.",
+waitpointMaxWakesPerHour. An agent's timers and callbacks together may wake it five times \
+this often (60 an hour by default): over that, a timer's fire waits until the hour has room \
+and a callback is refused with HTTP 429 and its retry_after_s (a spool file stays for a later \
+pass).",
     );
 }
 

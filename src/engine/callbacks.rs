@@ -40,6 +40,9 @@ pub enum Trigger {
     Invalid,
     /// A valid token used on the other mode's route.
     WrongMode { expected: CallbackMode },
+    /// The agent's timers and callbacks woke it as often as an hour allows (`budget.rs`):
+    /// not delivered; try again at `retry_at`.
+    Limited { id: String, retry_at: Timestamp },
 }
 
 /// The callback id a token names (`cb_<12 hex>_<secret>`), if it has that shape.
@@ -248,6 +251,13 @@ impl Engine {
             && cb.recent_sources.contains(src)
         {
             return Ok(Trigger::Duplicate { id: cb.id });
+        }
+        if let Err(retry_at) = self.take_event_wake(&cb.session) {
+            tracing::warn!(callback = %cb.id, session = %cb.session, until = %retry_at, "callback refused at the agent's hourly wake limit");
+            return Ok(Trigger::Limited {
+                id: cb.id,
+                retry_at,
+            });
         }
         let now = self.clock.now();
         let wake = callback_wake(&cb, text, now);

@@ -9,6 +9,7 @@
 //! the journal's replay, so no signal counts twice.
 
 mod batch;
+pub mod budget;
 pub mod callbacks;
 mod create;
 pub mod rules;
@@ -97,9 +98,20 @@ pub struct Engine {
     silence_held: std::sync::atomic::AtomicBool,
     /// Waitpoints whose silence came due while held: looked at again on release.
     held: Mutex<Vec<String>>,
+    /// The wakes each agent's timers and callbacks made in the last hour (`budget.rs`).
+    event_budget: budget::EventBudget,
 }
 
 impl Engine {
+    /// Takes one wake of `session`'s timer and callback budget now, or says when it frees.
+    fn take_event_wake(&self, session: &str) -> std::result::Result<(), Timestamp> {
+        let cap = self
+            .settings
+            .max_wakes_per_hour
+            .saturating_mul(budget::EVENT_CAP_FACTOR);
+        self.event_budget.take(session, self.clock.now(), cap)
+    }
+
     /// An engine on the home's files, the embedded store ([`state::Files`]).
     pub fn new(home: Home, settings: Settings, clock: Arc<dyn Clock>) -> Self {
         let trash = Arc::new(OnceLock::new());
@@ -114,6 +126,7 @@ impl Engine {
             devices: Mutex::new(None),
             silence_held: std::sync::atomic::AtomicBool::new(false),
             held: Mutex::new(Vec::new()),
+            event_budget: budget::EventBudget::default(),
         }
     }
 

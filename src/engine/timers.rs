@@ -176,6 +176,19 @@ impl Engine {
         let mut changed = false;
         if let (TimerStatus::Active, Some(due)) = (t.status, t.next_fire_at)
             && due <= now
+            && let Err(frees_at) = self.take_event_wake(&t.session)
+        {
+            // Held, not skipped: the fire goes out once the agent's hour has room.
+            t.next_fire_at = Some(frees_at);
+            txn.put(&t)?;
+            tracing::info!(
+                timer = %t.id,
+                session = %t.session,
+                until = %frees_at,
+                "timer held at the agent's hourly wake limit"
+            );
+        } else if let (TimerStatus::Active, Some(due)) = (t.status, t.next_fire_at)
+            && due <= now
         {
             let wake = timer_wake(&t, due, now);
             self.deliver_owned(&wake, &mut t.hook_deliveries)?;

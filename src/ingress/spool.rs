@@ -405,6 +405,8 @@ impl Spool {
         };
         let id = match engine.trigger_callback(&c.token, c.mode, c.text, Some(identity))? {
             Trigger::Delivered { id, .. } | Trigger::Duplicate { id } => id,
+            // Kept for a later pass: the agent's hour has no room for another wake yet.
+            Trigger::Limited { .. } => return Ok(FileOutcome::Deferred),
             Trigger::Invalid => {
                 return refuse("unknown, revoked or malformed callback token".into());
             }

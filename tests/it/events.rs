@@ -536,3 +536,72 @@ fn deleting_a_session_revokes_its_callbacks_and_cancels_its_timers() {
     });
     assert!(!env.home.join("sessions/alice").exists());
 }
+
+/// The agent's timers and callbacks share one hourly budget: five times the waitpoints' cap.
+const ONE_WAKE_AN_HOUR: (&str, &str) = ("CORTEX_WAITPOINT_MAX_WAKES_PER_HOUR", "1");
+
+#[test]
+fn a_repeating_timer_wakes_its_agent_at_most_the_hourly_budget_then_waits_for_room() {
+    let env = Env::new();
+    let _d = env.daemon_with_env(&[ONE_WAKE_AN_HOUR]);
+    let created = env.ok(
+        "timer create",
+        &env.waitpoint(&[
+            "timer",
+            "create",
+            "--after-ms",
+            "1",
+            "--every-ms",
+            "1000",
+            "--json",
+        ]),
+    );
+    let id = serde_json::from_str::<Value>(&created).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let show = || -> Value {
+        serde_json::from_str(&env.ok(
+            "timer show",
+            &env.waitpoint(&["timer", "show", &id, "--json"]),
+        ))
+        .unwrap()
+    };
+    // Five fires, then the sixth is held until the first leaves the hour: its next fire is
+    // pushed about an hour out instead of a second.
+    env.wait_until("the timer held at the budget", || {
+        let t = show();
+        use waitpoint::clock::{Clock, SystemClock, Timestamp};
+        let next = t["next_fire_at"]
+            .as_str()
+            .and_then(Timestamp::parse)
+            .map_or(0, |t| t.as_millis());
+        t["fire_count"] == 5 && next - SystemClock.now().as_millis() > 50 * 60_000
+    });
+    assert_eq!(wakes(&env, "default").len(), 5, "{}", env.tree());
+    assert_eq!(show()["status"], "active");
+}
+
+#[test]
+fn a_callback_over_its_agents_hourly_budget_is_refused_with_when_to_retry() {
+    let env = Env::new();
+    let _d = env.daemon_with(&["--http", "--port", "0"], &[ONE_WAKE_AN_HOUR]);
+    let url = callback(&env, "wake")["trigger_url"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for n in 1..=5 {
+        assert_eq!(curl_post(&env, &url, None).0, 202, "trigger {n}");
+    }
+    let (code, body) = curl_post(&env, &url, None);
+    assert_eq!(code, 429, "{body}");
+    let after = body["retry_after_s"].as_i64().unwrap();
+    assert!((3000..=3601).contains(&after), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("as often as an hour allows")
+    );
+    env.wait_until("five wakes", || wakes(&env, "default").len() == 5);
+}

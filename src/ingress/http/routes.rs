@@ -289,6 +289,18 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             json!({ "result": "accepted", "id": id, "wake_id": wake_id, "message": "delivered; an accepted callback does not prove that work completed" }),
         ),
         Ok(Trigger::Duplicate { id }) => reply(202, json!({ "result": "duplicate", "id": id })),
+        Ok(Trigger::Limited { id, retry_at }) => {
+            let after_s = (retry_at.as_millis() - shared.clock.now().as_millis()).max(0) / 1000 + 1;
+            reply(
+                429,
+                json!({
+                    "result": "refused",
+                    "id": id,
+                    "error": "the agent's timers and callbacks woke it as often as an hour allows; nothing was delivered",
+                    "retry_after_s": after_s,
+                }),
+            )
+        }
         Ok(Trigger::Invalid) => {
             miss("unknown, revoked or malformed token");
             refused(404, "unknown, revoked or malformed callback token")
