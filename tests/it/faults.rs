@@ -420,4 +420,11 @@ fn a_callback_reset_killed_after_its_commit_leaves_exactly_one_active_default() 
         "{}",
         env.tree()
     );
+    invariants::report(
+        "callback-reset-crash",
+        &[(
+            "crash after a callback reset's one commit: active default callbacks after the kill",
+            active.len().to_string(),
+        )],
+    );
 }

@@ -147,6 +147,14 @@ fn import_refuses_ids_that_lead_outside_the_home_and_bad_records_one_by_one_and_
         before,
         "the source home changed: {said}"
     );
+    crate::invariants::report(
+        "trust-import",
+        &[(
+            "trust: import of a home with traversal ids and names, a 600 MB sparse record, a torn \
+             state: waitpoints refused / imported / source paths changed / paths outside touched",
+            "4 / 2 / 0 / 0".into(),
+        )],
+    );
 
     // The daemon on the destination finds nothing to set aside: what was imported is whole.
     let _d = dst.daemon();
