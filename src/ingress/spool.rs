@@ -208,13 +208,27 @@ impl Spool {
                 return c;
             }
             Err(e) => {
+                // The same error for every file (`Error` is not `Clone`): a refusal stays a
+                // refusal, and an I/O failure (EMFILE when out of descriptors) stays one, so
+                // the log says which; either way every file is kept for the next attempt.
                 let message = e.to_string();
+                let io_kind = match &e {
+                    Error::Io { source, .. } => Some(source.kind()),
+                    _ => None,
+                };
                 c.results = names
                     .iter()
                     .map(|_| {
-                        Some(Err(Error::Insecure {
-                            path: self.dir.clone(),
-                            message: message.clone(),
+                        Some(Err(match io_kind {
+                            Some(kind) => Error::io(
+                                "cannot open the spool",
+                                self.dir.clone(),
+                                io::Error::new(kind, message.clone()),
+                            ),
+                            None => Error::Insecure {
+                                path: self.dir.clone(),
+                                message: message.clone(),
+                            },
                         }))
                     })
                     .collect();
