@@ -669,6 +669,87 @@ fn more_connections_than_descriptors_cost_no_signal_and_no_daemon() {
     drop(held);
 }
 
+/// The adversary's smuggling and slowloris cases, held on hyper as they were on the hand-written
+/// transport: a body framed two ways (Content-Length and chunked) or with two lengths is refused
+/// and the connection closed, so a request hidden in it is never read as a second request; a
+/// head dripped a byte at a time is cut off at the header deadline however long it keeps
+/// dripping.
+#[test]
+fn smuggled_requests_are_never_served_and_a_dripped_head_is_cut_off() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let (id, secret) = id_secret(&env.arm("t", &["--max-signals", "10"]));
+    let signal = progress(&id, &secret);
+    let hidden = format!(
+        "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{signal}",
+        signal.len()
+    );
+    let chunk = format!("0\r\n\r\n{hidden}");
+    let cases = [
+        (
+            "Content-Length and chunked",
+            format!(
+                "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\
+Transfer-Encoding: chunked\r\n\r\n{chunk}",
+                chunk.len()
+            ),
+            411,
+        ),
+        (
+            "two lengths",
+            format!(
+                "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 7\r\n\
+Content-Length: {}\r\n\r\n0000000{hidden}",
+                7 + hidden.len()
+            ),
+            400,
+        ),
+    ];
+    for (what, bytes, want) in cases {
+        let (code, body) = raw(port, bytes.as_bytes());
+        assert_eq!(code, want, "{what}: {body}");
+        assert_eq!(
+            body.matches("HTTP/1.1 ").count(),
+            0,
+            "{what}: a second answer: {body}"
+        );
+    }
+    assert_eq!(
+        env.state(&id)["counters"]["signals"],
+        0,
+        "a hidden request was served"
+    );
+
+    // Slowloris: one byte of a head every 200 ms until the shim hangs up.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let head = hidden.as_bytes();
+    let mut sent = 0;
+    let start = std::time::Instant::now();
+    let closed = loop {
+        assert!(
+            start.elapsed() < CLIENT_TIMEOUT,
+            "still open after {sent} bytes dripped"
+        );
+        if s.write_all(&head[sent % 40..sent % 40 + 1]).is_err() {
+            break true;
+        }
+        sent += 1;
+        let mut byte = [0u8; 64];
+        match s.read(&mut byte) {
+            Ok(0) => break true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break true,
+        }
+    };
+    assert!(closed);
+    assert_eq!(get(port, "/healthz").0, 200);
+    assert_eq!(env.state(&id)["counters"]["signals"], 0);
+}
+
 /// 500 client sockets here plus 500 in the daemon (which inherits the limit) need more than a
 /// common soft limit of 1024 once other tests run alongside.
 fn raise_open_file_limit() {
