@@ -110,7 +110,8 @@ fn builder() -> http1::Builder {
         .header_read_timeout(IDLE_TIMEOUT)
         .max_header_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS)
-        // The smallest buffer hyper allows; bodies are read from it a chunk at a time.
+        // Room for one whole head and a little: a connection's buffer stays small (hyper's
+        // default is about 400 KB), and bodies pass through it a chunk at a time.
         .max_buf_size(2 * MAX_HEAD_BYTES)
         // A client that shuts down its sending side after a whole request still hears the
         // answer (curl --data and scripts do this); without it hyper drops the connection.
