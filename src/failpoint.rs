@@ -10,7 +10,8 @@
 //! - `crash`: the process SIGKILLs itself on the spot, exactly like a power cut or `kill -9`
 //!   (no unwinding, no destructors, no buffered writes flushed);
 //! - `eio` / `enospc`: the step fails with that errno, as a failing disk or a full one would;
-//! - `emfile`: the step fails as when a per-user limit is reached (the [`WATCHER`] point).
+//! - `emfile`: the step fails as when a per-user or per-process limit is reached (the
+//!   [`WATCHER`] and [`SPOOL_OPEN`] points).
 //!
 //! The points, in the order a signal passes them (see `ARCHITECTURE.md`, "Commit order"): the
 //! journal append passes [`JOURNAL_WRITE`] and [`JOURNAL_FSYNC`]; the engine then passes
@@ -48,6 +49,10 @@ pub const ENGINE_AFTER_DELIVERY: &str = "engine-after-delivery";
 pub const SPOOL_BEFORE_REMOVE: &str = "spool-before-remove";
 /// Checkpoint: the filesystem is synced, the covered segments not yet deleted.
 pub const JOURNAL_CHECKPOINT: &str = "journal-checkpoint";
+
+/// Drop zone: a batch is about to open the spool to read its files (`emfile`: the process is
+/// out of descriptors). Not a commit step, so not in [`ALL`].
+pub const SPOOL_OPEN: &str = "spool-open";
 
 /// The file watcher: an inotify instance cannot be had (`emfile`: the user's instances are all
 /// in use). Not a commit step, so not in [`ALL`].

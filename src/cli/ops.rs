@@ -497,7 +497,10 @@ pub struct DaemonArgs {
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = super::LogFormat::Text)]
     pub log_format: super::LogFormat,
     /// Also serve the loopback HTTP shim (POST /webhook/signal, GET /healthz); also turned on
-    /// by "webhook": {"enabled": true} in settings.json
+    /// by "webhook": {"enabled": true} in settings.json. It holds at most 1,024 connections,
+    /// fewer under a low open-file limit: a quarter of the limit (at least 128) is kept for the
+    /// engine, and the least active connection is closed to make room. The daemon raises its
+    /// soft open-file limit to the hard one when it starts
     #[arg(long)]
     pub http: bool,
     /// The shim's port; 0 picks a free one [default: settings webhook.port, else

@@ -209,9 +209,37 @@ const MAX_IDLE: Duration = Duration::from_secs(60);
 /// Refused files parked per turn of the loop (see [`Daemon::park_some`]).
 const PARK_PER_TURN: usize = 32;
 
+/// Raises the soft limit on open descriptors to the hard one. The usual soft limit (1,024) is a
+/// default for programs that never asked; the daemon holds the home's handles, the journal,
+/// inotify, the files of a batch and, with `--http`, one descriptor per connection (capped from
+/// this limit, see [`http::connection_cap`]). Failing to raise it is logged, not fatal: the
+/// daemon works within the limit it has.
+fn raise_descriptor_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => tracing::debug!(
+                from = limit.current,
+                to = limit.maximum,
+                "raised the open-descriptor limit"
+            ),
+            Err(e) => tracing::warn!(
+                soft = limit.current,
+                "cannot raise the open-descriptor limit to the hard one: {e}"
+            ),
+        }
+    }
+}
+
 impl Daemon {
     /// Takes the home's daemon lock (a second daemon gets [`Error::Locked`]).
     pub fn new(config: DaemonConfig, clock: Arc<dyn Clock>) -> Result<(Daemon, DaemonControl)> {
+        raise_descriptor_limit();
         config.home.ensure()?;
         config.home.check_private()?;
         // A clean stop empties the lock file: a pid left in it means the last daemon died, and

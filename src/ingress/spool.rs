@@ -129,6 +129,13 @@ impl Spool {
         }
     }
 
+    /// [`open`](Self::open) for a batch's reads: the descriptor it takes may not be there
+    /// (EMFILE), which the fault tests inject here.
+    fn open_to_read(&self) -> Result<Option<Dir>> {
+        crate::failpoint!(crate::failpoint::SPOOL_OPEN, "cannot open", &self.dir);
+        self.open()
+    }
+
     /// Opens the spool, made when missing, for a writer that fills it (a device's collector).
     pub fn open_or_make(&self) -> Result<Dir> {
         Dir::make_beneath(&self.root, &self.rel)
@@ -198,7 +205,7 @@ impl Spool {
         };
         // The spool must still be the real directory it was: a symlink swapped in would have
         // foreign files read, moved and removed. Every file is kept for a later attempt.
-        let dz = match self.open() {
+        let dz = match self.open_to_read() {
             Ok(Some(dz)) => dz,
             Ok(None) => {
                 c.results = names
@@ -208,13 +215,27 @@ impl Spool {
                 return c;
             }
             Err(e) => {
+                // The same error for every file (`Error` is not `Clone`): a refusal stays a
+                // refusal, and an I/O failure (EMFILE when out of descriptors) stays one, so
+                // the log says which; either way every file is kept for the next attempt.
                 let message = e.to_string();
+                let io_kind = match &e {
+                    Error::Io { source, .. } => Some(source.kind()),
+                    _ => None,
+                };
                 c.results = names
                     .iter()
                     .map(|_| {
-                        Some(Err(Error::Insecure {
-                            path: self.dir.clone(),
-                            message: message.clone(),
+                        Some(Err(match io_kind {
+                            Some(kind) => Error::io(
+                                "cannot open the spool",
+                                self.dir.clone(),
+                                io::Error::new(kind, message.clone()),
+                            ),
+                            None => Error::Insecure {
+                                path: self.dir.clone(),
+                                message: message.clone(),
+                            },
                         }))
                     })
                     .collect();

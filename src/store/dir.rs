@@ -151,7 +151,7 @@ impl Dir {
         };
         let meta = dir
             .file()
-            .metadata()
+            .and_then(|f| f.metadata())
             .map_err(|e| Error::io("cannot inspect", path, e))?;
         let euid = rustix::process::geteuid().as_raw();
         if meta.uid() != euid {
@@ -176,13 +176,10 @@ impl Dir {
         &self.path
     }
 
-    fn file(&self) -> File {
-        File::from(
-            self.fd
-                .as_fd()
-                .try_clone_to_owned()
-                .expect("a descriptor can be duplicated"),
-        )
+    /// A duplicate of the handle as a `File`. Duplicating takes a descriptor, so it fails with
+    /// EMFILE when the process is out of them: an error for the caller, never a panic.
+    fn file(&self) -> io::Result<File> {
+        self.fd.as_fd().try_clone_to_owned().map(File::from)
     }
 
     /// `name` if it names an entry of this directory itself: not empty, `.`, `..`, a path or

@@ -1,4 +1,5 @@
-//! Failing disks (`--features failpoints`): EIO and ENOSPC injected at each step of each commit.
+//! Failing disks (`--features failpoints`): EIO and ENOSPC injected at each step of each commit,
+//! and EMFILE where the drop zone is opened.
 //! The commit is aborted and reported, the spool file stays, the daemon logs it and tries again
 //! at its next sweep, and once the fault clears the signal lands exactly once. Nothing reports
 //! success for a write that failed: not the daemon's log, not `cortex-signal`, not `create`.
@@ -12,9 +13,10 @@ use crate::crash_points::{Faulty, Scenario, held_wake_scenario, scenario};
 use crate::helpers::*;
 use crate::invariants::{self, settled};
 
-const ERRNO_TEXT: [(&str, &str); 2] = [
+const ERRNO_TEXT: [(&str, &str); 3] = [
     ("eio", "Input/output error"),
     ("enospc", "No space left on device"),
+    ("emfile", "Too many open files"),
 ];
 
 fn log(env: &Env) -> String {
@@ -171,6 +173,13 @@ fn eio_writing_the_files_of_a_journaled_batch_is_replayed_not_lost() {
 #[test]
 fn eio_removing_the_spool_file_keeps_it_for_the_retry() {
     walk(failpoint::SPOOL_BEFORE_REMOVE, "eio", 1);
+}
+
+/// Issue 26 (7): out of descriptors when a batch opens the drop zone, the files stay spooled,
+/// the failure is reported as such (not as an insecure home), and the retry records each once.
+#[test]
+fn emfile_opening_the_drop_zone_keeps_every_file_for_the_retry() {
+    walk(failpoint::SPOOL_OPEN, "emfile", 1);
 }
 
 #[test]

@@ -250,6 +250,39 @@ impl Env {
 
     /// Starts `waitpoint daemon ARGS…` with extra environment, and returns at once.
     pub fn daemon_spawned(&self, args: &[&str], env: &[(&str, &str)]) -> DaemonGuard {
+        self.spawn_daemon(args, env, |_| {})
+    }
+
+    /// Starts `waitpoint daemon ARGS…` with its open-descriptor limit (soft and hard) set to
+    /// `nofile` before it runs, and waits until it is ready.
+    pub fn daemon_with_descriptor_limit(&self, args: &[&str], nofile: u64) -> DaemonGuard {
+        self.until_ready(|| {
+            self.spawn_daemon(args, &[], |cmd| {
+                use std::os::unix::process::CommandExt;
+                let limit = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                // SAFETY: setrlimit is async-signal-safe and touches only the child.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                            Ok(())
+                        } else {
+                            Err(std::io::Error::last_os_error())
+                        }
+                    });
+                }
+            })
+        })
+    }
+
+    fn spawn_daemon(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+        adjust: impl FnOnce(&mut Command),
+    ) -> DaemonGuard {
         let stderr_path = self
             .home
             .join("..")
@@ -263,17 +296,23 @@ impl Env {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        adjust(&mut cmd);
         let child = cmd.spawn().expect("spawn daemon");
         DaemonGuard { child, stderr_path }
     }
 
     /// Starts `waitpoint daemon ARGS…` with extra environment and waits until it is ready.
     pub fn daemon_with(&self, args: &[&str], env: &[(&str, &str)]) -> DaemonGuard {
+        self.until_ready(|| self.daemon_spawned(args, env))
+    }
+
+    /// Runs `start` and waits until the daemon it started says it is ready.
+    fn until_ready(&self, start: impl FnOnce() -> DaemonGuard) -> DaemonGuard {
         let log = self.home.join("log/daemon.log");
         let before = fs::read_to_string(&log)
             .map(|s| s.matches("daemon ready").count())
             .unwrap_or(0);
-        let guard = self.daemon_spawned(args, env);
+        let guard = start();
         self.wait_until("the daemon to be ready", || {
             fs::read_to_string(&log)
                 .map(|s| s.matches("daemon ready").count() > before)

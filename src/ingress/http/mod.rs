@@ -8,25 +8,28 @@
 //! applies signals (the daemon loop, through a [`Submit`] callback) and answers with the status
 //! code the spec gives the verdict, only after the verdict is durable.
 //!
-//! It is written on `std::net` with `httparse` for the request head rather than on tiny_http,
-//! because every hardening point the shim needs fights tiny_http 0.12's design: it spawns one
-//! thread per open connection with no limit, sets no socket timeouts, grows a header line
-//! without bound, and on dropping a request whose body was not read it allocates a buffer of the
-//! *declared* `Content-Length` (`vec![0; remaining]`), so a single request declaring an absurd
-//! length aborts the process. Here instead:
+//! It is served by hyper 1.x (HTTP/1.1 only) on a tokio runtime the shim owns, in a thread of
+//! its own; the engine stays synchronous. Until issue 26 the shim's transport was 767
+//! hand-written lines (a `poll(2)` reactor and its own framing); under 1,000 idle loopback
+//! connections at the usual descriptor limit that transport left the engine without descriptors
+//! (valid signals got 500, the drop zone stalled, the daemon panicked). Parsing, keep-alive,
+//! pipelining, `100 Continue` and half-closes are now hyper's; what the shim adds:
 //!
-//! - One reactor thread owns the listener and every waiting connection, waits on them with
-//!   `poll(2)` and reads whatever arrives without blocking. A connection goes to one of the
-//!   [`WORKERS`] only once a whole request is buffered, so idle or slow clients never hold a
-//!   thread; workers never read from a socket. At most [`MAX_CONNECTIONS`] are open (the least
-//!   active waiting one is closed to make room); an idle one is closed after [`IDLE_TIMEOUT`].
-//! - A request must arrive whole within [`REQUEST_TIMEOUT`] of its first byte (a deadline, not a
-//!   per-read timeout, so dripping a byte at a time buys nothing). The head is capped at
-//!   [`MAX_HEAD_BYTES`]. `Content-Length` is checked before a byte of the body is read: over
-//!   [`MAX_BODY_BYTES`] is answered 413 at once, and the rest of what the client sends is read
-//!   into a fixed buffer and dropped for at most a second before closing, so it sees the answer.
-//!   Nothing is ever sized from a number the client sent; a connection buffers at most one head
-//!   and one body.
+//! - One runtime thread holds every connection and [`WORKERS`] threads run the routes, which
+//!   block until the daemon's verdict is durable: idle or slow clients never hold a thread, and
+//!   the thread count does not move with the connections.
+//! - At most [`connection_cap`] connections are open: the descriptor limit less a reserve for the
+//!   engine (a quarter of it, at least [`ENGINE_RESERVE`]), at most [`MAX_CONNECTIONS`]. At the cap
+//!   the least active connection not waiting on a verdict is closed to make room; a failed
+//!   accept (out of descriptors) closes one too and is retried after a pause, never a panic.
+//! - A request head must be whole within [`IDLE_TIMEOUT`] of the connection opening or of its
+//!   last answer (hyper's header read timeout, so dripping a byte at a time buys nothing), and
+//!   is capped at [`MAX_HEAD_BYTES`] (431). The body must follow within [`REQUEST_TIMEOUT`]
+//!   (408). `Content-Length` is checked before a byte of the body is read: over the route's
+//!   limit ([`MAX_BODY_BYTES`], 256 KB for callbacks) is answered 413 at once, a chunked body
+//!   411, and the rest of what the client sends is read into a fixed buffer and dropped for at
+//!   most a second before closing, so it sees the answer. Nothing is ever sized from a number
+//!   the client sent; a connection buffers at most one head and one body.
 //! - The `Host` header must name a loopback address or `localhost` (DNS rebinding), and any
 //!   request carrying an `Origin` header is refused: a web page must not be able to spend the
 //!   miss budget. Both are checked before the budget.
@@ -34,16 +37,18 @@
 //!   read from the daemon's clock; while it is spent, signal requests get 429.
 
 use std::collections::VecDeque;
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::net::UnixStream;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use http::header::{ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Bytes;
 use serde_json::{Value, json};
 
 use crate::clock::{Clock, Timestamp};
@@ -56,15 +61,15 @@ use crate::model::CallbackMode;
 use crate::model::WebhookAddress;
 use crate::store;
 
-mod framing;
-mod reactor;
+mod head;
 mod routes;
+mod serve;
 
-use framing::*;
-use reactor::*;
+use head::*;
 
 pub use routes::MissBudget;
 use routes::route;
+pub use serve::{connection_cap, descriptor_limit};
 
 /// The port used when neither `--port`, settings nor `WEBHOOK_PORT` name one.
 pub const DEFAULT_PORT: u16 = 3001;
@@ -76,25 +81,28 @@ pub const HEALTH_PATH: &str = "/healthz";
 pub const MISS_BUDGET: usize = 60;
 /// The miss budget's sliding window.
 pub const MISS_WINDOW_MS: i64 = 60_000;
-/// Worker threads; the reactor is one more.
+/// Worker threads running the routes; the runtime's thread is one more.
 pub const WORKERS: usize = 4;
-/// Open connections at most, idle or busy.
+/// Open connections at most, idle or busy, whatever the descriptor limit.
 pub const MAX_CONNECTIONS: usize = 1024;
-/// An idle keep-alive connection is closed after this long.
+/// Open connections at least, however low the descriptor limit.
+pub const MIN_CONNECTIONS: usize = 16;
+/// Descriptors kept for the engine at least, whatever the limit (see [`connection_cap`]).
+pub const ENGINE_RESERVE: u64 = 128;
+/// A request head must be whole this long after the connection opened or its last answer went
+/// out; an idle keep-alive connection is closed then too.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A request's head and body must have arrived within this long of its first byte being read.
+/// A request's body must have arrived within this long of its head.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest request head (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
 /// The longest `Idempotency-Key`.
 pub const MAX_KEY_CHARS: usize = 128;
 const MAX_HEADERS: usize = 32;
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// After answering a request whose body was left unread, how long and how much of it is read
 /// and thrown away before closing, so the client sees the answer rather than a reset.
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 1024 * 1024;
-const CHUNK: usize = 8 * 1024;
 
 /// Where the shim listens: a loopback address only.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,23 +240,20 @@ struct Shared {
     control: Option<String>,
     clock: Arc<dyn Clock>,
     budget: Mutex<MissBudget>,
-    /// Connections handed to workers and not yet handed back or closed.
-    busy: AtomicUsize,
-    stop: AtomicBool,
 }
 
-/// The running shim. Stopping it (or dropping it) closes the listener and every connection the
-/// reactor holds, and removes the address file.
+/// The running shim. Stopping it (or dropping it) closes the listener and every connection,
+/// and removes the address file.
 pub struct Shim {
     addr: SocketAddr,
-    shared: Arc<Shared>,
-    waker: UnixStream,
-    reactor: Option<JoinHandle<()>>,
+    serving: serve::Serving,
     address_file: PathBuf,
+    stopped: bool,
 }
 
 impl Shim {
-    /// Starts serving on `bound`, then publishes the address in `address_file`.
+    /// Starts serving on `bound`, holding at most [`connection_cap`] connections for the
+    /// descriptor limit now, then publishes the address in `address_file`.
     pub fn start(
         bound: Bound,
         clock: Arc<dyn Clock>,
@@ -260,70 +265,29 @@ impl Shim {
             addr,
             control,
         } = bound;
-        let what = addr.to_string();
-        let io_err = |context: &'static str| {
-            let what = what.clone();
-            move |e| Error::io(context, what, e)
-        };
-        listener
-            .set_nonblocking(true)
-            .map_err(io_err("cannot set up"))?;
-        let (waker, wake_rx) = UnixStream::pair().map_err(io_err("cannot make a waker for"))?;
-        for end in [&waker, &wake_rx] {
-            end.set_nonblocking(true).map_err(io_err("cannot set up"))?;
-        }
         let shared = Arc::new(Shared {
             submit,
             addr,
             control,
-            clock,
+            clock: clock.clone(),
             budget: Mutex::new(MissBudget::default()),
-            busy: AtomicUsize::new(0),
-            stop: AtomicBool::new(false),
         });
-        let (jobs_tx, jobs_rx) = mpsc::sync_channel::<Job>(WORKERS);
-        let (back_tx, back_rx) = mpsc::channel::<Conn>();
-        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
-        for n in 0..WORKERS {
-            let worker = Worker {
-                shared: shared.clone(),
-                jobs: jobs_rx.clone(),
-                back: back_tx.clone(),
-                waker: waker.try_clone().map_err(io_err("cannot set up"))?,
-            };
-            std::thread::Builder::new()
-                .name(format!("webhook-{n}"))
-                .spawn(move || worker.run())
-                .map_err(io_err("cannot start a worker for"))?;
-        }
-        let reactor = Reactor {
-            listener,
-            shared: shared.clone(),
-            wake_rx,
-            back: back_rx,
-            jobs: jobs_tx,
-            conns: Vec::new(),
-            queued: VecDeque::new(),
-        };
-        let handle = std::thread::Builder::new()
-            .name("webhook".into())
-            .spawn(move || reactor.run())
-            .map_err(io_err("cannot start the reactor for"))?;
+        let cap = connection_cap(descriptor_limit());
+        let serving = serve::start(listener, shared, cap)?;
         let shim = Shim {
             addr,
-            shared,
-            waker,
-            reactor: Some(handle),
+            serving,
             address_file,
+            stopped: false,
         };
         let record = WebhookAddress {
             url: format!("http://{addr}{SIGNAL_PATH}"),
             addr: addr.to_string(),
             pid: std::process::id(),
-            started_at: shim.shared.clock.now(),
+            started_at: clock.now(),
         };
         store::commit_json(&shim.address_file, &record)?;
-        tracing::info!(%addr, "webhook listening on http://{addr}{SIGNAL_PATH}");
+        tracing::info!(%addr, connections = cap, "webhook listening on http://{addr}{SIGNAL_PATH}");
         Ok(shim)
     }
 
@@ -331,19 +295,17 @@ impl Shim {
         self.addr
     }
 
-    /// Stops accepting, closes the connections the reactor holds and removes the address file.
-    /// A worker busy with a request finishes it (its verdict is sent if the loop still runs).
+    /// Stops accepting, closes every connection and removes the address file. A worker busy
+    /// with a request finishes it (its verdict is sent if the loop still runs).
     pub fn stop(mut self) {
         self.stop_now();
     }
 
     fn stop_now(&mut self) {
-        let Some(reactor) = self.reactor.take() else {
+        if std::mem::replace(&mut self.stopped, true) {
             return;
-        };
-        self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = (&self.waker).write(&[1]);
-        let _ = reactor.join();
+        }
+        self.serving.stop();
         if let Err(e) = store::remove_durably(&self.address_file) {
             tracing::error!("cannot remove the webhook address file: {e}");
         }

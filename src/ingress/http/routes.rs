@@ -421,14 +421,11 @@ mod tests {
             control: control.map(crate::secret::hash),
             clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
             budget: Mutex::new(MissBudget::default()),
-            busy: AtomicUsize::new(0),
-            stop: AtomicBool::new(false),
         }
     }
 
     fn head(text: &str) -> Head {
-        let raw = text.replace('\n', "\r\n");
-        parse_head(raw.as_bytes()).ok().expect("a well-formed head")
+        head_of(text).ok().expect("a head the shim reads")
     }
 
     const BODY: &[u8] = br#"{"id":"wp_0123456789ab","secret":"s"}"#;
