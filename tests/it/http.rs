@@ -301,6 +301,57 @@ fn the_miss_budget_answers_429_until_a_minute_has_passed_on_the_daemon_clock() {
     assert!(!env.home.join("webhook.json").exists(), "{}", env.tree());
 }
 
+/// A signal POSTed with curl as the user `uid` (root runs the tests; `setpriv` drops to it).
+fn post_as(uid: u32, port: u16, body: &str) -> (u16, String) {
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        &format!("--reuid={uid}"),
+        &format!("--regid={uid}"),
+        "--clear-groups",
+        "curl",
+        "-sS",
+        "--max-time",
+        "30",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "-XPOST",
+        "-H",
+        "content-type: application/json",
+        "--data-binary",
+        "@-",
+    ])
+    .arg(format!("http://127.0.0.1:{port}/webhook/signal"));
+    run_curl(cmd, body)
+}
+
+#[test]
+fn another_users_misses_never_cost_a_sender_whose_requests_authenticate() {
+    let env = Env::new();
+    let (_d, port) = http_daemon(&env);
+    let (id, secret) = id_secret(&env.arm("m", &["--max-signals", "10"]));
+    let nobody = 65534;
+    let me = rustix::process::geteuid().as_raw();
+    assert_ne!(
+        me, nobody,
+        "the test needs to run as a user other than nobody"
+    );
+    for i in 0..MISS_BUDGET {
+        let (code, b) = post_as(nobody, port, &body(&id, "wrong", ""));
+        assert_eq!(code, 401, "miss {i}: {b}");
+    }
+    // Nobody's budget is spent: even its right secret waits out the minute.
+    let (code, b) = post_as(nobody, port, &progress(&id, &secret));
+    assert_eq!(code, 429, "{b}");
+    // This user's signals, and its own misses, are not held up by nobody's.
+    let (code, b) = post_as(me, port, &progress(&id, &secret));
+    assert_eq!(code, 202, "{b}");
+    let (code, b) = post_as(me, port, &body(&id, "wrong", ""));
+    assert_eq!(code, 401, "{b}");
+    assert_eq!(env.state(&id)["counters"]["signals"], 1);
+}
+
 #[test]
 fn a_retried_post_with_the_same_idempotency_key_is_counted_once() {
     let env = Env::new();

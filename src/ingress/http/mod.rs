@@ -33,8 +33,10 @@
 //! - The `Host` header must name a loopback address or `localhost` (DNS rebinding), and any
 //!   request carrying an `Origin` header is refused: a web page must not be able to spend the
 //!   miss budget. Both are checked before the budget.
-//! - Unknown ids and wrong secrets share one budget of [`MISS_BUDGET`] per [`MISS_WINDOW_MS`],
-//!   read from the daemon's clock; while it is spent, signal requests get 429.
+//! - Unknown ids, wrong secrets and bad tokens cost their sender: each local user (the owner of
+//!   the client's socket, `peer.rs`; the address where that cannot be read) has a budget of
+//!   [`MISS_BUDGET`] per [`MISS_WINDOW_MS`], read from the daemon's clock. While a sender's is
+//!   spent, its requests get 429; another user's requests that authenticate never do.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -62,13 +64,14 @@ use crate::model::WebhookAddress;
 use crate::store;
 
 mod head;
+mod peer;
 mod routes;
 mod serve;
 
 use head::*;
 
-pub use routes::MissBudget;
 use routes::route;
+pub use routes::{MissBudget, MissBudgets, Source};
 pub use serve::{connection_cap, descriptor_limit};
 
 /// The port used when neither `--port`, settings nor `WEBHOOK_PORT` name one.
@@ -239,7 +242,7 @@ struct Shared {
     /// SHA-256 of the operator token; `None` turns the control routes off.
     control: Option<String>,
     clock: Arc<dyn Clock>,
-    budget: Mutex<MissBudget>,
+    budget: Mutex<MissBudgets>,
 }
 
 /// The running shim. Stopping it (or dropping it) closes the listener and every connection,
@@ -270,7 +273,7 @@ impl Shim {
             addr,
             control,
             clock: clock.clone(),
-            budget: Mutex::new(MissBudget::default()),
+            budget: Mutex::new(MissBudgets::default()),
         });
         let cap = connection_cap(descriptor_limit());
         let serving = serve::start(listener, shared, cap)?;

@@ -5,7 +5,43 @@
 
 use super::*;
 
-/// The miss budget: timestamps of the misses inside the sliding window.
+/// Who a miss is counted against: the user owning the client's socket (every local process
+/// comes from 127.0.0.1, so the address alone would make one budget of everybody's), or the
+/// address where the kernel's table does not say.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    User(u32),
+    Address(std::net::IpAddr),
+    Unknown,
+}
+
+/// A miss budget per [`Source`]: one sender's unknown ids and wrong secrets cost only that
+/// sender its access, never a sender whose requests authenticate.
+#[derive(Debug, Default)]
+pub struct MissBudgets {
+    by_source: std::collections::HashMap<Source, MissBudget>,
+}
+
+impl MissBudgets {
+    /// Whether `source`'s window already holds [`MISS_BUDGET`] misses.
+    pub fn spent(&mut self, source: &Source, now: Timestamp) -> bool {
+        self.by_source.get_mut(source).is_some_and(|b| b.spent(now))
+    }
+
+    /// Counts a miss against `source`.
+    pub fn record(&mut self, source: Source, now: Timestamp) {
+        self.by_source.entry(source).or_default().record(now);
+    }
+
+    /// Whether any source has a miss in its window (if none, nobody's budget can be spent and
+    /// the source of a request need not be looked up). Forgets sources with none.
+    pub fn any(&mut self, now: Timestamp) -> bool {
+        self.by_source.retain(|_, b| b.misses_in_window(now) > 0);
+        !self.by_source.is_empty()
+    }
+}
+
+/// The miss budget of one source: timestamps of its misses inside the sliding window.
 #[derive(Debug, Default)]
 pub struct MissBudget {
     misses: VecDeque<Timestamp>,
@@ -99,7 +135,7 @@ fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Socket
         Ok(k) => k.unwrap_or_else(|| format!("gen-{}", crate::secret::random_hex(16))),
         Err(r) => return r,
     };
-    if let Some(r) = budget_spent(shared) {
+    if let Some(r) = budget_spent(shared, peer) {
         return r;
     }
     match parse_signal(body) {
@@ -141,7 +177,7 @@ fn control_route(
             "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to turn them on",
         );
     };
-    if let Some(r) = budget_spent(shared) {
+    if let Some(r) = budget_spent(shared, peer) {
         return r;
     }
     let presented = head
@@ -153,9 +189,9 @@ fn control_route(
     match presented {
         Some(token) if crate::secret::verify(token, expected) => {}
         Some(_) => {
-            record_miss(shared);
-            let peer = peer.map(|p| p.to_string()).unwrap_or_default();
-            tracing::warn!(%peer, path = %head.path, "control route refused: wrong operator token");
+            record_miss(shared, peer);
+            let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
+            tracing::warn!(peer = %peer_text, path = %head.path, "control route refused: wrong operator token");
             return refused(401, "wrong operator token");
         }
         None => {
@@ -195,14 +231,12 @@ fn control_route(
     reply(code, body)
 }
 
-/// The 429 answer while the shared miss budget is spent (unknown ids, wrong secrets and bad
-/// callback tokens all draw on it).
-fn budget_spent(shared: &Shared) -> Option<Reply> {
-    let spent = shared
-        .budget
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .spent(shared.clock.now());
+/// The 429 answer while the sender's miss budget is spent (its unknown ids, wrong secrets and
+/// bad callback tokens all draw on it).
+fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<Reply> {
+    let now = shared.clock.now();
+    let mut budgets = shared.budget.lock().unwrap_or_else(|e| e.into_inner());
+    let spent = budgets.any(now) && budgets.spent(&source_of(shared, peer), now);
     spent.then(|| {
         refused(
             429,
@@ -211,13 +245,24 @@ fn budget_spent(shared: &Shared) -> Option<Reply> {
     })
 }
 
-/// Counts one miss against the budget.
-fn record_miss(shared: &Shared) {
+/// Counts one miss against the sender's budget.
+fn record_miss(shared: &Shared, peer: Option<SocketAddr>) {
+    let source = source_of(shared, peer);
     shared
         .budget
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .record(shared.clock.now());
+        .record(source, shared.clock.now());
+}
+
+/// Whose budget a request from `peer` draws on.
+fn source_of(shared: &Shared, peer: Option<SocketAddr>) -> Source {
+    match peer {
+        None => Source::Unknown,
+        Some(p) => {
+            super::peer::peer_uid(p, shared.addr).map_or(Source::Address(p.ip()), Source::User)
+        }
+    }
 }
 
 /// `POST /callbacks/<mode>/<token>`: an empty body is enough for `wake`; `enqueue` takes an
@@ -239,7 +284,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             json!({ "result": "not_found", "error": "callback routes are /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
         );
     };
-    if let Some(r) = budget_spent(shared) {
+    if let Some(r) = budget_spent(shared, peer) {
         return r;
     }
     let text = if body.iter().all(u8::is_ascii_whitespace) {
@@ -278,10 +323,10 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
         Ok(v) if submitted => v,
         _ => return refused(503, "the daemon is shutting down; nothing was delivered"),
     };
-    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
-        record_miss(shared);
-        tracing::warn!(%peer, "callback refused: {what}");
+        record_miss(shared, peer);
+        tracing::warn!(peer = %peer_text, "callback refused: {what}");
     };
     match outcome {
         Ok(Trigger::Delivered { id, wake_id }) => reply(
@@ -341,10 +386,10 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             return refused(503, "the daemon is shutting down; nothing was recorded");
         }
     };
-    let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+    let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
-        record_miss(shared);
-        tracing::warn!(waitpoint = %id, %peer, "webhook signal refused: {what}");
+        record_miss(shared, peer);
+        tracing::warn!(waitpoint = %id, peer = %peer_text, "webhook signal refused: {what}");
     };
     match verdict {
         Ok(Verdict::Accepted {
@@ -420,7 +465,7 @@ mod tests {
             addr: "127.0.0.1:3001".parse().unwrap(),
             control: control.map(crate::secret::hash),
             clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
-            budget: Mutex::new(MissBudget::default()),
+            budget: Mutex::new(MissBudgets::default()),
         }
     }
 
@@ -464,7 +509,7 @@ mod tests {
         assert_eq!(route(&s, &from_page, Some(b"{}"), None).code, 403);
         let rebound = head("GET /healthz HTTP/1.1\nHost: evil.example\n\n");
         assert_eq!(route(&s, &rebound, None, None).code, 403);
-        assert!(!s.budget.lock().unwrap().spent(Timestamp::from_millis(0)));
+        assert!(!s.budget.lock().unwrap().any(Timestamp::from_millis(0)));
         let health = head("GET /healthz HTTP/1.1\nHost: localhost\n\n");
         assert_eq!(route(&s, &health, None, None).code, 200);
     }
@@ -488,7 +533,9 @@ mod tests {
             on.budget
                 .lock()
                 .unwrap()
-                .misses_in_window(Timestamp::from_millis(0)),
+                .by_source
+                .get_mut(&Source::Unknown)
+                .map_or(0, |b| b.misses_in_window(Timestamp::from_millis(0))),
             1,
             "a wrong token spends the budget; a missing one does not"
         );
