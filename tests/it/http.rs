@@ -341,9 +341,31 @@ fn another_users_misses_never_cost_a_sender_whose_requests_authenticate() {
         let (code, b) = post_as(nobody, port, &body(&id, "wrong", ""));
         assert_eq!(code, 401, "miss {i}: {b}");
     }
-    // Nobody's budget is spent: even its right secret waits out the minute.
+    // Nobody's budget is spent: even its right secret waits out the minute, and the answer
+    // says how long (Retry-After, at most the window).
     let (code, b) = post_as(nobody, port, &progress(&id, &secret));
     assert_eq!(code, 429, "{b}");
+    let head = Command::new("setpriv")
+        .args([
+            &format!("--reuid={nobody}"),
+            &format!("--regid={nobody}"),
+            "--clear-groups",
+        ])
+        .args(["curl", "-sS", "-D", "-", "-o", "/dev/null", "-XPOST"])
+        .args(["-H", "content-type: application/json", "--data-binary"])
+        .arg(progress(&id, &secret))
+        .arg(format!("http://127.0.0.1:{port}/webhook/signal"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).to_ascii_lowercase();
+    let after: u64 = head
+        .lines()
+        .find_map(|l| l.strip_prefix("retry-after:"))
+        .unwrap_or_else(|| panic!("no Retry-After: {head}"))
+        .trim()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&after), "{head}");
     // This user's signals, and its own misses, are not held up by nobody's.
     let (code, b) = post_as(me, port, &progress(&id, &secret));
     assert_eq!(code, 202, "{b}");

@@ -126,6 +126,8 @@ pub(super) struct Reply {
     pub(super) code: u16,
     pub(super) body: Value,
     pub(super) allow: Option<&'static str>,
+    /// Seconds a 429 or 503 sender should wait (`Retry-After`).
+    pub(super) retry_after_s: Option<u64>,
 }
 
 pub(super) fn reply(code: u16, body: Value) -> Reply {
@@ -133,6 +135,7 @@ pub(super) fn reply(code: u16, body: Value) -> Reply {
         code,
         body,
         allow: None,
+        retry_after_s: None,
     }
 }
 
@@ -152,6 +155,9 @@ impl Reply {
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(allow) = self.allow {
             h.insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        if let Some(s) = self.retry_after_s {
+            h.insert(hyper::header::RETRY_AFTER, HeaderValue::from(s));
         }
         if close {
             h.insert(CONNECTION, HeaderValue::from_static("close"));

@@ -33,6 +33,20 @@ impl MissBudgets {
         self.by_source.entry(source).or_default().record(now);
     }
 
+    /// Seconds until `source`'s oldest counted miss leaves the window.
+    pub fn frees_in_s(&mut self, source: &Source, now: Timestamp) -> u64 {
+        let oldest = self
+            .by_source
+            .get_mut(source)
+            .and_then(|b| {
+                b.forget_before(now);
+                b.misses.front().copied()
+            })
+            .unwrap_or(now);
+        let left = MISS_WINDOW_MS - now.millis_since(oldest);
+        (left.max(0) as u64).div_ceil(1000).max(1)
+    }
+
     /// Whether any source has a miss in its window (if none, nobody's budget can be spent and
     /// the source of a request need not be looked up). Forgets sources with none.
     pub fn any(&mut self, now: Timestamp) -> bool {
@@ -236,9 +250,13 @@ fn control_route(
 fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<Reply> {
     let now = shared.clock.now();
     let mut budgets = shared.budget.lock().unwrap_or_else(|e| e.into_inner());
-    let spent = budgets.any(now) && budgets.spent(&source_of(shared, peer), now);
-    spent.then(|| {
-        refused(
+    if !budgets.any(now) {
+        return None;
+    }
+    let source = source_of(shared, peer);
+    budgets.spent(&source, now).then(|| Reply {
+        retry_after_s: Some(budgets.frees_in_s(&source, now)),
+        ..refused(
             429,
             "too many unknown ids, wrong secrets or bad tokens in the last minute; try again later",
         )
@@ -336,7 +354,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
         Ok(Trigger::Duplicate { id }) => reply(202, json!({ "result": "duplicate", "id": id })),
         Ok(Trigger::Limited { id, retry_at }) => {
             let after_s = (retry_at.as_millis() - shared.clock.now().as_millis()).max(0) / 1000 + 1;
-            reply(
+            let mut limited = reply(
                 429,
                 json!({
                     "result": "refused",
@@ -344,7 +362,9 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
                     "error": "the agent's timers and callbacks woke it as often as an hour allows; nothing was delivered",
                     "retry_after_s": after_s,
                 }),
-            )
+            );
+            limited.retry_after_s = Some(after_s as u64);
+            limited
         }
         Ok(Trigger::Invalid) => {
             miss("unknown, revoked or malformed token");
