@@ -15,7 +15,7 @@
 //! (what it points to is not touched), and the operation goes on as if the directory were
 //! missing: a write makes the real directory, a read finds nothing. So one planted link costs
 //! only its own directory, never the daemon's batch. If the link cannot be set aside (the
-//! quarantine is itself a link), the operation fails with [`Error::Insecure`].
+//! quarantine is itself a link), the operation fails, saying so.
 //!
 //! Paths outside every registered home (a user's file named on the command line, a test's
 //! temp directory) are used as given.
@@ -201,10 +201,11 @@ fn step(
             Err(e) => return Err(Error::io("cannot open", at, e.into())),
         }
     }
-    Err(Error::Insecure {
-        path: at.to_owned(),
-        message: "keeps changing while being opened".into(),
-    })
+    Err(Error::io(
+        "cannot open",
+        at,
+        io::Error::other("it keeps changing while being opened"),
+    ))
 }
 
 /// Moves the entry `name` of `dir` (a link or a file standing where a directory should) into
@@ -219,20 +220,21 @@ fn set_aside_entry(
     quarantine: &Path,
     reason: &str,
 ) -> Result<()> {
-    let insecure = |message: String| Error::Insecure {
-        path: at.to_owned(),
-        message,
-    };
+    // Not `Insecure`, whose text speaks of other users: this is the home's own layout broken,
+    // for an operator to look at.
+    let refuse = |message: String| Error::io("cannot set aside", at, io::Error::other(message));
     if quarantine.starts_with(at) {
-        return Err(insecure(format!(
+        return Err(refuse(format!(
             "{reason}, and cannot be set aside into itself; remove it (the directory is made \
              again)"
         )));
     }
     let q_rel = quarantine.strip_prefix(root).unwrap_or(quarantine);
-    let q = strict_walk(root, q_rel).map_err(|e| {
-        insecure(format!(
-            "stands where a directory should and cannot be set aside ({e}); remove it"
+    let q = strict_walk(root, q_rel).map_err(|_| {
+        refuse(format!(
+            "{reason}, and {} is not a real directory to hold it; remove both (the \
+             directories are made again)",
+            quarantine.display()
         ))
     })?;
     let rel = at.strip_prefix(root).unwrap_or(at);
@@ -276,12 +278,73 @@ fn strict_walk(root: &Path, rel: &Path) -> Result<OwnedFd> {
             ));
         }
         let _ = rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(DIR_MODE));
-        dir = rustix::fs::openat(&dir, name, OPEN_DIR, Mode::empty()).map_err(|e| {
-            Error::Insecure {
-                path: at.clone(),
-                message: format!("is not a real directory ({e})"),
-            }
-        })?;
+        dir = rustix::fs::openat(&dir, name, OPEN_DIR, Mode::empty())
+            .map_err(|e| Error::io("cannot open", &at, e.into()))?;
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn home() -> (tempfile::TempDir, PathBuf, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("home");
+        std::fs::create_dir_all(&root).unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        confine(&root, &root.join("quarantine"));
+        (dir, root, outside)
+    }
+
+    #[test]
+    fn a_link_on_the_way_is_set_aside_with_a_reason_and_a_real_directory_made() {
+        let (_d, root, outside) = home();
+        std::fs::create_dir_all(root.join("a")).unwrap();
+        symlink(&outside, root.join("a/b")).unwrap();
+        crate::store::create_dir_private(&root.join("a/b/c")).unwrap();
+        crate::store::commit(&root.join("a/b/c/file.json"), b"{}").unwrap();
+        assert!(root.join("a/b/c/file.json").is_file());
+        assert!(
+            std::fs::symlink_metadata(root.join("a/b"))
+                .unwrap()
+                .is_dir()
+        );
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        let reason = std::fs::read_to_string(root.join("quarantine/a%b.reason")).unwrap();
+        assert!(reason.contains("symbolic link"), "{reason}");
+        assert!(
+            std::fs::symlink_metadata(root.join("quarantine/a%b"))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the link itself is kept, not what it points to"
+        );
+    }
+
+    #[test]
+    fn a_linked_quarantine_refuses_instead_of_following() {
+        let (_d, root, outside) = home();
+        symlink(&outside, root.join("quarantine")).unwrap();
+        symlink(&outside, root.join("x")).unwrap();
+        let err = crate::store::commit(&root.join("x/file.json"), b"{}").unwrap_err();
+        assert!(err.to_string().contains("cannot set aside"), "{err}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_read_through_a_link_finds_nothing_and_paths_outside_homes_are_used_as_given() {
+        let (_d, root, outside) = home();
+        std::fs::write(outside.join("secret.json"), b"{}").unwrap();
+        symlink(&outside, root.join("d")).unwrap();
+        let read: Option<serde_json::Value> =
+            crate::store::read_json(&root.join("d/secret.json")).unwrap();
+        assert!(read.is_none());
+        // Outside every home: as given.
+        let v: Option<serde_json::Value> =
+            crate::store::read_json(&outside.join("secret.json")).unwrap();
+        assert!(v.is_some());
+    }
 }
