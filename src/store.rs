@@ -171,14 +171,7 @@ fn remove_tree_at(
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let dir = rustix::fs::openat(parent, name, flags, Mode::empty())
         .map_err(|e| Error::io("cannot remove", path, e.into()))?;
-    let via = PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&dir)
-    ));
-    let entries = fs::read_dir(&via).map_err(|e| Error::io("cannot list", path, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io("cannot list", path, e))?;
-        let child = entry.file_name();
+    for child in dir::names_of(&dir, path)? {
         let child_path = path.join(&child);
         let st = match rustix::fs::statat(&dir, &child, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
@@ -565,23 +558,10 @@ pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
     let Some(fd) = beneath::open_dir(dir, false)? else {
         return Ok(Vec::new());
     };
-    // `/proc/self/fd/N` is the directory just reached, not the path resolved again.
-    let via = PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(&fd)
-    ));
-    let entries = match fs::read_dir(&via) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("cannot list", dir, e)),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| Error::io("cannot list", dir, e))?;
-        let name = entry.file_name();
-        out.push((name.to_string_lossy().into_owned(), dir.join(name)));
-    }
-    Ok(out)
+    Ok(dir::names_of(&fd, dir)?
+        .into_iter()
+        .map(|name| (name.to_string_lossy().into_owned(), dir.join(name)))
+        .collect())
 }
 
 /// Removes `*.tmp` files older than `max_age_ms` anywhere under `dir` (commits a crash cut

@@ -23,7 +23,6 @@
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::RwLock;
 
@@ -193,7 +192,7 @@ fn step(
                     Err(Errno::NOENT) => continue,
                     Err(e) => return Err(Error::io("cannot inspect", at, e.into())),
                 };
-                set_aside_entry(dir, name, at, root, quarantine, what)?;
+                set_aside_entry(at, root, quarantine, what)?;
                 if !make {
                     return Ok(None);
                 }
@@ -208,80 +207,35 @@ fn step(
     ))
 }
 
-/// Moves the entry `name` of `dir` (a link or a file standing where a directory should) into
-/// the quarantine, renamed after its place, with the reason beside it. The quarantine is
-/// reached without setting anything aside itself: if it is a link, nothing moves and the
-/// caller is refused.
-fn set_aside_entry(
-    dir: &OwnedFd,
-    name: &OsStr,
-    at: &Path,
-    root: &Path,
-    quarantine: &Path,
-    reason: &str,
-) -> Result<()> {
-    // Not `Insecure`, whose text speaks of other users: this is the home's own layout broken,
-    // for an operator to look at.
-    let refuse = |message: String| Error::io("cannot set aside", at, io::Error::other(message));
+/// Moves `at` (a link or a file standing where a directory should) into the quarantine as
+/// [`set_aside`](crate::store::set_aside) does for any record: the link itself is renamed,
+/// what it points to is not touched. Reaching the quarantine walks here again; if the
+/// quarantine is itself what stands in the way, nothing moves and the caller is refused.
+fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> Result<()> {
     if quarantine.starts_with(at) {
-        return Err(refuse(format!(
-            "{reason}, and cannot be set aside into itself; remove it (the directory is made \
-             again)"
-        )));
+        // Not `Insecure`, whose text speaks of other users: this is the home's own layout
+        // broken, for an operator to look at.
+        return Err(Error::io(
+            "cannot set aside",
+            at,
+            io::Error::other(format!(
+                "{reason}, and the quarantine cannot hold itself; remove it (the directories \
+                 are made again)"
+            )),
+        ));
     }
-    let q_rel = quarantine.strip_prefix(root).unwrap_or(quarantine);
-    let q = strict_walk(root, q_rel).map_err(|_| {
-        refuse(format!(
-            "{reason}, and {} is not a real directory to hold it; remove both (the \
-             directories are made again)",
-            quarantine.display()
-        ))
-    })?;
-    let rel = at.strip_prefix(root).unwrap_or(at);
-    let stem = super::read::aside_name(rel);
-    let mut target = stem.clone();
-    let mut n = 1;
-    while rustix::fs::statat(&q, target.as_str(), AtFlags::SYMLINK_NOFOLLOW).is_ok() {
-        target = format!("{stem}.{n}");
-        n += 1;
-    }
-    let note = format!("{}: {reason}; set aside, not followed\n", rel.display());
-    crate::store::commit(
-        &quarantine.join(format!("{target}.reason")),
-        note.as_bytes(),
+    let to = crate::store::set_aside(
+        quarantine,
+        root,
+        at,
+        &format!("{reason}; set aside, not followed"),
     )?;
-    rustix::fs::renameat(dir, name, &q, target.as_str())
-        .map_err(|e| Error::io("cannot set aside", at, e.into()))?;
-    let _ = rustix::fs::fsync(&q);
-    let _ = rustix::fs::fsync(dir);
     tracing::warn!(
         path = %at.display(),
-        quarantined = %quarantine.join(&target).display(),
+        quarantined = %to.display(),
         "{reason}; set aside, not followed"
     );
     Ok(())
-}
-
-/// `rel` beneath `root` with every component a real directory (made when missing), nothing
-/// set aside: for the quarantine itself.
-fn strict_walk(root: &Path, rel: &Path) -> Result<OwnedFd> {
-    let mut dir = rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty())
-        .map_err(|e| Error::io("cannot open", root, e.into()))?;
-    let mut at = root.to_owned();
-    for name in rel.iter() {
-        at.push(name);
-        if name.as_bytes() == b".." {
-            return Err(Error::io(
-                "not a path beneath the home",
-                &at,
-                io::Error::from(io::ErrorKind::InvalidInput),
-            ));
-        }
-        let _ = rustix::fs::mkdirat(&dir, name, Mode::from_raw_mode(DIR_MODE));
-        dir = rustix::fs::openat(&dir, name, OPEN_DIR, Mode::empty())
-            .map_err(|e| Error::io("cannot open", &at, e.into()))?;
-    }
-    Ok(dir)
 }
 
 #[cfg(test)]

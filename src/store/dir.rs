@@ -32,6 +32,19 @@ pub struct Dir {
     path: PathBuf,
 }
 
+/// Every name in the directory held open as `fd` (`path` names it in errors): listed through
+/// `/proc/self/fd/N`, which is the open directory itself, not a path resolved again.
+pub fn names_of(fd: &impl AsRawFd, path: &Path) -> Result<Vec<OsString>> {
+    let via = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    let entries = std::fs::read_dir(&via).map_err(|e| Error::io("cannot list", path, e))?;
+    entries
+        .map(|e| {
+            e.map(|e| e.file_name())
+                .map_err(|e| Error::io("cannot list", path, e))
+        })
+        .collect()
+}
+
 /// What a name in a [`Dir`] is, looked at without following it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -208,16 +221,7 @@ impl Dir {
 
     /// Every name in the directory, UTF-8 or not, read through the handle.
     pub fn raw_names(&self) -> Result<Vec<OsString>> {
-        // `/proc/self/fd/N` is the open directory itself, not a path resolved again.
-        let via = PathBuf::from(format!("/proc/self/fd/{}", self.fd.as_raw_fd()));
-        let mut out = Vec::new();
-        let entries =
-            std::fs::read_dir(&via).map_err(|e| Error::io("cannot list", &self.path, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| Error::io("cannot list", &self.path, e))?;
-            out.push(entry.file_name());
-        }
-        Ok(out)
+        names_of(&self.fd, &self.path)
     }
 
     /// What `name` is, without following it; `None` when there is no such name.

@@ -195,7 +195,7 @@ pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
 
 /// The name a file set aside goes by in the quarantine: its place under the root, `/` (and
 /// any control character) as `%`.
-pub(super) fn aside_name(rel: &Path) -> String {
+fn aside_name(rel: &Path) -> String {
     rel.to_string_lossy()
         .chars()
         .map(|c| if c == '/' || c.is_control() { '%' } else { c })
