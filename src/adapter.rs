@@ -225,9 +225,9 @@ fn waiter_record(home: &Home, session: &str) -> PathBuf {
 
 fn presence_lock(home: &Home, session: &str) -> Result<File> {
     let dir = home.sessions_dir().join(session);
-    crate::store::create_dir_private(&dir)?;
+    crate::durable::create_dir_private(&dir)?;
     let path = dir.join("waiter.lock");
-    crate::store::open_or_create(&path).map_err(|e| Error::io("cannot open lock", &path, e))
+    crate::durable::open_or_create(&path).map_err(|e| Error::io("cannot open lock", &path, e))
 }
 
 impl Waiter {
@@ -243,7 +243,7 @@ impl Waiter {
             .map_err(|e| Error::io("cannot lock", &lock, e))?;
         let token = crate::secret::random_hex(8);
         let record = waiter_record(home, session);
-        crate::store::commit_json(
+        crate::durable::commit_json(
             &record,
             &WaiterRecord {
                 pid: std::process::id(),
@@ -275,7 +275,7 @@ impl Waiter {
         }
         // Reached beneath the home without following a link; one that is not a record (a link,
         // huge, not JSON) is set aside, and this waiter leaves as for a removed one.
-        let found = crate::store::read_json_or_set_aside::<WaiterRecord>(
+        let found = crate::durable::read_json_or_set_aside::<WaiterRecord>(
             &self.home.quarantine_dir(),
             self.home.root(),
             &self.record,
@@ -293,7 +293,7 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         // Leave no record naming a waiter that is gone; a newer one's record stays.
         if !self.should_leave() {
-            let _ = crate::store::unlink(&self.record);
+            let _ = crate::durable::unlink(&self.record);
         }
     }
 }
@@ -303,7 +303,7 @@ impl Drop for Waiter {
 pub fn end_waiter(home: &Home, session: &str) -> Result<bool> {
     crate::engine::check_name("session", session)?;
     let record = waiter_record(home, session);
-    match crate::store::unlink(&record) {
+    match crate::durable::unlink(&record) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("cannot remove", &record, e)),

@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use notify::{RecursiveMode, Watcher};
 use serde_json::{Value, json};
 
+use crate::durable::FileLock;
 use crate::engine::{self, Created, Engine};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::howto::{self, HowToSignal};
 use crate::model::{SignalStatus, Status, Waitpoint, Wake};
 use crate::render;
-use crate::store::FileLock;
 
 /// What a front end resolved from its environment that the reply's lines depend on.
 #[derive(Debug, Clone, Copy)]
@@ -340,8 +340,8 @@ impl<'h> Inbox<'h> {
     pub fn open(home: &'h Home, channel: &str) -> Result<Inbox<'h>> {
         engine::check_name("channel", channel)?;
         let dir = home.inbox_new(channel);
-        crate::store::create_dir_private(&dir)?;
-        crate::store::create_dir_private(&home.inbox_cur(channel))?;
+        crate::durable::create_dir_private(&dir)?;
+        crate::durable::create_dir_private(&home.inbox_cur(channel))?;
         // Watch before the first look, so a wake landing in between is not missed.
         let (poke, changes) = mpsc::channel();
         let watcher = watch_into(&dir, poke.clone())?;

@@ -12,12 +12,12 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use crate::durable::{self, FileLock};
 use crate::error::Error;
 use crate::home::Home;
 use crate::ingress::device;
 use crate::model::WebhookAddress;
 use crate::settings::Settings;
-use crate::store::{self, FileLock};
 
 /// A check's verdict. Any [`Level::Fail`] makes `doctor` exit non-zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -257,7 +257,7 @@ fn walk_home(root: &Path) -> Walk {
         }
         let name = path.file_name().unwrap_or_default().to_string_lossy();
         if meta.is_file()
-            && name.ends_with(store::TEMP_SUFFIX)
+            && name.ends_with(durable::TEMP_SUFFIX)
             && meta
                 .modified()
                 .ok()
@@ -267,7 +267,7 @@ fn walk_home(root: &Path) -> Walk {
             walk.stale_temps.push(path.clone());
         }
         if meta.is_dir()
-            && let Ok(entries) = store::list_dir(&path)
+            && let Ok(entries) = durable::list_dir(&path)
         {
             stack.extend(entries.into_iter().map(|(_, p)| p));
         }
@@ -475,17 +475,17 @@ fn check_daemon(home: &Home) -> Check {
     let start = "start it: `waitpoint daemon`, or `systemctl --user start waitpoint` with \
 scripts/waitpoint.service";
     match &holder {
-        crate::store::LockHolder::Held { pid } => ok(
+        crate::durable::LockHolder::Held { pid } => ok(
             "daemon",
             format!("running (pid {pid}), holding {}", lock.display()),
         ),
-        crate::store::LockHolder::Free => bad(
+        crate::durable::LockHolder::Free => bad(
             "daemon",
             Level::Warn,
             "no daemon is running: signals wait in the spool and nothing fires",
             start,
         ),
-        crate::store::LockHolder::Stale { .. } => bad(
+        crate::durable::LockHolder::Stale { .. } => bad(
             "daemon",
             Level::Fail,
             format!(
@@ -503,7 +503,7 @@ scripts/waitpoint.service";
 fn check_shim(home: &Home) -> Check {
     let path = home.webhook_address_file();
     // Read as its owner writes it (`model::WebhookAddress`), not guessed at.
-    let record = match store::read_json::<WebhookAddress>(&path) {
+    let record = match durable::read_json::<WebhookAddress>(&path) {
         Ok(None) => return ok("http-shim", "no address published (signals use the spool)"),
         Ok(Some(r)) => r,
         Err(e) => {
@@ -612,7 +612,7 @@ fn check_journal(home: &Home) -> Check {
     if segments == 0 {
         return ok("journal", "empty (every committed batch is checkpointed)");
     }
-    if store::FileLock::is_held(&home.daemon_lock()) {
+    if durable::FileLock::is_held(&home.daemon_lock()) {
         return ok(
             "journal",
             format!("{segments} segment(s); the running daemon checkpoints them"),
@@ -648,7 +648,7 @@ fn check_temps(walk: &Walk) -> Check {
 
 fn check_bad(home: &Home) -> Check {
     let bad_dir = home.bad_dir();
-    let parked = store::list_dir(&bad_dir)
+    let parked = durable::list_dir(&bad_dir)
         .unwrap_or_default()
         .into_iter()
         .filter(|(n, _)| n.ends_with(".json"))
@@ -672,7 +672,7 @@ fn check_bad(home: &Home) -> Check {
 
 fn check_quarantine(home: &Home) -> Check {
     let dir = home.quarantine_dir();
-    let set_aside = store::list_dir(&dir)
+    let set_aside = durable::list_dir(&dir)
         .unwrap_or_default()
         .into_iter()
         .filter(|(n, _)| !n.ends_with(".reason"))
@@ -781,7 +781,7 @@ mod tests {
             .unwrap()
             .port();
         let published = |addr: String| {
-            store::commit_json(
+            durable::commit_json(
                 &home.webhook_address_file(),
                 &WebhookAddress {
                     url: format!("http://{addr}/webhook/signal"),

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::durable;
 use crate::error::Result;
 use crate::home::Home;
-use crate::store;
 
 /// A harness we know how to name, configure and wake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,15 +170,15 @@ pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
     if recall(home, session).ok().flatten().as_ref() == Some(caller) {
         return Ok(());
     }
-    store::create_dir_private(file.parent().expect("a session directory"))?;
-    store::commit_json(&file, caller)
+    durable::create_dir_private(file.parent().expect("a session directory"))?;
+    durable::commit_json(&file, caller)
 }
 
 /// The harness session `session` was last seen in, if any.
 pub fn recall(home: &Home, session: &str) -> Result<Option<Caller>> {
     crate::engine::check_name("session", session)?;
     // Reached beneath the home without following a link, size-capped; a bad one is set aside.
-    let found: Option<Caller> = store::read_json_or_set_aside(
+    let found: Option<Caller> = durable::read_json_or_set_aside(
         &home.quarantine_dir(),
         home.root(),
         &record_file(home, session),

@@ -26,8 +26,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::durable::{Dir, create_dir_private};
 use crate::error::{Error, Result};
-use crate::store::{Dir, create_dir_private};
 
 /// A home directory and its layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl Home {
                 .unwrap_or(root)
         };
         // Every path of this home is reached beneath its root from now on (store/beneath.rs).
-        crate::store::confine(&root, &root.join("quarantine"));
+        crate::durable::confine(&root, &root.join("quarantine"));
         Home { root }
     }
 
@@ -214,7 +214,7 @@ impl Home {
     }
 
     /// `tmp/trash/`: files the daemon is done with, removed in the background (see
-    /// [`crate::store::Trash`]).
+    /// [`crate::durable::Trash`]).
     pub fn trash_dir(&self) -> PathBuf {
         self.root.join("tmp").join("trash")
     }

@@ -20,8 +20,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::durable::{self, FILE_MODE, create_dir_private, fsync_dir};
 use crate::error::{Error, Result};
-use crate::store::{self, FILE_MODE, create_dir_private, fsync_dir};
 
 /// How often the checkpointer makes the applied files durable and drops the covered segments.
 /// It bounds how much a replay after a crash has to redo, not how long a signal waits. Five
@@ -256,7 +256,7 @@ impl Journal {
         // Durably: not needed for safety (a segment that comes back is re-applied harmlessly),
         // but it keeps a replay after a power cut short. On error every covered segment is
         // kept for the next checkpoint; one already gone is not an error then.
-        store::remove_all_durably(&paths)?;
+        durable::remove_all_durably(&paths)?;
         self.closed.retain(|n| !covered.contains(n));
         Ok(())
     }
@@ -269,7 +269,7 @@ pub fn has_segments(dir: &Path) -> bool {
 
 /// The numbers of the segments in `dir`, in order; a missing directory has none.
 pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
-    let mut numbers: Vec<u64> = store::list_dir(dir)?
+    let mut numbers: Vec<u64> = durable::list_dir(dir)?
         .iter()
         .filter_map(|(name, _)| segment_number(name))
         .collect();

@@ -5,7 +5,7 @@
 //! HTTP shim) turns outside input into signal requests (the [`request`] vocabulary both sides
 //! share); the [`engine`] validates, authenticates
 //! and applies them; the [`journal`] makes each batch of signals durable with one fsync and
-//! [`store`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
+//! [`durable`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
 
 // No unsafe code but in `ingress::sftp_long`, the one place that calls a C library (libssh2)
@@ -19,6 +19,7 @@ pub mod clock;
 pub mod daemon;
 pub mod delivery;
 pub mod doctor;
+pub mod durable;
 pub mod engine;
 pub mod error;
 pub mod failpoint;
@@ -38,4 +39,3 @@ pub mod settings;
 pub mod setup;
 pub mod signal;
 pub mod state;
-pub mod store;

@@ -16,12 +16,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use rand::Rng;
 use serde::Serialize;
 
+use crate::durable::{self, FileLock};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::http::SIGNAL_PATH;
 use crate::ingress::{MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MESSAGE_CHARS, check_member_name};
 use crate::model::{SignalStatus, WebhookAddress};
-use crate::store::{self, FileLock};
 
 /// The JSON body every transport sends: the spec's fields, nulls omitted.
 #[derive(Debug, Clone, Serialize)]
@@ -219,11 +219,11 @@ impl SpoolTransport {
 
 impl Transport for SpoolTransport {
     fn send(&self, body: &[u8]) -> Result<Sent> {
-        store::create_dir_private(&self.dir)?;
+        durable::create_dir_private(&self.dir)?;
         let path = self
             .dir
             .join(self.name.clone().unwrap_or_else(Self::fresh_name));
-        store::commit(&path, body)?;
+        durable::commit(&path, body)?;
         Ok(Sent::Spooled(path))
     }
 }
@@ -306,7 +306,7 @@ pub enum Published {
 /// file left by a daemon that was killed is recognised as stale without trusting its pid.
 pub fn published_endpoint(home: &Home) -> Published {
     let file = home.webhook_address_file();
-    let record: WebhookAddress = match store::read_json(&file) {
+    let record: WebhookAddress = match durable::read_json(&file) {
         Ok(Some(r)) => r,
         Ok(None) => return Published::Absent,
         Err(e) => return Published::Stale(format!("cannot use it: {e}")),
@@ -314,14 +314,14 @@ pub fn published_endpoint(home: &Home) -> Published {
     let lock = home.daemon_lock();
     let holder = FileLock::holder(&lock);
     match &holder {
-        store::LockHolder::Held { .. } => {}
-        store::LockHolder::Stale { .. } => {
+        durable::LockHolder::Held { .. } => {}
+        durable::LockHolder::Stale { .. } => {
             return Published::Stale(format!(
                 "no daemon is running for this home ({})",
                 holder.stale_text(&lock).unwrap_or_default()
             ));
         }
-        store::LockHolder::Free => {
+        durable::LockHolder::Free => {
             return Published::Stale(format!(
                 "no daemon is running for this home (the shim's pid {} left it behind)",
                 record.pid

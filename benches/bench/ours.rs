@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use waitpoint::clock::SystemClock;
+use waitpoint::durable;
 use waitpoint::engine::{CreateRequest, Engine};
 use waitpoint::home::Home;
 use waitpoint::model::Waitpoint;
 use waitpoint::settings::Settings;
-use waitpoint::store;
 
 use waitpoint::signal::{Published, published_endpoint};
 
@@ -95,7 +95,7 @@ pub fn arm_fast_with(
         wp.channel = wp.session.clone();
         let dir = home.waitpoint_dir(&wp.id);
         fs::create_dir_all(dir.join("signals")).unwrap();
-        fs::write(dir.join("waitpoint.json"), store::to_pretty_json(&wp)).unwrap();
+        fs::write(dir.join("waitpoint.json"), durable::to_pretty_json(&wp)).unwrap();
     }
     template
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
+use crate::durable::{self, FileLock};
 use crate::engine::Engine;
 use crate::error::{Error, exit};
 use crate::ingress::device::{
@@ -21,7 +22,6 @@ use crate::ingress::device::{
 };
 use crate::ingress::spool::FileOutcome;
 use crate::render;
-use crate::store::{self, FileLock};
 
 #[derive(Debug, Args)]
 pub struct DeviceArgs {
@@ -351,7 +351,7 @@ fn poll(
             }
             // Leave nothing in the journal: no daemon runs to checkpoint it.
             engine.checkpoint_journal()?;
-            let _ = store::remove_durably(&home.device_poll_file(&d.name));
+            let _ = durable::remove_durably(&home.device_poll_file(&d.name));
             report(
                 out,
                 &d,
@@ -368,7 +368,7 @@ fn poll(
         Err(Error::Locked { .. }) => {
             let asked = engine.now();
             let poll_file = home.device_poll_file(&d.name);
-            store::commit(&poll_file, format!("{asked}\n").as_bytes())?;
+            durable::commit(&poll_file, format!("{asked}\n").as_bytes())?;
             let deadline = Instant::now() + Duration::from_secs_f64(a.timeout);
             loop {
                 let status = device::load_status(home, &d.name)?;

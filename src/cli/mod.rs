@@ -158,11 +158,11 @@ pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
             .boxed()
     };
     let file = daemon_log.and_then(|home| {
-        let _ = crate::store::create_dir_private(&home.log_dir());
+        let _ = crate::durable::create_dir_private(&home.log_dir());
         let f = OpenOptions::new()
             .create(true)
             .append(true)
-            .mode(crate::store::FILE_MODE)
+            .mode(crate::durable::FILE_MODE)
             .open(home.log_file())
             .ok()?;
         Some(if json {

@@ -83,7 +83,7 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
             if let Some(dir) = e.path.parent() {
                 std::fs::create_dir_all(dir).map_err(|err| Error::io("cannot create", dir, err))?;
             }
-            crate::store::commit(&e.path, e.after.as_bytes())?;
+            crate::durable::commit(&e.path, e.after.as_bytes())?;
         }
     }
     let verdict = match (changed, a.dry_run) {

@@ -29,7 +29,7 @@ impl Daemon {
     pub(super) fn gc_engine_temps(&mut self) {
         let home = self.engine.home();
         for dir in [home.waitpoints_dir(), home.sessions_dir()] {
-            if let Err(e) = store::remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS) {
+            if let Err(e) = durable::remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS) {
                 tracing::error!("cannot clean stale temp files: {e}");
             }
         }

@@ -30,6 +30,7 @@ use notify::{RecursiveMode, Watcher};
 
 use crate::clock::{Clock, Timestamp};
 use crate::delivery::{self, hook, hook::HookRun};
+use crate::durable::{self, FileLock};
 use crate::engine::{self, Engine, HookJob, Verdict};
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -38,7 +39,6 @@ use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
 use crate::settings::{DAY_MS, Settings};
-use crate::store::{self, FileLock};
 
 mod collect;
 mod hooks;
@@ -362,7 +362,7 @@ impl Daemon {
         }))?;
         self.deliver_wakes();
         // From here on, what the engine frees goes to the trash, emptied as it fills.
-        let _reaper = crate::store::Reaper::start(self.engine.open_trash()?);
+        let _reaper = crate::durable::Reaper::start(self.engine.open_trash()?);
         // What arrived while no daemon ran is collected before any silence is reported: a job
         // that reported during the outage did not go quiet.
         self.engine.hold_silence();

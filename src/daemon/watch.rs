@@ -42,7 +42,7 @@ impl Daemon {
                 let _ = tx.send(Event::Rescan);
                 return;
             }
-            if !crate::store::is_ready_kind(&event.kind) {
+            if !crate::durable::is_ready_kind(&event.kind) {
                 return;
             }
             for path in &event.paths {
@@ -63,7 +63,7 @@ impl Daemon {
             }
         })
         .map_err(|e| Error::io("cannot start the file watcher on", &drop_zone, to_io(e)))?;
-        crate::store::create_dir_private(&timers)?;
+        crate::durable::create_dir_private(&timers)?;
         for dir in [&drop_zone, &timers] {
             watcher
                 .watch(dir, RecursiveMode::NonRecursive)

@@ -10,10 +10,10 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::durable::{self, commit_json, create_dir_private, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::model::Wake;
-use crate::store::{self, commit_json, create_dir_private, read_json};
 
 fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
     dir.join(format!("{wake_id}.json"))
@@ -32,7 +32,7 @@ pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
 
 /// Like [`deliver`], into a set of journaled files: written (without fsync) when `files`
 /// commits (which makes `new/` if missing); the journal line written before makes it durable.
-pub fn stage(home: &Home, wake: &Wake, files: &mut store::Unsynced) {
+pub fn stage(home: &Home, wake: &Wake, files: &mut durable::Unsynced) {
     if let Some(target) = inbox_target(home, wake) {
         files.add_json(&target, wake);
     }
@@ -82,14 +82,14 @@ pub fn is_unread(home: &Home, channel: &str, wake_id: &str) -> bool {
 pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
     let dir = home.inbox_new(channel);
     let mut wakes = Vec::new();
-    for (name, path) in store::list_dir(&dir)? {
-        if store::is_temp_name(&name) || !name.ends_with(".json") {
+    for (name, path) in durable::list_dir(&dir)? {
+        if durable::is_temp_name(&name) || !name.ends_with(".json") {
             continue;
         }
         // A wake taken by another reader between the listing and the read is simply gone; one
         // that does not parse is set aside, so the good ones behind it are still read.
         if let Some(w) =
-            store::read_json_or_set_aside::<Wake>(&home.quarantine_dir(), home.root(), &path)?
+            durable::read_json_or_set_aside::<Wake>(&home.quarantine_dir(), home.root(), &path)?
         {
             wakes.push(w);
         }
@@ -128,10 +128,10 @@ pub fn untake(home: &Home, channel: &str, wake_id: &str) -> Result<()> {
     let new = home.inbox_new(channel);
     let cur = home.inbox_cur(channel);
     let from = wake_file(&cur, wake_id);
-    store::rename(&from, &wake_file(&new, wake_id))
+    durable::rename(&from, &wake_file(&new, wake_id))
         .map_err(|e| Error::io("cannot move", &from, e))?;
-    store::fsync_dir(&new)?;
-    store::fsync_dir(&cur)
+    durable::fsync_dir(&new)?;
+    durable::fsync_dir(&cur)
 }
 
 /// Marks one wake read (moves it to `cur/`), for a reader that handed it on by other means (a
@@ -142,10 +142,10 @@ pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
     let cur = home.inbox_cur(channel);
     create_dir_private(&cur)?;
     let from = wake_file(&new, wake_id);
-    match store::rename(&from, &wake_file(&cur, wake_id)) {
+    match durable::rename(&from, &wake_file(&cur, wake_id)) {
         Ok(()) => {
-            store::fsync_dir(&cur)?;
-            store::fsync_dir(&new)?;
+            durable::fsync_dir(&cur)?;
+            durable::fsync_dir(&new)?;
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),

@@ -25,6 +25,7 @@ use rand::Rng;
 
 use crate::clock::{Clock, Timestamp, human_duration};
 use crate::delivery;
+use crate::durable::{self, FileLock, Trash, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::model::{
@@ -36,7 +37,6 @@ use crate::request::{Owner, SignalRequest, Source, check_member_name};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::state::{self, Store, Txn};
-use crate::store::{self, FileLock, Trash, read_json};
 
 pub use batch::MAX_BATCH;
 pub use create::*;

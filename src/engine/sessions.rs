@@ -33,8 +33,8 @@ impl Engine {
             }
         }
         let dir = self.home.sessions_dir().join(session);
-        store::remove_tree(&dir)?;
-        store::fsync_dir(&self.home.sessions_dir())?;
+        durable::remove_tree(&dir)?;
+        durable::fsync_dir(&self.home.sessions_dir())?;
         tracing::info!(
             session,
             cancelled = cancelled.len(),
@@ -54,10 +54,10 @@ impl Engine {
         let now = self.clock.now();
         let ttl = self.settings.ttl_ms as i64;
         let mut removed = 0;
-        for (channel, _) in store::list_dir(&self.home.sessions_dir())? {
+        for (channel, _) in durable::list_dir(&self.home.sessions_dir())? {
             let cur = self.home.inbox_cur(&channel);
-            for (name, path) in store::list_dir(&cur)? {
-                if store::is_temp_name(&name) || !name.ends_with(".json") {
+            for (name, path) in durable::list_dir(&cur)? {
+                if durable::is_temp_name(&name) || !name.ends_with(".json") {
                     continue;
                 }
                 let old = match read_json::<Wake>(&path) {
@@ -67,7 +67,7 @@ impl Engine {
                     Err(_) => false,
                 };
                 if old {
-                    store::remove_durably(&path)?;
+                    durable::remove_durably(&path)?;
                     removed += 1;
                 }
             }

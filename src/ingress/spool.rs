@@ -3,7 +3,7 @@
 //!
 //! A file is read only if it is a regular, single-linked file no bigger than the cap, opened
 //! without following symlinks and without blocking on FIFOs, so nothing outside the spool is
-//! ever read. Every pass opens the spool afresh beneath the home's root ([`store::Dir`]), each
+//! ever read. Every pass opens the spool afresh beneath the home's root ([`durable::Dir`]), each
 //! directory on the way not followed if it is a link, and lists, reads, parks and removes
 //! through that handle only: a spool or `bad/` swapped for a link is refused, never followed. Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing
 //! is deleted unparsed. A file leaves the spool only after its effect is durable.
@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 
 use crate::clock::Timestamp;
+use crate::durable::{self, Dir, Entry};
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
@@ -23,7 +24,6 @@ use crate::ingress::{
     CallbackRequest, MAX_BODY_BYTES, SignalRequest, Source, SpoolBody, parse_spool_body,
 };
 use crate::secret;
-use crate::store::{self, Dir, Entry};
 
 mod park;
 
@@ -328,7 +328,7 @@ impl Spool {
         }
         match engine.trash() {
             Some(trash) => trash.take_all_from(dz, names),
-            None => store::unlink_all(dz, names),
+            None => durable::unlink_all(dz, names),
         }
     }
 
@@ -498,7 +498,7 @@ pub fn is_safe_name(name: &str) -> bool {
 }
 
 pub fn is_candidate(name: &str) -> bool {
-    name.ends_with(".json") && !store::is_temp_name(name) && name != "bad"
+    name.ends_with(".json") && !durable::is_temp_name(name) && name != "bad"
 }
 
 enum ReadError {

@@ -574,7 +574,7 @@ fn new_unread(
     let session = &inner.session_for(None)?;
     let home = inner.engine.home();
     let dir = home.inbox_new(session);
-    crate::store::create_dir_private(&dir)?;
+    crate::durable::create_dir_private(&dir)?;
     let (_watcher, rx) = agent::wake_on_change(&dir)?;
     loop {
         if inner.gone.is_set() {

@@ -16,6 +16,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::clock::Clock;
+use crate::durable::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::journal::{self, Journal};
@@ -24,7 +25,6 @@ use crate::model::{
 };
 use crate::names::is_waitpoint_id;
 use crate::request::{identity_key, identity_of};
-use crate::store::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
 
 use super::{Change, Doc, DocTxn, Docs, Hint, Store, Txn, Version};
 
@@ -62,12 +62,12 @@ impl Files {
     }
 
     /// Reads one record met while listing many, setting it aside if it does not parse
-    /// ([`store::read_json_or_set_aside`]), so one bad file stops no listing.
+    /// ([`durable::read_json_or_set_aside`]), so one bad file stops no listing.
     pub(super) fn read_listed(&self, id: &str) -> Result<Option<Waitpoint>> {
         if !is_waitpoint_id(id) {
             return Ok(None);
         }
-        store::read_json_or_set_aside(
+        durable::read_json_or_set_aside(
             &self.home.quarantine_dir(),
             self.home.root(),
             &self.home.waitpoint_file(id),
@@ -229,7 +229,7 @@ impl Store for Files {
     }
 
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
-        Ok(store::list_dir(&self.home.signals_dir(id))?
+        Ok(durable::list_dir(&self.home.signals_dir(id))?
             .into_iter()
             .filter_map(|(name, _)| parse_signal_file_name(&name))
             .collect())
@@ -242,7 +242,7 @@ impl Store for Files {
     /// Streams the waitpoints directory, so a scan of a large home holds one waitpoint in
     /// memory, not all of them. A waitpoint removed during the scan is skipped.
     fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()> {
-        for (id, _) in store::list_dir(&self.home.waitpoints_dir())? {
+        for (id, _) in durable::list_dir(&self.home.waitpoints_dir())? {
             if let Some(wp) = self.read_listed(&id)? {
                 f(wp)?;
             }
@@ -274,7 +274,7 @@ impl Store for Files {
                 Ok(e) if !e.need_rescan() => e,
                 _ => return hint(Hint::Resync),
             };
-            if !store::is_ready_kind(&event.kind) {
+            if !durable::is_ready_kind(&event.kind) {
                 return;
             }
             for path in &event.paths {
@@ -390,9 +390,9 @@ impl Txn for FileTxn<'_> {
         let dir = home.waitpoint_dir(id);
         let parent = home.waitpoints_dir();
         let grave = parent.join(format!(".gone-{id}"));
-        store::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
-        store::fsync_dir(&parent)?;
-        store::remove_tree(&grave)?;
+        durable::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
+        durable::fsync_dir(&parent)?;
+        durable::remove_tree(&grave)?;
         self.files.index_remove(wp)?;
         self.held.remove(id);
         Ok(())
@@ -448,7 +448,7 @@ impl Files {
         let parent = self.home.waitpoints_dir();
         create_dir_private(&parent)?;
         let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
-        let _ = store::remove_tree(&staging);
+        let _ = durable::remove_tree(&staging);
         let signals = staging.join("signals");
         create_dir_private(&signals)?;
         let result = records
@@ -459,20 +459,20 @@ impl Files {
             })
             .and_then(|()| match records {
                 [] => Ok(()),
-                _ => store::fsync_dir(&signals),
+                _ => durable::fsync_dir(&signals),
             })
             // The index markers before the state: a waitpoint never exists without them
             // (index.rs).
             .and_then(|()| self.index_add(wp))
             .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
-            .and_then(|()| store::fsync_dir(&staging))
+            .and_then(|()| durable::fsync_dir(&staging))
             .and_then(|()| {
-                store::rename(&staging, &self.home.waitpoint_dir(&wp.id))
+                durable::rename(&staging, &self.home.waitpoint_dir(&wp.id))
                     .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
             })
-            .and_then(|()| store::fsync_dir(&parent));
+            .and_then(|()| durable::fsync_dir(&parent));
         if result.is_err() {
-            let _ = store::remove_tree(&staging);
+            let _ = durable::remove_tree(&staging);
         }
         result
     }
@@ -494,13 +494,13 @@ impl<T: Doc> Docs<T> for Files {
     fn all_docs(&self) -> Result<Vec<T>> {
         let pending = pending_docs::<T>(self)?;
         let mut out: Vec<T> = pending.clone();
-        for (name, path) in store::list_dir(&T::KIND.dir(&self.home))? {
+        for (name, path) in durable::list_dir(&T::KIND.dir(&self.home))? {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
             if T::KIND.is_id(id)
                 && !pending.iter().any(|p| p.id() == id)
-                && let Some(d) = store::read_json_or_set_aside(
+                && let Some(d) = durable::read_json_or_set_aside(
                     &self.home.quarantine_dir(),
                     self.home.root(),
                     &path,
@@ -534,7 +534,7 @@ const INTENT: &str = ".intent.json";
 /// The documents of an intent a crash or a writer in progress left (see [`INTENT`]).
 fn pending_docs<T: Doc>(files: &Files) -> Result<Vec<T>> {
     let path = T::KIND.dir(&files.home).join(INTENT);
-    Ok(store::read_json_or_set_aside::<Vec<T>>(
+    Ok(durable::read_json_or_set_aside::<Vec<T>>(
         &files.home.quarantine_dir(),
         files.home.root(),
         &path,
@@ -568,7 +568,7 @@ impl<'a, T: Doc> FileDocs<'a, T> {
         for doc in docs {
             commit_json(&dir.join(format!("{}.json", doc.id())), doc)?;
         }
-        store::remove_durably(&dir.join(INTENT))
+        durable::remove_durably(&dir.join(INTENT))
     }
 }
 
@@ -612,7 +612,7 @@ pub fn signal_file_name(seq: u64, key: &str) -> String {
 }
 
 pub(crate) fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
-    if store::is_temp_name(name) {
+    if durable::is_temp_name(name) {
         return None;
     }
     let stem = name.strip_suffix(".json")?;

@@ -3,7 +3,7 @@
 //!
 //! The source is someone else's directory, so it is trusted no more than a drop file: every
 //! file is reached beneath its root without following a link and read only when it is a
-//! regular file within [`MAX_RECORD_BYTES`](crate::store::MAX_RECORD_BYTES); every record
+//! regular file within [`MAX_RECORD_BYTES`](crate::durable::MAX_RECORD_BYTES); every record
 //! passes the same id and name rules as on arming (`names.rs`, applied as it parses) and must
 //! lie where its id says. What fails is refused with its reason and the rest goes on. Nothing
 //! in the source is written, moved or set aside: an import is a copy.
@@ -12,10 +12,10 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
+use crate::durable::{self, Dir};
 use crate::error::Result;
 use crate::model::{SignalRecord, Timer, Waitpoint};
 use crate::names::{is_timer_id, is_waitpoint_id};
-use crate::store::{self, Dir};
 
 use super::files::parse_signal_file_name;
 use super::{Copied, Store};
@@ -46,7 +46,7 @@ pub fn import_home(root: &Path, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
             let mut names = dir.names()?;
             names.sort();
             for name in names {
-                if store::is_temp_name(&name) {
+                if durable::is_temp_name(&name) {
                     continue;
                 }
                 if !is_waitpoint_id(&name) {
@@ -80,7 +80,7 @@ pub fn import_home(root: &Path, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
                 let Some(id) = name.strip_suffix(".json") else {
                     continue;
                 };
-                if store::is_temp_name(&name) {
+                if durable::is_temp_name(&name) {
                     continue;
                 }
                 if !is_timer_id(id) {
@@ -128,7 +128,7 @@ fn read_waitpoint(
     if let Some(dir) = dir {
         let names = dir.names().map_err(|e| e.to_string())?;
         for name in names {
-            if store::is_temp_name(&name) {
+            if durable::is_temp_name(&name) {
                 continue;
             }
             if parse_signal_file_name(&name).is_none() {
@@ -146,11 +146,11 @@ fn read_waitpoint(
     Ok((wp, records))
 }
 
-/// One record of the source at `rel` beneath `root`, read as [`store::read_record_bytes`]
+/// One record of the source at `rel` beneath `root`, read as [`durable::read_record_bytes`]
 /// reads (no link, no FIFO, capped), parsed with the records' rules; never moved.
 fn read_one<T: DeserializeOwned>(root: &Path, rel: &str) -> std::result::Result<T, String> {
     let path = root.join(rel);
-    let bytes = match store::read_record_bytes(root, &path) {
+    let bytes = match durable::read_record_bytes(root, &path) {
         Ok(Ok(Some(b))) => b,
         Ok(Ok(None)) => return Err(format!("{rel} is missing")),
         Ok(Err((culprit, why))) => {

@@ -16,9 +16,9 @@
 
 use std::fs;
 
+use crate::durable::{self, Batch, create_dir_private};
 use crate::error::Result;
 use crate::model::Waitpoint;
-use crate::store::{self, Batch, create_dir_private};
 
 use super::Store;
 use super::files::{Files, STAGING_PREFIX};
@@ -53,7 +53,7 @@ impl Files {
             .into_iter()
             .map(|name| self.home.session_index(name).join(&wp.id))
             .collect();
-        store::remove_all_durably(&paths)
+        durable::remove_all_durably(&paths)
     }
 
     /// Brings the index in line with the waitpoints: adds missing markers, prunes markers of
@@ -82,12 +82,12 @@ impl Files {
         })?;
         batch.commit()?;
         let mut dangling = Vec::new();
-        for (name, dir) in store::list_dir(&self.home.session_index_root())? {
-            if store::is_temp_name(&name) {
+        for (name, dir) in durable::list_dir(&self.home.session_index_root())? {
+            if durable::is_temp_name(&name) {
                 continue;
             }
-            for (id, marker) in store::list_dir(&dir)? {
-                if !store::is_temp_name(&id)
+            for (id, marker) in durable::list_dir(&dir)? {
+                if !durable::is_temp_name(&id)
                     && !expected.contains(&marker)
                     && !self.being_created(&id)
                     && !self.home.waitpoint_dir(&id).is_dir()
@@ -96,8 +96,8 @@ impl Files {
                 }
             }
         }
-        store::remove_all_durably(&dangling)?;
-        store::commit(&self.home.session_index_complete(), b"")?;
+        durable::remove_all_durably(&dangling)?;
+        durable::commit(&self.home.session_index_complete(), b"")?;
         Ok(added)
     }
 
@@ -120,8 +120,8 @@ impl Files {
             return Ok(all);
         }
         let mut out = Vec::new();
-        for (id, _) in store::list_dir(&self.home.session_index(session))? {
-            if store::is_temp_name(&id) {
+        for (id, _) in durable::list_dir(&self.home.session_index(session))? {
+            if durable::is_temp_name(&id) {
                 continue;
             }
             // A marker may outlive its waitpoint (see the module docs); skip it.

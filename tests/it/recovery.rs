@@ -311,7 +311,7 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
     let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
     let huge = fs::File::create(env.home.join("timers/tm_0123456789ac.json")).unwrap();
-    huge.set_len(waitpoint::store::MAX_RECORD_BYTES + 1)
+    huge.set_len(waitpoint::durable::MAX_RECORD_BYTES + 1)
         .unwrap();
     assert_eq!(waiting_ids(&env), std::slice::from_ref(&good_id));
     let list = env.ok("timer list", &env.waitpoint(&["timer", "list", "--json"]));

@@ -5,9 +5,9 @@
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 
+use waitpoint::durable::Reaper;
 use waitpoint::engine::Engine;
 use waitpoint::ingress::spool::{FileOutcome, Spool};
-use waitpoint::store::Reaper;
 
 use crate::helpers::*;
 

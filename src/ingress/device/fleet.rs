@@ -40,7 +40,7 @@ pub fn hint_for(path: &Path, devices_dir: &Path) -> Option<DeviceEvent> {
     let rel = path.strip_prefix(devices_dir).ok()?;
     let parts: Vec<&str> = rel.iter().map(|p| p.to_str()).collect::<Option<_>>()?;
     match parts.as_slice() {
-        [file] if !store::is_temp_name(file) => {
+        [file] if !durable::is_temp_name(file) => {
             if let Some(name) = file.strip_suffix(".json") {
                 Some(DeviceEvent::Record(name.to_owned()))
             } else {
@@ -237,7 +237,7 @@ pub(super) fn collector_thread(
         }
         // The poll request is answered once the outcome is in status.json.
         if answering {
-            let _ = store::remove_durably(&home.device_poll_file(&name));
+            let _ = durable::remove_durably(&home.device_poll_file(&name));
         }
         next = match error {
             None if interval_ms == 0 => None,

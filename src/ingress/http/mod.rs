@@ -54,6 +54,7 @@ use hyper::body::Bytes;
 use serde_json::{Value, json};
 
 use crate::clock::{Clock, Timestamp};
+use crate::durable;
 use crate::engine::callbacks::{self, Trigger};
 use crate::engine::{Refusal, Verdict};
 use crate::error::{Error, Result};
@@ -61,7 +62,6 @@ use crate::ingress::control::{self, ControlOutcome, ControlRequest};
 use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, SignalRequest, parse_signal};
 use crate::model::CallbackMode;
 use crate::model::WebhookAddress;
-use crate::store;
 
 mod head;
 mod peer;
@@ -289,7 +289,7 @@ impl Shim {
             pid: std::process::id(),
             started_at: clock.now(),
         };
-        store::commit_json(&shim.address_file, &record)?;
+        durable::commit_json(&shim.address_file, &record)?;
         tracing::info!(%addr, connections = cap, "webhook listening on http://{addr}{SIGNAL_PATH}");
         Ok(shim)
     }
@@ -309,7 +309,7 @@ impl Shim {
             return;
         }
         self.serving.stop();
-        if let Err(e) = store::remove_durably(&self.address_file) {
+        if let Err(e) = durable::remove_durably(&self.address_file) {
             tracing::error!("cannot remove the webhook address file: {e}");
         }
         tracing::info!(addr = %self.addr, "webhook stopped");
@@ -324,7 +324,7 @@ impl Drop for Shim {
 
 /// Removes an address file a daemon that did not shut down cleanly left behind.
 pub fn remove_stale_address(address_file: &std::path::Path) -> Result<()> {
-    store::remove_durably(address_file)
+    durable::remove_durably(address_file)
 }
 
 /// The callback routes' prefix, the spec's: `POST /api/callbacks/<wake|enqueue>/<token>`.

@@ -206,7 +206,7 @@ pub(super) fn redact_secret(bytes: &[u8]) -> Option<(Vec<u8>, Option<String>)> {
                 );
                 Some(fp)
             });
-            Some((store::to_pretty_json(&value), fp))
+            Some((durable::to_pretty_json(&value), fp))
         }
         Err(_) => redact_secret_text(bytes).map(|(b, fp)| (b, Some(fp))),
     };

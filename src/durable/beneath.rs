@@ -29,8 +29,8 @@ use std::sync::RwLock;
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
+use crate::durable::DIR_MODE;
 use crate::error::{Error, Result};
-use crate::store::DIR_MODE;
 
 /// The registered homes: `(root, quarantine)`.
 static HOMES: RwLock<Vec<(PathBuf, PathBuf)>> = RwLock::new(Vec::new());
@@ -97,7 +97,7 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
         Some((root, quarantine, rel)) => walk(&root, &quarantine, &rel, make),
         None => {
             if make {
-                crate::store::mkdir_all_plain(path)?;
+                crate::durable::mkdir_all_plain(path)?;
             }
             match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
                 Ok(fd) => Ok(Some(fd)),
@@ -119,7 +119,7 @@ fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option
     let root_fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) if make => {
-            crate::store::mkdir_all_plain(root)?;
+            crate::durable::mkdir_all_plain(root)?;
             rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty())
                 .map_err(|e| Error::io("cannot open", root, e.into()))?
         }
@@ -208,7 +208,7 @@ fn step(
 }
 
 /// Moves `at` (a link or a file standing where a directory should) into the quarantine as
-/// [`set_aside`](crate::store::set_aside) does for any record: the link itself is renamed,
+/// [`set_aside`](crate::durable::set_aside) does for any record: the link itself is renamed,
 /// what it points to is not touched. Reaching the quarantine walks here again; if the
 /// quarantine is itself what stands in the way, nothing moves and the caller is refused.
 fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> Result<()> {
@@ -224,7 +224,7 @@ fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> R
             )),
         ));
     }
-    let to = crate::store::set_aside(
+    let to = crate::durable::set_aside(
         quarantine,
         root,
         at,
@@ -258,8 +258,8 @@ mod tests {
         let (_d, root, outside) = home();
         std::fs::create_dir_all(root.join("a")).unwrap();
         symlink(&outside, root.join("a/b")).unwrap();
-        crate::store::create_dir_private(&root.join("a/b/c")).unwrap();
-        crate::store::commit(&root.join("a/b/c/file.json"), b"{}").unwrap();
+        crate::durable::create_dir_private(&root.join("a/b/c")).unwrap();
+        crate::durable::commit(&root.join("a/b/c/file.json"), b"{}").unwrap();
         assert!(root.join("a/b/c/file.json").is_file());
         assert!(
             std::fs::symlink_metadata(root.join("a/b"))
@@ -283,7 +283,7 @@ mod tests {
         let (_d, root, outside) = home();
         symlink(&outside, root.join("quarantine")).unwrap();
         symlink(&outside, root.join("x")).unwrap();
-        let err = crate::store::commit(&root.join("x/file.json"), b"{}").unwrap_err();
+        let err = crate::durable::commit(&root.join("x/file.json"), b"{}").unwrap_err();
         assert!(err.to_string().contains("cannot set aside"), "{err}");
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
@@ -294,11 +294,11 @@ mod tests {
         std::fs::write(outside.join("secret.json"), b"{}").unwrap();
         symlink(&outside, root.join("d")).unwrap();
         let read: Option<serde_json::Value> =
-            crate::store::read_json(&root.join("d/secret.json")).unwrap();
+            crate::durable::read_json(&root.join("d/secret.json")).unwrap();
         assert!(read.is_none());
         // Outside every home: as given.
         let v: Option<serde_json::Value> =
-            crate::store::read_json(&outside.join("secret.json")).unwrap();
+            crate::durable::read_json(&outside.join("secret.json")).unwrap();
         assert!(v.is_some());
     }
 }

@@ -19,8 +19,8 @@ use rand::Rng;
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
+use crate::durable::{DIR_MODE, FILE_MODE, TEMP_PREFIX, TEMP_SUFFIX};
 use crate::error::{Error, Result};
-use crate::store::{DIR_MODE, FILE_MODE, TEMP_PREFIX, TEMP_SUFFIX};
 
 /// A directory of the home, held open: opened without following a symlink and checked to be
 /// a real directory that this user owns and nobody else can write. Names are then looked up
@@ -69,7 +69,7 @@ impl Dir {
     /// Opens `path` (made if missing, with its parents), refusing a symlink, a non-directory,
     /// or a directory another user owns or others can write ([`Error::Insecure`]).
     pub fn open_private(path: &Path) -> Result<Dir> {
-        crate::store::create_dir_private(path)?;
+        crate::durable::create_dir_private(path)?;
         Self::open_existing(path)
     }
 
@@ -108,7 +108,7 @@ impl Dir {
     pub fn make_beneath(root: &Path, rel: &Path) -> Result<Dir> {
         match Self::open_beneath(root, rel) {
             Err(e) if e.is_not_found() => {
-                crate::store::create_dir_private(&root.join(rel))?;
+                crate::durable::create_dir_private(&root.join(rel))?;
                 Self::open_beneath(root, rel)
             }
             other => other,
