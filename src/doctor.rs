@@ -96,9 +96,9 @@ pub struct Inputs<'a> {
     pub inotify_dir: PathBuf,
     /// Whether an inotify instance can be had now ([`probe_inotify`]).
     pub inotify_instance: Result<(), Error>,
-    /// How the shared store the settings name is ([`crate::state::Store::health`]), or why
+    /// How the shared store the settings name is ([`crate::store::Store::health`]), or why
     /// it could not be asked; `None` for the home's own files.
-    pub store: Option<Result<Vec<crate::state::Health>, Error>>,
+    pub store: Option<Result<Vec<crate::store::Health>, Error>>,
 }
 
 /// Tries to get (and at once gives back) an inotify instance, as a daemon starting now would.
@@ -145,8 +145,8 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
 }
 
 /// The shared store's findings as report lines.
-fn store_checks(store: &Option<Result<Vec<crate::state::Health>, Error>>) -> Vec<Check> {
-    use crate::state::HealthLevel;
+fn store_checks(store: &Option<Result<Vec<crate::store::Health>, Error>>) -> Vec<Check> {
+    use crate::store::HealthLevel;
     match store {
         None => Vec::new(),
         Some(Err(e)) => vec![Check {

@@ -38,4 +38,4 @@ pub mod secret;
 pub mod settings;
 pub mod setup;
 pub mod signal;
-pub mod state;
+pub mod store;

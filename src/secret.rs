@@ -18,7 +18,7 @@ pub const OPERATOR_TOKEN_ENV: &str = "CORTEX_WEBHOOK_TOKEN";
 pub struct Secret(Held);
 
 /// What a [`Secret`] holds: the plaintext as a sender sent it, or only its SHA-256, as a host
-/// of a shared store hands a signal on to the host that applies it (`state::Forwarded`), so
+/// of a shared store hands a signal on to the host that applies it (`store::Forwarded`), so
 /// the plaintext never leaves the process that received it.
 #[derive(Clone)]
 enum Held {

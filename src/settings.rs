@@ -13,7 +13,7 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::state::Location;
+use crate::store::Location;
 
 /// The largest settings file read.
 pub const MAX_SETTINGS_BYTES: u64 = 64 * 1024;

@@ -42,7 +42,7 @@ pub fn engine(home: &Home) -> Engine {
         home.clone(),
         settings,
         Arc::new(SystemClock),
-        waitpoint::state::Role::Command,
+        waitpoint::store::Role::Command,
     )
     .unwrap()
 }

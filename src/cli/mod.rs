@@ -541,7 +541,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         (Err(e), _) => return Err(e.into()),
     };
     if let Some(url) = store {
-        settings.store = crate::state::Location::parse(url)
+        settings.store = crate::store::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -553,7 +553,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         return serve_mcp(home, None, settings, a, None);
     }
     home.ensure()?;
-    let engine = Engine::open(home, settings, clock, crate::state::Role::Command)?;
+    let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
     // Before reading or changing any state: what a dead daemon left in the journal.
     engine.replay_left_journal()?;
     let mut out = io::stdout().lock();
@@ -612,12 +612,12 @@ fn serve_mcp(
     broken: Option<String>,
 ) -> anyhow::Result<u8> {
     if let Some(url) = store {
-        settings.store = crate::state::Location::parse(url)
+        settings.store = crate::store::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
     home.ensure()?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine = Engine::open(home, settings, clock, crate::state::Role::Command)?;
+    let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
     if broken.is_none() {
         // Before reading or changing any state: what a dead daemon left in the journal.
         engine.replay_left_journal()?;

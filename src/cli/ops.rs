@@ -211,9 +211,9 @@ pub fn export(
         .into());
     }
     to.ensure()?;
-    let files = crate::state::Files::new(to.clone(), Arc::new(SystemClock), Default::default());
-    let copied = crate::state::copy_all(engine.store(), &files)?;
-    crate::state::Store::rebuild_index(&files)?;
+    let files = crate::store::Files::new(to.clone(), Arc::new(SystemClock), Default::default());
+    let copied = crate::store::copy_all(engine.store(), &files)?;
+    crate::store::Store::rebuild_index(&files)?;
     let at = copied
         .revision
         .map(|r| format!(" at revision {r}"))
@@ -231,7 +231,7 @@ pub fn export(
 
 /// `waitpoint import HOME`: a single machine's waitpoints, with their records, and its timers
 /// copied into the store; ids the store has already are left alone and listed. The source is
-/// only read ([`crate::state::import`]); what cannot be imported is listed with its reason and
+/// only read ([`crate::store::import`]); what cannot be imported is listed with its reason and
 /// makes the exit status 1.
 pub fn import(
     engine: &crate::engine::Engine,
@@ -246,7 +246,7 @@ pub fn import(
         ))
         .into());
     }
-    let (copied, refused) = crate::state::import::import_home(from.root(), engine.store())?;
+    let (copied, refused) = crate::store::import::import_home(from.root(), engine.store())?;
     for id in &copied.skipped {
         writeln!(out, "skipped {id}: the store has it already")?;
     }
@@ -391,15 +391,15 @@ pub fn attach(home: &Home, a: AttachArgs) -> anyhow::Result<u8> {
 pub fn doctor(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Result<u8> {
     let mut settings = super::load_settings(home);
     if let (Some(url), Ok(s)) = (store, settings.as_mut()) {
-        s.store = crate::state::Location::parse(url)
+        s.store = crate::store::Location::parse(url)
             .map_err(|e| Error::Usage(format!("--store: {e}")))?;
     }
     let store = settings.as_ref().ok().and_then(|s| {
-        crate::state::open_shared(
+        crate::store::open_shared(
             &s.store,
             s.host.as_deref(),
             home,
-            crate::state::Role::Command,
+            crate::store::Role::Command,
         )
         .transpose()
         .map(|opened| opened.map(|st| st.health()))

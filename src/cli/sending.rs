@@ -46,7 +46,7 @@ pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
     use crate::engine::{Prejudged, Refusal};
     // On a store shared by several hosts this home's files hold no waitpoints: the daemon
     // judges, and hands the signal to the leader.
-    if super::load_settings(home).is_ok_and(|s| s.store != crate::state::Location::Files) {
+    if super::load_settings(home).is_ok_and(|s| s.store != crate::store::Location::Files) {
         return None;
     }
     let req = crate::ingress::parse_signal(body).ok()?;

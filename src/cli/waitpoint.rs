@@ -505,8 +505,8 @@ fn watch_waitpoint(
     let id = id.to_owned();
     let guard = engine.store().watch(Box::new(move |hint| {
         let ours = match &hint {
-            crate::state::Hint::Changed(changed) => *changed == id,
-            crate::state::Hint::Resync => true,
+            crate::store::Hint::Changed(changed) => *changed == id,
+            crate::store::Hint::Resync => true,
             _ => false,
         };
         if ours {

@@ -269,7 +269,7 @@ impl Daemon {
             config.home.clone(),
             config.settings,
             Arc::clone(&clock),
-            crate::state::Role::Daemon,
+            crate::store::Role::Daemon,
         )?;
         engine.set_device_lookup(device_lookup(config.home));
         let stop = Arc::new(AtomicBool::new(false));

@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::sync::Mutex;
 
-use crate::state::Hint;
+use crate::store::Hint;
 
 use super::*;
 

@@ -13,7 +13,7 @@ use std::io;
 use crate::error::{Error, Result};
 use crate::model::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
 use crate::request::{SignalRequest, Source};
-use crate::state::{Change, Txn, Version};
+use crate::store::{Change, Txn, Version};
 
 use super::{
     Engine, Refusal, Verdict, identity_key, in_grace_window, next_due, next_record, rules,
@@ -146,7 +146,7 @@ impl Engine {
                     Ok(Verdict::Refused(r))
                 }
                 Some(_) => {
-                    handed.push(crate::state::Forwarded::new(req, source, &host, now));
+                    handed.push(crate::store::Forwarded::new(req, source, &host, now));
                     Ok(Verdict::Queued { id: req.id.clone() })
                 }
             };

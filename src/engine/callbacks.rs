@@ -11,7 +11,7 @@ use crate::model::{
     ExternalReport, Wake, WakeKind,
 };
 use crate::secret;
-use crate::state::DocTxn;
+use crate::store::DocTxn;
 
 use super::{Engine, check_name};
 

@@ -36,7 +36,7 @@ use crate::names::is_waitpoint_id;
 use crate::request::{Owner, SignalRequest, Source, check_member_name};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
-use crate::state::{self, Store, Txn};
+use crate::store::{self, Store, Txn};
 
 pub use batch::MAX_BATCH;
 pub use create::*;
@@ -77,7 +77,7 @@ pub enum Verdict {
 }
 
 pub use crate::request::identity_key;
-pub use crate::state::signal_file_name;
+pub use crate::store::signal_file_name;
 
 /// The engine. Cheap to build; the daemon keeps one, CLI commands make one per call.
 pub struct Engine {
@@ -112,10 +112,10 @@ impl Engine {
         self.event_budget.take(session, self.clock.now(), cap)
     }
 
-    /// An engine on the home's files, the embedded store ([`state::Files`]).
+    /// An engine on the home's files, the embedded store ([`store::Files`]).
     pub fn new(home: Home, settings: Settings, clock: Arc<dyn Clock>) -> Self {
         let trash = Arc::new(OnceLock::new());
-        let files = state::Files::new(home.clone(), Arc::clone(&clock), Arc::clone(&trash));
+        let files = store::Files::new(home.clone(), Arc::clone(&clock), Arc::clone(&trash));
         Engine {
             home,
             settings,
@@ -131,14 +131,14 @@ impl Engine {
     }
 
     /// An engine on the store `settings` name: the home's files, or a store shared by several
-    /// hosts ([`state::open_shared`]), written to as `role`.
+    /// hosts ([`store::open_shared`]), written to as `role`.
     pub fn open(
         home: Home,
         settings: Settings,
         clock: Arc<dyn Clock>,
-        role: state::Role,
+        role: store::Role,
     ) -> Result<Self> {
-        match state::open_shared(&settings.store, settings.host.as_deref(), &home, role)? {
+        match store::open_shared(&settings.store, settings.host.as_deref(), &home, role)? {
             Some(store) => Ok(Engine::with_store(home, settings, clock, store)),
             None => Ok(Engine::new(home, settings, clock)),
         }

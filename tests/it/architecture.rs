@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// The pipeline's modules, whose imports must form no cycle.
 const PIPELINE: [&str; 9] = [
-    "request", "engine", "ingress", "delivery", "state", "durable", "journal", "process", "signal",
+    "request", "engine", "ingress", "delivery", "store", "durable", "journal", "process", "signal",
 ];
 
 fn rust_files(root: &Path) -> Vec<PathBuf> {

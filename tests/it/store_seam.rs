@@ -15,7 +15,7 @@ use waitpoint::ingress::{SignalRequest, Source, SpoolBody, parse_spool_body};
 use waitpoint::model::{SignalRecord, Status, Waitpoint};
 use waitpoint::request::{identity_key, identity_of};
 use waitpoint::settings::Settings;
-use waitpoint::state::{Change, Hint, Store, Txn, Version};
+use waitpoint::store::{Change, Hint, Store, Txn, Version};
 
 use crate::helpers::*;
 
@@ -32,7 +32,7 @@ struct Entry {
 struct Memory {
     home: Home,
     /// Timers and callbacks stay the home's files here (this test is about waitpoints).
-    timers: waitpoint::state::Files,
+    timers: waitpoint::store::Files,
     entries: Mutex<BTreeMap<String, Entry>>,
     /// One writer at a time, as a leader would be; readers are not blocked by it.
     writer: Mutex<()>,
@@ -72,10 +72,10 @@ impl Store for Memory {
         self.entries.lock().unwrap().insert(wp.id.clone(), entry);
         Ok(())
     }
-    fn timers(&self) -> &dyn waitpoint::state::Docs<waitpoint::model::Timer> {
+    fn timers(&self) -> &dyn waitpoint::store::Docs<waitpoint::model::Timer> {
         &self.timers
     }
-    fn callbacks(&self) -> &dyn waitpoint::state::Docs<waitpoint::model::Callback> {
+    fn callbacks(&self) -> &dyn waitpoint::store::Docs<waitpoint::model::Callback> {
         &self.timers
     }
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
@@ -294,7 +294,7 @@ fn a_second_store_behind_the_seam_counts_each_identity_once_and_the_home_holds_n
     let home = Home::new(memory_env.home.clone());
     let memory = Arc::new(Memory {
         home: home.clone(),
-        timers: waitpoint::state::Files::new(
+        timers: waitpoint::store::Files::new(
             home.clone(),
             Arc::new(SystemClock),
             Default::default(),

@@ -17,10 +17,10 @@ pub const DEFAULT_PREFIX: &str = "waitpoint/";
 /// Where waitpoints live.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Location {
-    /// The home's files (`state::Files`).
+    /// The home's files (`store::Files`).
     #[default]
     Files,
-    /// An etcd cluster (`state::etcd`, built with the `etcd` feature).
+    /// An etcd cluster (`store::etcd`, built with the `etcd` feature).
     Etcd(Box<EtcdLocation>),
 }
 
