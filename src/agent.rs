@@ -13,11 +13,12 @@ use notify::{RecursiveMode, Watcher};
 use serde_json::{Value, json};
 
 use crate::durable::FileLock;
+use crate::engine::callbacks::IssuedCallback;
 use crate::engine::{self, Created, Engine};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::howto::{self, HowToSignal};
-use crate::model::{SignalStatus, Status, Waitpoint, Wake};
+use crate::records::{SignalStatus, Status, Waitpoint, Wake};
 use crate::render;
 
 /// What a front end resolved from its environment that the reply's lines depend on.
@@ -40,8 +41,8 @@ pub fn webhook_port(home: &Home, fallback: u16) -> u16 {
 /// published one, else `fallback`) and whether it is listening, turned on in settings
 /// (`enabled`) but not running, or off.
 fn shim_of(home: &Home, fallback: u16, enabled: bool) -> (u16, howto::Shim) {
-    match crate::signal::published_endpoint(home) {
-        crate::signal::Published::Up(url) => (url.port, howto::Shim::Listening),
+    match crate::sender::published_endpoint(home) {
+        crate::sender::Published::Up(url) => (url.port, howto::Shim::Listening),
         _ if enabled => (fallback, howto::Shim::Configured),
         _ => (fallback, howto::Shim::Off),
     }
@@ -388,4 +389,19 @@ impl<'h> Inbox<'h> {
             }
         }
     }
+}
+
+/// An issued (created or reset) callback as the spec's reset returns it: `ok`, `agent_id`,
+/// `external_trigger_id`, `trigger_url`, `delivery_mode` and `status`. The URL holds the token:
+/// it is shown here once and never stored.
+pub fn issued_view(issued: &IssuedCallback, trigger_url: &str) -> Value {
+    let cb = &issued.callback;
+    json!({
+        "ok": true,
+        "agent_id": cb.session,
+        "external_trigger_id": cb.id,
+        "trigger_url": trigger_url,
+        "delivery_mode": cb.mode.delivery_name(),
+        "status": cb.status,
+    })
 }

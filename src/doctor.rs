@@ -16,7 +16,7 @@ use crate::durable::{self, FileLock};
 use crate::error::Error;
 use crate::home::Home;
 use crate::ingress::device;
-use crate::model::WebhookAddress;
+use crate::records::WebhookAddress;
 use crate::settings::Settings;
 
 /// A check's verdict. Any [`Level::Fail`] makes `doctor` exit non-zero.
@@ -502,7 +502,7 @@ scripts/waitpoint.service";
 
 fn check_shim(home: &Home) -> Check {
     let path = home.webhook_address_file();
-    // Read as its owner writes it (`model::WebhookAddress`), not guessed at.
+    // Read as its owner writes it (`records::WebhookAddress`), not guessed at.
     let record = match durable::read_json::<WebhookAddress>(&path) {
         Ok(None) => return ok("http-shim", "no address published (signals use the spool)"),
         Ok(Some(r)) => r,

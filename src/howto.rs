@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use crate::model::Waitpoint;
+use crate::records::Waitpoint;
 
 /// The placeholder a line carries where a member's name goes.
 pub const MEMBER_PLACEHOLDER: &str = "MEMBER";

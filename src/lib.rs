@@ -8,11 +8,10 @@
 //! [`durable`] commits every file atomically; [`delivery`] puts wakes in session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin: [`cli`] holds
 //! every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
 
-// No unsafe code but in `ingress::sftp_long`, the one place that calls a C library (libssh2)
+// No unsafe code but in `ingress::device::sftp_long`, the one place that calls a C library (libssh2)
 // for what its Rust binding leaves out; every system call goes through rustix or std.
 #![deny(unsafe_code)]
 
-pub mod adapter;
 pub mod agent;
 pub mod cli;
 pub mod clock;
@@ -29,13 +28,13 @@ pub mod howto;
 pub mod ingress;
 pub mod journal;
 pub mod mcp;
-pub mod model;
 pub mod names;
 pub mod process;
+pub mod records;
 pub mod render;
 pub mod request;
 pub mod secret;
+pub mod sender;
 pub mod settings;
 pub mod setup;
-pub mod signal;
 pub mod store;

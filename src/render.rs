@@ -9,7 +9,7 @@ use crate::clock::{Timestamp, human_duration};
 use crate::engine::{self, rules::HOUR_MS};
 use crate::home::Home;
 use crate::ingress::device::{Device, DeviceStatus};
-use crate::model::{HoldReason, Outcome, SignalRecord, Status, Timer, Waitpoint};
+use crate::records::{HoldReason, Outcome, SignalRecord, Status, Timer, Waitpoint};
 
 /// A badge on a waiting item: each one a way a wake can fail silently, or a failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -116,7 +116,7 @@ impl Heartbeat {
 /// Every terminal view passes such text through here or [`visible_text`], once; JSON output is
 /// never escaped.
 pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
-    crate::model::one_line(s)
+    crate::records::one_line(s)
 }
 
 /// Like [`visible`], for text of several lines (a wake's text): its newlines and tabs stay.

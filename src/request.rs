@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::model::SignalStatus;
+use crate::records::SignalStatus;
 use crate::secret::Secret;
 
 /// Largest request or spool file accepted, in bytes (the spec's 64 KB).
@@ -132,7 +132,7 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
 pub struct CallbackRequest {
     /// The capability token (`cb_<12 hex>_<secret>`).
     pub token: Secret,
-    pub mode: crate::model::CallbackMode,
+    pub mode: crate::records::CallbackMode,
     pub text: Option<String>,
 }
 

@@ -11,10 +11,10 @@ use waitpoint::clock::SystemClock;
 use waitpoint::durable;
 use waitpoint::engine::{CreateRequest, Engine};
 use waitpoint::home::Home;
-use waitpoint::model::Waitpoint;
+use waitpoint::records::Waitpoint;
 use waitpoint::settings::Settings;
 
-use waitpoint::signal::{Published, published_endpoint};
+use waitpoint::sender::{Published, published_endpoint};
 
 use crate::floor::{Inotify, percentile};
 use crate::http::{Load, Request, load};
@@ -524,10 +524,10 @@ fn scale_home(dir: &Path, n: usize, watches: bool) -> (Home, Armed) {
             if watches {
                 wp.silence.started_within_ms = Some(6 * 3_600_000);
                 wp.silence.heartbeat_within_ms = Some(3_600_000);
-                wp.silence.last_report = (i % 2 == 1).then_some(waitpoint::model::LastReport {
+                wp.silence.last_report = (i % 2 == 1).then_some(waitpoint::records::LastReport {
                     seq: 1,
                     at: now,
-                    status: waitpoint::model::SignalStatus::Progress,
+                    status: waitpoint::records::SignalStatus::Progress,
                     message: None,
                 });
             }

@@ -1,5 +1,5 @@
 //! `waitpoint adapter …`: the wake adapters as one-line commands for harness configuration
-//! (hooks and `onWake`). Clap types and stdio end here; `crate::adapter` does the work.
+//! (hooks and `onWake`). Clap types and stdio end here; `crate::harness::wake` does the work.
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -7,11 +7,11 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use crate::adapter::{self, Resume};
 use crate::engine::Engine;
 use crate::error::{Error, exit};
+use crate::harness::wake::{self, Resume};
 use crate::harness::{self, Harness};
-use crate::model::Wake;
+use crate::records::Wake;
 
 use super::env_var;
 
@@ -139,7 +139,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     let input = harness_input();
     // A resumed run's own hooks: the resume is delivering a wake already, and nobody is idle.
     // Claude Code without a terminal runs async hooks synchronously: a wait would hold it up.
-    if env_var(adapter::RESUMING_ENV).is_some()
+    if env_var(wake::RESUMING_ENV).is_some()
         || (harness == Harness::Claude && harness::claude_print_mode(&env_var))
     {
         return Ok(exit::OK);
@@ -164,30 +164,30 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
         harness::remember(home, &session, c)?;
     }
     if input["hook_event_name"] == "SessionEnd" {
-        adapter::end_waiter(home, &session)?;
+        wake::end_waiter(home, &session)?;
         return Ok(exit::OK);
     }
     // A stop signal while wakes are in hand must not lose them: it is turned into a request
     // to stop, and what was taken is handed over first.
     let interrupt = super::interrupt_on_stop_signals()?;
-    let waiter = adapter::Waiter::start(home, &session, crate::process::starter_pid())?;
-    let wakes = adapter::take_pending(home, &waiter, timeout, &interrupt)?;
+    let waiter = wake::Waiter::start(home, &session, crate::process::starter_pid())?;
+    let wakes = wake::take_pending(home, &waiter, timeout, &interrupt)?;
     if wakes.is_empty() {
         return Ok(exit::OK);
     }
     let handed = match harness {
         Harness::Claude => {
             let mut err = std::io::stderr().lock();
-            err.write_all(adapter::hook_text(&wakes).as_bytes())
+            err.write_all(wake::hook_text(&wakes).as_bytes())
                 .and_then(|()| err.flush())
         }
         Harness::Codex => {
             let mut out = std::io::stdout().lock();
-            writeln!(out, "{}", adapter::codex_stop_reply(&wakes)).and_then(|()| out.flush())
+            writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush())
         }
     };
     if let Err(e) = handed {
-        adapter::give_back(home, &wakes);
+        wake::give_back(home, &wakes);
         return Err(anyhow::Error::from(e).context("cannot hand the wakes to the harness"));
     }
     Ok(match harness {
@@ -306,7 +306,7 @@ fn hand_over(engine: &Engine, wake: &Wake, r: &Resume) -> anyhow::Result<u8> {
     let limit = Duration::from_millis(engine.settings().on_wake_timeout_ms)
         .saturating_sub(Duration::from_secs(1))
         .max(Duration::from_secs(1));
-    match adapter::resume_or_yield(engine.home(), wake, r, limit) {
+    match wake::resume_or_yield(engine.home(), wake, r, limit) {
         Ok(handed) => {
             tracing::info!(wake = %wake.wake_id, ?handed, "wake handed over");
             Ok(exit::OK)

@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use crate::engine::Engine;
 use crate::error::exit;
 use crate::ingress::http::trigger_url;
-use crate::model::{Callback, CallbackMode};
+use crate::records::{Callback, CallbackMode};
 
 use super::{AgentArg, print_json};
 
@@ -82,8 +82,8 @@ pub struct CallbackIdArgs {
 
 fn callback_line(cb: &Callback) -> String {
     let status = match cb.status {
-        crate::model::CallbackStatus::Active => "active",
-        crate::model::CallbackStatus::Revoked => "revoked",
+        crate::records::CallbackStatus::Active => "active",
+        crate::records::CallbackStatus::Revoked => "revoked",
     };
     format!(
         "{}  {:<7} {:<7} triggered {}  {}",
@@ -118,7 +118,7 @@ pub fn run_callback(
         let url = trigger_url(port, i.callback.mode, &i.token);
         let cb = &i.callback;
         if json_out {
-            let v = crate::ingress::control::issued_view(&i, &url);
+            let v = crate::agent::issued_view(&i, &url);
             serde_json::to_writer_pretty(&mut *out, &v)?;
             writeln!(out)?;
         } else {

@@ -16,10 +16,10 @@ use crate::doctor;
 use crate::error::{Error, exit};
 use crate::home::Home;
 use crate::ingress::http::{self as shim, HttpConfig};
-use crate::model::SignalStatus;
 use crate::process;
+use crate::records::SignalStatus;
+use crate::sender::SignalBody;
 use crate::settings::Settings;
-use crate::signal::SignalBody;
 
 impl super::SignalTarget {
     /// A body for this waitpoint, checked now so a typo fails before the job runs, not after.
@@ -122,7 +122,7 @@ impl Heartbeat {
                 }
                 let mut b = body.clone();
                 b.message = Some(message(beat));
-                let sent = crate::signal::fit_body(b)
+                let sent = crate::sender::fit_body(b)
                     .map_err(anyhow::Error::from)
                     .and_then(|bytes| super::send_as(&home, &bytes, None, false, program, false));
                 match sent {
@@ -309,7 +309,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     let mut body = a.target.body(None)?;
     // The id, secret and member are checked before the command starts: a job started against
     // a waitpoint that will refuse its signal would run for hours for nothing.
-    let probe = crate::signal::fit_body(body.clone())?;
+    let probe = crate::sender::fit_body(body.clone())?;
     if let Some((exit::FAILURE, said)) = super::judge_locally(home, &probe) {
         eprintln!("waitpoint run: {said}; the command was not started");
         return Ok(exit::FAILURE);
@@ -353,7 +353,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
 /// Sends after the job is over. A failure to signal is said loudly but does not replace the
 /// job's own outcome, which is what the caller's shell acts on.
 fn send_reporting_failure(home: &Home, body: SignalBody, program: &str) -> bool {
-    let sent = crate::signal::fit_body(body)
+    let sent = crate::sender::fit_body(body)
         .map_err(anyhow::Error::from)
         .and_then(|bytes| super::send(home, &bytes, None, false, program));
     if let Err(e) = &sent {

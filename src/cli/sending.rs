@@ -10,7 +10,7 @@ use clap::Args;
 
 use crate::error::{Error, exit};
 use crate::home::Home;
-use crate::signal::{
+use crate::sender::{
     HttpTransport, HttpUrl, Published, Sent, SpoolTransport, Transport, published_endpoint,
 };
 

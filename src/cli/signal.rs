@@ -8,8 +8,8 @@ use clap::Parser;
 use crate::error::exit;
 
 use super::{SignalTarget, require_id_secret, send};
-use crate::model::SignalStatus;
-use crate::signal::{DataSource, SignalBody};
+use crate::records::SignalStatus;
+use crate::sender::{DataSource, SignalBody};
 
 /// Report a job's result to a waitpoint.
 ///
@@ -115,7 +115,7 @@ mod tests {
     use super::*;
     use crate::clock::{Clock, SystemClock};
     use crate::home::Home;
-    use crate::model::WebhookAddress;
+    use crate::records::WebhookAddress;
 
     /// Counts every event at every level.
     struct Count(Arc<AtomicUsize>);

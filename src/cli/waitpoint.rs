@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::agent;
 use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
-use crate::model::{Outcome, Status, Waitpoint, Wake};
+use crate::records::{Outcome, Status, Waitpoint, Wake};
 
 use super::{SessionArg, print_json, render};
 
@@ -565,7 +565,7 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
         match inbox.take(deadline, LOOK_AGAIN, &|| interrupt.raised().is_some())? {
             Some(wake) => {
                 if let Err(e) = print_wake(out, &wake, a.json, a.follow) {
-                    crate::adapter::give_back(engine.home(), std::slice::from_ref(&wake));
+                    crate::harness::wake::give_back(engine.home(), std::slice::from_ref(&wake));
                     return Err(e.context("cannot print the wake; it stays unread"));
                 }
             }

@@ -482,7 +482,7 @@ impl Daemon {
     }
 
     /// Remembers which armed waitpoints watch their device's reachability.
-    pub(super) fn note_device_watch(&mut self, wp: &crate::model::Waitpoint) {
+    pub(super) fn note_device_watch(&mut self, wp: &crate::records::Waitpoint) {
         note_device_watch(&mut self.silent_devices, wp);
     }
 }
@@ -491,11 +491,11 @@ impl Daemon {
 /// of that device's outage.
 pub(super) fn note_device_watch(
     silent: &mut HashMap<String, HashSet<String>>,
-    wp: &crate::model::Waitpoint,
+    wp: &crate::records::Waitpoint,
 ) {
     if let Some(d) = &wp.device
         && wp.silence.heartbeat_within_ms.is_some()
-        && wp.status == crate::model::Status::Armed
+        && wp.status == crate::records::Status::Armed
     {
         silent.entry(d.clone()).or_default().insert(wp.id.clone());
     }

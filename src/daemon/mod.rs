@@ -186,7 +186,7 @@ fn device_lookup(home: Home) -> engine::silence::DeviceLookup {
     Arc::new(move |name| {
         let d = device::load(&home, name).ok().flatten()?;
         let st = device::load_status(&home, name).unwrap_or_default();
-        let health = crate::model::DeviceHealth {
+        let health = crate::records::DeviceHealth {
             reachable: st.reachable,
             last_success_at: st.last_success_at,
             unreachable_since: (st.reachable == Some(false))
@@ -542,11 +542,11 @@ impl Daemon {
                 let _ = reply.send(outcome);
             }
             Event::HttpSignal(Submission::Control { request, reply }) => {
-                let outcome = crate::ingress::control::run(&self.engine, request);
+                let outcome = crate::ingress::http::control::run(&self.engine, request);
                 if let Some(id) = outcome
                     .as_ref()
                     .ok()
-                    .and_then(crate::ingress::control::changed_timer)
+                    .and_then(crate::ingress::http::control::changed_timer)
                 {
                     let id = id.to_owned();
                     self.reschedule_timer(&id);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use crate::durable::{self, commit_json, create_dir_private, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::Wake;
+use crate::records::Wake;
 
 fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
     dir.join(format!("{wake_id}.json"))

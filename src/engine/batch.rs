@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::io;
 
 use crate::error::{Error, Result};
-use crate::model::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
+use crate::records::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
 use crate::request::{SignalRequest, Source};
 use crate::store::{Change, Txn, Version};
 

@@ -6,7 +6,7 @@
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{
+use crate::records::{
     CALLBACK_NOTICE, Callback, CallbackMode, CallbackRef, CallbackStatus, ExternalPayload,
     ExternalReport, Wake, WakeKind,
 };

@@ -210,7 +210,7 @@ impl Engine {
             hook_deliveries: Vec::new(),
             recheck_at: req.recheck_after_ms.map(|ms| now.plus_ms(ms as i64)),
             recheck_sent: false,
-            silence: crate::model::Silence {
+            silence: crate::records::Silence {
                 started_within_ms: req.started_within_ms,
                 heartbeat_within_ms: req.heartbeat_within_ms,
                 ..Default::default()

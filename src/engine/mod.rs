@@ -28,11 +28,11 @@ use crate::delivery;
 use crate::durable::{self, FileLock, Trash, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{
+use crate::names::is_waitpoint_id;
+use crate::records::{
     Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
     WakeKind,
 };
-use crate::names::is_waitpoint_id;
 use crate::request::{Owner, SignalRequest, Source, check_member_name};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};

@@ -3,7 +3,7 @@
 //! without a filesystem.
 
 use crate::clock::{Timestamp, human_duration};
-use crate::model::{
+use crate::records::{
     DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, HoldReason,
     Outcome, PendingWake, ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake,
     WakeKind, WakeSubject,
@@ -338,7 +338,7 @@ window folded {rounds} reports into it",
         let lines: Vec<String> = signals
             .iter()
             .map(|s| {
-                let source = crate::model::one_line(&s.source);
+                let source = crate::records::one_line(&s.source);
                 format!("{} (via {source}, {})", who(s), s.received_at)
             })
             .collect();

@@ -23,7 +23,7 @@ impl Engine {
         let revoked_callbacks = self.revoke_session_callbacks(session)?;
         let mut cancelled_timers = Vec::new();
         for t in self.list_timers(session, usize::MAX)? {
-            if t.status != crate::model::TimerStatus::Active {
+            if t.status != crate::records::TimerStatus::Active {
                 continue;
             }
             match self.cancel_timer(&t.id, session) {

@@ -10,7 +10,7 @@
 
 use super::*;
 use crate::howto;
-use crate::model::{DeviceHealth, LastReport, WakeSubject};
+use crate::records::{DeviceHealth, LastReport, WakeSubject};
 
 /// The placeholder a repeated signal line carries where the secret goes: only its hash is
 /// stored, so no wake can carry it.

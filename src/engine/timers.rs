@@ -8,7 +8,7 @@
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
-use crate::model::{
+use crate::records::{
     EXTERNAL_NOTICE, ExternalPayload, Timer, TimerRef, TimerStatus, Wake, WakeKind,
 };
 

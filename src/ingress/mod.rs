@@ -5,18 +5,14 @@
 //! applies no matter how a signal came in. Parsing checks shape and caps only; who may signal
 //! what is the engine's business.
 
-pub mod control;
 pub mod device;
 pub mod http;
-// FFI into libssh2 (see the module's docs): the crate's only unsafe code.
-#[allow(unsafe_code)]
-mod sftp_long;
 pub mod spool;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::model::SignalStatus;
+use crate::records::SignalStatus;
 use crate::secret::Secret;
 
 // The engine's vocabulary lives in the leaf module `request`; ingress produces it.
@@ -74,7 +70,7 @@ pub fn parse_spool_body(bytes: &[u8]) -> Result<SpoolBody, String> {
     }
     let wire: WireCallback =
         serde_json::from_slice(bytes).map_err(|e| format!("not a valid callback trigger: {e}"))?;
-    let mode = crate::model::CallbackMode::parse(&wire.mode)
+    let mode = crate::records::CallbackMode::parse(&wire.mode)
         .ok_or_else(|| "`mode` must be wake or enqueue".to_owned())?;
     Ok(SpoolBody::Callback(CallbackRequest {
         token: Secret::new(wire.callback),

@@ -33,7 +33,7 @@ use crate::engine::timers::TimerRequest;
 use crate::engine::{CreateRequest, Engine};
 use crate::error::Error;
 use crate::harness::{self, Caller};
-use crate::model::Timer;
+use crate::records::Timer;
 use crate::render;
 
 pub use params::MAX_WAIT_NEXT_S;
@@ -568,7 +568,7 @@ async fn ring_channel(peer: rmcp::Peer<RoleServer>, inner: Arc<Inner>) {
 fn new_unread(
     inner: &Inner,
     known: &HashSet<String>,
-) -> crate::error::Result<Vec<crate::model::Wake>> {
+) -> crate::error::Result<Vec<crate::records::Wake>> {
     // The channel is Claude Code's, whose session is the server's own (named in the
     // environment), never a call's.
     let session = &inner.session_for(None)?;

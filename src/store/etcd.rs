@@ -39,8 +39,8 @@ use etcd_client::{
 
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::names::is_waitpoint_id;
+use crate::records::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::request::{identity_key, identity_of};
 
 mod endpoints;

@@ -20,10 +20,10 @@ use crate::durable::{self, FileLock, Trash, Unsynced, commit_json, create_dir_pr
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::journal::{self, Journal};
-use crate::model::{
+use crate::names::is_waitpoint_id;
+use crate::records::{
     Callback, JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint,
 };
-use crate::names::is_waitpoint_id;
 use crate::request::{identity_key, identity_of};
 
 use super::{Change, Doc, DocTxn, Docs, Hint, Store, Txn, Version};

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
-use crate::model::SignalStatus;
+use crate::records::SignalStatus;
 use crate::request::{SignalRequest, Source, identity_key};
 use crate::secret::Secret;
 

@@ -14,8 +14,8 @@ use serde::de::DeserializeOwned;
 
 use crate::durable::{self, Dir};
 use crate::error::Result;
-use crate::model::{SignalRecord, Timer, Waitpoint};
 use crate::names::{is_timer_id, is_waitpoint_id};
+use crate::records::{SignalRecord, Timer, Waitpoint};
 
 use super::files::parse_signal_file_name;
 use super::{Copied, Store};

@@ -18,7 +18,7 @@ use std::fs;
 
 use crate::durable::{self, Batch, create_dir_private};
 use crate::error::Result;
-use crate::model::Waitpoint;
+use crate::records::Waitpoint;
 
 use super::Store;
 use super::files::{Files, STAGING_PREFIX};

@@ -30,7 +30,7 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::model::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
+use crate::records::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
 
 pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;

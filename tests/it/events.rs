@@ -4,7 +4,7 @@ use std::fs;
 
 use serde_json::Value;
 use waitpoint::engine::timers::TimerRequest;
-use waitpoint::model::Timer;
+use waitpoint::records::Timer;
 
 use crate::helpers::*;
 

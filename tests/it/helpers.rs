@@ -652,7 +652,7 @@ pub fn assert_framed_as_data(text: &str, payload: &str) {
     );
     assert!(theirs.contains(payload), "the payload is missing:\n{text}");
     assert!(
-        theirs.starts_with(waitpoint::model::EXTERNAL_NOTICE),
+        theirs.starts_with(waitpoint::records::EXTERNAL_NOTICE),
         "the frame lacks its notice:\n{text}"
     );
 }

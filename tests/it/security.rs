@@ -450,7 +450,7 @@ fn payload_text_reaches_a_wake_only_as_framed_data() {
         );
     }
     assert!(
-        theirs.starts_with(waitpoint::model::EXTERNAL_NOTICE),
+        theirs.starts_with(waitpoint::records::EXTERNAL_NOTICE),
         "{text}"
     );
     // Every line of the frame is a quoted, tagged field: a newline in the payload cannot start
@@ -464,7 +464,7 @@ fn payload_text_reaches_a_wake_only_as_framed_data() {
     assert_eq!(ours.matches("Intent you wrote when arming it:").count(), 1);
     assert_eq!(
         wake["external_payload"]["notice"],
-        waitpoint::model::EXTERNAL_NOTICE
+        waitpoint::records::EXTERNAL_NOTICE
     );
     let report = &wake["external_payload"]["reports"][0];
     assert_eq!(

@@ -20,7 +20,7 @@ use waitpoint::clock::{Clock, ManualClock};
 use waitpoint::engine::{CreateRequest, Engine, Quorum, Refusal, Verdict};
 use waitpoint::home::Home;
 use waitpoint::ingress::{SignalRequest, Source};
-use waitpoint::model::{SignalStatus, Status};
+use waitpoint::records::{SignalStatus, Status};
 use waitpoint::settings::Settings;
 
 use crate::helpers::T0;

@@ -12,7 +12,7 @@ use waitpoint::engine::{CreateRequest, Engine, Verdict};
 use waitpoint::error::{Error, Result};
 use waitpoint::home::Home;
 use waitpoint::ingress::{SignalRequest, Source, SpoolBody, parse_spool_body};
-use waitpoint::model::{SignalRecord, Status, Waitpoint};
+use waitpoint::records::{SignalRecord, Status, Waitpoint};
 use waitpoint::request::{identity_key, identity_of};
 use waitpoint::settings::Settings;
 use waitpoint::store::{Change, Hint, Store, Txn, Version};
@@ -72,10 +72,10 @@ impl Store for Memory {
         self.entries.lock().unwrap().insert(wp.id.clone(), entry);
         Ok(())
     }
-    fn timers(&self) -> &dyn waitpoint::store::Docs<waitpoint::model::Timer> {
+    fn timers(&self) -> &dyn waitpoint::store::Docs<waitpoint::records::Timer> {
         &self.timers
     }
-    fn callbacks(&self) -> &dyn waitpoint::store::Docs<waitpoint::model::Callback> {
+    fn callbacks(&self) -> &dyn waitpoint::store::Docs<waitpoint::records::Callback> {
         &self.timers
     }
     fn put_whole(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<bool> {
@@ -329,7 +329,7 @@ fn a_commit_against_a_version_it_did_not_read_is_refused_by_the_file_store() {
     let (wp, version) = txn.read(&id).unwrap().unwrap();
     let stale = Change {
         expect: Version(version.0 + 1),
-        change: waitpoint::model::JournalChange {
+        change: waitpoint::records::JournalChange {
             state: wp.clone(),
             records: Vec::new(),
             wakes: Vec::new(),

@@ -110,7 +110,7 @@ fn fill_inbox(env: &Env, channel: &str, n: usize, next: &mut usize) -> Vec<Strin
         w["session"] = channel.into();
         w["channel"] = channel.into();
         w["text"] = format!("Waitpoint wp_7a3e16f612fc: {marker}.\n").into();
-        let wake: waitpoint::model::Wake = serde_json::from_value(w).unwrap();
+        let wake: waitpoint::records::Wake = serde_json::from_value(w).unwrap();
         waitpoint::delivery::deliver(&home, &wake).unwrap();
         added.push(marker);
     }

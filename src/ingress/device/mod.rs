@@ -42,11 +42,14 @@ use crate::durable;
 use crate::engine::check_name;
 use crate::error::{Error, Result};
 use crate::home::Home;
+use crate::ingress::MAX_BODY_BYTES;
 use crate::ingress::spool::{Spool, is_candidate};
-use crate::ingress::{MAX_BODY_BYTES, sftp_long};
 
 mod claim;
 mod fleet;
+// FFI into libssh2 (see the module's docs): the crate's only unsafe code.
+#[allow(unsafe_code)]
+mod sftp_long;
 mod ssh;
 
 pub use claim::*;

@@ -58,11 +58,12 @@ use crate::durable;
 use crate::engine::callbacks::{self, Trigger};
 use crate::engine::{Refusal, Verdict};
 use crate::error::{Error, Result};
-use crate::ingress::control::{self, ControlOutcome, ControlRequest};
 use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, SignalRequest, parse_signal};
-use crate::model::CallbackMode;
-use crate::model::WebhookAddress;
+use crate::records::CallbackMode;
+use crate::records::WebhookAddress;
+use control::{ControlOutcome, ControlRequest};
 
+pub mod control;
 mod head;
 mod peer;
 mod routes;

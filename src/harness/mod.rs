@@ -5,8 +5,10 @@
 //!
 //! A harness is one [`Harness`] variant: where it names its session (an environment variable, a
 //! hook's standard input, an MCP request's `_meta`), how it is configured (`crate::setup`), and
-//! how a live and a closed session are woken (`crate::adapter`). Nothing here reads the process
+//! how a live and a closed session are woken (`crate::harness::wake`). Nothing here reads the process
 //! environment itself: front ends pass a lookup, so the rules are tested without one.
+
+pub mod wake;
 
 use std::path::{Path, PathBuf};
 

@@ -27,7 +27,7 @@ use crate::delivery::{self, hook, hook::HookRun};
 use crate::error::{Error, Result};
 use crate::harness::Harness;
 use crate::home::Home;
-use crate::model::Wake;
+use crate::records::Wake;
 
 /// One resume of a harness session.
 #[derive(Debug, Clone)]

@@ -16,7 +16,7 @@ use crate::engine::Engine;
 use crate::engine::callbacks::IssuedCallback;
 use crate::engine::timers::TimerRequest;
 use crate::error::{Error, Result};
-use crate::model::{CallbackMode, Timer, TimerStatus};
+use crate::records::{CallbackMode, Timer, TimerStatus};
 
 /// The control routes' prefix (creating and changing things).
 pub const CONTROL_PREFIX: &str = "/api/control/agents/";
@@ -312,7 +312,7 @@ pub fn answer(
     match outcome {
         Ok(ControlOutcome::Reset(issued)) => {
             let url = trigger_url(issued.callback.mode, &issued.token);
-            (200, issued_view(&issued, &url))
+            (200, crate::agent::issued_view(&issued, &url))
         }
         Ok(ControlOutcome::Created(t)) => (201, to_value(&t)),
         Ok(ControlOutcome::Timer(t)) => (200, to_value(&t)),
@@ -329,21 +329,6 @@ pub fn answer(
             )
         }
     }
-}
-
-/// An issued (created or reset) callback as the spec's reset returns it: `ok`, `agent_id`,
-/// `external_trigger_id`, `trigger_url`, `delivery_mode` and `status`. The URL holds the token:
-/// it is shown here once and never stored.
-pub fn issued_view(issued: &IssuedCallback, trigger_url: &str) -> Value {
-    let cb = &issued.callback;
-    json!({
-        "ok": true,
-        "agent_id": cb.session,
-        "external_trigger_id": cb.id,
-        "trigger_url": trigger_url,
-        "delivery_mode": cb.mode.delivery_name(),
-        "status": cb.status,
-    })
 }
 
 fn to_value(t: &Timer) -> Value {

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::http::SIGNAL_PATH;
 use crate::ingress::{MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MESSAGE_CHARS, check_member_name};
-use crate::model::{SignalStatus, WebhookAddress};
+use crate::records::{SignalStatus, WebhookAddress};
 
 /// The JSON body every transport sends: the spec's fields, nulls omitted.
 #[derive(Debug, Clone, Serialize)]
