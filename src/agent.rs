@@ -20,6 +20,7 @@ use crate::home::Home;
 use crate::howto::{self, HowToSignal};
 use crate::records::{SignalStatus, Status, Waitpoint, Wake};
 use crate::render;
+use crate::sync::MutexExt;
 
 /// What a front end resolved from its environment that the reply's lines depend on.
 #[derive(Debug, Clone, Copy)]
@@ -300,13 +301,7 @@ impl Interrupt {
     /// Raises it (for `signal`, a positive number) and wakes every waiting reader.
     pub fn raise(&self, signal: i32) {
         self.0.signal.store(signal, Ordering::SeqCst);
-        for poke in self
-            .0
-            .pokes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for poke in self.0.pokes.lock_or_recover().iter() {
             let _ = poke.send(());
         }
     }
@@ -318,11 +313,7 @@ impl Interrupt {
 
     /// Wakes `poke` when raised (an [`Inbox::poker`]), so a wait ends at once.
     pub fn wake(&self, poke: mpsc::Sender<()>) {
-        self.0
-            .pokes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(poke);
+        self.0.pokes.lock_or_recover().push(poke);
     }
 }
 

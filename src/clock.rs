@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::sync::MutexExt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
@@ -173,12 +174,12 @@ impl ManualClock {
     }
 
     pub fn advance_ms(&self, ms: i64) {
-        let _guard = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.step.lock_or_recover();
         self.now.fetch_add(ms, Ordering::SeqCst);
     }
 
     pub fn set(&self, t: Timestamp) {
-        let _guard = self.step.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.step.lock_or_recover();
         self.now.store(t.0, Ordering::SeqCst);
     }
 }

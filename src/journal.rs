@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use crate::durable::{self, FILE_MODE, create_dir_private, fsync_dir};
 use crate::error::{Error, Result};
+use crate::sync::{CondvarExt, MutexExt};
 
 /// How often the checkpointer makes the applied files durable and drops the covered segments.
 /// It bounds how much a replay after a crash has to redo, not how long a signal waits. Five
@@ -289,7 +290,7 @@ pub type Shared = Arc<Mutex<Journal>>;
 /// Locks the journal; a panic elsewhere cannot leave it half-changed in a way that matters
 /// (every field is updated after the I/O it describes), so a poisoned lock is taken as is.
 pub fn lock(journal: &Shared) -> MutexGuard<'_, Journal> {
-    journal.lock().unwrap_or_else(|e| e.into_inner())
+    journal.lock_or_recover()
 }
 
 /// The background thread that checkpoints every [`CHECKPOINT_EVERY`]; on drop it stops and
@@ -311,12 +312,9 @@ impl Checkpointer {
                 .name("checkpoint".into())
                 .spawn(move || {
                     let (flag, cv) = &*stop;
-                    let mut stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut stopped = flag.lock_or_recover();
                     while !*stopped {
-                        stopped = cv
-                            .wait_timeout(stopped, CHECKPOINT_EVERY)
-                            .unwrap_or_else(|e| e.into_inner())
-                            .0;
+                        stopped = cv.wait_timeout_or_recover(stopped, CHECKPOINT_EVERY).0;
                         if !*stopped {
                             checkpoint_in_background(&journal);
                         }
@@ -359,7 +357,7 @@ impl Drop for Checkpointer {
     fn drop(&mut self) {
         {
             let (flag, cv) = &*self.stop;
-            *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            *flag.lock_or_recover() = true;
             cv.notify_all();
         }
         if let Some(t) = self.thread.take() {

@@ -38,3 +38,4 @@ pub mod sender;
 pub mod settings;
 pub mod setup;
 pub mod store;
+pub mod sync;

@@ -20,6 +20,7 @@ use crate::process;
 use crate::records::SignalStatus;
 use crate::sender::SignalBody;
 use crate::settings::Settings;
+use crate::sync::MutexExt;
 
 impl super::SignalTarget {
     /// A body for this waitpoint, checked now so a typo fails before the job runs, not after.
@@ -322,7 +323,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     let heartbeat = {
         let tail = Arc::clone(&tail);
         let last = move |beat| {
-            let line = tail.lock().unwrap_or_else(|e| e.into_inner()).last_line();
+            let line = tail.lock_or_recover().last_line();
             beat_message(line, beat)
         };
         Heartbeat::start(home, body.clone(), a.heartbeat, last, "waitpoint run")

@@ -16,6 +16,7 @@ use crate::error::{Error, exit};
 use crate::records::{Outcome, Status, Waitpoint, Wake};
 
 use super::{SessionArg, print_json, render};
+use crate::sync::MutexExt;
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
@@ -510,7 +511,7 @@ fn watch_waitpoint(
             _ => false,
         };
         if ours {
-            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(());
+            let _ = tx.lock_or_recover().send(());
         }
     }))?;
     Ok((guard, rx))

@@ -47,6 +47,7 @@ mod retry;
 mod schedule;
 mod watch;
 
+use crate::sync::MutexExt;
 pub use collect::{collect_file, collect_files};
 use hooks::HookRunner;
 use schedule::DueQueue;
@@ -355,10 +356,7 @@ impl Daemon {
         // files need none (this daemon holds the home's lock) and lead at once.
         let leading = Mutex::new(self.tx.clone());
         let _campaign = self.engine.store().lead(Box::new(move |on| {
-            let _ = leading
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .send(Event::Leading(on));
+            let _ = leading.lock_or_recover().send(Event::Leading(on));
         }))?;
         self.deliver_wakes();
         // From here on, what the engine frees goes to the trash, emptied as it fills.

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use crate::store::Hint;
 
 use super::*;
+use crate::sync::MutexExt;
 
 pub(super) fn to_io(e: notify::Error) -> std::io::Error {
     match e.kind {
@@ -83,7 +84,7 @@ impl Daemon {
                 Hint::Callback(id) => Event::CallbackChanged(id),
                 Hint::Wakes => Event::Wakes,
             };
-            let _ = tx.lock().unwrap_or_else(|e| e.into_inner()).send(event);
+            let _ = tx.lock_or_recover().send(event);
         }))?;
         Ok((watcher, state))
     }

@@ -31,6 +31,7 @@ use rustix::io::Errno;
 
 use crate::durable::DIR_MODE;
 use crate::error::{Error, Result};
+use crate::sync::RwLockExt;
 
 /// The registered homes: `(root, quarantine)`.
 static HOMES: RwLock<Vec<(PathBuf, PathBuf)>> = RwLock::new(Vec::new());
@@ -38,7 +39,7 @@ static HOMES: RwLock<Vec<(PathBuf, PathBuf)>> = RwLock::new(Vec::new());
 /// Registers a home: from now on every path under `root` is reached beneath it, and links met
 /// on the way are set aside into `quarantine` (see the module docs). Idempotent.
 pub fn confine(root: &Path, quarantine: &Path) {
-    let mut homes = HOMES.write().unwrap_or_else(|e| e.into_inner());
+    let mut homes = HOMES.write_or_recover();
     if !homes.iter().any(|(r, _)| r == root) {
         homes.push((root.to_owned(), quarantine.to_owned()));
     }
@@ -47,7 +48,7 @@ pub fn confine(root: &Path, quarantine: &Path) {
 /// The registered home `path` lies under (the deepest one): its root, quarantine and the
 /// path relative to the root.
 fn home_of(path: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
-    let homes = HOMES.read().unwrap_or_else(|e| e.into_inner());
+    let homes = HOMES.read_or_recover();
     homes
         .iter()
         .filter_map(|(root, q)| {

@@ -2,6 +2,7 @@
 //! so the hot path renames instead of unlinking, and the reaper thread that empties it.
 
 use super::*;
+use crate::sync::{CondvarExt, MutexExt};
 
 /// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
 /// thread removes them, moments later.
@@ -53,7 +54,7 @@ impl Trash {
     }
 
     fn lock_state(&self) -> MutexGuard<'_, TrashState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_or_recover()
     }
 
     fn note_arrival(&self) {
@@ -145,7 +146,7 @@ impl Trash {
     fn wait_for_arrival(&self) -> bool {
         let mut s = self.lock_state();
         while !s.pending && !s.stopped {
-            s = self.arrived.wait(s).unwrap_or_else(|e| e.into_inner());
+            s = self.arrived.wait_or_recover(s);
         }
         let arrived = !s.stopped;
         s.pending = false;

@@ -13,6 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use crate::clock::Timestamp;
+use crate::sync::MutexExt;
 
 /// A sliding hour.
 const HOUR_MS: i64 = 60 * 60 * 1000;
@@ -30,7 +31,7 @@ impl EventBudget {
     /// Takes one wake for `session` at `now` when its last hour holds fewer than `cap`;
     /// otherwise says when the hour has room again.
     pub fn take(&self, session: &str, now: Timestamp, cap: u32) -> Result<(), Timestamp> {
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let mut recent = self.recent.lock_or_recover();
         let times = recent.entry(session.to_owned()).or_default();
         while times
             .front()

@@ -37,6 +37,7 @@ use crate::request::{Owner, SignalRequest, Source, check_member_name};
 use crate::secret;
 use crate::settings::{MAX_TTL_MS, Settings};
 use crate::store::{self, Store, Txn};
+use crate::sync::MutexExt;
 
 pub use batch::MAX_BATCH;
 pub use create::*;
@@ -202,12 +203,8 @@ impl Engine {
     pub fn with_store_of(mut self, previous: &Engine) -> Engine {
         self.store = Arc::clone(&previous.store);
         self.trash = Arc::clone(&previous.trash);
-        let lookup = previous
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        *self.devices.lock().unwrap_or_else(|e| e.into_inner()) = lookup;
+        let lookup = previous.devices.lock_or_recover().clone();
+        *self.devices.lock_or_recover() = lookup;
         let held = previous
             .silence_held
             .load(std::sync::atomic::Ordering::SeqCst);
@@ -344,12 +341,7 @@ impl Engine {
     /// Brings the state up to date with the signal files after a crash between recording a
     /// signal and replacing the state: replays every recorded signal newer than the state.
     fn recover(&self, txn: &mut dyn Txn, wp: &mut Waitpoint) -> Result<()> {
-        if self
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&wp.id)
-        {
+        if self.seen.lock_or_recover().contains_key(&wp.id) {
             return Ok(());
         }
         let listing = self.list_signal_files(&wp.id)?;
@@ -365,34 +357,28 @@ impl Engine {
             txn.put(wp)?;
         }
         let keys = listing.into_iter().map(|(_, k)| k).collect();
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(wp.id.clone(), keys);
+        self.seen.lock_or_recover().insert(wp.id.clone(), keys);
         Ok(())
     }
 
     fn seen_contains(&self, id: &str, key: &str) -> bool {
-        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let seen = self.seen.lock_or_recover();
         seen.get(id).is_some_and(|s| s.contains(key))
     }
 
     fn seen_insert(&self, id: &str, key: String) {
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen.lock_or_recover();
         seen.entry(id.to_owned()).or_default().insert(key);
     }
 
     /// Drops everything remembered about recorded identities (the store finished an
     /// interrupted commit, so the records may be newer than what was remembered).
     pub(crate) fn forget_all(&self) {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.seen.lock_or_recover().clear();
     }
 
     fn forget(&self, id: &str) {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        self.seen.lock_or_recover().remove(id);
     }
 
     /// Delivers every wake in the outbox, then records that they left it.

@@ -11,6 +11,7 @@
 use super::*;
 use crate::howto;
 use crate::records::{DeviceHealth, LastReport, WakeSubject};
+use crate::sync::MutexExt;
 
 /// The placeholder a repeated signal line carries where the secret goes: only its hash is
 /// stored, so no wake can carry it.
@@ -72,7 +73,7 @@ impl Engine {
     /// Tells the engine how to look a device up for the silence wakes (the daemon knows its
     /// collectors); without it, a wake says nothing of the device.
     pub fn set_device_lookup(&self, lookup: DeviceLookup) {
-        *self.devices.lock().unwrap_or_else(|e| e.into_inner()) = Some(lookup);
+        *self.devices.lock_or_recover() = Some(lookup);
     }
 
     /// Holds every silence wake back until [`release_silence`](Self::release_silence): the
@@ -88,7 +89,7 @@ impl Engine {
     pub fn release_silence(&self) -> Vec<String> {
         self.silence_held
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        std::mem::take(&mut *self.held.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.held.lock_or_recover())
     }
 
     pub(super) fn silence_is_held(&self) -> bool {
@@ -96,18 +97,11 @@ impl Engine {
     }
 
     pub(super) fn note_held(&self, id: &str) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(id.to_owned());
+        self.held.lock_or_recover().push(id.to_owned());
     }
 
     fn device(&self, name: &str) -> Option<(DeviceHealth, String)> {
-        let lookup = self
-            .devices
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let lookup = self.devices.lock_or_recover().clone();
         lookup.and_then(|f| f(name))
     }
 

@@ -36,6 +36,7 @@ use crate::harness::{self, Caller};
 use crate::records::Timer;
 use crate::render;
 
+use crate::sync::MutexExt;
 pub use params::MAX_WAIT_NEXT_S;
 use params::{CreateTimer, Fields, ListTimers, TimerId, WaitCancel, WaitCreate, WaitNext};
 
@@ -218,7 +219,7 @@ impl Inner {
         };
         if let Some(c) = caller {
             // Once per session and caller for the server's life, not a file read per call.
-            let mut known = self.remembered.lock().unwrap_or_else(|e| e.into_inner());
+            let mut known = self.remembered.lock_or_recover();
             if known.get(&session) != Some(c) {
                 harness::remember(self.engine.home(), &session, c)?;
                 known.insert(session.clone(), c.clone());

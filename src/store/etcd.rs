@@ -53,6 +53,7 @@ use super::{
     Change, Doc, DocTxn, Docs, Forwarded, Health, HealthLevel, Hint, Role, Store, Txn, Version,
     signal_file_name,
 };
+use crate::sync::MutexExt;
 
 /// How long one request may take before it counts as failed (a campaign waits longer: it
 /// is not a request but a wait for leadership).
@@ -193,7 +194,7 @@ impl Etcd {
     /// stop its writes at the cluster whatever it believes.
     #[doc(hidden)]
     pub fn believe_leading(&self, key: Vec<u8>, rev: i64) {
-        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Fence { key, rev });
+        *self.fence.lock_or_recover() = Some(Fence { key, rev });
     }
 
     fn rt(&self) -> &tokio::runtime::Runtime {
@@ -357,8 +358,7 @@ impl Etcd {
         let fence = match (fenced, self.role) {
             (true, Role::Daemon) => Some(
                 self.fence
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                    .lock_or_recover()
                     .clone()
                     .ok_or_else(not_leading)?,
             ),
@@ -380,7 +380,7 @@ impl Etcd {
         let resp = self.txn(what, req)?;
         if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
-            let mut own = self.own.lock().unwrap_or_else(|e| e.into_inner());
+            let mut own = self.own.lock_or_recover();
             if own.len() >= OWN_REVISIONS {
                 own.pop_front();
             }
@@ -410,24 +410,15 @@ impl Etcd {
     }
 
     fn fence_rev(&self) -> Option<i64> {
-        self.fence
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map(|f| f.rev)
+        self.fence.lock_or_recover().as_ref().map(|f| f.rev)
     }
     fn lose_leadership(&self) {
-        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.fence.lock_or_recover() = None;
     }
 
     /// The host whose inbox `channel`'s wakes go to.
     fn host_of(&self, channel: &str) -> Result<String> {
-        if let Some(h) = self
-            .channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(channel)
-        {
+        if let Some(h) = self.channels.lock_or_recover().get(channel) {
             return Ok(h.clone());
         }
         let host = match self.get_value(self.key(&format!("chan/{}", identity_key(channel))))? {
@@ -436,8 +427,7 @@ impl Etcd {
             None => self.host.clone(),
         };
         self.channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_or_recover()
             .insert(channel.to_owned(), host.clone());
         Ok(host)
     }
@@ -517,12 +507,7 @@ impl Etcd {
                 {
                     tracing::warn!(store = %shown, "leadership: {e}; campaigning again");
                 }
-                if fence
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .take()
-                    .is_some()
-                {
+                if fence.lock_or_recover().take().is_some() {
                     on_change(false);
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -731,7 +716,7 @@ async fn lead_once(
         .await
         .map_err(|e| format!("cannot take a lease: {e}"))?;
     let id = grant.id();
-    *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(id);
+    *held.lock_or_recover() = Some(id);
     // Counted from before the grant was asked for: the lease cannot outlive that.
     let expires = Mutex::new(asked + Duration::from_secs(ttl as u64));
     let renewals = keep_alive(members, id, ttl, &expires);
@@ -755,7 +740,7 @@ async fn lead_once(
             }
         };
         let leader = resp.leader().ok_or("the campaign named no leader")?;
-        *fence.lock().unwrap_or_else(|e| e.into_inner()) = Some(Fence {
+        *fence.lock_or_recover() = Some(Fence {
             key: leader.key().to_vec(),
             rev: leader.rev(),
         });
@@ -766,13 +751,12 @@ async fn lead_once(
         loop {
             tokio::time::sleep(Duration::from_millis(100)).await;
             let left = expires
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
+                .lock_or_recover()
                 .saturating_duration_since(Instant::now());
             if left < Duration::from_millis(300) {
                 return Err::<(), String>("the lease is about to run out unrenewed".into());
             }
-            if fence.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            if fence.lock_or_recover().is_none() {
                 return Err("a write found the leadership gone".into());
             }
         }
@@ -805,13 +789,11 @@ async fn keep_alive(
     let patience = every.max(Duration::from_millis(500));
     let left = || {
         expires
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_or_recover()
             .saturating_duration_since(Instant::now())
     };
     let renewed = |at: Instant, ttl: i64| {
-        *expires.lock().unwrap_or_else(|e| e.into_inner()) =
-            at + Duration::from_secs(ttl.max(0) as u64);
+        *expires.lock_or_recover() = at + Duration::from_secs(ttl.max(0) as u64);
     };
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream, usize)> = None;
     loop {
@@ -881,8 +863,8 @@ struct Campaign {
 impl Drop for Campaign {
     fn drop(&mut self) {
         self.task.abort();
-        *self.fence.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if let Some(id) = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        *self.fence.lock_or_recover() = None;
+        if let Some(id) = self.lease.lock_or_recover().take() {
             let revoke = self
                 .members
                 .run(Duration::from_secs(2), |mut c| async move {
@@ -990,8 +972,7 @@ impl Store for Etcd {
         // A command arms; the fence is a daemon's (an import runs as a command too).
         self.guarded("cannot create a waitpoint", absent, ops)?;
         self.channels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .lock_or_recover()
             .insert(wp.channel.clone(), self.host.clone());
         Ok(())
     }
@@ -1180,10 +1161,7 @@ impl Store for Etcd {
                                 continue;
                             };
                             if let Some(id) = rest.strip_prefix("wp/") {
-                                let mine = own
-                                    .lock()
-                                    .unwrap_or_else(|e| e.into_inner())
-                                    .contains(&kv.mod_revision());
+                                let mine = own.lock_or_recover().contains(&kv.mod_revision());
                                 if ev.event_type() == EventType::Put && !mine {
                                     hint(Hint::Changed(id.to_owned()));
                                 }

@@ -3,6 +3,7 @@
 //! makes (the listing, the capped read). Transport only: what a file means is the claim's.
 
 use super::*;
+use crate::sync::{CondvarExt, MutexExt};
 
 /// The bound on every blocking libssh2 call (handshake, auth, each SFTP request).
 pub(super) const SESSION_TIMEOUT_MS: u32 = 20_000;
@@ -79,16 +80,15 @@ impl Watchdog {
             .name(format!("watchdog-{name}"))
             .spawn(move || {
                 let (lock, cv) = &*shared;
-                let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+                let mut st = lock.lock_or_recover();
                 while !st.stop {
                     let now = Instant::now();
                     match &st.armed {
-                        None => st = cv.wait(st).unwrap_or_else(|p| p.into_inner()),
+                        None => st = cv.wait_or_recover(st),
                         Some((at, _)) if *at > now => {
                             let wait = *at - now;
                             st = cv
-                                .wait_timeout(st, wait)
-                                .unwrap_or_else(|p| p.into_inner())
+                                .wait_timeout_or_recover(st, wait)
                                 .0;
                         }
                         Some((_, stream)) => {
@@ -109,7 +109,7 @@ impl Watchdog {
             return;
         };
         let (lock, cv) = &*self.state;
-        let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock.lock_or_recover();
         st.armed = Some((Instant::now() + STEP_DEADLINE, clone));
         cv.notify_all();
     }
@@ -117,7 +117,7 @@ impl Watchdog {
     /// Disarms it; true when it fired since the last call.
     pub(super) fn disarm(&self) -> bool {
         let (lock, cv) = &*self.state;
-        let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock.lock_or_recover();
         st.armed = None;
         cv.notify_all();
         std::mem::take(&mut st.fired)
@@ -127,7 +127,7 @@ impl Watchdog {
 impl Drop for Watchdog {
     fn drop(&mut self) {
         let (lock, cv) = &*self.state;
-        lock.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        lock.lock_or_recover().stop = true;
         cv.notify_all();
     }
 }

@@ -4,6 +4,7 @@
 //! in memory.
 
 use super::*;
+use crate::sync::MutexExt;
 
 /// Who a miss is counted against: the user owning the client's socket (every local process
 /// comes from 127.0.0.1, so the address alone would make one budget of everybody's), or the
@@ -249,7 +250,7 @@ fn control_route(
 /// bad callback tokens all draw on it).
 fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<Reply> {
     let now = shared.clock.now();
-    let mut budgets = shared.budget.lock().unwrap_or_else(|e| e.into_inner());
+    let mut budgets = shared.budget.lock_or_recover();
     if !budgets.any(now) {
         return None;
     }
@@ -268,8 +269,7 @@ fn record_miss(shared: &Shared, peer: Option<SocketAddr>) {
     let source = source_of(shared, peer);
     shared
         .budget
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .lock_or_recover()
         .record(source, shared.clock.now());
 }
 

@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{Notify, oneshot};
 
 use super::*;
+use crate::sync::MutexExt;
 
 /// The running transport: its thread, and how to stop it.
 pub(super) struct Serving {
@@ -93,7 +94,7 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>, cap: usize) -> R
 /// A worker: runs the routes for ready requests until the transport is gone.
 fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
     loop {
-        let next = jobs.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let next = jobs.lock_or_recover().recv();
         let Ok(job) = next else { return };
         let reply = route(shared, &job.head, job.body.as_deref(), Some(job.peer));
         // The connection may be gone (closed, evicted, shutting down): the verdict stands.
@@ -198,7 +199,7 @@ impl Conns {
     /// A slot for a new connection, closing the least active one when at the cap; `None` when
     /// every open connection is waiting on a verdict.
     fn admit(conns: &Mutex<Conns>) -> Option<Arc<Slot>> {
-        let mut c = conns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = conns.lock_or_recover();
         if c.open.len() >= c.cap && !c.evict_one() {
             return None;
         }
@@ -214,7 +215,7 @@ impl Conns {
     }
 
     fn evict_least_active(conns: &Mutex<Conns>) -> bool {
-        conns.lock().unwrap_or_else(|e| e.into_inner()).evict_one()
+        conns.lock_or_recover().evict_one()
     }
 
     /// Closes the connection that has been quiet longest and is not waiting on a verdict.
@@ -242,7 +243,7 @@ struct Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        let mut c = self.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let mut c = self.conns.lock_or_recover();
         if c.open
             .get(&self.slot.id)
             .is_some_and(|s| Arc::ptr_eq(s, &self.slot))
@@ -254,11 +255,7 @@ impl Drop for Connection {
 
 impl Connection {
     fn touch(&self) {
-        let now = self
-            .conns
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .now_ms();
+        let now = self.conns.lock_or_recover().now_ms();
         self.slot.active.store(now, Ordering::SeqCst);
     }
 
@@ -287,7 +284,7 @@ impl Connection {
             _ = served => {}
             _ = this.slot.evict.notified() => return,
         }
-        let stream = back.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let stream = back.lock_or_recover().take();
         if let Some(stream) = stream {
             tokio::select! {
                 _ = linger(stream) => {}
@@ -369,7 +366,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         if let Some(s) = self.stream.take() {
-            *self.back.lock().unwrap_or_else(|e| e.into_inner()) = Some(s);
+            *self.back.lock_or_recover() = Some(s);
         }
     }
 }

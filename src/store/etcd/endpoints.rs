@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::sync::MutexExt;
 use etcd_client::{Client, ConnectOptions};
 
 /// The longest one member is given to answer one request before the next is tried (the last
@@ -153,7 +154,7 @@ impl Members {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.lock_or_recover()
 }
 
 /// The order in which `n` members are asked: `preferred` first, then the ones after it,
