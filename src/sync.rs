@@ -75,8 +75,9 @@ mod tests {
         let m = Arc::new(Mutex::new(vec![1]));
         let held = Arc::clone(&m);
         let _ = std::thread::spawn(move || {
-            held.lock().unwrap().push(2);
-            panic!("the holder panics");
+            let mut v = held.lock().unwrap();
+            v.push(2);
+            panic!("the holder panics with the lock held");
         })
         .join();
         assert!(m.is_poisoned());
@@ -86,7 +87,7 @@ mod tests {
         let held = Arc::clone(&rw);
         let _ = std::thread::spawn(move || {
             let _g = held.write().unwrap();
-            panic!("the writer panics");
+            panic!("the writer panics with the lock held");
         })
         .join();
         assert!(rw.is_poisoned());
