@@ -9,18 +9,13 @@
 //! never report success for a write that did not reach the disk and keep their source.
 
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use rand::Rng;
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};

@@ -164,7 +164,7 @@ fn beat_message(last: Option<String>, beat: u64) -> String {
     match last {
         Some(line) => {
             let n = line.chars().count();
-            let keep = crate::ingress::MAX_MESSAGE_CHARS.min(200);
+            let keep = crate::request::MAX_MESSAGE_CHARS.min(200);
             if n > keep {
                 line.chars().skip(n - keep).collect()
             } else {
@@ -318,7 +318,7 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     let (program, args) = a.command.split_first().expect("clap requires a command");
     let tail = Arc::new(Mutex::new(process::Tail::new(
         a.tail_lines,
-        crate::ingress::MAX_DATA_CHARS,
+        crate::request::MAX_DATA_CHARS,
     )));
     let heartbeat = {
         let tail = Arc::clone(&tail);

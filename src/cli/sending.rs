@@ -42,18 +42,25 @@ pub struct SignalTarget {
 /// daemon would: `Some((exit code, what to say))` when that settles it (refused: 1, in the HTTP
 /// route's words; already closed: 0, nothing to do), `None` when the signal must be sent.
 pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
-    use crate::clock::Clock;
+    use crate::clock::{Clock, SystemClock};
     use crate::engine::{Prejudged, Refusal};
+    use std::sync::Arc;
     // On a store shared by several hosts this home's files hold no waitpoints: the daemon
     // judges, and hands the signal to the leader.
     if super::load_settings(home).is_ok_and(|s| s.store != crate::store::Location::Files) {
         return None;
     }
+    // A home that holds no waitpoints (a device's, or one with no daemon yet) has nothing to
+    // judge by.
+    if !home.waitpoints_dir().is_dir() {
+        return None;
+    }
     let req = crate::ingress::parse_signal(body).ok()?;
-    let now = crate::clock::SystemClock.now();
+    let now = SystemClock.now();
     // Unreadable here (the daemon may still read it): send.
-    let why = match crate::engine::prejudge(home, now, &req).ok()? {
-        Prejudged::Open | Prejudged::Unknowable => return None,
+    let store = crate::store::Files::new(home.clone(), Arc::new(SystemClock), Default::default());
+    let why = match crate::engine::prejudge(&store, now, &req).ok()? {
+        Prejudged::Open => return None,
         Prejudged::Closed(status) => {
             return Some((
                 exit::OK,
@@ -123,7 +130,7 @@ pub fn send_as(
     // then finds the spooled copy a duplicate.
     let key = format!(
         "{}{}",
-        crate::ingress::SENDER_KEY_PREFIX,
+        crate::request::SENDER_KEY_PREFIX,
         crate::secret::random_hex(16)
     );
     if let Some((url, found)) = endpoint(url, home, &mut why_spool)? {

@@ -2,7 +2,17 @@
 //! mirrors, signals over HTTP, and what follows a verdict (parking refusals a few at a time,
 //! scheduling the wake's owner).
 
-use super::*;
+use super::{BACKLOG_LOG_EVERY, BACKLOG_REPORT_MIN, Daemon, Event, PARK_PER_TURN};
+use crate::clock::Timestamp;
+use crate::engine::{self, Engine, Verdict};
+use crate::error::Result;
+use crate::ingress::device::{self, DeviceEvent};
+use crate::ingress::http::Submission;
+use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool};
+use crate::request::Source;
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 /// Collects `names` from `spool` as one commit: reads and parses them, applies their signals
 /// ([`Engine::apply_batch`]), then removes or parks each file. This is the one place signals
@@ -239,7 +249,7 @@ impl Daemon {
     /// once the batch is durable. Other events go back on the channel in their order.
     pub(super) fn apply_http(
         &mut self,
-        request: crate::ingress::SignalRequest,
+        request: crate::request::SignalRequest,
         key: String,
         reply: mpsc::Sender<Result<Verdict>>,
     ) {

@@ -1,7 +1,12 @@
 //! The `onWake` hook runner: a worker thread that runs hooks (never on the loop) and reports each
 //! attempt back as [`Event::HookDone`], and the environment each hook is run with.
 
-use super::*;
+use super::{Daemon, Event};
+use crate::delivery::{self, hook, hook::HookRun};
+use crate::engine::HookJob;
+use std::collections::HashSet;
+use std::sync::mpsc::{self, Sender};
+use std::time::Duration;
 
 /// Runs `onWake` hooks on a worker thread, so a slow hook never stalls the engine loop, and
 /// reports each attempt back to the loop as [`Event::HookDone`].

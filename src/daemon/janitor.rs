@@ -1,6 +1,7 @@
 //! Clean-up: read wakes past their TTL, retention of closed waitpoints, stale temp files.
 
-use super::*;
+use super::{Daemon, GC_EVERY_MS, STALE_TEMP_MS, TEMP_WALK_EVERY_MS};
+use crate::durable;
 
 impl Daemon {
     pub(super) fn gc_read_wakes(&mut self) {

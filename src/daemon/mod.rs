@@ -19,25 +19,20 @@
 //! it turns SIGTERM/SIGINT into [`DaemonControl::shutdown`] and SIGHUP into
 //! [`DaemonControl::reload`] with freshly resolved settings.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::path::Path;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use notify::{RecursiveMode, Watcher};
-
 use crate::clock::{Clock, Timestamp};
-use crate::delivery::{self, hook, hook::HookRun};
-use crate::durable::{self, FileLock};
-use crate::engine::{self, Engine, HookJob, Verdict};
+use crate::durable::FileLock;
+use crate::engine::{self, Engine};
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::ingress::Source;
 use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
 use crate::ingress::http::{self, HttpConfig, Shim, Submission};
-use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool, is_candidate};
+use crate::ingress::spool::Spool;
 use crate::settings::{DAY_MS, Settings};
 
 mod collect;

@@ -1,7 +1,11 @@
 //! Scheduling: the due queue (when each waitpoint, timer or callback next needs the engine),
 //! filling it at start and on hints, and running what is due.
 
-use super::*;
+use super::{Daemon, MAX_IDLE};
+use crate::clock::Timestamp;
+use crate::engine;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 /// When each waitpoint next needs the engine: one entry per waitpoint, earliest first. This is
 /// what keeps idle cost independent of how many waitpoints are armed: nothing is scanned, the

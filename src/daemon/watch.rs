@@ -2,12 +2,17 @@
 //! (a hint; the periodic sweep stays the source of truth).
 
 use std::any::Any;
-use std::sync::Mutex;
 
 use crate::store::Hint;
 
-use super::*;
+use super::{Daemon, Event};
+use crate::error::{Error, Result};
+use crate::ingress::device::{self};
+use crate::ingress::spool::is_candidate;
 use crate::sync::MutexExt;
+use notify::{RecursiveMode, Watcher};
+use std::path::Path;
+use std::sync::Mutex;
 
 pub(super) fn to_io(e: notify::Error) -> std::io::Error {
     match e.kind {

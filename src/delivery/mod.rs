@@ -10,6 +10,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::clock::Timestamp;
 use crate::durable::{self, commit_json, create_dir_private, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -151,4 +152,45 @@ pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("cannot move", &from, e)),
     }
+}
+
+/// The wake with this id wherever the session's inbox holds it (unread or read), parsed.
+pub fn find(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Wake>> {
+    for dir in [home.inbox_new(channel), home.inbox_cur(channel)] {
+        if let Some(w) = read_json::<Wake>(&wake_file(&dir, wake_id))? {
+            return Ok(Some(w));
+        }
+    }
+    Ok(None)
+}
+
+/// Removes a session's whole inbox (`sessions/<session>/`), durably.
+pub fn remove_inbox(home: &Home, session: &str) -> Result<()> {
+    durable::remove_tree(&home.sessions_dir().join(session))?;
+    durable::fsync_dir(&home.sessions_dir())
+}
+
+/// Removes read wakes (in `cur/`) created more than `ttl_ms` before `now`, from every session's
+/// inbox; returns how many went. Unread wakes are never touched: only a reader retires a wake.
+pub fn remove_read_older_than(home: &Home, now: Timestamp, ttl_ms: i64) -> Result<usize> {
+    let mut removed = 0;
+    for (channel, _) in durable::list_dir(&home.sessions_dir())? {
+        let cur = home.inbox_cur(&channel);
+        for (name, path) in durable::list_dir(&cur)? {
+            if durable::is_temp_name(&name) || !name.ends_with(".json") {
+                continue;
+            }
+            let old = match read_json::<Wake>(&path) {
+                Ok(Some(w)) => now.millis_since(w.created_at) > ttl_ms,
+                Ok(None) => false,
+                // An unreadable file in cur/ is the reader's; leave it alone.
+                Err(_) => false,
+            };
+            if old {
+                durable::remove_durably(&path)?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
 }

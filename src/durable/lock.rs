@@ -1,7 +1,11 @@
 //! Advisory file locks (`flock`): the daemon's lock on the home and the per-waitpoint locks that
 //! serialise writers, with who holds one and whether it is stale.
 
-use super::*;
+use super::{beneath, not_found, open_or_create};
+use crate::error::{Error, Result};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::Path;
 
 /// An exclusive advisory lock on a file, released on drop.
 #[derive(Debug)]

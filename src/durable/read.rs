@@ -2,7 +2,12 @@
 //! the home without following links, bounded in size, and set aside into `quarantine/` with a
 //! reason when they are not what they should be.
 
-use super::*;
+use super::{Dir, Entry, commit, create_dir_private, open_read, rename_durably};
+use crate::error::{Error, Result};
+use serde::de::DeserializeOwned;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
 
 /// Reads and parses a JSON file; `Ok(None)` when it does not exist.
 pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {

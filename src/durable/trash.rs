@@ -1,8 +1,16 @@
 //! The trash: where a running daemon puts what it frees (consumed spool files, replaced states)
 //! so the hot path renames instead of unlinking, and the reaper thread that empties it.
 
-use super::*;
+use super::{Dir, INLINE_UNSYNCED, each_concurrently, exchange, remove_all, rename};
+use crate::error::{Error, Result};
 use crate::sync::{CondvarExt, MutexExt};
+use rand::Rng;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 /// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
 /// thread removes them, moments later.

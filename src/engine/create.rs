@@ -1,7 +1,14 @@
 //! Arming a waitpoint: the validated `wait_create` request, its limits, and the new
 //! waitpoint with its one-time secret.
 
-use super::*;
+use super::Engine;
+use crate::clock::human_duration;
+use crate::error::{Error, Result};
+use crate::records::{Counters, Round, Status, Waitpoint};
+use crate::request::check_member_name;
+use crate::secret;
+use crate::settings::MAX_TTL_MS;
+use rand::Rng;
 
 /// The largest `max_signals` a monitor may ask for.
 pub const MAX_MAX_SIGNALS: u32 = 10_000;

@@ -21,21 +21,14 @@ pub mod timers;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use rand::Rng;
-
-use crate::clock::{Clock, Timestamp, human_duration};
-use crate::delivery;
-use crate::durable::{self, FileLock, Trash, read_json};
+use crate::clock::{Clock, Timestamp};
+use crate::durable::Trash;
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::names::is_waitpoint_id;
-use crate::records::{
-    Counters, HoldReason, HookDelivery, Outcome, Round, SignalRecord, Status, Waitpoint, Wake,
-    WakeKind,
-};
-use crate::request::{Owner, SignalRequest, Source, check_member_name};
+use crate::records::{HookDelivery, Outcome, SignalRecord, Status, Waitpoint, Wake, WakeKind};
+use crate::request::{SignalRequest, Source};
 use crate::secret;
-use crate::settings::{MAX_TTL_MS, Settings};
+use crate::settings::Settings;
 use crate::store::{self, Store, Txn};
 use crate::sync::MutexExt;
 
@@ -228,23 +221,14 @@ impl Engine {
         self.trash.get().map(|t| t.as_ref())
     }
 
-    /// For a command run while no daemon is: re-applies the journal a daemon that died left
-    /// (a power cut may have lost the files of its last batches), holding the daemon lock
-    /// meanwhile, so nothing reads or changes a state the journal is about to overwrite. A
-    /// running daemon replayed it at its start; then this does nothing. Returns how many lines
-    /// were re-applied.
+    /// For a command run while no daemon is: finishes what a daemon that died left in the store
+    /// (a power cut may have lost the files of its last batches), so the command reads what the
+    /// daemon had committed. Returns how many interrupted commits were finished.
     pub fn replay_left_journal(&self) -> Result<usize> {
-        if !self.store.needs_recovery() {
-            return Ok(0);
+        let replayed = self.store.recover_unattended()?;
+        if replayed > 0 {
+            self.forget_all();
         }
-        let lock = match FileLock::try_acquire_writing_pid(&self.home.daemon_lock()) {
-            Ok(l) => l,
-            Err(Error::Locked { .. }) => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        let replayed = self.store.recover()?;
-        self.forget_all();
-        lock.clear();
         Ok(replayed)
     }
 
@@ -578,25 +562,15 @@ pub enum Prejudged {
     Closed(Status),
     /// Nothing here refuses it: send it, and let the daemon decide.
     Open,
-    /// This home holds no waitpoints (a device's, or one with no daemon yet): nothing to judge.
-    Unknowable,
 }
 
-/// Judges `req` against the waitpoint state in `home` without changing anything, as the daemon
-/// would (wrong secret, unknown id, missing or unlisted member, closed), so a sender on the
-/// daemon's machine hears "refused" at once instead of having its signal parked later. Only
-/// what this cannot see (a home without waitpoints, a state changing meanwhile) is left to the
-/// daemon, which decides again in any case.
-pub fn prejudge(home: &Home, now: Timestamp, req: &SignalRequest) -> Result<Prejudged> {
-    if !home.waitpoints_dir().is_dir() {
-        return Ok(Prejudged::Unknowable);
-    }
-    let wp = if is_waitpoint_id(&req.id) {
-        read_json::<Waitpoint>(&home.waitpoint_file(&req.id))?
-    } else {
-        None
-    };
-    let Some(wp) = wp else {
+/// Judges `req` against the waitpoint as `store` holds it, without changing anything, as the
+/// daemon would (wrong secret, unknown id, missing or unlisted member, closed), so a sender on
+/// the daemon's machine hears "refused" at once instead of having its signal parked later. Only
+/// what this cannot see (a state changing meanwhile) is left to the daemon, which decides again
+/// in any case.
+pub fn prejudge(store: &dyn Store, now: Timestamp, req: &SignalRequest) -> Result<Prejudged> {
+    let Some(wp) = store.get(&req.id)? else {
         return Ok(Prejudged::Refused(Refusal::UnknownId));
     };
     if !req.secret.verify(&wp.secret_sha256) {

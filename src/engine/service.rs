@@ -1,7 +1,13 @@
 //! What is due for a waitpoint and doing it: pending wakes, the recheck, the deadline (once,
 //! however late), retention, and the `onWake` hook bookkeeping every owner of wakes shares.
 
-use super::*;
+use super::{Engine, rules, silence};
+use crate::clock::Timestamp;
+use crate::delivery;
+use crate::error::Result;
+use crate::home::Home;
+use crate::records::{HoldReason, HookDelivery, Status, Waitpoint, Wake, WakeKind};
+use crate::request::Owner;
 
 impl Engine {
     /// Does whatever is due for one waitpoint at the engine's `now`: finishes an interrupted
@@ -328,11 +334,5 @@ pub fn latest_wake(home: &Home, wp: &Waitpoint) -> Result<Option<Wake>> {
     if wp.counters.wakes == 0 {
         return Ok(None);
     }
-    let id = wp.wake_id(wp.counters.wakes);
-    for dir in [home.inbox_new(&wp.channel), home.inbox_cur(&wp.channel)] {
-        if let Some(w) = read_json::<Wake>(&dir.join(format!("{id}.json")))? {
-            return Ok(Some(w));
-        }
-    }
-    Ok(None)
+    delivery::find(home, &wp.channel, &wp.wake_id(wp.counters.wakes))
 }

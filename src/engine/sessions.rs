@@ -1,7 +1,10 @@
 //! Sessions as a whole: deleting one (its waitpoints cancelled, its capabilities revoked, its
 //! inbox removed) and clearing read wakes past their TTL.
 
-use super::*;
+use super::{Engine, check_name};
+use crate::delivery;
+use crate::error::{Error, Result};
+use crate::records::Status;
 
 impl Engine {
     /// Deletes a session: cancels every armed waitpoint it may see (so a late signal cannot bring
@@ -32,9 +35,7 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        let dir = self.home.sessions_dir().join(session);
-        durable::remove_tree(&dir)?;
-        durable::fsync_dir(&self.home.sessions_dir())?;
+        delivery::remove_inbox(&self.home, session)?;
         tracing::info!(
             session,
             cancelled = cancelled.len(),
@@ -51,28 +52,7 @@ impl Engine {
 
     /// Removes delivered wakes older than the TTL from every session's `cur/`.
     pub fn gc_read_wakes(&self) -> Result<usize> {
-        let now = self.clock.now();
-        let ttl = self.settings.ttl_ms as i64;
-        let mut removed = 0;
-        for (channel, _) in durable::list_dir(&self.home.sessions_dir())? {
-            let cur = self.home.inbox_cur(&channel);
-            for (name, path) in durable::list_dir(&cur)? {
-                if durable::is_temp_name(&name) || !name.ends_with(".json") {
-                    continue;
-                }
-                let old = match read_json::<Wake>(&path) {
-                    Ok(Some(w)) => now.millis_since(w.created_at) > ttl,
-                    Ok(None) => false,
-                    // An unreadable file in cur/ is the reader's; leave it alone.
-                    Err(_) => false,
-                };
-                if old {
-                    durable::remove_durably(&path)?;
-                    removed += 1;
-                }
-            }
-        }
-        Ok(removed)
+        delivery::remove_read_older_than(&self.home, self.clock.now(), self.settings.ttl_ms as i64)
     }
 }
 

@@ -8,10 +8,14 @@
 //! wakes count toward the hourly cap (a spent cap holds one back) but not toward
 //! `max_signals`, which counts the job's own results; their wake ids are numbered apart.
 
-use super::*;
+use super::{Engine, next_due, rules};
+use crate::clock::{Timestamp, human_duration};
+use crate::error::Result;
 use crate::howto;
 use crate::records::{DeviceHealth, LastReport, WakeSubject};
+use crate::records::{SignalRecord, Status, Waitpoint, Wake, WakeKind};
 use crate::sync::MutexExt;
+use std::sync::Arc;
 
 /// The placeholder a repeated signal line carries where the secret goes: only its hash is
 /// stored, so no wake can carry it.

@@ -9,17 +9,18 @@ pub mod device;
 pub mod http;
 pub mod spool;
 
+use crate::request::CallbackRequest;
+use crate::request::MAX_BODY_BYTES;
+use crate::request::MAX_DATA_CHARS;
+use crate::request::MAX_MESSAGE_CHARS;
+use crate::request::SignalRequest;
+use crate::request::check_member_name;
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::records::SignalStatus;
 use crate::secret::Secret;
 
-// The engine's vocabulary lives in the leaf module `request`; ingress produces it.
-pub use crate::request::{
-    CallbackRequest, MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MEMBER_CHARS, MAX_MESSAGE_CHARS,
-    SENDER_KEY_PREFIX, SignalRequest, Source, check_member_name, identity_of, is_sender_key,
-};
 /// A field that was present, whatever its value (`null` included), as opposed to absent.
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)

@@ -8,11 +8,9 @@
 //! through that handle only: a spool or `bad/` swapped for a link is refused, never followed. Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing
 //! is deleted unparsed. A file leaves the spool only after its effect is durable.
 
-use std::ffi::{OsStr, OsString};
-use std::io::{self, Read, Write};
+use std::ffi::OsStr;
+use std::io::{self, Read};
 use std::path::PathBuf;
-
-use serde_json::Value;
 
 use crate::clock::Timestamp;
 use crate::durable::{self, Dir, Entry};
@@ -20,10 +18,8 @@ use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::ingress::{
-    CallbackRequest, MAX_BODY_BYTES, SignalRequest, Source, SpoolBody, parse_spool_body,
-};
-use crate::secret;
+use crate::ingress::{SpoolBody, parse_spool_body};
+use crate::request::{CallbackRequest, MAX_BODY_BYTES, SignalRequest, Source};
 
 mod park;
 

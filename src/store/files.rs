@@ -306,6 +306,23 @@ impl Store for Files {
         }
     }
 
+    /// Holds the daemon lock while it replays, so no daemon starts and reads or changes a state
+    /// the journal is about to overwrite; when a daemon holds it, the daemon replayed at its
+    /// start and this does nothing.
+    fn recover_unattended(&self) -> Result<usize> {
+        if !self.needs_recovery() {
+            return Ok(0);
+        }
+        let lock = match FileLock::try_acquire_writing_pid(&self.home.daemon_lock()) {
+            Ok(l) => l,
+            Err(Error::Locked { .. }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let replayed = self.recover()?;
+        lock.clear();
+        Ok(replayed)
+    }
+
     fn checkpoint(&self) -> Result<()> {
         match self.journal.get() {
             Some(j) => journal::lock(j).checkpoint(),

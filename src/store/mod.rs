@@ -207,6 +207,16 @@ pub trait Store: Send + Sync {
     fn needs_recovery(&self) -> bool;
     /// Finishes what interrupted commits left (after a crash); returns how many there were.
     fn recover(&self) -> Result<usize>;
+    /// For a command run while no daemon is: [`recover`](Self::recover), unless a daemon runs
+    /// (it recovered at its start and owns what is left). A store whose recovery could race a
+    /// daemon's writes keeps the daemon out meanwhile.
+    fn recover_unattended(&self) -> Result<usize> {
+        if self.needs_recovery() {
+            self.recover()
+        } else {
+            Ok(0)
+        }
+    }
     /// Makes every commit so far durable in its final form, so nothing is left to recover.
     fn checkpoint(&self) -> Result<()>;
     /// Starts the store's own background work for a long-running owner (the daemon); it runs

@@ -19,9 +19,8 @@ use waitpoint::clock::SystemClock;
 use waitpoint::engine::{CreateRequest, Engine};
 use waitpoint::home::Home;
 use waitpoint::ingress::spool::{FileOutcome, Spool};
-use waitpoint::ingress::{
-    MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MEMBER_CHARS, MAX_MESSAGE_CHARS, data_chars, parse_signal,
-};
+use waitpoint::ingress::{data_chars, parse_signal};
+use waitpoint::request::{MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MEMBER_CHARS, MAX_MESSAGE_CHARS};
 use waitpoint::settings::Settings;
 
 use crate::invariants::{self, knob};

@@ -251,7 +251,7 @@ pub fn check(env: &Env, dropped: &[Dropped]) -> Findings {
             // By identity, not by origin: a sender's POST and its spooled fallback are one
             // signal, and both recorded would be a signal counted twice.
             identities
-                .entry(waitpoint::ingress::identity_of(
+                .entry(waitpoint::request::identity_of(
                     r["source"].as_str().unwrap(),
                 ))
                 .or_default()

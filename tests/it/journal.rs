@@ -11,7 +11,8 @@ use serde_json::Value;
 use waitpoint::clock::SystemClock;
 use waitpoint::engine::{CreateRequest, Engine, Verdict};
 use waitpoint::home::Home;
-use waitpoint::ingress::{SignalRequest, Source, SpoolBody, parse_spool_body};
+use waitpoint::ingress::{SpoolBody, parse_spool_body};
+use waitpoint::request::{SignalRequest, Source};
 use waitpoint::settings::Settings;
 
 use crate::helpers::*;

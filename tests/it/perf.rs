@@ -8,8 +8,9 @@ use std::sync::Arc;
 use serde_json::Value;
 use waitpoint::engine::{Engine, Verdict};
 use waitpoint::home::Home;
+use waitpoint::ingress::parse_signal;
 use waitpoint::ingress::spool::{FileOutcome, Spool};
-use waitpoint::ingress::{Source, parse_signal};
+use waitpoint::request::Source;
 use waitpoint::settings::Settings;
 
 use crate::helpers::*;

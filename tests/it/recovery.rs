@@ -8,7 +8,8 @@ use serde_json::Value;
 use waitpoint::clock::SystemClock;
 use waitpoint::engine::{Engine, Verdict};
 use waitpoint::home::Home;
-use waitpoint::ingress::{Source, parse_signal};
+use waitpoint::ingress::parse_signal;
+use waitpoint::request::Source;
 use waitpoint::settings::Settings;
 
 use crate::helpers::*;

@@ -7,7 +7,8 @@ use waitpoint::cli::render::{self, Style};
 use waitpoint::clock::{Clock, ManualClock};
 use waitpoint::engine::{CreateRequest, Engine, Quorum};
 use waitpoint::home::Home;
-use waitpoint::ingress::{Source, parse_signal};
+use waitpoint::ingress::parse_signal;
+use waitpoint::request::Source;
 use waitpoint::settings::Settings;
 
 use crate::helpers::*;

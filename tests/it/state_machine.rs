@@ -19,8 +19,8 @@ use proptest::test_runner::{Config, TestRunner};
 use waitpoint::clock::{Clock, ManualClock};
 use waitpoint::engine::{CreateRequest, Engine, Quorum, Refusal, Verdict};
 use waitpoint::home::Home;
-use waitpoint::ingress::{SignalRequest, Source};
 use waitpoint::records::{SignalStatus, Status};
+use waitpoint::request::{SignalRequest, Source};
 use waitpoint::settings::Settings;
 
 use crate::helpers::T0;

@@ -2,7 +2,21 @@
 //! and device, look at what was claimed (never follow it), copy it durably into the mirror,
 //! only then remove it remotely; and what a round leaves on the device, and why.
 
-use super::*;
+use super::ssh::STEP_DEADLINE;
+use super::ssh::Watchdog;
+use super::ssh::is_about_the_file;
+use super::ssh::is_no_such_file;
+use super::ssh::ssh_err;
+use super::{
+    CLAIM_MARK, Connection, Device, DeviceError, DeviceStatus, LeftFile, SshOptions, backoff_ms,
+    claim_tag, connect, load_status, mirror, remote_dir, save_status,
+};
+use crate::clock::Timestamp;
+use crate::error::Result;
+use crate::home::Home;
+use crate::ingress::spool::is_candidate;
+use crate::request::MAX_BODY_BYTES;
+use std::path::Path;
 
 pub(super) fn claimed_name(file: &str, tag: &str) -> String {
     format!(".{file}{CLAIM_MARK}{tag}")

@@ -2,7 +2,18 @@
 //! and go, each reporting to the daemon's loop as [`DeviceEvent`]s; the backoff of an
 //! unreachable device.
 
-use super::*;
+use super::ssh::KEEPALIVE_SECS;
+use super::{Collector, Device, SshOptions, list, load};
+use crate::clock::Clock;
+use crate::durable;
+use crate::home::Home;
+use crate::ingress::spool::is_candidate;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// Backoff of an unreachable device doubles from its interval up to this.
 pub(super) const MAX_BACKOFF_MS: u64 = 300_000;

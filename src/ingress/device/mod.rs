@@ -24,26 +24,17 @@
 //! callback and never calls the engine. Every blocking call is bounded by the session timeout,
 //! set before the handshake, and a per-step [`Watchdog`] shuts the socket down under a read
 //! that trickles on past it.
-
-use std::collections::BTreeMap;
-use std::io::Read;
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use ssh2::{CheckResult, ErrorCode, HashType, HostKeyType, KnownHostFileKind, Session, Sftp};
 
-use crate::clock::{Clock, Timestamp};
+use crate::clock::Timestamp;
 use crate::durable;
 use crate::engine::check_name;
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::ingress::MAX_BODY_BYTES;
-use crate::ingress::spool::{Spool, is_candidate};
+use crate::ingress::spool::Spool;
 
 mod claim;
 mod fleet;
@@ -314,6 +305,8 @@ fn host_tag() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingress::spool::is_candidate;
+    use std::path::Path;
 
     #[test]
     fn claimed_names_round_trip_only_for_our_tag() {

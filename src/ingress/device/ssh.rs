@@ -2,8 +2,21 @@
 //! authentication (identity file or agent), the per-step watchdog, and the SFTP calls a round
 //! makes (the listing, the capped read). Transport only: what a file means is the claim's.
 
-use super::*;
+use super::claim::unclaimed_name;
+use super::{
+    CONNECT_TIMEOUT, Device, DeviceError, LeftFile, RemoteEntry, remote_dir, sftp_long, target_of,
+};
+use crate::error::Result;
+use crate::ingress::spool::is_candidate;
+use crate::request::MAX_BODY_BYTES;
 use crate::sync::{CondvarExt, MutexExt};
+use ssh2::{CheckResult, ErrorCode, HashType, HostKeyType, KnownHostFileKind, Session, Sftp};
+use std::io::Read;
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// The bound on every blocking libssh2 call (handshake, auth, each SFTP request).
 pub(super) const SESSION_TIMEOUT_MS: u32 = 20_000;

@@ -4,7 +4,15 @@
 //! Socket-free: hyper parses the bytes (`serve.rs`), a [`Head`] is built from what it parsed, and
 //! what a request means is `routes.rs`'s business.
 
-use super::*;
+use super::{CALLBACK_PREFIX, SHORT_CALLBACK_PREFIX};
+use crate::engine::callbacks::{self};
+use crate::request::MAX_BODY_BYTES;
+use http::header::{ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use serde_json::{Value, json};
+use std::net::IpAddr;
 
 /// The callback route's rest (`<mode>/<token>`) when `path` is one, in either form.
 pub(super) fn callback_rest(path: &str) -> Option<&str> {
@@ -172,7 +180,7 @@ impl Reply {
 pub(super) fn head_of(text: &str) -> std::result::Result<Head, Reply> {
     let mut lines = text.lines();
     let mut first = lines.next().unwrap_or_default().split_whitespace();
-    let mut b = Request::builder()
+    let mut b = http::Request::builder()
         .method(first.next().unwrap_or_default())
         .uri(first.next().unwrap_or_default());
     for line in lines.filter(|l| !l.is_empty()) {
@@ -186,6 +194,12 @@ pub(super) fn head_of(text: &str) -> std::result::Result<Head, Reply> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Timestamp;
+    use crate::ingress::http::HttpConfig;
+    use crate::ingress::http::MISS_BUDGET;
+    use crate::ingress::http::MISS_WINDOW_MS;
+    use crate::ingress::http::MissBudget;
+    use crate::ingress::http::SIGNAL_PATH;
 
     #[test]
     fn every_status_the_shim_sends_goes_out_with_its_reason_phrase() {

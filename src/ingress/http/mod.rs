@@ -38,29 +38,20 @@
 //!   [`MISS_BUDGET`] per [`MISS_WINDOW_MS`], read from the daemon's clock. While a sender's is
 //!   spent, its requests get 429; another user's requests that authenticate never do.
 
-use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use http::header::{ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderValue};
-use http::{Request, Response, StatusCode};
-use http_body_util::Full;
-use hyper::body::Bytes;
-use serde_json::{Value, json};
-
-use crate::clock::{Clock, Timestamp};
+use crate::clock::Clock;
 use crate::durable;
-use crate::engine::callbacks::{self, Trigger};
-use crate::engine::{Refusal, Verdict};
+use crate::engine::Verdict;
+use crate::engine::callbacks::Trigger;
 use crate::error::{Error, Result};
-use crate::ingress::{CallbackRequest, MAX_BODY_BYTES, SignalRequest, parse_signal};
 use crate::records::CallbackMode;
 use crate::records::WebhookAddress;
+use crate::request::{CallbackRequest, SignalRequest};
 use control::{ControlOutcome, ControlRequest};
 
 pub mod control;
@@ -69,9 +60,6 @@ mod peer;
 mod routes;
 mod serve;
 
-use head::*;
-
-use routes::route;
 pub use routes::{MissBudget, MissBudgets, Source};
 pub use serve::{connection_cap, descriptor_limit};
 

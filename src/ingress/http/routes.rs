@@ -3,8 +3,22 @@
 //! verdict is answered with. Nothing here touches a socket, so it is tested with requests built
 //! in memory.
 
-use super::*;
+use super::head::{Head, Reply, body_length, callback_rest, is_loopback_host, refused, reply};
+use super::{
+    CALLBACK_PREFIX, HEALTH_PATH, MAX_KEY_CHARS, MISS_BUDGET, MISS_WINDOW_MS, SIGNAL_PATH, Shared,
+    Submission, control, trigger_url,
+};
+use crate::clock::Timestamp;
+use crate::engine::callbacks::Trigger;
+use crate::engine::{Refusal, Verdict};
+use crate::ingress::parse_signal;
+use crate::records::CallbackMode;
+use crate::request::{CallbackRequest, SignalRequest};
 use crate::sync::MutexExt;
+use serde_json::json;
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::mpsc;
 
 /// Who a miss is counted against: the user owning the client's socket (every local process
 /// comes from 127.0.0.1, so the address alone would make one budget of everybody's), or the
@@ -360,8 +374,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
                     "result": "refused",
                     "id": id,
                     "error": "the agent's timers and callbacks woke it as often as an hour allows; nothing was delivered",
-                    "retry_after_s": after_s,
-                }),
+                    "retry_after_s": after_s}),
             );
             limited.retry_after_s = Some(after_s as u64);
             limited
@@ -469,9 +482,12 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
 
 #[cfg(test)]
 mod tests {
+    use super::super::head::head_of;
     use super::*;
     use crate::clock::ManualClock;
     use crate::engine::Refusal;
+    use std::sync::Arc;
+    use std::sync::Mutex;
 
     /// A shim's shared state with no socket behind it; `verdict` answers every signal.
     fn shared(control: Option<&str>, verdict: fn() -> Verdict) -> Shared {

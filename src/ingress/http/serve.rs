@@ -18,8 +18,23 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{Notify, oneshot};
 
-use super::*;
+use super::head::{Head, Reply, body_length, body_limit, refused};
+use super::routes::route;
+use super::{
+    ENGINE_RESERVE, IDLE_TIMEOUT, LINGER, LINGER_BYTES, MAX_CONNECTIONS, MAX_HEAD_BYTES,
+    MAX_HEADERS, MIN_CONNECTIONS, REQUEST_TIMEOUT, Shared, WORKERS,
+};
+use crate::error::{Error, Result};
 use crate::sync::MutexExt;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Bytes;
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// The running transport: its thread, and how to stop it.
 pub(super) struct Serving {
@@ -130,9 +145,8 @@ async fn accept(
     let builder = Arc::new(builder());
     loop {
         let accepted = tokio::select! {
-            _ = &mut stop => return,
-            a = listener.accept() => a,
-        };
+        _ = &mut stop => return,
+        a = listener.accept() => a};
         match accepted {
             Ok((stream, peer)) => {
                 let Some(slot) = Conns::admit(&conns) else {
@@ -279,11 +293,10 @@ impl Connection {
         };
         let served = builder.serve_connection(TokioIo::new(io), service);
         tokio::select! {
-            // However it ended (an answer with `Connection: close`, the client's close, a head
-            // hyper refused or that came too slowly), the socket comes back for the close.
-            _ = served => {}
-            _ = this.slot.evict.notified() => return,
-        }
+        // However it ended (an answer with `Connection: close`, the client's close, a head
+        // hyper refused or that came too slowly), the socket comes back for the close.
+        _ = served => {}
+        _ = this.slot.evict.notified() => return}
         let stream = back.lock_or_recover().take();
         if let Some(stream) = stream {
             tokio::select! {

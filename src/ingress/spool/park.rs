@@ -2,7 +2,14 @@
 //! secret redacted in the parked copy (only hashes of secrets rest under the home), at once or
 //! queued for the daemon to park a few at a time.
 
-use super::*;
+use super::{BAD, QueuedPark, Spool, read_regular};
+use crate::clock::Timestamp;
+use crate::durable::{self, Dir, Entry};
+use crate::error::{Error, Result};
+use crate::secret;
+use serde_json::Value;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read, Write};
 
 impl Spool {
     /// Takes the refusals queued since the last call.
