@@ -10,6 +10,9 @@ use serde_json::Value;
 use crate::records::SignalStatus;
 use crate::secret::Secret;
 
+/// The shim's signal route, where `cortex-signal` posts and the daemon listens.
+pub const SIGNAL_PATH: &str = "/webhook/signal";
+
 /// Largest request or spool file accepted, in bytes (the spec's 64 KB).
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Longest `message`, in characters.

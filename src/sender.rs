@@ -19,8 +19,8 @@ use serde::Serialize;
 use crate::durable::{self, FileLock};
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::ingress::http::SIGNAL_PATH;
 use crate::records::{SignalStatus, WebhookAddress};
+use crate::request::SIGNAL_PATH;
 use crate::request::{MAX_BODY_BYTES, MAX_DATA_CHARS, MAX_MESSAGE_CHARS, check_member_name};
 
 /// The JSON body every transport sends: the spec's fields, nulls omitted.

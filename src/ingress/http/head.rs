@@ -199,7 +199,7 @@ mod tests {
     use crate::ingress::http::MISS_BUDGET;
     use crate::ingress::http::MISS_WINDOW_MS;
     use crate::ingress::http::MissBudget;
-    use crate::ingress::http::SIGNAL_PATH;
+    use crate::request::SIGNAL_PATH;
 
     #[test]
     fn every_status_the_shim_sends_goes_out_with_its_reason_phrase() {

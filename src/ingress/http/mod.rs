@@ -51,7 +51,7 @@ use crate::engine::callbacks::Trigger;
 use crate::error::{Error, Result};
 use crate::records::CallbackMode;
 use crate::records::WebhookAddress;
-use crate::request::{CallbackRequest, SignalRequest};
+use crate::request::{CallbackRequest, SIGNAL_PATH, SignalRequest};
 use control::{ControlOutcome, ControlRequest};
 
 pub mod control;
@@ -65,8 +65,6 @@ pub use serve::{connection_cap, descriptor_limit};
 
 /// The port used when neither `--port`, settings nor `WEBHOOK_PORT` name one.
 pub const DEFAULT_PORT: u16 = 3001;
-/// The signal route.
-pub const SIGNAL_PATH: &str = "/webhook/signal";
 /// The liveness route.
 pub const HEALTH_PATH: &str = "/healthz";
 /// Misses (unknown ids and wrong secrets) allowed per window before the route answers 429.

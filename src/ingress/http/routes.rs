@@ -5,14 +5,15 @@
 
 use super::head::{Head, Reply, body_length, callback_rest, is_loopback_host, refused, reply};
 use super::{
-    CALLBACK_PREFIX, HEALTH_PATH, MAX_KEY_CHARS, MISS_BUDGET, MISS_WINDOW_MS, SIGNAL_PATH, Shared,
-    Submission, control, trigger_url,
+    CALLBACK_PREFIX, HEALTH_PATH, MAX_KEY_CHARS, MISS_BUDGET, MISS_WINDOW_MS, Shared, Submission,
+    control, trigger_url,
 };
 use crate::clock::Timestamp;
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Refusal, Verdict};
 use crate::ingress::parse_signal;
 use crate::records::CallbackMode;
+use crate::request::SIGNAL_PATH;
 use crate::request::{CallbackRequest, SignalRequest};
 use crate::sync::MutexExt;
 use serde_json::json;
