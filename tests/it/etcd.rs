@@ -34,8 +34,7 @@ fn wake_files(env: &Env) -> Vec<PathBuf> {
 
 /// A waitpoint's state as `show --json` reads it from the cluster on `env`'s host.
 fn shown(env: &Env, id: &str) -> Value {
-    let text = env.ok("show", &env.waitpoint(&["show", id, "--json"]));
-    serde_json::from_str(&text).unwrap()
+    env.waitpoint_json("show", &["show", id, "--json"])
 }
 
 /// The log lines of a host's daemon.
@@ -534,7 +533,7 @@ fn normalized_tree(waitpoints: &Path) -> std::collections::BTreeMap<String, Valu
         }
     }
     let mut out = std::collections::BTreeMap::new();
-    for path in walk_files(waitpoints) {
+    for path in files_under(waitpoints) {
         let rel = path
             .strip_prefix(waitpoints)
             .unwrap()
@@ -543,18 +542,6 @@ fn normalized_tree(waitpoints: &Path) -> std::collections::BTreeMap<String, Valu
         let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         scrub(&mut v);
         out.insert(rel, v);
-    }
-    out
-}
-
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_type().unwrap().is_dir() {
-            out.extend(walk_files(&e.path()));
-        } else {
-            out.push(e.path());
-        }
     }
     out
 }

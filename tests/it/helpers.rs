@@ -137,16 +137,7 @@ impl Env {
 
     /// Every regular file under the home.
     pub fn files(&self) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        walk(&self.home, &mut |p| {
-            if fs::symlink_metadata(p)
-                .map(|m| m.is_file())
-                .unwrap_or(false)
-            {
-                out.push(p.to_owned());
-            }
-        });
-        out
+        files_under(&self.home)
     }
 
     /// `waitpoint create --json` with `args`, returning the reply.
@@ -160,9 +151,12 @@ impl Env {
     pub fn create(&self, args: &[&str]) -> Value {
         let mut all = vec!["create", "--json"];
         all.extend_from_slice(args);
-        let out = self.waitpoint(&all);
-        let text = self.ok("create", &out);
-        serde_json::from_str(&text).expect("create prints JSON")
+        self.waitpoint_json("create", &all)
+    }
+
+    /// Runs `waitpoint ARGS` (a `--json` form), which must succeed, and parses what it prints.
+    pub fn waitpoint_json(&self, what: &str, args: &[&str]) -> Value {
+        parse_json(&self.ok(what, &self.waitpoint(args)))
     }
 
     /// Creates a timer for `session` that fires at once (`timer create --after-ms 1`).
@@ -460,6 +454,7 @@ impl Drop for DaemonGuard {
     }
 }
 
+/// Calls `f` on every path under `dir` (not following links), parents before their children.
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
     let Ok(rd) = fs::read_dir(dir) else { return };
     for e in rd.flatten() {
@@ -469,6 +464,38 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
             walk(&p, f);
         }
     }
+}
+
+/// Every regular file under `dir` (links and other special files left out).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    walk(dir, &mut |p| {
+        if fs::symlink_metadata(p)
+            .map(|m| m.is_file())
+            .unwrap_or(false)
+        {
+            out.push(p.to_owned());
+        }
+    });
+    out
+}
+
+/// A loopback port nothing listens on at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A command's stderr as text.
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `text` parsed as JSON; a panic that shows the text when it is not.
+pub fn parse_json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
 }
 
 fn rand_tag() -> u64 {
