@@ -140,14 +140,19 @@ impl Env {
         files_under(&self.home)
     }
 
-    /// `waitpoint create --json` with `args`, returning the reply.
-    /// Arms a waitpoint labelled `label` (intent "i") with `extra` flags; the reply's JSON.
+    /// Arms a waitpoint through the CLI (`waitpoint create --json`) labelled `label` with
+    /// `extra` flags, its intent "i" unless `extra` has an `--intent`; the reply's JSON.
+    /// Arming through the library is [`Arming`].
     pub fn arm(&self, label: &str, extra: &[&str]) -> Value {
-        let mut args = vec!["--label", label, "--intent", "i"];
+        let mut args = vec!["--label", label];
+        if !extra.contains(&"--intent") {
+            args.extend(["--intent", "i"]);
+        }
         args.extend_from_slice(extra);
         self.create(&args)
     }
 
+    /// `waitpoint create --json` with `args`, returning the reply.
     pub fn create(&self, args: &[&str]) -> Value {
         let mut all = vec!["create", "--json"];
         all.extend_from_slice(args);
@@ -541,24 +546,70 @@ pub fn line(reply: &Value, form: &str) -> String {
     reply["how_to_signal"][form].as_str().unwrap().to_owned()
 }
 
-/// Arms a waitpoint through the library for `max_signals` reports with `members` (fail-fast
-/// off); returns its id and secret.
-pub fn labelled(
-    e: &waitpoint::engine::Engine,
-    label: &str,
-    session: &str,
-    max_signals: u32,
-    members: &[&str],
-) -> (String, String) {
-    let c = e
-        .create(waitpoint::engine::CreateRequest {
-            members: members.iter().map(|m| m.to_string()).collect(),
-            fail_fast: false,
-            max_signals,
-            ..waitpoint::engine::CreateRequest::new(label, "i", session)
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
+/// An arming through the library (`Engine::create`, what `wait_create` does), for tests that
+/// drive an engine or a [`Live`] daemon in-process: the request's options as a builder over the
+/// spec's defaults, with intent "i" and session "default"; [`Arming::on`] arms it and returns
+/// the id and the secret. Arming through the CLI is [`Env::arm`].
+pub struct Arming(waitpoint::engine::CreateRequest);
+
+impl Arming {
+    pub fn new(label: &str) -> Arming {
+        Arming(waitpoint::engine::CreateRequest::new(label, "i", "default"))
+    }
+
+    pub fn intent(mut self, intent: &str) -> Arming {
+        self.0.intent = intent.to_owned();
+        self
+    }
+
+    /// The session, and the channel named after it.
+    pub fn session(mut self, session: &str) -> Arming {
+        self.0.session = session.to_owned();
+        self.0.channel = session.to_owned();
+        self
+    }
+
+    pub fn members(mut self, members: &[&str]) -> Arming {
+        self.0.members = members.iter().map(|m| m.to_string()).collect();
+        self
+    }
+
+    pub fn quorum(mut self, quorum: waitpoint::engine::Quorum) -> Arming {
+        self.0.quorum = Some(quorum);
+        self
+    }
+
+    pub fn max_signals(mut self, max_signals: u32) -> Arming {
+        self.0.max_signals = max_signals;
+        self
+    }
+
+    /// Fail-fast off: a failed report does not end the waitpoint.
+    pub fn no_fail_fast(mut self) -> Arming {
+        self.0.fail_fast = false;
+        self
+    }
+
+    pub fn expires_in_hours(mut self, hours: f64) -> Arming {
+        self.0.expires_in_hours = Some(hours);
+        self
+    }
+
+    pub fn started_within_ms(mut self, ms: u64) -> Arming {
+        self.0.started_within_ms = Some(ms);
+        self
+    }
+
+    pub fn heartbeat_within_ms(mut self, ms: u64) -> Arming {
+        self.0.heartbeat_within_ms = Some(ms);
+        self
+    }
+
+    /// Arms it on `engine`; the id and the secret.
+    pub fn on(self, engine: &waitpoint::engine::Engine) -> (String, String) {
+        let c = engine.create(self.0).unwrap();
+        (c.waitpoint.id, c.secret)
+    }
 }
 
 /// A spool body for `id`/`secret` with extra JSON fields (`,"member":"a"`).
@@ -621,29 +672,6 @@ impl Live {
             self.control.barrier(PATIENCE),
             "the daemon did not reach the barrier within {PATIENCE:?}"
         );
-    }
-
-    /// Arms a waitpoint on the manual clock (`wait_create` through the library).
-    pub fn create(
-        &self,
-        label: &str,
-        members: &[&str],
-        quorum: Option<u32>,
-        max_signals: u32,
-        hours: Option<f64>,
-    ) -> (String, String) {
-        use waitpoint::engine::{CreateRequest, Quorum};
-        let c = self
-            .engine
-            .create(CreateRequest {
-                members: members.iter().map(|m| m.to_string()).collect(),
-                quorum: quorum.map(Quorum::Count),
-                max_signals,
-                expires_in_hours: hours,
-                ..CreateRequest::new(label, format!("intent of {label}"), "default")
-            })
-            .unwrap();
-        (c.waitpoint.id, c.secret)
     }
 
     /// Stops the daemon and waits for it to return.

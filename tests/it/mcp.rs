@@ -179,11 +179,6 @@ impl Drop for Client {
     }
 }
 
-/// `wait_create` with `args`, returning its structured reply.
-fn arm(c: &mut Client, args: Value) -> Value {
-    c.ok("wait_create", args)
-}
-
 /// Pastes a `how_to_signal` line after a job, as a user would.
 fn paste(env: &Env, job_ok: bool, line: &str, member: Option<&str>) {
     let out = env.job_then(job_ok, line, member);
@@ -321,8 +316,8 @@ fn a_pasted_cli_line_wakes_the_session_through_wait_next_in_both_revisions() {
     let _daemon = env.daemon();
     for revision in Revision::BOTH {
         let mut c = Client::start(&env, revision, "agent");
-        let created = arm(
-            &mut c,
+        let created = c.ok(
+            "wait_create",
             json!({"label": "nightly training", "intent": "when it lands, compare the loss curve"}),
         );
         let id = created["id"].as_str().unwrap();
@@ -360,7 +355,10 @@ fn a_wake_keeps_its_external_payload_framed_as_data() {
     let env = Env::new();
     let _daemon = env.daemon();
     let mut c = Client::start(&env, Revision::Modern, "agent");
-    let created = arm(&mut c, json!({"label": "eval", "intent": "read the score"}));
+    let created = c.ok(
+        "wait_create",
+        json!({"label": "eval", "intent": "read the score"}),
+    );
     let line = created["how_to_signal"]["cli"].as_str().unwrap();
     paste(
         &env,
@@ -380,8 +378,8 @@ fn a_barrier_with_members_wakes_once_with_every_report() {
     let env = Env::new();
     let _daemon = env.daemon();
     let mut c = Client::start(&env, Revision::Legacy, "agent");
-    let created = arm(
-        &mut c,
+    let created = c.ok(
+        "wait_create",
         json!({"label": "ladder", "intent": "all arms", "members": ["arm2", "arm6"], "quorum": "all"}),
     );
     assert_eq!(created["quorum"], 2);
@@ -462,7 +460,7 @@ fn two_sessions_neither_see_nor_cancel_each_others_waitpoints() {
     let _daemon = env.daemon();
     let mut a = Client::start(&env, Revision::Legacy, "alice");
     let mut b = Client::start(&env, Revision::Modern, "bob");
-    let created = arm(&mut a, json!({"label": "alice's", "intent": "hers"}));
+    let created = a.ok("wait_create", json!({"label": "alice's", "intent": "hers"}));
     let id = created["id"].as_str().unwrap();
     let timer = a.ok("CreateTimer", json!({"duration_ms": 3_600_000}));
     let timer_id = timer["id"].as_str().unwrap();
