@@ -110,19 +110,48 @@ impl Env {
 
     pub fn report(&self, out: &Output) -> String {
         format!(
-            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}\n--- log/daemon.log (last 40 lines)\n{}",
+            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
             self.tree(),
-            self.daemon_log_tail(40)
+            self.daemon_report()
         )
     }
 
     /// The last `n` lines of the daemon's log, for failure reports.
     pub fn daemon_log_tail(&self, n: usize) -> String {
-        let log = fs::read_to_string(self.home.join("log/daemon.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        tail(&self.home.join("log/daemon.log"), n)
+    }
+
+    /// What the daemons started for this home said, for failure reports: the last lines of
+    /// each one's stderr (a `daemon-stderr-*.txt` file beside the home, oldest first) and of
+    /// `log/daemon.log`.
+    pub fn daemon_report(&self) -> String {
+        let mut stderrs: Vec<PathBuf> = fs::read_dir(self.home.join(".."))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        let name = p.file_name().unwrap().to_string_lossy();
+                        name.starts_with(DAEMON_STDERR) && name.ends_with(".txt")
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        stderrs.sort_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok());
+        let mut out = String::new();
+        for path in &stderrs {
+            out.push_str(&format!(
+                "--- daemon stderr {} (last {REPORT_LINES} lines)\n{}\n",
+                path.file_name().unwrap().to_string_lossy(),
+                tail(path, REPORT_LINES)
+            ));
+        }
+        out.push_str(&format!(
+            "--- log/daemon.log (last {REPORT_LINES} lines)\n{}",
+            self.daemon_log_tail(REPORT_LINES)
+        ));
+        out
     }
 
     /// Every path under the home, one per line, for failure messages.
@@ -285,7 +314,7 @@ impl Env {
         let stderr_path = self
             .home
             .join("..")
-            .join(format!("daemon-stderr-{}.txt", rand_tag()));
+            .join(format!("{DAEMON_STDERR}{}.txt", rand_tag()));
         let stderr = fs::File::create(&stderr_path).unwrap();
         let mut cmd = self.command(WAITPOINT);
         cmd.arg("daemon")
@@ -297,7 +326,11 @@ impl Env {
         }
         adjust(&mut cmd);
         let child = cmd.spawn().expect("spawn daemon");
-        DaemonGuard { child, stderr_path }
+        DaemonGuard {
+            child,
+            stderr_path,
+            log_path: self.home.join("log/daemon.log"),
+        }
     }
 
     /// Starts `waitpoint daemon ARGS…` with extra environment and waits until it is ready.
@@ -329,7 +362,8 @@ impl Env {
         addr.port()
     }
 
-    /// Polls `check` until it holds, at most [`PATIENCE`]; panics with the home tree otherwise.
+    /// Polls `check` until it holds, at most [`PATIENCE`]; otherwise panics saying what it
+    /// waited for, with what the daemons said and the home tree.
     pub fn wait_until(&self, what: &str, check: impl FnMut() -> bool) {
         self.wait_until_within(what, PATIENCE, check)
     }
@@ -344,7 +378,11 @@ impl Env {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("gave up waiting for {what}\n--- home\n{}", self.tree());
+        panic!(
+            "gave up waiting for {what} (after {limit:?})\n{}\n--- home\n{}",
+            self.daemon_report(),
+            self.tree()
+        );
     }
 
     /// Waits until the drop zone is empty (everything collected or parked).
@@ -376,6 +414,8 @@ impl Env {
 pub struct DaemonGuard {
     child: Child,
     pub stderr_path: PathBuf,
+    /// Its home's `log/daemon.log`.
+    log_path: PathBuf,
 }
 
 // ---- daemons driven by signals (tests/it/ops.rs) ----
@@ -453,9 +493,21 @@ impl DaemonGuard {
 }
 
 impl Drop for DaemonGuard {
+    /// Kills the daemon; when the test is failing (a panic unwinds through the guard), prints
+    /// what the daemon said, so the failure shows it.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- daemon {} stderr, {} (last {REPORT_LINES} lines)\n{}\n--- {} (last {REPORT_LINES} lines)\n{}",
+                self.child.id(),
+                self.stderr_path.display(),
+                tail(&self.stderr_path, REPORT_LINES),
+                self.log_path.display(),
+                tail(&self.log_path, REPORT_LINES)
+            );
+        }
     }
 }
 
@@ -501,6 +553,19 @@ pub fn stderr_of(out: &Output) -> String {
 /// `text` parsed as JSON; a panic that shows the text when it is not.
 pub fn parse_json(text: &str) -> Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
+}
+
+/// How the files a daemon's stderr goes to are named, in its home's parent directory.
+const DAEMON_STDERR: &str = "daemon-stderr-";
+
+/// How many of a log's last lines a failure report shows.
+const REPORT_LINES: usize = 40;
+
+/// The last `n` lines of a file (nothing when it cannot be read).
+fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn rand_tag() -> u64 {
