@@ -665,6 +665,15 @@ impl Raw {
         self.next_message(&format!("{method} notification"), |v| v["method"] == method)
     }
 
+    /// Calls `wait_next` (request 2, up to 60 s) with a progress token and returns once the
+    /// server's first progress report for it arrives: the call is then waiting inside the
+    /// server, not just written to its stdin.
+    fn wait_next_waiting(&mut self) {
+        self.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60},"_meta":{"progressToken":"waiting"}}}"#);
+        let report = self.notification("notifications/progress");
+        assert_eq!(report["params"]["progressToken"], "waiting", "{report}");
+    }
+
     /// The handshake; returns the server's `initialize` result.
     fn initialize(&mut self) -> Value {
         self.send(
@@ -743,7 +752,7 @@ fn a_client_that_vanishes_mid_wait_leaves_its_wake_unread() {
     let env = Env::new();
     let mut s = Raw::start(&env);
     s.initialize();
-    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60}}}"#);
+    s.wait_next_waiting();
     // The call is blocking inside the server now; the client goes away.
     let (status, stderr) = s.close();
     assert!(status.success(), "exit {status}: {stderr}");
@@ -752,8 +761,7 @@ fn a_client_that_vanishes_mid_wait_leaves_its_wake_unread() {
     // A wake that arrives for a vanished reader stays unread for the next one.
     let mut s = Raw::start(&env);
     s.initialize();
-    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60}}}"#);
-    std::thread::sleep(Duration::from_millis(300));
+    s.wait_next_waiting();
     drop(s.stdin.take());
     env.timer_now("default", "for a reader that left");
     let _daemon = env.daemon();
