@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::helpers::{Env, PATIENCE, WAITPOINT};
+use crate::helpers::{Env, PATIENCE, WAITPOINT, id_secret, line as signal_line};
 
 /// A stand-in harness program in its own directory: records what it was given under
 /// `dir/record/`, and answers with `reply` (or `failing_reply` while `dir/record/fail` exists).
@@ -73,15 +73,6 @@ const CLAUDE_ERR: &str = r#"{"type":"result","subtype":"error_during_execution",
 const CODEX_OK: &str = r#"{"type":"thread.started","thread_id":"thr-1"}"#;
 const CODEX_FAILED: &str = r#"{"type":"turn.failed","error":{"message":"quota"}}"#;
 
-/// Arms a waitpoint for `session` and returns (id, cli line).
-fn arm(env: &Env, session: &str, intent: &str) -> (String, String) {
-    let reply = env.create(&["--session", session, "--label", "eval", "--intent", intent]);
-    (
-        reply["id"].as_str().unwrap().to_owned(),
-        reply["how_to_signal"]["cli"].as_str().unwrap().to_owned(),
-    )
-}
-
 /// Starts `waitpoint adapter HOOK --session agent --timeout SECS` as a harness does.
 fn hook(env: &Env, name: &str, timeout: &str) -> Child {
     start_hook(
@@ -116,7 +107,16 @@ fn finish(child: Child) -> (i32, String, String) {
 fn claude_hook_wakes_claude_with_the_wake_text_and_marks_it_read() {
     let env = Env::new();
     let _daemon = env.daemon();
-    let (id, line) = arm(&env, "agent", "when it lands, read the score");
+    let reply = env.arm(
+        "eval",
+        &[
+            "--session",
+            "agent",
+            "--intent",
+            "when it lands, read the score",
+        ],
+    );
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     let hook = hook(&env, "claude-hook", "120");
     env.ok(
         "job",
@@ -174,7 +174,16 @@ fn a_hook_that_times_out_says_nothing_and_takes_nothing() {
 fn codex_stop_hook_continues_the_turn_with_the_wake_as_its_reason() {
     let env = Env::new();
     let _daemon = env.daemon();
-    let (id, line) = arm(&env, "agent", "compare against the baseline");
+    let reply = env.arm(
+        "eval",
+        &[
+            "--session",
+            "agent",
+            "--intent",
+            "compare against the baseline",
+        ],
+    );
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     let hook = hook(&env, "codex-stop-hook", "120");
     env.ok("job", &env.job_then(false, &line, None));
     let (code, stdout, stderr) = finish(hook);
@@ -214,7 +223,16 @@ fn claude_resume_runs_claude_p_resume_with_the_wake_on_stdin_and_marks_it_read()
     ]));
     let claude = StandIn::new(&env, "claude", CLAUDE_OK, CLAUDE_ERR);
     let _daemon = daemon_with_adapter(&claude, &env);
-    let (id, line) = arm(&env, "agent", "when it lands, compare the loss curve");
+    let reply = env.arm(
+        "eval",
+        &[
+            "--session",
+            "agent",
+            "--intent",
+            "when it lands, compare the loss curve",
+        ],
+    );
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     env.ok("job", &env.job_then(true, &line, None));
     env.wait_until("claude to be resumed", || claude.ran());
     assert_eq!(
@@ -248,7 +266,8 @@ fn a_failing_resume_leaves_the_wake_unread_and_is_retried_until_it_succeeds() {
     let claude = StandIn::new(&env, "claude", CLAUDE_OK, CLAUDE_ERR);
     claude.set_failing(true);
     let _daemon = daemon_with_adapter(&claude, &env);
-    let (id, line) = arm(&env, "agent", "read it");
+    let reply = env.arm("eval", &["--session", "agent", "--intent", "read it"]);
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     env.ok("job", &env.job_then(true, &line, None));
     env.wait_until("a failed attempt on record", || {
         env.state(&id)["hook_deliveries"][0]["attempts"].as_u64() >= Some(1)
@@ -294,7 +313,11 @@ fn codex_resume_runs_codex_exec_resume_and_judges_its_events() {
     let codex = StandIn::new(&env, "codex", CODEX_OK, CODEX_FAILED);
     codex.set_failing(true);
     let _daemon = daemon_with_adapter(&codex, &env);
-    let (id, line) = arm(&env, "agent", "rerun the eval");
+    let reply = env.arm(
+        "eval",
+        &["--session", "agent", "--intent", "rerun the eval"],
+    );
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     env.ok("job", &env.job_then(true, &line, None));
     env.wait_until("codex to be resumed", || codex.ran());
     assert_eq!(
@@ -322,7 +345,8 @@ fn codex_resume_runs_codex_exec_resume_and_judges_its_events() {
 
     // A wake of another session is left unread for its own adapter: the run ends at once
     // (recorded delivered, as the inbox keeps it) without resuming anything.
-    let (other_id, other) = arm(&env, "someone-else", "theirs");
+    let theirs = env.arm("eval", &["--session", "someone-else", "--intent", "theirs"]);
+    let (other_id, other) = (id_secret(&theirs).0, signal_line(&theirs, "cli"));
     codex.forget_run();
     env.ok("job", &env.job_then(true, &other, None));
     env.wait_until("the adapter's run for the other wake", || {
@@ -506,7 +530,16 @@ fn adapter_resume_resumes_the_recorded_session_in_its_project_unless_it_is_live(
     // The session was seen in Claude Code (its SessionEnd hook ran: it is closed).
     let end = claude_event("c-77", "SessionEnd", &project);
     finish(spawn_hook(&env, &["adapter", "claude-hook"], &end, &[]));
-    let (id, line) = arm(&env, "claude-c-77", "resume me where I ran");
+    let reply = env.arm(
+        "eval",
+        &[
+            "--session",
+            "claude-c-77",
+            "--intent",
+            "resume me where I ran",
+        ],
+    );
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     env.ok("job", &env.job_then(true, &line, None));
     env.wait_until("claude to be resumed", || claude.ran());
     assert_eq!(
@@ -536,7 +569,11 @@ fn adapter_resume_resumes_the_recorded_session_in_its_project_unless_it_is_live(
     env.wait_until("the live waiter", || {
         waiter_pid(&env, "claude-c-77").is_some()
     });
-    let (id2, line2) = arm(&env, "claude-c-77", "deliver me live");
+    let reply2 = env.arm(
+        "eval",
+        &["--session", "claude-c-77", "--intent", "deliver me live"],
+    );
+    let (id2, line2) = (id_secret(&reply2).0, signal_line(&reply2, "cli"));
     env.ok("job", &env.job_then(true, &line2, None));
     let (code, _, stderr) = finish(live);
     assert_eq!(code, 2, "{stderr}");
@@ -551,7 +588,16 @@ fn adapter_resume_resumes_the_recorded_session_in_its_project_unless_it_is_live(
 fn an_on_wake_command_that_delivers_the_wake_itself_acks_it_once() {
     let env = Env::with_settings(&settings_with(&["sh", "-c", "waitpoint ack"]));
     let _daemon = env.daemon();
-    let (id, line) = arm(&env, "agent", "delivered by my own command");
+    let reply = env.arm(
+        "eval",
+        &[
+            "--session",
+            "agent",
+            "--intent",
+            "delivered by my own command",
+        ],
+    );
+    let (id, line) = (id_secret(&reply).0, signal_line(&reply, "cli"));
     env.ok("job", &env.job_then(true, &line, None));
     env.wait_until("the hook's run", || {
         env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()

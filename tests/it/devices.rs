@@ -98,10 +98,6 @@ fn wait_first_round(env: &Env) {
     });
 }
 
-fn stderr_of(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 #[test]
 fn shell_line_on_a_device_resolves_its_waitpoint_through_the_mirror() {
     let Some(sshd) = Sshd::start() else { return };

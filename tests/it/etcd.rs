@@ -34,8 +34,7 @@ fn wake_files(env: &Env) -> Vec<PathBuf> {
 
 /// A waitpoint's state as `show --json` reads it from the cluster on `env`'s host.
 fn shown(env: &Env, id: &str) -> Value {
-    let text = env.ok("show", &env.waitpoint(&["show", id, "--json"]));
-    serde_json::from_str(&text).unwrap()
+    env.waitpoint_json("show", &["show", id, "--json"])
 }
 
 /// The log lines of a host's daemon.
@@ -289,7 +288,9 @@ fn storm(blow: Blow) {
                 Blow::EtcdLeader => {
                     let l = cluster.leader();
                     cluster.kill(l);
-                    std::thread::sleep(Duration::from_millis(700));
+                    // Down until the two others have elected a leader of their own.
+                    let next = cluster.leader();
+                    assert_ne!(next, l, "the killed member still leads");
                     cluster.restart(l);
                 }
                 Blow::LeadingDaemon => {
@@ -534,7 +535,7 @@ fn normalized_tree(waitpoints: &Path) -> std::collections::BTreeMap<String, Valu
         }
     }
     let mut out = std::collections::BTreeMap::new();
-    for path in walk_files(waitpoints) {
+    for path in files_under(waitpoints) {
         let rel = path
             .strip_prefix(waitpoints)
             .unwrap()
@@ -543,18 +544,6 @@ fn normalized_tree(waitpoints: &Path) -> std::collections::BTreeMap<String, Valu
         let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         scrub(&mut v);
         out.insert(rel, v);
-    }
-    out
-}
-
-fn walk_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for e in fs::read_dir(dir).into_iter().flatten().flatten() {
-        if e.file_type().unwrap().is_dir() {
-            out.extend(walk_files(&e.path()));
-        } else {
-            out.push(e.path());
-        }
     }
     out
 }
@@ -698,7 +687,8 @@ fn at_the_quota_signals_stay_where_they_arrived_and_doctor_says_how_to_fix_it() 
 fn credentials_come_from_a_private_file_and_never_reach_argv_logs_or_the_cluster() {
     const PASSWORD: &str = "pw-0f1e2d3c4b5a";
     // Tokens that expire fast, so the run outlives several of them.
-    let mut cluster = Cluster::start_with(&["--auth-token-ttl", "2"]);
+    // Info-level member logs say when a token expires.
+    let mut cluster = Cluster::start_with(&["--auth-token-ttl", "2", "--log-level", "info"]);
     for args in [
         vec!["user", "add", &format!("root:{PASSWORD}")],
         vec!["role", "add", "root"],
@@ -739,8 +729,10 @@ fn credentials_come_from_a_private_file_and_never_reach_argv_logs_or_the_cluster
     wait_leading(&a);
     let cmdline = fs::read(format!("/proc/{}/cmdline", da.pid())).unwrap();
     assert!(!String::from_utf8_lossy(&cmdline).contains(PASSWORD));
-    // Past a few token lifetimes, the daemon still writes.
-    std::thread::sleep(Duration::from_secs(5));
+    // Past a few token lifetimes, each seen to end on the members, the daemon still writes.
+    for _ in 0..2 {
+        cluster.wait_token_expired();
+    }
     a.drop_file("done", &body(&id, &secret, ""));
     a.wait_until("the wake", || a.inbox("s1", "new").len() == 1);
 
@@ -1087,7 +1079,17 @@ fn a_member_killed_and_left_down_mid_storm_costs_nothing_and_a_lost_quorum_keeps
     for (env, before) in [&a, &b].into_iter().zip(before) {
         env.wait_until("a refused commit in the log", || refusals(env) > before);
     }
-    std::thread::sleep(Duration::from_secs(2));
+    // Every later file tried on its host and kept for retry: without a quorum, nothing more
+    // happens to them.
+    for i in 0..LATER {
+        let (env, host) = hosts[i % 2];
+        let file = format!("file=\"later-{i}.json\"");
+        env.wait_until(&format!("later-{i} kept for retry on {host}"), || {
+            log(env)
+                .lines()
+                .any(|l| l.contains("kept for retry") && l.contains(&file))
+        });
+    }
     assert_eq!(
         a.spooled().len() + b.spooled().len(),
         LATER,

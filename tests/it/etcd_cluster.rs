@@ -241,6 +241,54 @@ impl Cluster {
         }
     }
 
+    /// Returns once the members have expired a token issued after this call began, so a token
+    /// lifetime has passed since. For a cluster with authentication on, `--auth-token-ttl` and
+    /// `--log-level info` among its flags (the members log each expired token, and a simple
+    /// token ends in the raft index it was issued at).
+    pub fn wait_token_expired(&self) {
+        let out = self.ctl(&["endpoint", "status", "-w", "json"]);
+        let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "endpoint status ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let before = status
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["Status"]["raftIndex"].as_u64())
+            .max()
+            .expect("a raft index");
+        // Authenticates, so a token is issued after `before`.
+        let out = self.ctl(&["get", "t/probe"]);
+        assert!(
+            out.status.success(),
+            "etcdctl get: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let start = Instant::now();
+        loop {
+            let expired = self.members.iter().any(|m| {
+                let log = fs::read_to_string(self.dir.path().join(format!("{}.log", m.name)))
+                    .unwrap_or_default();
+                log.lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .filter(|v| v["msg"] == "deleted a simple token")
+                    .filter_map(|v| v["token"].as_str()?.rsplit_once('.')?.1.parse::<u64>().ok())
+                    .any(|issued_at| issued_at > before)
+            });
+            if expired {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "no token issued after raft index {before} expired"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {
             let _ = c.kill();

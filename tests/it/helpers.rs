@@ -110,19 +110,48 @@ impl Env {
 
     pub fn report(&self, out: &Output) -> String {
         format!(
-            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}\n--- log/daemon.log (last 40 lines)\n{}",
+            "--- stdout\n{}\n--- stderr\n{}\n--- home\n{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
             self.tree(),
-            self.daemon_log_tail(40)
+            self.daemon_report()
         )
     }
 
     /// The last `n` lines of the daemon's log, for failure reports.
     pub fn daemon_log_tail(&self, n: usize) -> String {
-        let log = fs::read_to_string(self.home.join("log/daemon.log")).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        tail(&self.home.join("log/daemon.log"), n)
+    }
+
+    /// What the daemons started for this home said, for failure reports: the last lines of
+    /// each one's stderr (a `daemon-stderr-*.txt` file beside the home, oldest first) and of
+    /// `log/daemon.log`.
+    pub fn daemon_report(&self) -> String {
+        let mut stderrs: Vec<PathBuf> = fs::read_dir(self.home.join(".."))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        let name = p.file_name().unwrap().to_string_lossy();
+                        name.starts_with(DAEMON_STDERR) && name.ends_with(".txt")
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        stderrs.sort_by_key(|p| fs::metadata(p).and_then(|m| m.modified()).ok());
+        let mut out = String::new();
+        for path in &stderrs {
+            out.push_str(&format!(
+                "--- daemon stderr {} (last {REPORT_LINES} lines)\n{}\n",
+                path.file_name().unwrap().to_string_lossy(),
+                tail(path, REPORT_LINES)
+            ));
+        }
+        out.push_str(&format!(
+            "--- log/daemon.log (last {REPORT_LINES} lines)\n{}",
+            self.daemon_log_tail(REPORT_LINES)
+        ));
+        out
     }
 
     /// Every path under the home, one per line, for failure messages.
@@ -137,32 +166,31 @@ impl Env {
 
     /// Every regular file under the home.
     pub fn files(&self) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        walk(&self.home, &mut |p| {
-            if fs::symlink_metadata(p)
-                .map(|m| m.is_file())
-                .unwrap_or(false)
-            {
-                out.push(p.to_owned());
-            }
-        });
-        out
+        files_under(&self.home)
     }
 
-    /// `waitpoint create --json` with `args`, returning the reply.
-    /// Arms a waitpoint labelled `label` (intent "i") with `extra` flags; the reply's JSON.
+    /// Arms a waitpoint through the CLI (`waitpoint create --json`) labelled `label` with
+    /// `extra` flags, its intent "i" unless `extra` has an `--intent`; the reply's JSON.
+    /// Arming through the library is [`Arming`].
     pub fn arm(&self, label: &str, extra: &[&str]) -> Value {
-        let mut args = vec!["--label", label, "--intent", "i"];
+        let mut args = vec!["--label", label];
+        if !extra.contains(&"--intent") {
+            args.extend(["--intent", "i"]);
+        }
         args.extend_from_slice(extra);
         self.create(&args)
     }
 
+    /// `waitpoint create --json` with `args`, returning the reply.
     pub fn create(&self, args: &[&str]) -> Value {
         let mut all = vec!["create", "--json"];
         all.extend_from_slice(args);
-        let out = self.waitpoint(&all);
-        let text = self.ok("create", &out);
-        serde_json::from_str(&text).expect("create prints JSON")
+        self.waitpoint_json("create", &all)
+    }
+
+    /// Runs `waitpoint ARGS` (a `--json` form), which must succeed, and parses what it prints.
+    pub fn waitpoint_json(&self, what: &str, args: &[&str]) -> Value {
+        parse_json(&self.ok(what, &self.waitpoint(args)))
     }
 
     /// Creates a timer for `session` that fires at once (`timer create --after-ms 1`).
@@ -286,7 +314,7 @@ impl Env {
         let stderr_path = self
             .home
             .join("..")
-            .join(format!("daemon-stderr-{}.txt", rand_tag()));
+            .join(format!("{DAEMON_STDERR}{}.txt", rand_tag()));
         let stderr = fs::File::create(&stderr_path).unwrap();
         let mut cmd = self.command(WAITPOINT);
         cmd.arg("daemon")
@@ -298,7 +326,11 @@ impl Env {
         }
         adjust(&mut cmd);
         let child = cmd.spawn().expect("spawn daemon");
-        DaemonGuard { child, stderr_path }
+        DaemonGuard {
+            child,
+            stderr_path,
+            log_path: self.home.join("log/daemon.log"),
+        }
     }
 
     /// Starts `waitpoint daemon ARGS…` with extra environment and waits until it is ready.
@@ -330,7 +362,8 @@ impl Env {
         addr.port()
     }
 
-    /// Polls `check` until it holds, at most [`PATIENCE`]; panics with the home tree otherwise.
+    /// Polls `check` until it holds, at most [`PATIENCE`]; otherwise panics saying what it
+    /// waited for, with what the daemons said and the home tree.
     pub fn wait_until(&self, what: &str, check: impl FnMut() -> bool) {
         self.wait_until_within(what, PATIENCE, check)
     }
@@ -345,7 +378,11 @@ impl Env {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("gave up waiting for {what}\n--- home\n{}", self.tree());
+        panic!(
+            "gave up waiting for {what} (after {limit:?})\n{}\n--- home\n{}",
+            self.daemon_report(),
+            self.tree()
+        );
     }
 
     /// Waits until the drop zone is empty (everything collected or parked).
@@ -377,6 +414,8 @@ impl Env {
 pub struct DaemonGuard {
     child: Child,
     pub stderr_path: PathBuf,
+    /// Its home's `log/daemon.log`.
+    log_path: PathBuf,
 }
 
 // ---- daemons driven by signals (tests/it/ops.rs) ----
@@ -454,12 +493,25 @@ impl DaemonGuard {
 }
 
 impl Drop for DaemonGuard {
+    /// Kills the daemon; when the test is failing (a panic unwinds through the guard), prints
+    /// what the daemon said, so the failure shows it.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- daemon {} stderr, {} (last {REPORT_LINES} lines)\n{}\n--- {} (last {REPORT_LINES} lines)\n{}",
+                self.child.id(),
+                self.stderr_path.display(),
+                tail(&self.stderr_path, REPORT_LINES),
+                self.log_path.display(),
+                tail(&self.log_path, REPORT_LINES)
+            );
+        }
     }
 }
 
+/// Calls `f` on every path under `dir` (not following links), parents before their children.
 fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
     let Ok(rd) = fs::read_dir(dir) else { return };
     for e in rd.flatten() {
@@ -469,6 +521,51 @@ fn walk(dir: &Path, f: &mut dyn FnMut(&Path)) {
             walk(&p, f);
         }
     }
+}
+
+/// Every regular file under `dir` (links and other special files left out).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    walk(dir, &mut |p| {
+        if fs::symlink_metadata(p)
+            .map(|m| m.is_file())
+            .unwrap_or(false)
+        {
+            out.push(p.to_owned());
+        }
+    });
+    out
+}
+
+/// A loopback port nothing listens on at the time of the call.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A command's stderr as text.
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `text` parsed as JSON; a panic that shows the text when it is not.
+pub fn parse_json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"))
+}
+
+/// How the files a daemon's stderr goes to are named, in its home's parent directory.
+const DAEMON_STDERR: &str = "daemon-stderr-";
+
+/// How many of a log's last lines a failure report shows.
+const REPORT_LINES: usize = 40;
+
+/// The last `n` lines of a file (nothing when it cannot be read).
+fn tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 fn rand_tag() -> u64 {
@@ -514,24 +611,70 @@ pub fn line(reply: &Value, form: &str) -> String {
     reply["how_to_signal"][form].as_str().unwrap().to_owned()
 }
 
-/// Arms a waitpoint through the library for `max_signals` reports with `members` (fail-fast
-/// off); returns its id and secret.
-pub fn labelled(
-    e: &waitpoint::engine::Engine,
-    label: &str,
-    session: &str,
-    max_signals: u32,
-    members: &[&str],
-) -> (String, String) {
-    let c = e
-        .create(waitpoint::engine::CreateRequest {
-            members: members.iter().map(|m| m.to_string()).collect(),
-            fail_fast: false,
-            max_signals,
-            ..waitpoint::engine::CreateRequest::new(label, "i", session)
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
+/// An arming through the library (`Engine::create`, what `wait_create` does), for tests that
+/// drive an engine or a [`Live`] daemon in-process: the request's options as a builder over the
+/// spec's defaults, with intent "i" and session "default"; [`Arming::on`] arms it and returns
+/// the id and the secret. Arming through the CLI is [`Env::arm`].
+pub struct Arming(waitpoint::engine::CreateRequest);
+
+impl Arming {
+    pub fn new(label: &str) -> Arming {
+        Arming(waitpoint::engine::CreateRequest::new(label, "i", "default"))
+    }
+
+    pub fn intent(mut self, intent: &str) -> Arming {
+        self.0.intent = intent.to_owned();
+        self
+    }
+
+    /// The session, and the channel named after it.
+    pub fn session(mut self, session: &str) -> Arming {
+        self.0.session = session.to_owned();
+        self.0.channel = session.to_owned();
+        self
+    }
+
+    pub fn members(mut self, members: &[&str]) -> Arming {
+        self.0.members = members.iter().map(|m| m.to_string()).collect();
+        self
+    }
+
+    pub fn quorum(mut self, quorum: waitpoint::engine::Quorum) -> Arming {
+        self.0.quorum = Some(quorum);
+        self
+    }
+
+    pub fn max_signals(mut self, max_signals: u32) -> Arming {
+        self.0.max_signals = max_signals;
+        self
+    }
+
+    /// Fail-fast off: a failed report does not end the waitpoint.
+    pub fn no_fail_fast(mut self) -> Arming {
+        self.0.fail_fast = false;
+        self
+    }
+
+    pub fn expires_in_hours(mut self, hours: f64) -> Arming {
+        self.0.expires_in_hours = Some(hours);
+        self
+    }
+
+    pub fn started_within_ms(mut self, ms: u64) -> Arming {
+        self.0.started_within_ms = Some(ms);
+        self
+    }
+
+    pub fn heartbeat_within_ms(mut self, ms: u64) -> Arming {
+        self.0.heartbeat_within_ms = Some(ms);
+        self
+    }
+
+    /// Arms it on `engine`; the id and the secret.
+    pub fn on(self, engine: &waitpoint::engine::Engine) -> (String, String) {
+        let c = engine.create(self.0).unwrap();
+        (c.waitpoint.id, c.secret)
+    }
 }
 
 /// A spool body for `id`/`secret` with extra JSON fields (`,"member":"a"`).
@@ -594,29 +737,6 @@ impl Live {
             self.control.barrier(PATIENCE),
             "the daemon did not reach the barrier within {PATIENCE:?}"
         );
-    }
-
-    /// Arms a waitpoint on the manual clock (`wait_create` through the library).
-    pub fn create(
-        &self,
-        label: &str,
-        members: &[&str],
-        quorum: Option<u32>,
-        max_signals: u32,
-        hours: Option<f64>,
-    ) -> (String, String) {
-        use waitpoint::engine::{CreateRequest, Quorum};
-        let c = self
-            .engine
-            .create(CreateRequest {
-                members: members.iter().map(|m| m.to_string()).collect(),
-                quorum: quorum.map(Quorum::Count),
-                max_signals,
-                expires_in_hours: hours,
-                ..CreateRequest::new(label, format!("intent of {label}"), "default")
-            })
-            .unwrap();
-        (c.waitpoint.id, c.secret)
     }
 
     /// Stops the daemon and waits for it to return.

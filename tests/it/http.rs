@@ -23,14 +23,6 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A port nothing listens on (bound once and released; the kernel does not hand it out again
 /// straight away).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Sends `request` as is and reads the answer to its end: status code and body.
 pub(crate) fn raw(port: u16, request: &[u8]) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the shim");
@@ -50,10 +42,6 @@ fn split_answer(answer: &[u8]) -> (u16, String) {
         .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
     let code = head.split(' ').nth(1).unwrap().parse().unwrap();
     (code, body.to_owned())
-}
-
-fn json_of(body: &str) -> Value {
-    serde_json::from_str(body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {body:?}"))
 }
 
 pub(crate) fn request(
@@ -102,7 +90,7 @@ impl Client {
                     port,
                     &request(port, "POST", "/webhook/signal", &headers, body),
                 );
-                (code, json_of(&body))
+                (code, parse_json(&body))
             }
             Client::Curl => {
                 let mut cmd = Command::new("curl");
@@ -114,7 +102,7 @@ impl Client {
                 }
                 cmd.arg(format!("http://127.0.0.1:{port}/webhook/signal"));
                 let (code, body) = run_curl(cmd, body);
-                (code, json_of(&body))
+                (code, parse_json(&body))
             }
         }
     }
@@ -671,7 +659,10 @@ fn five_hundred_idle_connections_leave_healthz_answering_on_the_same_threads() {
         idle.push(s);
     }
     let (code, body) = get(port, "/healthz");
-    assert_eq!((code, json_of(&body)["result"].as_str()), (200, Some("ok")));
+    assert_eq!(
+        (code, parse_json(&body)["result"].as_str()),
+        (200, Some("ok"))
+    );
     assert_eq!(Client::Rust.post(port, None, &progress(&mid, &msec)).0, 202);
     assert_eq!(
         proc_status(pid, "Threads"),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 use waitpoint::clock::SystemClock;
-use waitpoint::engine::{CreateRequest, Engine, Verdict};
+use waitpoint::engine::{Engine, Verdict};
 use waitpoint::home::Home;
 use waitpoint::ingress::{SpoolBody, parse_spool_body};
 use waitpoint::request::{SignalRequest, Source};
@@ -20,18 +20,6 @@ use crate::layouts::Schemas;
 
 fn engine(home: &Home) -> Engine {
     Engine::new(home.clone(), Settings::default(), Arc::new(SystemClock))
-}
-
-/// Arms a monitor for `max_signals` reports; returns its id and secret.
-fn arm(e: &Engine, max_signals: u32) -> (String, String) {
-    let c = e
-        .create(CreateRequest {
-            fail_fast: false,
-            max_signals,
-            ..CreateRequest::new("journal", "i", "default")
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
 }
 
 /// An `ok` signal for `id` as the drop zone would hand it over, from a file named `file`.
@@ -89,7 +77,7 @@ fn monitor(dir: &Path) -> (Home, Engine, String, String) {
     let home = Home::new(dir);
     home.ensure().unwrap();
     let e = engine(&home);
-    let (id, secret) = arm(&e, 5);
+    let (id, secret) = Arming::new("journal").max_signals(5).no_fail_fast().on(&e);
     (home, e, id, secret)
 }
 

@@ -179,11 +179,6 @@ impl Drop for Client {
     }
 }
 
-/// `wait_create` with `args`, returning its structured reply.
-fn arm(c: &mut Client, args: Value) -> Value {
-    c.ok("wait_create", args)
-}
-
 /// Pastes a `how_to_signal` line after a job, as a user would.
 fn paste(env: &Env, job_ok: bool, line: &str, member: Option<&str>) {
     let out = env.job_then(job_ok, line, member);
@@ -321,8 +316,8 @@ fn a_pasted_cli_line_wakes_the_session_through_wait_next_in_both_revisions() {
     let _daemon = env.daemon();
     for revision in Revision::BOTH {
         let mut c = Client::start(&env, revision, "agent");
-        let created = arm(
-            &mut c,
+        let created = c.ok(
+            "wait_create",
             json!({"label": "nightly training", "intent": "when it lands, compare the loss curve"}),
         );
         let id = created["id"].as_str().unwrap();
@@ -360,7 +355,10 @@ fn a_wake_keeps_its_external_payload_framed_as_data() {
     let env = Env::new();
     let _daemon = env.daemon();
     let mut c = Client::start(&env, Revision::Modern, "agent");
-    let created = arm(&mut c, json!({"label": "eval", "intent": "read the score"}));
+    let created = c.ok(
+        "wait_create",
+        json!({"label": "eval", "intent": "read the score"}),
+    );
     let line = created["how_to_signal"]["cli"].as_str().unwrap();
     paste(
         &env,
@@ -380,8 +378,8 @@ fn a_barrier_with_members_wakes_once_with_every_report() {
     let env = Env::new();
     let _daemon = env.daemon();
     let mut c = Client::start(&env, Revision::Legacy, "agent");
-    let created = arm(
-        &mut c,
+    let created = c.ok(
+        "wait_create",
         json!({"label": "ladder", "intent": "all arms", "members": ["arm2", "arm6"], "quorum": "all"}),
     );
     assert_eq!(created["quorum"], 2);
@@ -462,7 +460,7 @@ fn two_sessions_neither_see_nor_cancel_each_others_waitpoints() {
     let _daemon = env.daemon();
     let mut a = Client::start(&env, Revision::Legacy, "alice");
     let mut b = Client::start(&env, Revision::Modern, "bob");
-    let created = arm(&mut a, json!({"label": "alice's", "intent": "hers"}));
+    let created = a.ok("wait_create", json!({"label": "alice's", "intent": "hers"}));
     let id = created["id"].as_str().unwrap();
     let timer = a.ok("CreateTimer", json!({"duration_ms": 3_600_000}));
     let timer_id = timer["id"].as_str().unwrap();
@@ -667,6 +665,15 @@ impl Raw {
         self.next_message(&format!("{method} notification"), |v| v["method"] == method)
     }
 
+    /// Calls `wait_next` (request 2, up to 60 s) with a progress token and returns once the
+    /// server's first progress report for it arrives: the call is then waiting inside the
+    /// server, not just written to its stdin.
+    fn wait_next_waiting(&mut self) {
+        self.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60},"_meta":{"progressToken":"waiting"}}}"#);
+        let report = self.notification("notifications/progress");
+        assert_eq!(report["params"]["progressToken"], "waiting", "{report}");
+    }
+
     /// The handshake; returns the server's `initialize` result.
     fn initialize(&mut self) -> Value {
         self.send(
@@ -745,7 +752,7 @@ fn a_client_that_vanishes_mid_wait_leaves_its_wake_unread() {
     let env = Env::new();
     let mut s = Raw::start(&env);
     s.initialize();
-    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60}}}"#);
+    s.wait_next_waiting();
     // The call is blocking inside the server now; the client goes away.
     let (status, stderr) = s.close();
     assert!(status.success(), "exit {status}: {stderr}");
@@ -754,8 +761,7 @@ fn a_client_that_vanishes_mid_wait_leaves_its_wake_unread() {
     // A wake that arrives for a vanished reader stays unread for the next one.
     let mut s = Raw::start(&env);
     s.initialize();
-    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait_next","arguments":{"timeout_s":60}}}"#);
-    std::thread::sleep(Duration::from_millis(300));
+    s.wait_next_waiting();
     drop(s.stdin.take());
     env.timer_now("default", "for a reader that left");
     let _daemon = env.daemon();

@@ -21,10 +21,6 @@ fn stdout_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn stderr_of(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 fn only_spooled_body(env: &Env) -> Value {
     let names = env.spooled();
     assert_eq!(names.len(), 1, "{names:?}\n{}", env.tree());

@@ -15,18 +15,22 @@ use waitpoint::settings::Settings;
 
 use crate::helpers::*;
 
-fn armed(e: &Engine, session: &str, max_signals: u32, members: &[&str]) -> (String, String) {
-    labelled(e, "t", session, max_signals, members)
-}
-
 /// The same mix of signals for a home: one-shots hit twice (the second is "already
 /// resolved"), a monitor hit several times, a barrier with a missing and an unknown member,
 /// a wrong secret, an unknown id, and a file name repeated (a duplicate).
 fn mixed_batch(e: &Engine) -> Vec<(String, String)> {
-    let one = labelled(e, "one", "s", 1, &[]);
-    let two = labelled(e, "two", "s", 1, &[]);
-    let monitor = labelled(e, "monitor", "s", 50, &[]);
-    let barrier = labelled(e, "barrier", "s", 1, &["a", "b"]);
+    let one = Arming::new("one").session("s").no_fail_fast().on(e);
+    let two = Arming::new("two").session("s").no_fail_fast().on(e);
+    let monitor = Arming::new("monitor")
+        .session("s")
+        .max_signals(50)
+        .no_fail_fast()
+        .on(e);
+    let barrier = Arming::new("barrier")
+        .session("s")
+        .members(&["a", "b"])
+        .no_fail_fast()
+        .on(e);
     let sig = |(id, secret): &(String, String), extra: &str| body(id, secret, extra);
     let ok = r#","status":"ok""#;
     vec![
@@ -166,7 +170,9 @@ fn a_group_commit_decides_what_one_by_one_collection_decides() {
 fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
     let env = Env::new();
     let e = env.engine();
-    let ids: Vec<(String, String)> = (0..5).map(|_| armed(&e, "s", 1, &[])).collect();
+    let ids: Vec<(String, String)> = (0..5)
+        .map(|_| Arming::new("t").session("s").no_fail_fast().on(&e))
+        .collect();
     for (i, (id, secret)) in ids.iter().enumerate() {
         env.drop_file(&format!("f{i}"), &body(id, secret, r#","status":"ok""#));
     }
@@ -203,7 +209,15 @@ fn a_failed_batch_phase_keeps_every_file_and_the_retry_counts_each_once() {
 fn a_burst_of_files_through_the_daemon_is_recorded_exactly_once() {
     let env = Env::new();
     let e = env.engine();
-    let ids: Vec<(String, String)> = (0..40).map(|_| armed(&e, "s", 1000, &[])).collect();
+    let ids: Vec<(String, String)> = (0..40)
+        .map(|_| {
+            Arming::new("t")
+                .session("s")
+                .max_signals(1000)
+                .no_fail_fast()
+                .on(&e)
+        })
+        .collect();
     let _d = env.daemon();
     let mut n = 0;
     for round in 0..5 {
@@ -295,8 +309,8 @@ fn the_session_index_follows_creates_and_check_uses_it() {
 fn the_daemon_rebuilds_a_missing_or_damaged_index_from_the_files() {
     let env = Env::new();
     let e = env.engine();
-    let a = armed(&e, "s1", 1, &[]).0;
-    let b = armed(&e, "s2", 1, &[]).0;
+    let a = Arming::new("t").session("s1").no_fail_fast().on(&e).0;
+    let b = Arming::new("t").session("s2").no_fail_fast().on(&e).0;
     // A home from before the index (or a damaged one): markers missing, one dangling marker
     // left by a crash between a removal and its marker's removal.
     fs::remove_dir_all(env.home.join("index")).unwrap();
@@ -329,8 +343,8 @@ fn a_removed_waitpoint_leaves_the_index_and_session_delete_uses_it() {
     let env = Env::new();
     let e = env.engine();
     e.rebuild_index().unwrap();
-    let (id, secret) = armed(&e, "gone", 1, &[]);
-    let keep = armed(&e, "gone", 1, &[]).0;
+    let (id, secret) = Arming::new("t").session("gone").no_fail_fast().on(&e);
+    let keep = Arming::new("t").session("gone").no_fail_fast().on(&e).0;
     let verdict = e
         .apply_signal(
             &parse_signal(body(&id, &secret, r#","status":"ok""#).as_bytes()).unwrap(),

@@ -4,6 +4,7 @@
 use std::fs;
 
 use serde_json::Value;
+use waitpoint::engine::Quorum;
 
 use crate::helpers::*;
 
@@ -25,7 +26,10 @@ fn ok(id: &str, secret: &str, member: &str) -> String {
 fn grace_window_carries_a_late_members_report_in_the_same_wake() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("ladder", &["a", "b", "c"], Some(2), 1, None);
+    let (id, secret) = Arming::new("ladder")
+        .members(&["a", "b", "c"])
+        .quorum(Quorum::Count(2))
+        .on(&live.engine);
     env.drop_file("a", &ok(&id, &secret, "a"));
     env.drop_file("b", &ok(&id, &secret, "b"));
     env.wait_until("quorum met", || env.state(&id)["status"] == "resolved");
@@ -59,7 +63,10 @@ fn max_signals_counts_wakes_so_rounds_folded_in_the_grace_window_do_not_close_a_
     let env = Env::new();
     let live = Live::start(&env, T0);
     // A monitor of two members that may wake you twice.
-    let (id, secret) = live.create("pair", &["a", "b"], None, 2, None);
+    let (id, secret) = Arming::new("pair")
+        .members(&["a", "b"])
+        .max_signals(2)
+        .on(&live.engine);
     // Two rounds complete inside one grace window: one wake, and the monitor stays open.
     for (n, m) in [(1, "a"), (2, "b"), (3, "a"), (4, "b")] {
         env.drop_file(&format!("{n}-{m}"), &ok(&id, &secret, m));
@@ -86,7 +93,7 @@ fn max_signals_counts_wakes_so_rounds_folded_in_the_grace_window_do_not_close_a_
 fn a_single_signal_waitpoint_wakes_at_once() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("one", &[], None, 1, None);
+    let (id, secret) = Arming::new("one").on(&live.engine);
     env.drop_file("x", &body(&id, &secret, ""));
     env.wait_until("the wake", || wakes(&env).len() == 1);
 }
@@ -95,7 +102,10 @@ fn a_single_signal_waitpoint_wakes_at_once() {
 fn hourly_cap_folds_reports_into_one_late_wake() {
     let env = Env::with_settings(r#"{"waitpointSweepMs": 300, "waitpointMaxWakesPerHour": 2}"#);
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("chatty monitor", &[], None, 50, Some(48.0));
+    let (id, secret) = Arming::new("chatty monitor")
+        .max_signals(50)
+        .expires_in_hours(48.0)
+        .on(&live.engine);
     for n in 1..=2 {
         env.drop_file(
             &format!("r{n}"),
@@ -150,7 +160,7 @@ fn hourly_cap_folds_reports_into_one_late_wake() {
 fn wakes_this_hour_badge_shows_from_two_below_the_cap() {
     let env = Env::with_settings(r#"{"waitpointSweepMs": 300, "waitpointMaxWakesPerHour": 4}"#);
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("m", &[], None, 50, None);
+    let (id, secret) = Arming::new("m").max_signals(50).on(&live.engine);
     // Rendered on the daemon's own (manual) clock: the badge counts the trailing hour.
     let badge = || -> Option<String> {
         use waitpoint::clock::Clock;
@@ -186,7 +196,7 @@ fn deadline_wake(env: &Env) -> Value {
 fn deadline_notice_says_nobody_reported() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, _) = live.create("silent", &[], None, 1, Some(1.0));
+    let (id, _) = Arming::new("silent").expires_in_hours(1.0).on(&live.engine);
     live.advance_ms(HOUR);
     let w = deadline_wake(&env);
     assert_eq!(w["deadline"]["case"], "nobody_reported");
@@ -198,7 +208,10 @@ fn deadline_notice_says_nobody_reported() {
 fn deadline_notice_names_who_reported_and_who_did_not() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("ladder", &["arm2", "arm6", "arm8"], None, 1, Some(1.0));
+    let (id, secret) = Arming::new("ladder")
+        .members(&["arm2", "arm6", "arm8"])
+        .expires_in_hours(1.0)
+        .on(&live.engine);
     env.drop_file("a", &ok(&id, &secret, "arm6"));
     env.wait_until("recorded", || env.state(&id)["counters"]["signals"] == 1);
     live.advance_ms(HOUR);
@@ -216,7 +229,7 @@ fn deadline_notice_names_who_reported_and_who_did_not() {
 fn deadline_notice_says_only_heartbeats_arrived_with_the_last_one() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("hb", &[], None, 1, Some(1.0));
+    let (id, secret) = Arming::new("hb").expires_in_hours(1.0).on(&live.engine);
     for n in 1..=3 {
         env.drop_file(
             &format!("hb{n}"),
@@ -239,7 +252,10 @@ fn deadline_notice_says_only_heartbeats_arrived_with_the_last_one() {
 fn a_monitor_at_its_deadline_says_how_often_it_woke_and_carries_the_held_report() {
     let env = Env::with_settings(r#"{"waitpointSweepMs": 300, "waitpointMaxWakesPerHour": 1}"#);
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("monitor", &[], None, 10, Some(0.5));
+    let (id, secret) = Arming::new("monitor")
+        .max_signals(10)
+        .expires_in_hours(0.5)
+        .on(&live.engine);
     env.drop_file("r1", &body(&id, &secret, r#","message":"first""#));
     env.wait_until("first wake", || wakes(&env).len() == 1);
     env.drop_file("r2", &body(&id, &secret, r#","message":"held by the cap""#));
@@ -261,8 +277,8 @@ fn a_monitor_at_its_deadline_says_how_often_it_woke_and_carries_the_held_report(
 fn missed_deadlines_fire_once_on_start_not_once_per_missed_sweep() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (a, _) = live.create("a", &[], None, 1, Some(1.0));
-    let (b, _) = live.create("b", &[], None, 1, Some(2.0));
+    let (a, _) = Arming::new("a").expires_in_hours(1.0).on(&live.engine);
+    let (b, _) = Arming::new("b").expires_in_hours(2.0).on(&live.engine);
     live.stop();
     // The daemon was down for a day.
     let live = Live::start(&env, T0.plus_ms(24 * HOUR));
@@ -284,7 +300,7 @@ fn missed_deadlines_fire_once_on_start_not_once_per_missed_sweep() {
 fn closed_waitpoints_are_kept_three_days_then_forgotten_and_old_read_wakes_cleaned() {
     let env = Env::with_settings(r#"{"waitpointSweepMs": 300, "waitpointTtlMs": 86400000}"#);
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("kept", &[], None, 1, None);
+    let (id, secret) = Arming::new("kept").on(&live.engine);
     env.drop_file("done", &body(&id, &secret, ""));
     env.wait_until("resolved", || env.state(&id)["status"] == "resolved");
     env.ok("read it", &env.waitpoint(&["next", "--timeout", "5"]));
@@ -339,7 +355,7 @@ if [ $n -le 2 ]; then echo "not yet ($n)" >&2; exit 1; fi
 cat > "$d/wake.json"; echo "$WAITPOINT_ID $WAITPOINT_WAKE_ID $WAITPOINT_ATTEMPT" > "$d/env""#,
     );
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("hooked", &[], None, 1, None);
+    let (id, secret) = Arming::new("hooked").on(&live.engine);
     env.drop_file("x", &body(&id, &secret, ""));
     env.wait_until("first failure recorded", || {
         hook_state(&env, &id)["attempts"] == 1
@@ -384,7 +400,7 @@ cat > "$d/wake.json"; echo "$WAITPOINT_ID $WAITPOINT_WAKE_ID $WAITPOINT_ATTEMPT"
 fn a_hook_that_hangs_is_killed_at_the_timeout_and_retried() {
     let (env, _) = hook_env("sleep 30");
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("hang", &[], None, 1, None);
+    let (id, secret) = Arming::new("hang").on(&live.engine);
     env.drop_file("x", &body(&id, &secret, ""));
     env.wait_until("timed out", || hook_state(&env, &id)["attempts"] == 1);
     assert!(
@@ -401,13 +417,13 @@ fn a_hook_whose_grandchild_keeps_stderr_open_does_not_hold_the_hook_thread() {
     // Exits 0 at once, leaving a background process that holds its stderr for ten minutes.
     let (env, dir) = hook_env(r#"sleep 600 & echo $! >> "$(dirname "$0")/grandchild"; exit 0"#);
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("first", &[], None, 1, None);
+    let (id, secret) = Arming::new("first").on(&live.engine);
     env.drop_file("x", &body(&id, &secret, ""));
     env.wait_until("the first wake's hook delivered", || {
         !hook_state(&env, &id)["delivered_at"].is_null()
     });
     // The hook thread is free: the next wake's hook runs too.
-    let (id2, secret2) = live.create("second", &[], None, 1, None);
+    let (id2, secret2) = Arming::new("second").on(&live.engine);
     env.drop_file("y", &body(&id2, &secret2, ""));
     env.wait_until("the second wake's hook delivered", || {
         !hook_state(&env, &id2)["delivered_at"].is_null()
@@ -423,7 +439,7 @@ fn hook_retries_survive_a_restart() {
         r#"d=$(dirname "$0"); if [ -e "$d/fixed" ]; then exit 0; fi; echo broken >&2; exit 3"#,
     );
     let live = Live::start(&env, T0);
-    let (id, secret) = live.create("restart", &[], None, 1, None);
+    let (id, secret) = Arming::new("restart").on(&live.engine);
     env.drop_file("x", &body(&id, &secret, ""));
     env.wait_until("failed once", || hook_state(&env, &id)["attempts"] == 1);
     live.stop();

@@ -5,11 +5,19 @@
 use std::fs;
 
 use serde_json::Value;
-use waitpoint::engine::CreateRequest;
 
 use crate::helpers::*;
 
 const MIN: i64 = 60_000;
+
+/// The job these tests watch, armed on a [`Live`] daemon's clock for ten hours; each test adds
+/// its silence windows and report count.
+fn train() -> Arming {
+    Arming::new("train")
+        .intent("tell me if the run dies")
+        .no_fail_fast()
+        .expires_in_hours(10.0)
+}
 
 fn wakes(env: &Env) -> Vec<Value> {
     let mut w = env.inbox("default", "new");
@@ -22,27 +30,6 @@ fn kinds(env: &Env) -> Vec<String> {
         .iter()
         .map(|w| w["kind"].as_str().unwrap().to_owned())
         .collect()
-}
-
-/// Arms a waitpoint on `live`'s clock with the silence windows given (in minutes).
-fn arm(
-    live: &Live,
-    started: Option<i64>,
-    heartbeat: Option<i64>,
-    max_signals: u32,
-) -> (String, String) {
-    let c = live
-        .engine
-        .create(CreateRequest {
-            max_signals,
-            fail_fast: false,
-            expires_in_hours: Some(10.0),
-            started_within_ms: started.map(|m| (m * MIN) as u64),
-            heartbeat_within_ms: heartbeat.map(|m| (m * MIN) as u64),
-            ..CreateRequest::new("train", "tell me if the run dies", "default")
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
 }
 
 /// Drops a signal file and waits until the daemon counted it.
@@ -58,7 +45,7 @@ fn report(env: &Env, id: &str, secret: &str, status: &str, message: &str, n: u64
 fn a_job_that_never_reports_wakes_once_at_started_within_and_stays_armed() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = arm(&live, Some(10), None, 1);
+    let (id, secret) = train().started_within_ms(10 * MIN as u64).on(&live.engine);
     live.advance_ms(9 * MIN);
     live.settle();
     assert!(wakes(&env).is_empty(), "not before the window ends");
@@ -96,7 +83,10 @@ fn a_job_that_never_reports_wakes_once_at_started_within_and_stays_armed() {
 fn a_job_that_goes_quiet_wakes_with_its_last_report_and_a_later_report_re_arms_the_watch() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = arm(&live, None, Some(5), 3);
+    let (id, secret) = train()
+        .heartbeat_within_ms(5 * MIN as u64)
+        .max_signals(3)
+        .on(&live.engine);
     live.advance_ms(20 * MIN);
     live.settle();
     assert!(
@@ -164,16 +154,11 @@ fn a_job_that_goes_quiet_wakes_with_its_last_report_and_a_later_report_re_arms_t
 fn a_silence_that_would_end_after_the_deadline_is_left_to_the_deadline_notice() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let c = live
-        .engine
-        .create(CreateRequest {
-            expires_in_hours: Some(0.1), // six minutes
-            heartbeat_within_ms: Some((5 * MIN) as u64),
-            started_within_ms: Some((5 * MIN + 30_000) as u64),
-            ..CreateRequest::new("short", "i", "default")
-        })
-        .unwrap();
-    let (id, secret) = (c.waitpoint.id, c.secret);
+    let (id, secret) = Arming::new("short")
+        .expires_in_hours(0.1) // six minutes
+        .heartbeat_within_ms((5 * MIN) as u64)
+        .started_within_ms((5 * MIN + 30_000) as u64)
+        .on(&live.engine);
     live.advance_ms(2 * MIN);
     report(&env, &id, &secret, "progress", "alive", 1);
     live.advance_ms(5 * MIN);
@@ -190,7 +175,10 @@ fn a_spent_hourly_cap_holds_a_silence_wake_until_the_hour_has_room() {
     )
     .unwrap();
     let live = Live::start(&env, T0);
-    let (id, secret) = arm(&live, None, Some(5), 5);
+    let (id, secret) = train()
+        .heartbeat_within_ms(5 * MIN as u64)
+        .max_signals(5)
+        .on(&live.engine);
     report(&env, &id, &secret, "ok", "epoch 1", 1);
     env.wait_until("the report wake", || wakes(&env).len() == 1);
     live.advance_ms(6 * MIN);
@@ -214,10 +202,20 @@ fn a_restart_recomputes_the_watches_and_a_silence_that_ended_meanwhile_is_not_re
     fs::write(env.home.join("settings.json"), r#"{"onWake": ["true"]}"#).unwrap();
     let clock = std::sync::Arc::new(waitpoint::clock::ManualClock::new(T0));
     let live = Live::start_with(&env, clock.clone());
-    let (quiet, q_secret) = arm(&live, None, Some(5), 3);
-    let (back, b_secret) = arm(&live, Some(5), Some(5), 3);
-    let (done, d_secret) = live.create("done", &[], None, 1, Some(10.0));
-    let (filler, f_secret) = live.create("filler", &[], None, 1000, Some(10.0));
+    let (quiet, q_secret) = train()
+        .heartbeat_within_ms(5 * MIN as u64)
+        .max_signals(3)
+        .on(&live.engine);
+    let (back, b_secret) = train()
+        .started_within_ms(5 * MIN as u64)
+        .heartbeat_within_ms(5 * MIN as u64)
+        .max_signals(3)
+        .on(&live.engine);
+    let (done, d_secret) = Arming::new("done").expires_in_hours(10.0).on(&live.engine);
+    let (filler, f_secret) = Arming::new("filler")
+        .max_signals(1000)
+        .expires_in_hours(10.0)
+        .on(&live.engine);
     report(&env, &quiet, &q_secret, "progress", "a", 1);
     live.stop();
     // While no daemon runs: another job finishes, a busy one reports more than one batch's
@@ -268,7 +266,10 @@ fn a_restart_recomputes_the_watches_and_a_silence_that_ended_meanwhile_is_not_re
 fn check_and_show_carry_the_last_report_and_a_quiet_badge() {
     let env = Env::new();
     let live = Live::start(&env, T0);
-    let (id, secret) = arm(&live, None, Some(5), 3);
+    let (id, secret) = train()
+        .heartbeat_within_ms(5 * MIN as u64)
+        .max_signals(3)
+        .on(&live.engine);
     report(&env, &id, &secret, "progress", "step 9", 1);
     live.advance_ms(5 * MIN);
     env.wait_until("the went_quiet wake", || wakes(&env).len() == 1);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use waitpoint::cli::render::{self, Style};
 use waitpoint::clock::{Clock, ManualClock};
-use waitpoint::engine::{CreateRequest, Engine, Quorum};
+use waitpoint::engine::{Engine, Quorum};
 use waitpoint::home::Home;
 use waitpoint::ingress::parse_signal;
 use waitpoint::request::Source;
@@ -13,28 +13,14 @@ use waitpoint::settings::Settings;
 
 use crate::helpers::*;
 
+/// The intent every waitpoint of these snapshots carries.
+const INTENT: &str = "the 33k-step run; when it lands, compare the loss curve against the baseline";
+
 fn setup() -> (Env, Engine, Arc<ManualClock>) {
     let env = Env::new();
     let clock = Arc::new(ManualClock::new(T0));
     let engine = Engine::new(Home::new(&env.home), Settings::default(), clock.clone());
     (env, engine, clock)
-}
-
-fn arm(engine: &Engine, label: &str, members: &[&str], max_signals: u32) -> (String, String) {
-    let c = engine
-        .create(CreateRequest {
-            members: members.iter().map(|m| m.to_string()).collect(),
-            quorum: (!members.is_empty()).then_some(Quorum::All),
-            max_signals,
-            expires_in_hours: Some(3.0),
-            ..CreateRequest::new(
-                label,
-                "the 33k-step run; when it lands, compare the loss curve against the baseline",
-                "default",
-            )
-        })
-        .unwrap();
-    (c.waitpoint.id, c.secret)
 }
 
 fn signal(engine: &Engine, id: &str, secret: &str, name: &str, extra: &str) {
@@ -58,9 +44,18 @@ fn stable(text: &str, ids: &[&str]) -> String {
 #[test]
 fn check_table_with_badges() {
     let (env, engine, clock) = setup();
-    let (a, asec) = arm(&engine, "T2 ladder", &["arm2", "arm6", "arm8"], 1);
+    let (a, asec) = Arming::new("T2 ladder")
+        .intent(INTENT)
+        .members(&["arm2", "arm6", "arm8"])
+        .quorum(Quorum::All)
+        .expires_in_hours(3.0)
+        .on(&engine);
     clock.advance_ms(1_000);
-    let (b, bsec) = arm(&engine, "nightly monitor", &[], 24);
+    let (b, bsec) = Arming::new("nightly monitor")
+        .intent(INTENT)
+        .max_signals(24)
+        .expires_in_hours(3.0)
+        .on(&engine);
     clock.advance_ms(60_000);
     signal(
         &engine,
@@ -88,7 +83,12 @@ fn check_table_with_badges() {
 #[test]
 fn show_with_members_and_signals() {
     let (env, engine, clock) = setup();
-    let (a, asec) = arm(&engine, "T2 ladder", &["arm2", "arm6"], 1);
+    let (a, asec) = Arming::new("T2 ladder")
+        .intent(INTENT)
+        .members(&["arm2", "arm6"])
+        .quorum(Quorum::All)
+        .expires_in_hours(3.0)
+        .on(&engine);
     clock.advance_ms(5 * 60_000);
     signal(
         &engine,

@@ -38,16 +38,11 @@ fn curl(
     )
 }
 
-fn json_of(env: &Env, what: &str, args: &[&str]) -> Value {
-    serde_json::from_str(&env.ok(what, &env.waitpoint(args))).unwrap()
-}
-
 #[test]
 fn the_legacy_timer_form_and_the_operator_cli_forms_work_as_the_spec_writes_them() {
     let env = Env::new();
     // `holon timer --after-ms N [--every-ms N] [--summary TEXT]`, the legacy form.
-    let legacy = json_of(
-        &env,
+    let legacy = env.waitpoint_json(
         "legacy form",
         &[
             "timer",
@@ -67,8 +62,7 @@ fn the_legacy_timer_form_and_the_operator_cli_forms_work_as_the_spec_writes_them
     assert_eq!(legacy["agent_id"], "default", "{legacy}");
     assert!(legacy.get("session").is_none(), "{legacy}");
     // `timer create --after-ms N [--every-ms N] [--summary TEXT] [--agent ID]`.
-    let made = json_of(
-        &env,
+    let made = env.waitpoint_json(
         "create",
         &[
             "timer",
@@ -85,27 +79,24 @@ fn the_legacy_timer_form_and_the_operator_cli_forms_work_as_the_spec_writes_them
     assert_eq!(made["agent_id"], "a7");
     let id = made["id"].as_str().unwrap();
     // `timer list [--limit N] [--agent ID]`, `timer cancel TIMER_ID [--agent ID]`.
-    let list = json_of(
-        &env,
+    let list = env.waitpoint_json(
         "list",
         &["timer", "list", "--limit", "1", "--agent", "a7", "--json"],
     );
     assert_eq!(list.as_array().unwrap().len(), 1);
     assert_eq!(list[0]["id"], id);
-    let listed_default = json_of(&env, "list default", &["timer", "list", "--json"]);
+    let listed_default = env.waitpoint_json("list default", &["timer", "list", "--json"]);
     assert_eq!(
         listed_default[0]["id"], legacy["id"],
         "agents see their own"
     );
-    let cancelled = json_of(
-        &env,
+    let cancelled = env.waitpoint_json(
         "cancel",
         &["timer", "cancel", id, "--agent", "a7", "--json"],
     );
     assert_eq!(cancelled["status"], "cancelled");
     // Idempotent.
-    json_of(
-        &env,
+    env.waitpoint_json(
         "cancel again",
         &["timer", "cancel", id, "--agent", "a7", "--json"],
     );
@@ -126,8 +117,7 @@ fn the_legacy_timer_form_and_the_operator_cli_forms_work_as_the_spec_writes_them
 #[test]
 fn a_timer_file_that_says_session_still_reads_and_is_shown_as_agent_id() {
     let env = Env::new();
-    let made = json_of(
-        &env,
+    let made = env.waitpoint_json(
         "create",
         &["timer", "create", "--after-ms", "600000", "--json"],
     );
@@ -137,7 +127,7 @@ fn a_timer_file_that_says_session_still_reads_and_is_shown_as_agent_id() {
     assert!(text.contains("\"agent_id\": \"default\""), "{text}");
     // As an earlier version wrote it.
     fs::write(&path, text.replace("\"agent_id\"", "\"session\"")).unwrap();
-    let shown = json_of(&env, "show", &["timer", "show", &id, "--json"]);
+    let shown = env.waitpoint_json("show", &["timer", "show", &id, "--json"]);
     assert_eq!(shown["agent_id"], "default", "{shown}");
 }
 
@@ -272,11 +262,7 @@ fn the_control_routes_need_the_operator_token_and_do_what_the_spec_says() {
         );
     }
     // The CLI sees the same timer under the same agent.
-    let shown = json_of(
-        &env,
-        "show",
-        &["timer", "show", &tid, "--agent", "a1", "--json"],
-    );
+    let shown = env.waitpoint_json("show", &["timer", "show", &tid, "--agent", "a1", "--json"]);
     assert_eq!(shown["status"], "cancelled");
 
     // POST /api/control/agents/:agent_id/reset-callback: ok, agent_id, external_trigger_id,
@@ -320,8 +306,7 @@ fn the_control_routes_need_the_operator_token_and_do_what_the_spec_says() {
     assert_ne!(second["external_trigger_id"], first["external_trigger_id"]);
     assert_eq!(curl(&env, "POST", &url, None, None).0, 404);
     assert_eq!(curl(&env, "POST", &new_url, None, None).0, 202);
-    let old = json_of(
-        &env,
+    let old = env.waitpoint_json(
         "old callback",
         &[
             "callback",
@@ -485,7 +470,7 @@ fn a_heartbeat_shows_in_check_and_brief_with_its_age() {
         brief.contains("heartbeat") && brief.contains("ago"),
         "{brief}"
     );
-    let json = json_of(&env, "check --json", &["check", "--json"]);
+    let json = env.waitpoint_json("check --json", &["check", "--json"]);
     assert_eq!(
         json["waiting"][0]["latest_heartbeat"]["message"],
         "step 12000"

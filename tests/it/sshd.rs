@@ -7,12 +7,12 @@
 //! explicit `WAITPOINT_SKIP_SSH_TESTS=1` outside CI turns these tests into no-ops.
 
 use std::fs;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::helpers::PATIENCE;
+use crate::helpers::{PATIENCE, free_port};
 
 pub const SSHD: &str = "/usr/sbin/sshd";
 
@@ -48,13 +48,6 @@ fn keygen(path: &Path) {
         "ssh-keygen failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 impl Sshd {

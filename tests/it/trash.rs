@@ -12,7 +12,7 @@ use waitpoint::ingress::spool::{FileOutcome, Spool};
 use crate::helpers::*;
 
 fn monitor(e: &Engine) -> (String, String) {
-    labelled(e, "trash", "default", 10, &[])
+    Arming::new("trash").max_signals(10).no_fail_fast().on(e)
 }
 
 fn inodes(env: &Env) -> Vec<u64> {
