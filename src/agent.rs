@@ -13,7 +13,6 @@ use notify::{RecursiveMode, Watcher};
 use serde_json::{Value, json};
 
 use crate::durable::FileLock;
-use crate::engine::callbacks::IssuedCallback;
 use crate::engine::{self, Created, Engine};
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -102,7 +101,7 @@ pub fn created_reply(created: &Created, lines: &HowToSignal) -> Value {
 /// The waitpoints `session` is waiting on (the spec's union rule: armed ones it armed or whose
 /// wakes come to it), and fired or expired ones whose wake it has not read yet.
 pub fn waiting_for(engine: &Engine, session: &str) -> Result<Vec<Waitpoint>> {
-    engine::check_name("session", session)?;
+    crate::request::check_name("session", session)?;
     let home = engine.home();
     Ok(engine
         .list_visible(session)?
@@ -330,7 +329,7 @@ pub struct Inbox<'h> {
 
 impl<'h> Inbox<'h> {
     pub fn open(home: &'h Home, channel: &str) -> Result<Inbox<'h>> {
-        engine::check_name("channel", channel)?;
+        crate::request::check_name("channel", channel)?;
         let dir = home.inbox_new(channel);
         crate::durable::create_dir_private(&dir)?;
         crate::durable::create_dir_private(&home.inbox_cur(channel))?;
@@ -380,19 +379,4 @@ impl<'h> Inbox<'h> {
             }
         }
     }
-}
-
-/// An issued (created or reset) callback as the spec's reset returns it: `ok`, `agent_id`,
-/// `external_trigger_id`, `trigger_url`, `delivery_mode` and `status`. The URL holds the token:
-/// it is shown here once and never stored.
-pub fn issued_view(issued: &IssuedCallback, trigger_url: &str) -> Value {
-    let cb = &issued.callback;
-    json!({
-        "ok": true,
-        "agent_id": cb.session,
-        "external_trigger_id": cb.id,
-        "trigger_url": trigger_url,
-        "delivery_mode": cb.mode.delivery_name(),
-        "status": cb.status,
-    })
 }

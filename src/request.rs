@@ -113,6 +113,18 @@ pub fn identity_of(origin: &str) -> String {
     }
 }
 
+/// Checks a session or channel name: it becomes a directory name.
+pub fn check_name(what: &'static str, name: &str) -> crate::error::Result<()> {
+    if crate::names::is_name(name) {
+        Ok(())
+    } else {
+        Err(crate::error::Error::invalid(
+            what,
+            format!("{name:?} {}", crate::names::NAME_RULE),
+        ))
+    }
+}
+
 /// Checks a member name's shape (the engine checks it against the waitpoint's list).
 pub fn check_member_name(name: &str) -> Result<(), String> {
     if name.is_empty() {

@@ -118,7 +118,7 @@ pub fn run_callback(
         let url = trigger_url(port, i.callback.mode, &i.token);
         let cb = &i.callback;
         if json_out {
-            let v = crate::agent::issued_view(&i, &url);
+            let v = i.view(&url);
             serde_json::to_writer_pretty(&mut *out, &v)?;
             writeln!(out)?;
         } else {

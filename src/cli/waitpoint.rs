@@ -409,7 +409,7 @@ pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyh
     use std::collections::HashSet;
     use std::io::IsTerminal;
     let session = a.session.session;
-    engine::check_name("session", &session)?;
+    crate::request::check_name("session", &session)?;
     let home = engine.home();
     let inbox = home.inbox_new(&session);
     crate::durable::create_dir_private(&inbox)?;
@@ -583,7 +583,7 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
 
 pub(super) fn ack(engine: &Engine, a: AckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let channel = a.channel.unwrap_or(a.session.session);
-    engine::check_name("channel", &channel)?;
+    crate::request::check_name("channel", &channel)?;
     let home = engine.home();
     if crate::delivery::mark_read(home, &channel, &a.wake_id)? {
         writeln!(out, "{} marked read", a.wake_id)?;

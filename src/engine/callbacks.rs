@@ -13,7 +13,8 @@ use crate::records::{
 use crate::secret;
 use crate::store::DocTxn;
 
-use super::{Engine, check_name};
+use super::Engine;
+use crate::request::check_name;
 
 /// Callback ids are `cb_` and 12 hex digits.
 pub const ID_PREFIX: &str = "cb_";
@@ -27,6 +28,23 @@ const RECENT_SOURCES: usize = 64;
 pub struct IssuedCallback {
     pub callback: Callback,
     pub token: String,
+}
+
+impl IssuedCallback {
+    /// This callback as every front end shows it on creation or reset (the spec's reset reply):
+    /// `ok`, `agent_id`, `external_trigger_id`, `trigger_url`, `delivery_mode` and `status`.
+    /// The URL holds the token: it is shown here once and never stored.
+    pub fn view(&self, trigger_url: &str) -> serde_json::Value {
+        let cb = &self.callback;
+        serde_json::json!({
+            "ok": true,
+            "agent_id": cb.session,
+            "external_trigger_id": cb.id,
+            "trigger_url": trigger_url,
+            "delivery_mode": cb.mode.delivery_name(),
+            "status": cb.status,
+        })
+    }
 }
 
 /// What a trigger did.

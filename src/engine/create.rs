@@ -6,6 +6,7 @@ use crate::clock::human_duration;
 use crate::error::{Error, Result};
 use crate::records::{Counters, Round, Status, Waitpoint};
 use crate::request::check_member_name;
+use crate::request::check_name;
 use crate::secret;
 use crate::settings::MAX_TTL_MS;
 use rand::Rng;
@@ -83,18 +84,6 @@ pub struct Created {
 pub const MIN_TTL_MS: i64 = 1_000;
 /// [`MIN_TTL_MS`] in hours as messages show it (rounded up, so it is itself accepted).
 const MIN_TTL_HOURS_SHOWN: f64 = 0.0003;
-
-/// Checks a session or channel name: it becomes a directory name.
-pub fn check_name(what: &'static str, name: &str) -> Result<()> {
-    if crate::names::is_name(name) {
-        Ok(())
-    } else {
-        Err(Error::invalid(
-            what,
-            format!("{name:?} {}", crate::names::NAME_RULE),
-        ))
-    }
-}
 
 impl Engine {
     /// Arms a new waitpoint (`wait_create`).

@@ -1,10 +1,11 @@
 //! Sessions as a whole: deleting one (its waitpoints cancelled, its capabilities revoked, its
 //! inbox removed) and clearing read wakes past their TTL.
 
-use super::{Engine, check_name};
+use super::Engine;
 use crate::delivery;
 use crate::error::{Error, Result};
 use crate::records::Status;
+use crate::request::check_name;
 
 impl Engine {
     /// Deletes a session: cancels every armed waitpoint it may see (so a late signal cannot bring

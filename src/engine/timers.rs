@@ -12,7 +12,8 @@ use crate::records::{
     EXTERNAL_NOTICE, ExternalPayload, Timer, TimerRef, TimerStatus, Wake, WakeKind,
 };
 
-use super::{Engine, Service, check_name, hooks_due, next_hook_after};
+use super::{Engine, Service, hooks_due, next_hook_after};
+use crate::request::check_name;
 
 /// Timer ids are `tm_` and 12 hex digits.
 pub const ID_PREFIX: &str = "tm_";

@@ -167,7 +167,7 @@ fn record_file(home: &Home, session: &str) -> PathBuf {
 /// only when it changed, so a front end may call it on every request. A session named
 /// explicitly and shared by several harness sessions remembers the last one that called.
 pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
-    crate::engine::check_name("session", session)?;
+    crate::request::check_name("session", session)?;
     let file = record_file(home, session);
     if recall(home, session).ok().flatten().as_ref() == Some(caller) {
         return Ok(());
@@ -178,7 +178,7 @@ pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
 
 /// The harness session `session` was last seen in, if any.
 pub fn recall(home: &Home, session: &str) -> Result<Option<Caller>> {
-    crate::engine::check_name("session", session)?;
+    crate::request::check_name("session", session)?;
     // Reached beneath the home without following a link, size-capped; a bad one is set aside.
     let found: Option<Caller> = durable::read_json_or_set_aside(
         &home.quarantine_dir(),

@@ -235,7 +235,7 @@ impl Waiter {
     /// not known). Blocks while a resume of this session is running, which holds the lock
     /// exclusively; the wake it delivers is read by the time this returns.
     pub fn start(home: &Home, session: &str, starter: Option<libc::pid_t>) -> Result<Waiter> {
-        crate::engine::check_name("session", session)?;
+        crate::request::check_name("session", session)?;
         let presence = presence_lock(home, session)?;
         let lock = home.sessions_dir().join(session).join("waiter.lock");
         presence
@@ -301,7 +301,7 @@ impl Drop for Waiter {
 /// Ends `session`'s waiter (the harness's session ended): its record is removed, and the
 /// waiter, which watches for that, leaves. True when there was one.
 pub fn end_waiter(home: &Home, session: &str) -> Result<bool> {
-    crate::engine::check_name("session", session)?;
+    crate::request::check_name("session", session)?;
     let record = waiter_record(home, session);
     match crate::durable::unlink(&record) {
         Ok(()) => Ok(true),

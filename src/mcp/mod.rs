@@ -98,7 +98,7 @@ pub struct Server {
 /// to stdout; logs go to stderr.
 pub fn serve_stdio(config: Config) -> anyhow::Result<()> {
     if let Sessions::Named(s) = &config.sessions {
-        crate::engine::check_name("session", s)?;
+        crate::request::check_name("session", s)?;
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -31,10 +31,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
 use crate::durable;
-use crate::engine::check_name;
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::spool::Spool;
+use crate::request::check_name;
 
 mod claim;
 mod fleet;

@@ -210,7 +210,7 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> std::result::Result
 }
 
 fn agent_of(raw: &str) -> std::result::Result<String, Refused> {
-    crate::engine::check_name("agent_id", raw)
+    crate::request::check_name("agent_id", raw)
         .map(|()| raw.to_owned())
         .map_err(|e| (400, e.to_string()))
 }
@@ -312,7 +312,7 @@ pub fn answer(
     match outcome {
         Ok(ControlOutcome::Reset(issued)) => {
             let url = trigger_url(issued.callback.mode, &issued.token);
-            (200, crate::agent::issued_view(&issued, &url))
+            (200, issued.view(&url))
         }
         Ok(ControlOutcome::Created(t)) => (201, to_value(&t)),
         Ok(ControlOutcome::Timer(t)) => (200, to_value(&t)),
