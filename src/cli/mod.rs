@@ -3,15 +3,19 @@
 
 pub mod adapter;
 pub mod callback;
+pub mod completions;
+pub mod daemon;
 pub mod device;
+pub mod doctor;
+pub mod job;
 pub mod man;
-pub mod ops;
 pub mod progress;
 pub mod setup;
 pub use crate::render;
 mod sending;
 pub mod signal;
 pub mod timer;
+pub mod transfer;
 pub mod waitpoint;
 
 use std::ffi::OsString;
@@ -429,7 +433,7 @@ pub enum Command {
     /// SIGTERM and SIGINT stop it cleanly: the file in hand is finished, the rest stay spooled,
     /// the lock is released and the exit status is 0. SIGHUP re-reads settings.json and the
     /// environment; a malformed file is logged and the current settings are kept.
-    Daemon(ops::DaemonArgs),
+    Daemon(daemon::DaemonArgs),
     /// Manage the devices whose spools the daemon collects over SSH
     Device(device::DeviceArgs),
     /// Serve the agent tools over the Model Context Protocol on stdin and stdout
@@ -462,7 +466,6 @@ pub enum Command {
     /// $WAITPOINT_HOME unless --home says otherwise.
     #[command(subcommand)]
     Adapter(adapter::AdapterCommand),
-    // ---- operations and shell ergonomics (src/cli/ops.rs) ----
     /// Run a command, pass its output through, and signal its exit code and output tail
     ///
     /// Like `COMMAND; cortex-signal --exit-code $? --data <tail>`: the waitpoint gets ok for exit
@@ -470,13 +473,13 @@ pub enum Command {
     /// error as data. The id and secret are checked before the command starts. The exit status
     /// is the command's own: 128+N when signal N killed it, 127 when it cannot be found and 126
     /// when it cannot be run. A failure to signal is reported on stderr and does not change it.
-    Run(ops::RunArgs),
+    Run(job::RunArgs),
     /// Wait for a running process to end, then signal ok
     ///
     /// The attach_to_pid shape without a sleep loop: a pidfd where the kernel has them (Linux
     /// 5.3 and later), otherwise a check every second. The exit code of a process that is not
     /// your child is not knowable, so the signal is ok with the message "pid PID exited".
-    Attach(ops::AttachArgs),
+    Attach(job::AttachArgs),
     /// Check the home, the daemon and the machine, one line per check with how to fix it
     ///
     /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
@@ -484,12 +487,12 @@ pub enum Command {
     /// shim's address file, each device's reachability, stale *.tmp files and parked refused
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
     /// when any check FAILs.
-    Doctor(ops::DoctorArgs),
+    Doctor(doctor::DoctorArgs),
     /// Write every waitpoint of the store into DIR as an ordinary home, read at one revision
     ///
     /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
     /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot check --all`.
-    Export(ops::ExportArgs),
+    Export(transfer::ExportArgs),
     /// Copy the waitpoints of a home on this machine, with their signals, into the store
     ///
     /// For moving a single machine into a cluster: `waitpoint --store etcd://… import
@@ -497,13 +500,12 @@ pub enum Command {
     /// read, never changed: each file at most 16 MB, no link followed, every id and name
     /// checked as on arming. A waitpoint or timer with a file that fails is refused whole,
     /// listed with its reason, and the rest is imported; the exit status is then 1.
-    Import(ops::ImportArgs),
+    Import(transfer::ImportArgs),
     /// Print a completion script for bash, zsh or fish
     ///
     /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
     /// or `--program cortex-signal` for the signal command.
-    Completions(ops::CompletionsArgs),
-    // ---- end operations ----
+    Completions(completions::CompletionsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -522,10 +524,10 @@ pub struct McpArgs {
 fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> {
     // These need neither settings nor a prepared home (doctor must see the home as it is).
     let command = match command {
-        Command::Run(a) => return ops::run(&home, a),
-        Command::Attach(a) => return ops::attach(&home, a),
-        Command::Doctor(a) => return ops::doctor(&home, store, a),
-        Command::Completions(a) => return ops::completions(a),
+        Command::Run(a) => return job::run(&home, a),
+        Command::Attach(a) => return job::attach(&home, a),
+        Command::Doctor(a) => return doctor::run(&home, store, a),
+        Command::Completions(a) => return completions::run(a),
         Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
         other => other,
     };
@@ -546,8 +548,8 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     if let Command::Daemon(a) = command {
-        let http = ops::http_config(&a, &settings)?;
-        return ops::run_daemon(home, settings, http);
+        let http = daemon::http_config(&a, &settings)?;
+        return daemon::run(home, settings, http);
     }
     if let Command::Mcp(a) = &command {
         return serve_mcp(home, None, settings, a, None);
@@ -582,8 +584,8 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Callback(cmd) => {
             callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
         }
-        Command::Export(a) => ops::export(&engine, a, &mut out),
-        Command::Import(a) => ops::import(&engine, a, &mut out),
+        Command::Export(a) => transfer::export(&engine, a, &mut out),
+        Command::Import(a) => transfer::import(&engine, a, &mut out),
         Command::Device(a) => device::run(
             &engine,
             a,
