@@ -1,5 +1,7 @@
 //! Command-line front ends. Only this module knows clap, argv and the process environment: it
 //! resolves them into a [`Home`], [`Settings`] and validated requests before calling the library.
+//! This file holds the command line (`Cli`, its dispatch) and what the command files share; each
+//! command or group of commands is a file of its own, and none reaches into a sibling.
 
 pub mod adapter;
 pub mod callback;
@@ -7,7 +9,9 @@ pub mod completions;
 pub mod daemon;
 pub mod device;
 pub mod doctor;
+mod environment;
 pub mod job;
+mod logging;
 pub mod man;
 pub mod progress;
 pub mod setup;
@@ -19,26 +23,26 @@ pub mod transfer;
 pub mod waitpoint;
 
 use std::ffi::OsString;
-use std::fs::OpenOptions;
-use std::io::{self, IsTerminal, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::agent;
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
 use crate::error::{exit, exit_code_for, is_broken_pipe};
-use crate::ingress::http;
 
 use crate::home::Home;
 use crate::settings::Settings;
+pub use environment::{
+    default_home_root, default_session, env_var, home_dir, is_implicit_default, load_settings,
+    login_name, resolve_home, ssh_options, webhook_port_env,
+};
+pub(crate) use environment::{line_context, webhook_port};
+pub use logging::{LogFormat, init_logging};
 pub use sending::{SignalTarget, judge_locally, require_id_secret, send, send_as};
 
 /// The `waitpoint` command's clap definition (man pages and completions are made from it).
@@ -53,139 +57,8 @@ pub fn cortex_signal_command() -> clap::Command {
 
 /// The drain's progress bar, for the daemon command.
 pub use progress::Bar as DrainBar;
-
-/// `--home` > `CORTEX_HOME` > `~/.cortex`.
-pub fn resolve_home(flag: Option<PathBuf>) -> Home {
-    Home::new(flag.unwrap_or_else(default_home_root))
-}
-
-/// `CORTEX_HOME`, else `~/.cortex`.
-pub fn default_home_root() -> PathBuf {
-    match std::env::var_os("CORTEX_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h),
-        _ => home_dir().join(".cortex"),
-    }
-}
-
-/// Whether `home` is the one a bare `cortex-signal` (no `CORTEX_HOME`) would use.
-pub fn is_implicit_default(home: &Home) -> bool {
-    home.root() == home_dir().join(".cortex")
-}
-
-/// `$HOME`, else `/`.
-pub fn home_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/"))
-}
-
-/// The login name for `device add`'s default `--user`: `$USER`, `$LOGNAME`, else the name of
-/// the effective uid in the password database.
-pub fn login_name() -> Option<String> {
-    for var in ["USER", "LOGNAME"] {
-        if let Ok(v) = std::env::var(var)
-            && !v.is_empty()
-        {
-            return Some(v);
-        }
-    }
-    // The password file's line for our uid (`name:x:uid:...`). Users known only to a
-    // directory service have $USER set by their login anyway.
-    let uid = rustix::process::geteuid().as_raw().to_string();
-    std::fs::read_to_string("/etc/passwd")
-        .ok()?
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split(':');
-            let name = f.next()?;
-            (f.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
-        })
-}
-
-/// What SSH collectors take from the environment: the ssh-agent's socket.
-pub fn ssh_options() -> crate::ingress::device::SshOptions {
-    crate::ingress::device::SshOptions {
-        agent_socket: std::env::var_os("SSH_AUTH_SOCK")
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from),
-    }
-}
-
-/// Settings of `home`, with the process environment as the fallback for absent keys.
-pub fn load_settings(home: &Home) -> crate::error::Result<Settings> {
-    Settings::load(&home.settings_file(), |k| std::env::var(k).ok())
-}
-
-/// `WEBHOOK_PORT`, when set: the port the HTTP shim uses unless told otherwise.
-pub fn webhook_port_env() -> crate::error::Result<Option<u16>> {
-    match std::env::var("WEBHOOK_PORT") {
-        Ok(raw) if !raw.trim().is_empty() => raw.trim().parse().map(Some).map_err(|_| {
-            crate::error::Error::Usage(format!(
-                "environment variable WEBHOOK_PORT must be a port number, not {raw:?}"
-            ))
-        }),
-        _ => Ok(None),
-    }
-}
-
-/// How log lines are written (`waitpoint daemon --log-format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// One human-readable line per event
-    #[default]
-    Text,
-    /// One JSON object per line, with the fields (`waitpoint`, `file`, …) as keys
-    Json,
-}
-
-/// Logging: warnings and up to stderr for ordinary commands; for the daemon, info and up to
-/// stderr and `log/daemon.log`, in `format`. `RUST_LOG` overrides the level. `cortex-signal`
-/// calls this only in builds with failpoints, since nothing else on its path logs (see
-/// `cli::signal::main`).
-pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
-    let default = if daemon_log.is_some() { "info" } else { "warn" };
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let json = format == LogFormat::Json;
-    let layer = tracing_subscriber::fmt::layer;
-    let stderr = if json {
-        layer()
-            .json()
-            .with_writer(|| progress::Stderr)
-            .with_filter(filter())
-            .boxed()
-    } else {
-        layer()
-            .with_writer(|| progress::Stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_filter(filter())
-            .boxed()
-    };
-    let file = daemon_log.and_then(|home| {
-        let _ = crate::durable::create_dir_private(&home.log_dir());
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(crate::durable::FILE_MODE)
-            .open(home.log_file())
-            .ok()?;
-        Some(if json {
-            layer()
-                .json()
-                .with_writer(Mutex::new(f))
-                .with_filter(filter())
-                .boxed()
-        } else {
-            layer()
-                .with_writer(Mutex::new(f))
-                .with_ansi(false)
-                .with_filter(filter())
-                .boxed()
-        })
-    });
-    let layers: Vec<_> = std::iter::once(stderr).chain(file).collect();
-    let _ = tracing_subscriber::registry().with(layers).try_init();
-}
+/// Stderr written around the drain's progress bar, for the log layer.
+use progress::Stderr as LogStderr;
 
 /// Maps a command's result to the process exit code, printing the error chain on stderr.
 /// A closed stdout is not an error.
@@ -301,12 +174,6 @@ pub struct AgentArg {
     pub session: String,
 }
 
-/// The session when none is named: the harness's own, when a harness started this process, so
-/// that each harness session is a waitpoint session of its own; else `default`.
-pub fn default_session() -> String {
-    crate::harness::from_env(&env_var).map_or_else(|| "default".to_owned(), |c| c.session())
-}
-
 /// SIGTERM, SIGINT and SIGHUP turned into an [`agent::Interrupt`] for a reader of wakes, so
 /// one stopped with a wake in hand hands it over (or gives it back) before it exits, instead of
 /// dying with it taken.
@@ -323,11 +190,6 @@ pub fn interrupt_on_stop_signals() -> anyhow::Result<agent::Interrupt> {
             }
         })?;
     Ok(interrupt)
-}
-
-/// A variable of the process environment; unset and empty are the same.
-pub fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// Prints `v` as pretty JSON and a newline: every command's `--json` output.
@@ -638,17 +500,4 @@ fn serve_mcp(
         broken,
     })?;
     Ok(exit::OK)
-}
-
-/// What the reply's lines depend on in this process's environment.
-pub(crate) fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
-    Ok(agent::LineContext {
-        fallback_port: webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
-        home_is_implicit: is_implicit_default(home),
-    })
-}
-
-/// The port printed lines use (see [`agent::webhook_port`]).
-pub(crate) fn webhook_port(home: &Home) -> anyhow::Result<u16> {
-    Ok(agent::webhook_port(home, line_context(home)?.fallback_port))
 }
