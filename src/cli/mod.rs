@@ -13,6 +13,7 @@ mod environment;
 pub mod job;
 mod logging;
 pub mod man;
+pub mod mcp;
 pub mod progress;
 pub mod setup;
 pub use crate::render;
@@ -28,12 +29,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Parser, Subcommand};
 
 use crate::agent;
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
-use crate::error::{exit, exit_code_for, is_broken_pipe};
+use crate::error::{exit_code_for, is_broken_pipe};
 
 use crate::home::Home;
 use crate::settings::Settings;
@@ -306,7 +307,7 @@ pub enum Command {
     /// session, each Codex thread) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
-    Mcp(McpArgs),
+    Mcp(mcp::McpArgs),
     /// Configure an agent harness for waitpoints: its MCP server, hooks and status line
     ///
     /// Writes into the harness's files (the user's with --user, the default; the project's with
@@ -370,19 +371,6 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
 }
 
-#[derive(Debug, Args)]
-pub struct McpArgs {
-    /// Act for this session in every call [default: $CORTEX_SESSION, else the harness's own
-    /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), or the Codex thread each call
-    /// names (codex-THREAD), else "default"]
-    #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
-    pub session: Option<String>,
-    /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
-    /// a wake arrives: a doorbell telling the agent to call wait_next, which takes the wake
-    #[arg(long)]
-    pub claude_channel: bool,
-}
-
 fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> {
     // These need neither settings nor a prepared home (doctor must see the home as it is).
     let command = match command {
@@ -400,7 +388,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         (Err(e), Command::Mcp(a)) => {
             let broken = format!("{e}; fix it, then restart the MCP server");
             tracing::error!("{broken}");
-            return serve_mcp(home, store, Settings::default(), a, Some(broken));
+            return mcp::serve(home, store, Settings::default(), a, Some(broken));
         }
         (Err(e), _) => return Err(e.into()),
     };
@@ -414,7 +402,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         return daemon::run(home, settings, http);
     }
     if let Command::Mcp(a) = &command {
-        return serve_mcp(home, None, settings, a, None);
+        return mcp::serve(home, None, settings, a, None);
     }
     home.ensure()?;
     let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
@@ -464,40 +452,4 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         | Command::Completions(_)
         | Command::Setup(_) => unreachable!("handled above"),
     }
-}
-
-/// `waitpoint mcp`: serves until the client leaves. `broken` says what is wrong with the
-/// settings, when they could not be used: every call is answered with it.
-fn serve_mcp(
-    home: Home,
-    store: Option<&str>,
-    mut settings: Settings,
-    a: &McpArgs,
-    broken: Option<String>,
-) -> anyhow::Result<u8> {
-    if let Some(url) = store {
-        settings.store = crate::store::Location::parse(url)
-            .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
-    }
-    home.ensure()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
-    if broken.is_none() {
-        // Before reading or changing any state: what a dead daemon left in the journal.
-        engine.replay_left_journal()?;
-    }
-    // Before stdout is locked anywhere: the server writes it from other threads.
-    let lines = line_context(engine.home())?;
-    crate::mcp::serve_stdio(crate::mcp::Config {
-        engine,
-        sessions: a.session.clone().map_or(
-            crate::mcp::Sessions::FromHarness,
-            crate::mcp::Sessions::Named,
-        ),
-        started_by: crate::harness::from_env(&env_var),
-        lines,
-        claude_channel: a.claude_channel,
-        broken,
-    })?;
-    Ok(exit::OK)
 }
