@@ -9,6 +9,8 @@
 use clap_mangen::Man;
 use clap_mangen::roff::{Inline, Roff, bold, italic, roman};
 
+use crate::error::exit;
+
 mod sections;
 
 /// One generated page: its file name under `man/` and its roff source.
@@ -193,6 +195,8 @@ enum Block {
     Example(&'static str, &'static str),
     /// Exit statuses, code by code.
     Exit(&'static [(u8, &'static str)]),
+    /// `waitpoint`'s exit statuses: the library's table, `error::exit::TABLE`.
+    ExitCodes,
     /// Other pages, by name and section.
     SeeAlso(&'static [(&'static str, &'static str)]),
     /// Blocks several pages share.
@@ -250,6 +254,13 @@ impl Doc {
         self
     }
 
+    fn exit_codes(&mut self) -> &mut Self {
+        for row in exit::TABLE {
+            self.item(vec![bold(row.code.to_string())], row.meaning);
+        }
+        self
+    }
+
     fn see_also(&mut self, pages: &[(&str, &str)]) -> &mut Self {
         self.section("SEE ALSO");
         let mut line = Vec::new();
@@ -271,6 +282,7 @@ impl Doc {
                 Block::File(path, body) => self.file(path, body),
                 Block::Example(what, code) => self.example(what, code),
                 Block::Exit(table) => self.exit_table(table),
+                Block::ExitCodes => self.exit_codes(),
                 Block::SeeAlso(pages) => self.see_also(pages),
                 Block::Include(shared) => self.blocks(shared),
             };
@@ -287,7 +299,6 @@ impl Doc {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::exit;
 
     fn each_arg(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
         for arg in cmd.get_arguments() {
@@ -317,19 +328,25 @@ mod tests {
 
     #[test]
     fn exit_status_documents_every_code_of_the_table() {
-        for code in exit::ALL {
-            assert!(
-                sections::WAITPOINT_EXIT.iter().any(|(c, _)| *c == code),
-                "exit code {code} is not documented in waitpoint(1)"
-            );
-        }
+        let codes: Vec<u8> = exit::TABLE.iter().map(|row| row.code).collect();
+        assert!(
+            codes.windows(2).all(|w| w[0] < w[1]),
+            "the table's codes are distinct and in order: {codes:?}"
+        );
         let page = waitpoint_1().text;
         let exit_status = page
             .split(".SH \"EXIT STATUS\"")
             .nth(1)
             .expect("an EXIT STATUS section");
-        for code in exit::ALL {
+        for row in exit::TABLE {
+            let code = row.code;
             assert!(exit_status.contains(&format!("\\fB{code}\\fR")), "{code}");
+            let first_words: String = row.meaning.split(' ').take(3).collect::<Vec<_>>().join(" ");
+            assert!(
+                exit_status.contains(&first_words),
+                "{}: {first_words}",
+                row.name
+            );
         }
     }
 

@@ -1,38 +1,11 @@
 //! The hand-written sections of the generated pages, as data: each page's ENVIRONMENT, FILES,
 //! EXIT STATUS, EXAMPLES and SEE ALSO (and the daemon's SIGNALS), in the order they are printed.
-//! `man.rs` renders them after the parts it generates from clap.
+//! `man.rs` renders them after the parts it generates from clap. waitpoint(1)'s exit codes are
+//! the library's table (`error::exit::TABLE`); the other pages say what the codes mean for
+//! their programs.
 
-use super::Block::{self, Example, Exit, File, Include, Para, Section, SeeAlso, Var};
+use super::Block::{self, Example, Exit, ExitCodes, File, Include, Para, Section, SeeAlso, Var};
 use crate::error::exit;
-
-/// The exit status of `waitpoint`, code by code; the same table as `error::exit`.
-pub(super) const WAITPOINT_EXIT: &[(u8, &str)] = &[
-    (
-        exit::OK,
-        "Success. For wait, the waitpoint resolved ok. For doctor, no check failed.",
-    ),
-    (
-        exit::FAILURE,
-        "A runtime failure: I/O, corrupt state, a daemon already holding the home, or a request \
-that conflicts with the current state (such as cancelling a resolved waitpoint). For doctor, \
-at least one check failed.",
-    ),
-    (
-        exit::USAGE,
-        "A usage error: bad flags or values, a missing id or secret, or a malformed settings file.",
-    ),
-    (
-        exit::NOT_FOUND,
-        "No such waitpoint, or not one this session may see.",
-    ),
-    (
-        exit::RESOLVED_FAIL,
-        "wait: the waitpoint resolved with a failure.",
-    ),
-    (exit::EXPIRED, "wait: the waitpoint reached its deadline."),
-    (exit::CANCELLED, "wait: the waitpoint was cancelled."),
-    (exit::TIMED_OUT, "wait and next: --timeout elapsed first."),
-];
 
 /// The exit status of `cortex-signal`, as the spec gives it.
 pub(super) const CORTEX_SIGNAL_EXIT: &[(u8, &str)] = &[
@@ -165,7 +138,7 @@ for adapter resume.",
 and a lock it holds while it lives, which adapter resume yields to.",
     ),
     Section("EXIT STATUS"),
-    Exit(WAITPOINT_EXIT),
+    ExitCodes,
     Para(
         "run exits with the command's own status: 128+N when signal N killed it, 127 when it \
 cannot be found and 126 when it cannot be run; 2 when the id or secret is missing or malformed \
