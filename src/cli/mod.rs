@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod device;
 pub mod doctor;
 mod environment;
+mod hints;
 pub mod job;
 mod logging;
 pub mod man;
@@ -43,6 +44,7 @@ pub use environment::{
     login_name, resolve_home, ssh_options, webhook_port_env,
 };
 pub(crate) use environment::{line_context, webhook_port};
+pub use hints::field_hint;
 pub use logging::{LogFormat, init_logging};
 pub use sending::{SignalTarget, judge_locally, require_id_secret, send, send_as};
 
@@ -91,29 +93,6 @@ pub fn finish(program: &str, result: anyhow::Result<u8>) -> ExitCode {
             ExitCode::from(exit_code_for(&e))
         }
     }
-}
-
-/// The CLI's hint for a request field the engine refused: the flag that sets it. The engine's
-/// text names the field, as every front end shows it; only the CLI knows its flags.
-pub fn field_hint(field: &str) -> Option<&'static str> {
-    Some(match field {
-        "label" => "--label",
-        "intent" => "--intent",
-        "members" => "--member",
-        "quorum" => "--quorum",
-        "max_signals" => "--max-signals",
-        "expires_in_hours" => "--expires-in-hours",
-        "recheck_after_ms" => "--recheck-after-ms",
-        "started_within_s" => "--started-within",
-        "heartbeat_within_s" => "--heartbeat-within",
-        "device" => "--device",
-        "session" => "--session",
-        "channel" => "--channel",
-        "duration_ms" => "--after-ms",
-        "interval_ms" => "--every-ms",
-        "summary" => "--summary",
-        _ => return None,
-    })
 }
 
 /// Parses argv with clap. On `--help`/`--version` or a usage error, clap's message is printed and
