@@ -2,8 +2,8 @@
 //!
 //! Every fallible library function returns [`Error`]. Binaries add context with `anyhow` at the edge
 //! and ask [`Error::kind`] (through [`exit_code_for`]) which exit status to use, so the mapping from
-//! failure to exit code lives here and nowhere else. The man pages' EXIT STATUS sections document
-//! the same table.
+//! failure to exit code lives here and nowhere else. What each code means is written once, in
+//! [`exit::TABLE`], which waitpoint(1)'s EXIT STATUS is generated from.
 
 use std::path::PathBuf;
 
@@ -28,33 +28,40 @@ pub enum ErrorKind {
 
 /// Exit codes of the `waitpoint` binary. `wait` and `next` add outcome codes on top of these.
 pub mod exit {
-    /// Success (and, for `wait`, the waitpoint resolved ok).
-    pub const OK: u8 = 0;
-    /// A runtime failure: I/O, corrupt state, a held lock, a conflicting request.
-    pub const FAILURE: u8 = 1;
-    /// A usage error: bad flags or values, or a malformed settings file.
-    pub const USAGE: u8 = 2;
-    /// No such waitpoint, or not one this session may see.
-    pub const NOT_FOUND: u8 = 3;
-    /// `wait`: the waitpoint resolved with a failure.
-    pub const RESOLVED_FAIL: u8 = 4;
-    /// `wait`: the waitpoint reached its deadline.
-    pub const EXPIRED: u8 = 5;
-    /// `wait`: the waitpoint was cancelled.
-    pub const CANCELLED: u8 = 6;
-    /// `wait` / `next`: `--timeout` elapsed first.
-    pub const TIMED_OUT: u8 = 7;
-    /// Every code above; the man pages' EXIT STATUS is checked against it.
-    pub const ALL: [u8; 8] = [
-        OK,
-        FAILURE,
-        USAGE,
-        NOT_FOUND,
-        RESOLVED_FAIL,
-        EXPIRED,
-        CANCELLED,
-        TIMED_OUT,
-    ];
+    /// One row of [`TABLE`]: a code, its constant's name and what it means.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Code {
+        pub code: u8,
+        pub name: &'static str,
+        pub meaning: &'static str,
+    }
+
+    /// Declares each row's constant, documented with its meaning, and [`TABLE`] from the same
+    /// rows, so that the docs, the man pages and the codes cannot disagree.
+    macro_rules! table {
+        ($($name:ident = $code:literal: $meaning:literal;)*) => {
+            $(#[doc = $meaning] pub const $name: u8 = $code;)*
+            /// Every exit code of `waitpoint`, in order; waitpoint(1)'s EXIT STATUS is made
+            /// from it.
+            pub const TABLE: &[Code] = &[
+                $(Code { code: $name, name: stringify!($name), meaning: $meaning }),*
+            ];
+        };
+    }
+
+    table! {
+        OK = 0: "Success. For wait, the waitpoint resolved ok. For doctor, no check failed.";
+        FAILURE = 1: "A runtime failure: I/O, corrupt state, a daemon already holding the home, \
+    or a request that conflicts with the current state (such as cancelling a resolved waitpoint). \
+    For doctor, at least one check failed.";
+        USAGE = 2: "A usage error: bad flags or values, a missing id or secret, or a malformed \
+    settings file.";
+        NOT_FOUND = 3: "No such waitpoint, or not one this session may see.";
+        RESOLVED_FAIL = 4: "wait: the waitpoint resolved with a failure.";
+        EXPIRED = 5: "wait: the waitpoint reached its deadline.";
+        CANCELLED = 6: "wait: the waitpoint was cancelled.";
+        TIMED_OUT = 7: "wait and next: --timeout elapsed first.";
+    }
 }
 
 /// Everything the library can fail with.

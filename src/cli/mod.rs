@@ -1,40 +1,51 @@
 //! Command-line front ends. Only this module knows clap, argv and the process environment: it
 //! resolves them into a [`Home`], [`Settings`] and validated requests before calling the library.
+//! This file holds the command line (`Cli`, its dispatch) and what the command files share; each
+//! command or group of commands is a file of its own, and none reaches into a sibling.
 
 pub mod adapter;
 pub mod callback;
+pub mod completions;
+pub mod daemon;
 pub mod device;
+pub mod doctor;
+mod environment;
+mod hints;
+pub mod job;
+mod logging;
 pub mod man;
-pub mod ops;
+pub mod mcp;
 pub mod progress;
 pub mod setup;
 pub use crate::render;
 mod sending;
 pub mod signal;
 pub mod timer;
+pub mod transfer;
 pub mod waitpoint;
 
 use std::ffi::OsString;
-use std::fs::OpenOptions;
-use std::io::{self, IsTerminal, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
-use tracing_subscriber::layer::SubscriberExt;
-use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use clap::{Parser, Subcommand};
 
 use crate::agent;
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
-use crate::error::{exit, exit_code_for, is_broken_pipe};
-use crate::ingress::http;
+use crate::error::{exit_code_for, is_broken_pipe};
 
 use crate::home::Home;
 use crate::settings::Settings;
+pub use environment::{
+    default_home_root, default_session, env_var, home_dir, is_implicit_default, load_settings,
+    login_name, resolve_home, ssh_options, webhook_port_env,
+};
+pub(crate) use environment::{line_context, webhook_port};
+pub use hints::field_hint;
+pub use logging::{LogFormat, init_logging};
 pub use sending::{SignalTarget, judge_locally, require_id_secret, send, send_as};
 
 /// The `waitpoint` command's clap definition (man pages and completions are made from it).
@@ -49,139 +60,8 @@ pub fn cortex_signal_command() -> clap::Command {
 
 /// The drain's progress bar, for the daemon command.
 pub use progress::Bar as DrainBar;
-
-/// `--home` > `CORTEX_HOME` > `~/.cortex`.
-pub fn resolve_home(flag: Option<PathBuf>) -> Home {
-    Home::new(flag.unwrap_or_else(default_home_root))
-}
-
-/// `CORTEX_HOME`, else `~/.cortex`.
-pub fn default_home_root() -> PathBuf {
-    match std::env::var_os("CORTEX_HOME") {
-        Some(h) if !h.is_empty() => PathBuf::from(h),
-        _ => home_dir().join(".cortex"),
-    }
-}
-
-/// Whether `home` is the one a bare `cortex-signal` (no `CORTEX_HOME`) would use.
-pub fn is_implicit_default(home: &Home) -> bool {
-    home.root() == home_dir().join(".cortex")
-}
-
-/// `$HOME`, else `/`.
-pub fn home_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/"))
-}
-
-/// The login name for `device add`'s default `--user`: `$USER`, `$LOGNAME`, else the name of
-/// the effective uid in the password database.
-pub fn login_name() -> Option<String> {
-    for var in ["USER", "LOGNAME"] {
-        if let Ok(v) = std::env::var(var)
-            && !v.is_empty()
-        {
-            return Some(v);
-        }
-    }
-    // The password file's line for our uid (`name:x:uid:...`). Users known only to a
-    // directory service have $USER set by their login anyway.
-    let uid = rustix::process::geteuid().as_raw().to_string();
-    std::fs::read_to_string("/etc/passwd")
-        .ok()?
-        .lines()
-        .find_map(|l| {
-            let mut f = l.split(':');
-            let name = f.next()?;
-            (f.nth(1)? == uid && !name.is_empty()).then(|| name.to_owned())
-        })
-}
-
-/// What SSH collectors take from the environment: the ssh-agent's socket.
-pub fn ssh_options() -> crate::ingress::device::SshOptions {
-    crate::ingress::device::SshOptions {
-        agent_socket: std::env::var_os("SSH_AUTH_SOCK")
-            .filter(|s| !s.is_empty())
-            .map(PathBuf::from),
-    }
-}
-
-/// Settings of `home`, with the process environment as the fallback for absent keys.
-pub fn load_settings(home: &Home) -> crate::error::Result<Settings> {
-    Settings::load(&home.settings_file(), |k| std::env::var(k).ok())
-}
-
-/// `WEBHOOK_PORT`, when set: the port the HTTP shim uses unless told otherwise.
-pub fn webhook_port_env() -> crate::error::Result<Option<u16>> {
-    match std::env::var("WEBHOOK_PORT") {
-        Ok(raw) if !raw.trim().is_empty() => raw.trim().parse().map(Some).map_err(|_| {
-            crate::error::Error::Usage(format!(
-                "environment variable WEBHOOK_PORT must be a port number, not {raw:?}"
-            ))
-        }),
-        _ => Ok(None),
-    }
-}
-
-/// How log lines are written (`waitpoint daemon --log-format`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
-    /// One human-readable line per event
-    #[default]
-    Text,
-    /// One JSON object per line, with the fields (`waitpoint`, `file`, …) as keys
-    Json,
-}
-
-/// Logging: warnings and up to stderr for ordinary commands; for the daemon, info and up to
-/// stderr and `log/daemon.log`, in `format`. `RUST_LOG` overrides the level. `cortex-signal`
-/// calls this only in builds with failpoints, since nothing else on its path logs (see
-/// `cli::signal::main`).
-pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
-    let default = if daemon_log.is_some() { "info" } else { "warn" };
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let json = format == LogFormat::Json;
-    let layer = tracing_subscriber::fmt::layer;
-    let stderr = if json {
-        layer()
-            .json()
-            .with_writer(|| progress::Stderr)
-            .with_filter(filter())
-            .boxed()
-    } else {
-        layer()
-            .with_writer(|| progress::Stderr)
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_filter(filter())
-            .boxed()
-    };
-    let file = daemon_log.and_then(|home| {
-        let _ = crate::durable::create_dir_private(&home.log_dir());
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(crate::durable::FILE_MODE)
-            .open(home.log_file())
-            .ok()?;
-        Some(if json {
-            layer()
-                .json()
-                .with_writer(Mutex::new(f))
-                .with_filter(filter())
-                .boxed()
-        } else {
-            layer()
-                .with_writer(Mutex::new(f))
-                .with_ansi(false)
-                .with_filter(filter())
-                .boxed()
-        })
-    });
-    let layers: Vec<_> = std::iter::once(stderr).chain(file).collect();
-    let _ = tracing_subscriber::registry().with(layers).try_init();
-}
+/// Stderr written around the drain's progress bar, for the log layer.
+use progress::Stderr as LogStderr;
 
 /// Maps a command's result to the process exit code, printing the error chain on stderr.
 /// A closed stdout is not an error.
@@ -213,29 +93,6 @@ pub fn finish(program: &str, result: anyhow::Result<u8>) -> ExitCode {
             ExitCode::from(exit_code_for(&e))
         }
     }
-}
-
-/// The CLI's hint for a request field the engine refused: the flag that sets it. The engine's
-/// text names the field, as every front end shows it; only the CLI knows its flags.
-pub fn field_hint(field: &str) -> Option<&'static str> {
-    Some(match field {
-        "label" => "--label",
-        "intent" => "--intent",
-        "members" => "--member",
-        "quorum" => "--quorum",
-        "max_signals" => "--max-signals",
-        "expires_in_hours" => "--expires-in-hours",
-        "recheck_after_ms" => "--recheck-after-ms",
-        "started_within_s" => "--started-within",
-        "heartbeat_within_s" => "--heartbeat-within",
-        "device" => "--device",
-        "session" => "--session",
-        "channel" => "--channel",
-        "duration_ms" => "--after-ms",
-        "interval_ms" => "--every-ms",
-        "summary" => "--summary",
-        _ => return None,
-    })
 }
 
 /// Parses argv with clap. On `--help`/`--version` or a usage error, clap's message is printed and
@@ -297,12 +154,6 @@ pub struct AgentArg {
     pub session: String,
 }
 
-/// The session when none is named: the harness's own, when a harness started this process, so
-/// that each harness session is a waitpoint session of its own; else `default`.
-pub fn default_session() -> String {
-    crate::harness::from_env(&env_var).map_or_else(|| "default".to_owned(), |c| c.session())
-}
-
 /// SIGTERM, SIGINT and SIGHUP turned into an [`agent::Interrupt`] for a reader of wakes, so
 /// one stopped with a wake in hand hands it over (or gives it back) before it exits, instead of
 /// dying with it taken.
@@ -319,11 +170,6 @@ pub fn interrupt_on_stop_signals() -> anyhow::Result<agent::Interrupt> {
             }
         })?;
     Ok(interrupt)
-}
-
-/// A variable of the process environment; unset and empty are the same.
-pub fn env_var(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
 /// Prints `v` as pretty JSON and a newline: every command's `--json` output.
@@ -429,7 +275,7 @@ pub enum Command {
     /// SIGTERM and SIGINT stop it cleanly: the file in hand is finished, the rest stay spooled,
     /// the lock is released and the exit status is 0. SIGHUP re-reads settings.json and the
     /// environment; a malformed file is logged and the current settings are kept.
-    Daemon(ops::DaemonArgs),
+    Daemon(daemon::DaemonArgs),
     /// Manage the devices whose spools the daemon collects over SSH
     Device(device::DeviceArgs),
     /// Serve the agent tools over the Model Context Protocol on stdin and stdout
@@ -440,7 +286,7 @@ pub enum Command {
     /// session, each Codex thread) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
-    Mcp(McpArgs),
+    Mcp(mcp::McpArgs),
     /// Configure an agent harness for waitpoints: its MCP server, hooks and status line
     ///
     /// Writes into the harness's files (the user's with --user, the default; the project's with
@@ -462,7 +308,6 @@ pub enum Command {
     /// $WAITPOINT_HOME unless --home says otherwise.
     #[command(subcommand)]
     Adapter(adapter::AdapterCommand),
-    // ---- operations and shell ergonomics (src/cli/ops.rs) ----
     /// Run a command, pass its output through, and signal its exit code and output tail
     ///
     /// Like `COMMAND; cortex-signal --exit-code $? --data <tail>`: the waitpoint gets ok for exit
@@ -470,13 +315,13 @@ pub enum Command {
     /// error as data. The id and secret are checked before the command starts. The exit status
     /// is the command's own: 128+N when signal N killed it, 127 when it cannot be found and 126
     /// when it cannot be run. A failure to signal is reported on stderr and does not change it.
-    Run(ops::RunArgs),
+    Run(job::RunArgs),
     /// Wait for a running process to end, then signal ok
     ///
     /// The attach_to_pid shape without a sleep loop: a pidfd where the kernel has them (Linux
     /// 5.3 and later), otherwise a check every second. The exit code of a process that is not
     /// your child is not knowable, so the signal is ok with the message "pid PID exited".
-    Attach(ops::AttachArgs),
+    Attach(job::AttachArgs),
     /// Check the home, the daemon and the machine, one line per check with how to fix it
     ///
     /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
@@ -484,12 +329,12 @@ pub enum Command {
     /// shim's address file, each device's reachability, stale *.tmp files and parked refused
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
     /// when any check FAILs.
-    Doctor(ops::DoctorArgs),
+    Doctor(doctor::DoctorArgs),
     /// Write every waitpoint of the store into DIR as an ordinary home, read at one revision
     ///
     /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
     /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot check --all`.
-    Export(ops::ExportArgs),
+    Export(transfer::ExportArgs),
     /// Copy the waitpoints of a home on this machine, with their signals, into the store
     ///
     /// For moving a single machine into a cluster: `waitpoint --store etcd://… import
@@ -497,35 +342,21 @@ pub enum Command {
     /// read, never changed: each file at most 16 MB, no link followed, every id and name
     /// checked as on arming. A waitpoint or timer with a file that fails is refused whole,
     /// listed with its reason, and the rest is imported; the exit status is then 1.
-    Import(ops::ImportArgs),
+    Import(transfer::ImportArgs),
     /// Print a completion script for bash, zsh or fish
     ///
     /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
     /// or `--program cortex-signal` for the signal command.
-    Completions(ops::CompletionsArgs),
-    // ---- end operations ----
-}
-
-#[derive(Debug, Args)]
-pub struct McpArgs {
-    /// Act for this session in every call [default: $CORTEX_SESSION, else the harness's own
-    /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), or the Codex thread each call
-    /// names (codex-THREAD), else "default"]
-    #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
-    pub session: Option<String>,
-    /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
-    /// a wake arrives: a doorbell telling the agent to call wait_next, which takes the wake
-    #[arg(long)]
-    pub claude_channel: bool,
+    Completions(completions::CompletionsArgs),
 }
 
 fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> {
     // These need neither settings nor a prepared home (doctor must see the home as it is).
     let command = match command {
-        Command::Run(a) => return ops::run(&home, a),
-        Command::Attach(a) => return ops::attach(&home, a),
-        Command::Doctor(a) => return ops::doctor(&home, store, a),
-        Command::Completions(a) => return ops::completions(a),
+        Command::Run(a) => return job::run(&home, a),
+        Command::Attach(a) => return job::attach(&home, a),
+        Command::Doctor(a) => return doctor::run(&home, store, a),
+        Command::Completions(a) => return completions::run(a),
         Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
         other => other,
     };
@@ -536,7 +367,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         (Err(e), Command::Mcp(a)) => {
             let broken = format!("{e}; fix it, then restart the MCP server");
             tracing::error!("{broken}");
-            return serve_mcp(home, store, Settings::default(), a, Some(broken));
+            return mcp::serve(home, store, Settings::default(), a, Some(broken));
         }
         (Err(e), _) => return Err(e.into()),
     };
@@ -546,11 +377,11 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     if let Command::Daemon(a) = command {
-        let http = ops::http_config(&a, &settings)?;
-        return ops::run_daemon(home, settings, http);
+        let http = daemon::http_config(&a, &settings)?;
+        return daemon::run(home, settings, http);
     }
     if let Command::Mcp(a) = &command {
-        return serve_mcp(home, None, settings, a, None);
+        return mcp::serve(home, None, settings, a, None);
     }
     home.ensure()?;
     let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
@@ -582,8 +413,8 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Callback(cmd) => {
             callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
         }
-        Command::Export(a) => ops::export(&engine, a, &mut out),
-        Command::Import(a) => ops::import(&engine, a, &mut out),
+        Command::Export(a) => transfer::export(&engine, a, &mut out),
+        Command::Import(a) => transfer::import(&engine, a, &mut out),
         Command::Device(a) => device::run(
             &engine,
             a,
@@ -600,53 +431,4 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         | Command::Completions(_)
         | Command::Setup(_) => unreachable!("handled above"),
     }
-}
-
-/// `waitpoint mcp`: serves until the client leaves. `broken` says what is wrong with the
-/// settings, when they could not be used: every call is answered with it.
-fn serve_mcp(
-    home: Home,
-    store: Option<&str>,
-    mut settings: Settings,
-    a: &McpArgs,
-    broken: Option<String>,
-) -> anyhow::Result<u8> {
-    if let Some(url) = store {
-        settings.store = crate::store::Location::parse(url)
-            .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
-    }
-    home.ensure()?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
-    if broken.is_none() {
-        // Before reading or changing any state: what a dead daemon left in the journal.
-        engine.replay_left_journal()?;
-    }
-    // Before stdout is locked anywhere: the server writes it from other threads.
-    let lines = line_context(engine.home())?;
-    crate::mcp::serve_stdio(crate::mcp::Config {
-        engine,
-        sessions: a.session.clone().map_or(
-            crate::mcp::Sessions::FromHarness,
-            crate::mcp::Sessions::Named,
-        ),
-        started_by: crate::harness::from_env(&env_var),
-        lines,
-        claude_channel: a.claude_channel,
-        broken,
-    })?;
-    Ok(exit::OK)
-}
-
-/// What the reply's lines depend on in this process's environment.
-pub(crate) fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
-    Ok(agent::LineContext {
-        fallback_port: webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
-        home_is_implicit: is_implicit_default(home),
-    })
-}
-
-/// The port printed lines use (see [`agent::webhook_port`]).
-pub(crate) fn webhook_port(home: &Home) -> anyhow::Result<u16> {
-    Ok(agent::webhook_port(home, line_context(home)?.fallback_port))
 }
