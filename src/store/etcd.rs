@@ -50,7 +50,7 @@ use endpoints::{CallError, Members};
 use super::files::parse_signal_file_name;
 use super::location::EtcdLocation;
 use super::{
-    Change, Doc, DocTxn, Docs, Forwarded, Health, HealthLevel, Hint, Role, Store, Txn, Version,
+    Change, Check, Doc, DocTxn, Docs, Forwarded, Hint, Level, Role, Store, Txn, Version,
     signal_file_name,
 };
 use crate::sync::MutexExt;
@@ -523,8 +523,8 @@ impl Etcd {
     }
 }
 
-fn finding(name: &'static str, level: HealthLevel, detail: String, fix: Option<&str>) -> Health {
-    Health {
+fn finding(name: &'static str, level: Level, detail: String, fix: Option<&str>) -> Check {
+    Check {
         name,
         level,
         detail,
@@ -537,8 +537,8 @@ fn finding(name: &'static str, level: HealthLevel, detail: String, fix: Option<&
 const UNCOMPACTED_WARN: i64 = 100_000;
 
 /// The checks of `doctor` on the cluster: each member asked on its own, then the cluster.
-async fn health(store: &Etcd) -> Vec<Health> {
-    use HealthLevel::{Fail, Ok, Warn};
+async fn health(store: &Etcd) -> Vec<Check> {
+    use Level::{Fail, Ok, Warn};
     let mut out = Vec::new();
     let total = store.loc.endpoints.len();
     let mut answered = Vec::new();
@@ -1268,11 +1268,11 @@ impl Store for Etcd {
         self.deliver_pending_here()
     }
 
-    fn health(&self) -> Vec<Health> {
+    fn health(&self) -> Vec<Check> {
         let mut out = self.rt().block_on(health(self));
         if out
             .iter()
-            .any(|h| matches!(h.name, "cluster" | "raft") && h.level == HealthLevel::Fail)
+            .any(|h| matches!(h.name, "cluster" | "raft") && h.level == Level::Fail)
         {
             // No member answers, or none has a leader: there is nothing more to ask.
             return out;
@@ -1287,7 +1287,7 @@ impl Store for Etcd {
         out.push(match first {
             Ok(_) if now > UNCOMPACTED_WARN => finding(
                 "history",
-                HealthLevel::Warn,
+                Level::Warn,
                 format!(
                     "revision {now} and nothing compacted: the history grows until it fills \
                      the quota"
@@ -1296,10 +1296,10 @@ impl Store for Etcd {
                     "run etcd with --auto-compaction-mode=periodic --auto-compaction-retention=1h",
                 ),
             ),
-            Ok(_) => finding("history", HealthLevel::Ok, format!("revision {now}"), None),
+            Ok(_) => finding("history", Level::Ok, format!("revision {now}"), None),
             Err(_) => finding(
                 "history",
-                HealthLevel::Ok,
+                Level::Ok,
                 format!("revision {now}, older history compacted"),
                 None,
             ),
@@ -1310,11 +1310,7 @@ impl Store for Etcd {
         let idle = waiting + wakes == 0;
         out.push(finding(
             "backlog",
-            if idle {
-                HealthLevel::Ok
-            } else {
-                HealthLevel::Warn
-            },
+            if idle { Level::Ok } else { Level::Warn },
             format!(
                 "{waiting} signals handed over and not yet applied; {wakes} wakes waiting for \
                  this host ({})",
