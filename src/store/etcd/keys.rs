@@ -196,3 +196,164 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     }
     vec![0]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Timestamp;
+    use crate::records::SignalStatus;
+
+    const ID: &str = "wp_0123456789ab";
+
+    fn keys() -> Keys {
+        Keys::new("team/a/")
+    }
+
+    fn text(key: Vec<u8>) -> String {
+        String::from_utf8(key).expect("keys are text")
+    }
+
+    fn record(seq: u64, source: &str) -> SignalRecord {
+        SignalRecord {
+            seq,
+            source: source.into(),
+            status: SignalStatus::Ok,
+            member: None,
+            message: None,
+            data: None,
+            received_at: Timestamp::from_millis(0),
+        }
+    }
+
+    #[test]
+    fn every_key_sits_under_the_prefix_in_the_documented_layout() {
+        let k = keys();
+        let cases = [
+            (k.waitpoint(ID), "team/a/wp/wp_0123456789ab"),
+            (k.waitpoints(), "team/a/wp/"),
+            (k.records_of(ID), "team/a/rec/wp_0123456789ab/"),
+            (k.records(), "team/a/rec/"),
+            (
+                k.record(ID, 7, "key:cs-1"),
+                "team/a/rec/wp_0123456789ab/000007-key:cs-1.json",
+            ),
+            (k.visible("s1", ID), "team/a/idx/s1/wp_0123456789ab"),
+            (k.visible_to("s1"), "team/a/idx/s1/"),
+            (k.channel("ch"), "team/a/chan/ch"),
+            (k.wake("b", "wk_1_2"), "team/a/wake/b/wk_1_2"),
+            (k.wakes_for("b"), "team/a/wake/b/"),
+            (
+                k.doc(DocKind::Timer, "tm_0123456789ab"),
+                "team/a/tm/tm_0123456789ab",
+            ),
+            (k.docs(DocKind::Timer), "team/a/tm/"),
+            (
+                k.doc(DocKind::Callback, "cb_0123456789ab"),
+                "team/a/cb/cb_0123456789ab",
+            ),
+            (k.docs(DocKind::Callback), "team/a/cb/"),
+            (k.handed_over("key:cs-1"), "team/a/in/key:cs-1"),
+            (k.all_handed_over(), "team/a/in/"),
+            (
+                k.set_aside(b"team/a/wp/wp_0123456789ab"),
+                "team/a/bad/wp/wp_0123456789ab",
+            ),
+            (k.election(), "team/a/leader"),
+        ];
+        for (key, expected) in cases {
+            assert_eq!(text(key), expected);
+        }
+        assert_eq!(k.prefix(), "team/a/");
+    }
+
+    #[test]
+    fn a_record_key_is_named_as_its_file_on_the_files_store() {
+        let k = keys();
+        let r = record(3, "spool:done.json@b");
+        let name = signal_file_name(3, &identity_key(&identity_of(&r.source)));
+        assert_eq!(text(k.record_of(ID, &r)), format!("team/a/rec/{ID}/{name}"));
+        // A cortex-signal key is the same signal on every host: named by the key alone.
+        let sent = record(4, "http:cs-0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            text(k.record_of(ID, &sent)),
+            format!("team/a/rec/{ID}/000004-key:cs-0123456789abcdef0123456789abcdef.json")
+        );
+    }
+
+    #[test]
+    fn names_with_slashes_cannot_reach_under_another_prefix() {
+        let k = keys();
+        let visible = text(k.visible("../other/s1", ID));
+        assert_eq!(visible, format!("team/a/idx/..%2Fother%2Fs1/{ID}"));
+        assert!(!visible.starts_with(&text(k.visible_to(".."))));
+        assert_eq!(text(k.channel("a/b")), "team/a/chan/a%2Fb");
+        // A record's identity comes from the wire; whatever it holds, the record stays one
+        // key under its waitpoint's records.
+        let hostile = record(1, "spool:../../wp/wp_ffffffffffff");
+        let key = text(k.record_of(ID, &hostile));
+        let name = key
+            .strip_prefix(&text(k.records_of(ID)))
+            .expect("under its waitpoint");
+        assert!(!name.contains('/'), "{name}");
+        assert_eq!(k.record_owner(key.as_bytes()).as_deref(), Some(ID));
+    }
+
+    #[test]
+    fn keys_read_back_to_what_they_were_built_from() {
+        let k = keys();
+        let key = k.record(ID, 12, "key:cs-1");
+        assert_eq!(k.record_owner(&key).as_deref(), Some(ID));
+        assert_eq!(k.record_name(ID, &key), Some((12, "key:cs-1".to_owned())));
+        assert_eq!(
+            k.record_name("wp_ffffffffffff", &key),
+            None,
+            "another's records"
+        );
+        assert_eq!(k.record_owner(&k.waitpoint(ID)), None, "not a record");
+        let listed = k.visible("s/1", ID);
+        assert_eq!(k.visible_id("s/1", &listed).as_deref(), Some(ID));
+        assert_eq!(k.visible_id("s", &listed), None);
+    }
+
+    #[test]
+    fn the_watch_hears_waitpoints_timers_callbacks_hand_overs_and_this_hosts_wakes_only() {
+        let k = keys();
+        let seen = |key: Vec<u8>| k.watched(&key, "b");
+        assert_eq!(seen(k.waitpoint(ID)), Some(Watched::Waitpoint(ID.into())));
+        let timer = k.doc(DocKind::Timer, "tm_0123456789ab");
+        assert_eq!(seen(timer), Some(Watched::Timer("tm_0123456789ab".into())));
+        let callback = k.doc(DocKind::Callback, "cb_0123456789ab");
+        assert_eq!(
+            seen(callback),
+            Some(Watched::Callback("cb_0123456789ab".into()))
+        );
+        assert_eq!(seen(k.handed_over("key:cs-1")), Some(Watched::HandedOver));
+        assert_eq!(seen(k.wake("b", "wk_1_2")), Some(Watched::WakeHere));
+        for quiet in [
+            k.wake("bb", "wk_1_2"),
+            k.wake("a", "wk_1_2"),
+            k.record(ID, 1, "x"),
+            k.visible("s1", ID),
+            k.channel("ch"),
+            k.election(),
+            Keys::new("team/b/").waitpoint(ID),
+        ] {
+            assert_eq!(seen(quiet.clone()), None, "{}", text(quiet));
+        }
+    }
+
+    #[test]
+    fn a_prefix_range_ends_just_past_its_last_key() {
+        assert_eq!(prefix_end(b"wp/"), b"wp0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        let k = keys();
+        let end = prefix_end(&k.records_of(ID));
+        let inside = k.record(ID, 999_999, "~~~~");
+        assert!(k.records_of(ID) <= inside && inside < end);
+        assert!(
+            k.records_of("wp_0123456789ac") >= end,
+            "the next waitpoint's records"
+        );
+    }
+}
