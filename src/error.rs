@@ -24,6 +24,9 @@ pub enum ErrorKind {
     Corrupt,
     /// The home is open to other users (writable by them, or theirs); the daemon will not run.
     Insecure,
+    /// This host's daemon no longer leads the shared store's cluster, so its write was refused
+    /// and nothing was written: another daemon leads within about a lease's time; retry then.
+    Unavailable,
 }
 
 /// Exit codes of the `waitpoint` binary. `wait` and `next` add outcome codes on top of these.
@@ -44,8 +47,12 @@ pub mod exit {
     pub const CANCELLED: u8 = 6;
     /// `wait` / `next`: `--timeout` elapsed first.
     pub const TIMED_OUT: u8 = 7;
+    /// The shared store's leadership moved away from this host; nothing was written: try again
+    /// in a few seconds. The code is sysexits' `EX_TEMPFAIL` ("try again later"), which scripts
+    /// already know to retry, and far from `wait`'s outcome codes.
+    pub const UNAVAILABLE: u8 = 75;
     /// Every code above; the man pages' EXIT STATUS is checked against it.
-    pub const ALL: [u8; 8] = [
+    pub const ALL: [u8; 9] = [
         OK,
         FAILURE,
         USAGE,
@@ -54,6 +61,7 @@ pub mod exit {
         EXPIRED,
         CANCELLED,
         TIMED_OUT,
+        UNAVAILABLE,
     ];
 }
 
@@ -78,8 +86,19 @@ pub enum Error {
         id: String,
         scoped: bool,
     },
+    /// The request conflicts with the state as it is now: a stale read (it changed since it
+    /// was read; read it again), or an operation the state does not allow.
     #[error("{0}")]
     Conflict(String),
+    /// A daemon's fenced write refused because it does not lead the shared store's cluster
+    /// (any more): its leadership lease is gone, or it never held one, so nothing was written.
+    /// Not a stale read: reading again does not help, waiting does. `retry_after_s` is the
+    /// lease's time to live, about how long the cluster takes to let another daemon lead.
+    #[error(
+        "this host no longer leads the cluster (its leadership lease is gone), so nothing was \
+         written; retry in {retry_after_s} s, by when another daemon leads"
+    )]
+    LeaseLost { retry_after_s: u64 },
     #[error("another daemon holds {path} (pid {pid}); stop it first or use another --home")]
     Locked { path: PathBuf, pid: String },
     #[error("{context} {path}: {source}")]
@@ -110,6 +129,16 @@ impl Error {
             Error::Io { .. } | Error::Store { .. } => ErrorKind::Io,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::Insecure { .. } => ErrorKind::Insecure,
+            Error::LeaseLost { .. } => ErrorKind::Unavailable,
+        }
+    }
+
+    /// How many seconds a caller should wait before it tries again, for an error that passes
+    /// with time ([`ErrorKind::Unavailable`]).
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            Error::LeaseLost { retry_after_s } => Some(*retry_after_s),
+            _ => None,
         }
     }
 
@@ -174,6 +203,7 @@ pub fn exit_code(kind: ErrorKind) -> u8 {
         | ErrorKind::Io
         | ErrorKind::Corrupt
         | ErrorKind::Insecure => exit::FAILURE,
+        ErrorKind::Unavailable => exit::UNAVAILABLE,
     }
 }
 
@@ -201,3 +231,27 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_lease_is_its_own_kind_and_exit_code_apart_from_a_stale_read() {
+        let lost = Error::LeaseLost { retry_after_s: 5 };
+        assert_eq!(lost.kind(), ErrorKind::Unavailable);
+        assert_eq!(exit_code(lost.kind()), exit::UNAVAILABLE);
+        assert_eq!(exit_code_for(&anyhow::Error::new(lost)), 75);
+        let stale = Error::Conflict("it changed since it was read".into());
+        assert_eq!(stale.kind(), ErrorKind::Conflict);
+        assert_eq!(exit_code(stale.kind()), exit::FAILURE);
+        assert_eq!(stale.retry_after_s(), None);
+        let lost = Error::LeaseLost { retry_after_s: 5 };
+        assert_eq!(lost.retry_after_s(), Some(5));
+        let text = lost.to_string();
+        assert!(
+            text.contains("no longer leads") && text.contains("retry in 5 s"),
+            "{text}"
+        );
+    }
+}

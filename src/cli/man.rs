@@ -49,6 +49,12 @@ at least one check failed.",
     (exit::EXPIRED, "wait: the waitpoint reached its deadline."),
     (exit::CANCELLED, "wait: the waitpoint was cancelled."),
     (exit::TIMED_OUT, "wait and next: --timeout elapsed first."),
+    (
+        exit::UNAVAILABLE,
+        "On an etcd store: this host's daemon no longer leads the cluster (its leadership lease \
+is gone), so nothing was written. Try again after the lease's time (leaseTtlS, 5 s by default), \
+when another daemon leads.",
+    ),
 ];
 
 /// The exit status of `cortex-signal`, as the spec gives it.

@@ -26,11 +26,19 @@ pub(super) struct Fence {
 }
 
 /// The fence a write carries: a daemon's `fenced` write carries the one it holds, and is
-/// refused without a request when it holds none (it does not lead); a command's write, and a
-/// daemon's unfenced one (a callback), carry none.
-pub(super) fn fence_for(fenced: bool, role: Role, held: Option<Fence>) -> Result<Option<Fence>> {
+/// refused without a request when it holds none (it does not lead: [`Error::LeaseLost`], to
+/// be tried again after `lease_ttl_s`); a command's write, and a daemon's unfenced one (a
+/// callback), carry none.
+pub(super) fn fence_for(
+    fenced: bool,
+    role: Role,
+    held: Option<Fence>,
+    lease_ttl_s: u64,
+) -> Result<Option<Fence>> {
     match (fenced, role) {
-        (true, Role::Daemon) => held.map(Some).ok_or_else(not_leading),
+        (true, Role::Daemon) => held.map(Some).ok_or(Error::LeaseLost {
+            retry_after_s: lease_ttl_s,
+        }),
         _ => Ok(None),
     }
 }
@@ -59,24 +67,23 @@ pub(super) fn fenced_txn(
 }
 
 /// Why a commit's transaction was refused, given the creation revisions of the election key
-/// its failure branch read (`leader_now`; empty when the key is gone): the leadership, when the
-/// fence's key is no longer there at its revision; otherwise a comparison of what was read.
-pub(super) fn refusal(what: &str, fence: Option<&Fence>, leader_now: &[i64]) -> Error {
+/// its failure branch read (`leader_now`; empty when the key is gone): the leadership
+/// ([`Error::LeaseLost`], to be tried again after `lease_ttl_s`), when the fence's key is no
+/// longer there at its revision; otherwise a stale read ([`Error::Conflict`]).
+pub(super) fn refusal(
+    what: &str,
+    fence: Option<&Fence>,
+    leader_now: &[i64],
+    lease_ttl_s: u64,
+) -> Error {
     match fence {
-        Some(f) if !leader_now.contains(&f.rev) => not_leading(),
+        Some(f) if !leader_now.contains(&f.rev) => Error::LeaseLost {
+            retry_after_s: lease_ttl_s,
+        },
         _ => Error::Conflict(format!(
             "{what}: it changed since it was read; read it again"
         )),
     }
-}
-
-/// A daemon's write refused because it does not lead.
-pub(super) fn not_leading() -> Error {
-    Error::Conflict(
-        "this daemon does not lead the cluster (now); its writes are refused and another daemon \
-         applies them"
-            .into(),
-    )
 }
 
 impl Etcd {
@@ -98,7 +105,7 @@ impl Etcd {
             ));
         }
         let held = self.fence.lock_or_recover().clone();
-        let fence = fence_for(fenced, self.role, held)?;
+        let fence = fence_for(fenced, self.role, held, self.loc.lease_ttl_s)?;
         let resp = self.txn(what, fenced_txn(compares, ops, fence.as_ref()))?;
         if resp.succeeded() {
             let rev = resp.header().map_or(0, |h| h.revision());
@@ -119,8 +126,8 @@ impl Etcd {
                 _ => Vec::new(),
             })
             .collect();
-        let err = refusal(what, fence.as_ref(), &leader_now);
-        if fence.as_ref().is_some_and(|f| !leader_now.contains(&f.rev)) {
+        let err = refusal(what, fence.as_ref(), &leader_now, self.loc.lease_ttl_s);
+        if matches!(err, Error::LeaseLost { .. }) {
             self.lose_leadership();
         }
         Err(err)
