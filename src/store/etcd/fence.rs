@@ -152,3 +152,101 @@ impl Etcd {
         *self.fence.lock_or_recover() = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence() -> Fence {
+        Fence {
+            key: b"t/leader/694d7a1b2c3d4e5f".to_vec(),
+            rev: 42,
+        }
+    }
+
+    fn read_at(rev: i64) -> Vec<Compare> {
+        vec![Compare::mod_revision(
+            b"t/wp/wp_0123456789ab".to_vec(),
+            CompareOp::Equal,
+            rev,
+        )]
+    }
+
+    fn put() -> Vec<TxnOp> {
+        vec![TxnOp::put(
+            b"t/wp/wp_0123456789ab".to_vec(),
+            b"{}".to_vec(),
+            None,
+        )]
+    }
+
+    #[test]
+    fn a_fenced_commit_also_compares_the_leader_keys_creation_revision_and_reads_it_on_failure() {
+        let f = fence();
+        let sent = fenced_txn(read_at(7), put(), Some(&f));
+        let mut compares = read_at(7);
+        compares.push(Compare::create_revision(
+            f.key.clone(),
+            CompareOp::Equal,
+            42,
+        ));
+        let expected = EtcdTxnReq::new()
+            .when(compares)
+            .and_then(put())
+            .or_else(vec![TxnOp::get(f.key.clone(), None)]);
+        assert_eq!(format!("{sent:?}"), format!("{expected:?}"));
+        // The creation revision, which names one campaign (see `Fence`), and not the
+        // modification revision.
+        let by_mod = EtcdTxnReq::new()
+            .when({
+                let mut c = read_at(7);
+                c.push(Compare::mod_revision(f.key.clone(), CompareOp::Equal, 42));
+                c
+            })
+            .and_then(put())
+            .or_else(vec![TxnOp::get(f.key.clone(), None)]);
+        assert_ne!(format!("{sent:?}"), format!("{by_mod:?}"));
+    }
+
+    #[test]
+    fn an_unfenced_commit_compares_only_what_it_read() {
+        let sent = fenced_txn(read_at(7), put(), None);
+        let expected = EtcdTxnReq::new().when(read_at(7)).and_then(put());
+        assert_eq!(format!("{sent:?}"), format!("{expected:?}"));
+    }
+
+    #[test]
+    fn a_daemon_holding_no_fence_is_refused_before_any_request_as_a_lost_lease() {
+        let refused = fence_for(true, Role::Daemon, None, 5).unwrap_err();
+        assert!(
+            matches!(refused, Error::LeaseLost { retry_after_s: 5 }),
+            "{refused:?}"
+        );
+        assert_eq!(
+            fence_for(true, Role::Daemon, Some(fence()), 5).unwrap(),
+            Some(fence())
+        );
+        // A command, and a daemon's callback write, go out without the fence.
+        assert_eq!(fence_for(true, Role::Command, None, 5).unwrap(), None);
+        assert_eq!(
+            fence_for(false, Role::Daemon, Some(fence()), 5).unwrap(),
+            None
+        );
+        assert_eq!(fence_for(false, Role::Daemon, None, 5).unwrap(), None);
+    }
+
+    #[test]
+    fn a_refusal_is_a_lost_lease_only_when_the_leader_key_is_gone_or_another_campaigns() {
+        let f = fence();
+        for leader_now in [&[][..], &[43][..]] {
+            let e = refusal("cannot commit signals", Some(&f), leader_now, 9);
+            assert!(matches!(e, Error::LeaseLost { retry_after_s: 9 }), "{e:?}");
+        }
+        // The fence held, so a revision this transaction read moved: a stale read.
+        let stale = refusal("cannot commit signals", Some(&f), &[42], 9);
+        assert!(matches!(stale, Error::Conflict(_)), "{stale:?}");
+        assert!(stale.to_string().contains("read it again"), "{stale}");
+        let unfenced = refusal("cannot write a timer or callback", None, &[], 9);
+        assert!(matches!(unfenced, Error::Conflict(_)), "{unfenced:?}");
+    }
+}
