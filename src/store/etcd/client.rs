@@ -148,6 +148,15 @@ impl Etcd {
         })
     }
 
+    /// Sends `ops` in transactions of at most [`MAX_TXN_OPS`] each, one after the other: for
+    /// writes that need not be whole (each op stands alone and is safe to send twice).
+    pub(super) fn in_chunks(&self, what: &str, ops: Vec<TxnOp>) -> Result<()> {
+        for chunk in ops.chunks(MAX_TXN_OPS) {
+            self.txn(what, EtcdTxnReq::new().and_then(chunk.to_vec()))?;
+        }
+        Ok(())
+    }
+
     /// One range read, through [`call`](Self::call).
     pub(super) fn read(
         &self,

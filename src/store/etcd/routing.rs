@@ -10,7 +10,7 @@ use crate::home::Home;
 use crate::records::Wake;
 use crate::store::Forwarded;
 use crate::store::etcd::Etcd;
-use crate::store::etcd::client::{MAX_TXN_OPS, to_json};
+use crate::store::etcd::client::to_json;
 use crate::sync::MutexExt;
 
 impl Etcd {
@@ -57,18 +57,13 @@ impl Etcd {
         Ok(n)
     }
 
-    /// Keeps signals for the leader under `in/<identity>`, one transaction per
-    /// [`MAX_TXN_OPS`].
+    /// Keeps signals for the leader under `in/<identity>`.
     pub(super) fn hand_over(&self, items: &[Forwarded]) -> Result<()> {
-        for chunk in items.chunks(MAX_TXN_OPS) {
-            let ops = chunk
-                .iter()
-                .map(|f| TxnOp::put(self.keys.handed_over(&f.key), to_json(f), None))
-                .collect::<Vec<_>>();
-            let req = EtcdTxnReq::new().and_then(ops);
-            self.txn("cannot hand signals over", req)?;
-        }
-        Ok(())
+        let ops = items
+            .iter()
+            .map(|f| TxnOp::put(self.keys.handed_over(&f.key), to_json(f), None))
+            .collect();
+        self.in_chunks("cannot hand signals over", ops)
     }
 
     /// Up to `max` signals handed over, the oldest first; one that does not parse is set
@@ -92,15 +87,11 @@ impl Etcd {
 
     /// Forgets signals handed over once applied.
     pub(super) fn settle_handed_over(&self, keys: &[String]) -> Result<()> {
-        for chunk in keys.chunks(MAX_TXN_OPS) {
-            let ops = chunk
-                .iter()
-                .map(|k| TxnOp::delete(self.keys.handed_over(k), None))
-                .collect::<Vec<_>>();
-            let req = EtcdTxnReq::new().and_then(ops);
-            self.txn("cannot settle handed-over signals", req)?;
-        }
-        Ok(())
+        let ops = keys
+            .iter()
+            .map(|k| TxnOp::delete(self.keys.handed_over(k), None))
+            .collect();
+        self.in_chunks("cannot settle handed-over signals", ops)
     }
 
     /// Delivers a wake here when its channel's host is this one; otherwise keeps it for that

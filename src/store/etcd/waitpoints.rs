@@ -5,13 +5,13 @@
 use std::any::Any;
 use std::collections::HashMap;
 
-use etcd_client::{Compare, CompareOp, Txn as EtcdTxnReq, TxnOp};
+use etcd_client::{Compare, CompareOp, TxnOp};
 
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::names::is_waitpoint_id;
 use crate::records::{Callback, SignalRecord, Timer, Waitpoint, Wake};
-use crate::store::etcd::client::{MAX_TXN_OPS, to_json};
+use crate::store::etcd::client::to_json;
 use crate::store::etcd::txn::EtcdTxn;
 use crate::store::etcd::{Etcd, MAX_BATCH};
 use crate::store::{Check, Docs, Forwarded, Hint, Role, Store, Txn};
@@ -132,14 +132,11 @@ impl Store for Etcd {
         if self.get_value(key.clone())?.is_some() {
             return Ok(false);
         }
-        for chunk in records.chunks(MAX_TXN_OPS) {
-            let ops = chunk
-                .iter()
-                .map(|r| TxnOp::put(self.keys.record_of(&wp.id, r), to_json(r), None))
-                .collect::<Vec<_>>();
-            let req = EtcdTxnReq::new().and_then(ops);
-            self.txn("cannot import records", req)?;
-        }
+        let ops = records
+            .iter()
+            .map(|r| TxnOp::put(self.keys.record_of(&wp.id, r), to_json(r), None))
+            .collect();
+        self.in_chunks("cannot import records", ops)?;
         match self.create(wp) {
             Ok(()) => Ok(true),
             Err(Error::Conflict(_)) => Ok(false),
