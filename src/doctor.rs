@@ -5,7 +5,6 @@
 //! very problem it is asked about. The caller passes the settings it resolved (the library does
 //! not read the environment) and where the kernel's inotify limits live.
 
-use std::fmt;
 use std::fs;
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::MetadataExt;
@@ -18,43 +17,9 @@ use crate::home::Home;
 use crate::ingress::device;
 use crate::records::WebhookAddress;
 use crate::settings::Settings;
-
-/// A check's verdict. Any [`Level::Fail`] makes `doctor` exit non-zero.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    Ok,
-    Warn,
-    Fail,
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Level::Ok => "OK",
-            Level::Warn => "WARN",
-            Level::Fail => "FAIL",
-        })
-    }
-}
-
-/// One line of the report.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
-    pub name: &'static str,
-    pub level: Level,
-    pub detail: String,
-    pub fix: Option<String>,
-}
-
-impl fmt::Display for Check {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:<4} {:<10} {}", self.level, self.name, self.detail)?;
-        if let Some(fix) = &self.fix {
-            write!(f, " — fix: {fix}")?;
-        }
-        Ok(())
-    }
-}
+// The report's lines are the store's findings: one type, which the store (the lower layer)
+// owns, so a store's health needs no translation into doctor's.
+pub use crate::store::{Check, Level};
 
 fn ok(name: &'static str, detail: impl Into<String>) -> Check {
     Check {
@@ -98,7 +63,7 @@ pub struct Inputs<'a> {
     pub inotify_instance: Result<(), Error>,
     /// How the shared store the settings name is ([`crate::store::Store::health`]), or why
     /// it could not be asked; `None` for the home's own files.
-    pub store: Option<Result<Vec<crate::store::Health>, Error>>,
+    pub store: Option<Result<Vec<Check>, Error>>,
 }
 
 /// Tries to get (and at once gives back) an inotify instance, as a daemon starting now would.
@@ -145,8 +110,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
 }
 
 /// The shared store's findings as report lines.
-fn store_checks(store: &Option<Result<Vec<crate::store::Health>, Error>>) -> Vec<Check> {
-    use crate::store::HealthLevel;
+fn store_checks(store: &Option<Result<Vec<Check>, Error>>) -> Vec<Check> {
     match store {
         None => Vec::new(),
         Some(Err(e)) => vec![Check {
@@ -157,19 +121,7 @@ fn store_checks(store: &Option<Result<Vec<crate::store::Health>, Error>>) -> Vec
                 "check `store` in settings.json (or --store) and that the cluster runs".into(),
             ),
         }],
-        Some(Ok(found)) => found
-            .iter()
-            .map(|h| Check {
-                name: h.name,
-                level: match h.level {
-                    HealthLevel::Ok => Level::Ok,
-                    HealthLevel::Warn => Level::Warn,
-                    HealthLevel::Fail => Level::Fail,
-                },
-                detail: h.detail.clone(),
-                fix: h.fix.clone(),
-            })
-            .collect(),
+        Some(Ok(found)) => found.clone(),
     }
 }
 

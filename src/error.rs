@@ -24,6 +24,9 @@ pub enum ErrorKind {
     Corrupt,
     /// The home is open to other users (writable by them, or theirs); the daemon will not run.
     Insecure,
+    /// This host's daemon no longer leads the shared store's cluster, so its write was refused
+    /// and nothing was written: another daemon leads within about a lease's time; retry then.
+    Unavailable,
 }
 
 /// Exit codes of the `waitpoint` binary. `wait` and `next` add outcome codes on top of these.
@@ -61,6 +64,9 @@ pub mod exit {
         EXPIRED = 5: "wait: the waitpoint reached its deadline.";
         CANCELLED = 6: "wait: the waitpoint was cancelled.";
         TIMED_OUT = 7: "wait and next: --timeout elapsed first.";
+        UNAVAILABLE = 75: "On an etcd store: this host's daemon no longer leads the cluster (its \
+    leadership lease is gone), so nothing was written. Try again after the lease's time \
+    (leaseTtlS, 5 s by default), when another daemon leads.";
     }
 }
 
@@ -85,8 +91,19 @@ pub enum Error {
         id: String,
         scoped: bool,
     },
+    /// The request conflicts with the state as it is now: a stale read (it changed since it
+    /// was read; read it again), or an operation the state does not allow.
     #[error("{0}")]
     Conflict(String),
+    /// A daemon's fenced write refused because it does not lead the shared store's cluster
+    /// (any more): its leadership lease is gone, or it never held one, so nothing was written.
+    /// Not a stale read: reading again does not help, waiting does. `retry_after_s` is the
+    /// lease's time to live, about how long the cluster takes to let another daemon lead.
+    #[error(
+        "this host no longer leads the cluster (its leadership lease is gone), so nothing was \
+         written; retry in {retry_after_s} s, by when another daemon leads"
+    )]
+    LeaseLost { retry_after_s: u64 },
     #[error("another daemon holds {path} (pid {pid}); stop it first or use another --home")]
     Locked { path: PathBuf, pid: String },
     #[error("{context} {path}: {source}")]
@@ -117,6 +134,16 @@ impl Error {
             Error::Io { .. } | Error::Store { .. } => ErrorKind::Io,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::Insecure { .. } => ErrorKind::Insecure,
+            Error::LeaseLost { .. } => ErrorKind::Unavailable,
+        }
+    }
+
+    /// How many seconds a caller should wait before it tries again, for an error that passes
+    /// with time ([`ErrorKind::Unavailable`]).
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            Error::LeaseLost { retry_after_s } => Some(*retry_after_s),
+            _ => None,
         }
     }
 
@@ -181,6 +208,7 @@ pub fn exit_code(kind: ErrorKind) -> u8 {
         | ErrorKind::Io
         | ErrorKind::Corrupt
         | ErrorKind::Insecure => exit::FAILURE,
+        ErrorKind::Unavailable => exit::UNAVAILABLE,
     }
 }
 
@@ -208,3 +236,27 @@ pub fn is_broken_pipe(err: &anyhow::Error) -> bool {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_lease_is_its_own_kind_and_exit_code_apart_from_a_stale_read() {
+        let lost = Error::LeaseLost { retry_after_s: 5 };
+        assert_eq!(lost.kind(), ErrorKind::Unavailable);
+        assert_eq!(exit_code(lost.kind()), exit::UNAVAILABLE);
+        assert_eq!(exit_code_for(&anyhow::Error::new(lost)), 75);
+        let stale = Error::Conflict("it changed since it was read".into());
+        assert_eq!(stale.kind(), ErrorKind::Conflict);
+        assert_eq!(exit_code(stale.kind()), exit::FAILURE);
+        assert_eq!(stale.retry_after_s(), None);
+        let lost = Error::LeaseLost { retry_after_s: 5 };
+        assert_eq!(lost.retry_after_s(), Some(5));
+        let text = lost.to_string();
+        assert!(
+            text.contains("no longer leads") && text.contains("retry in 5 s"),
+            "{text}"
+        );
+    }
+}

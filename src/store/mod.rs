@@ -18,6 +18,7 @@
 //! - a recorded identity stays recorded as long as its waitpoint ([`Store::identities`]), which
 //!   is what makes a second copy of a signal a duplicate.
 
+mod check;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod files;
@@ -32,26 +33,10 @@ use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::records::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
 
+pub use check::{Check, Level};
 pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
 pub use location::Location;
-
-/// How one aspect of a store is, for `doctor` ([`Store::health`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Health {
-    pub name: &'static str,
-    pub level: HealthLevel,
-    pub detail: String,
-    /// How to fix it, when it is not OK.
-    pub fix: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthLevel {
-    Ok,
-    Warn,
-    Fail,
-}
 
 /// What [`copy_all`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -287,7 +272,7 @@ pub trait Store: Send + Sync {
     }
     /// How a shared store is (members, leader, space, history); nothing for the home's files,
     /// which `doctor` checks itself.
-    fn health(&self) -> Vec<Health> {
+    fn health(&self) -> Vec<Check> {
         Vec::new()
     }
     /// Delivers the wakes that wait in the store for this host's inboxes; returns how many.

@@ -370,6 +370,7 @@ fn base64_decode(text: &str) -> Vec<u8> {
 
 #[test]
 fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() {
+    use waitpoint::error::{Error, ErrorKind};
     use waitpoint::store::{Location, Role, Store, etcd::Etcd};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
@@ -396,15 +397,24 @@ fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() 
     let mut txn = stale.begin().unwrap();
     let (mut wp, _) = txn.read(&id).unwrap().unwrap();
     wp.label = "written by a stale leader".into();
-    let err = txn.put(&wp).unwrap_err().to_string();
-    assert!(err.contains("does not lead"), "{err}");
+    // A lost lease, told apart from a stale read: retry after the lease's time, when another
+    // daemon leads (the shim answers it 503 with that Retry-After).
+    let ttl = loc.lease_ttl_s;
+    let err = txn.put(&wp).unwrap_err();
+    assert!(
+        matches!(err, Error::LeaseLost { retry_after_s } if retry_after_s == ttl),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(err.to_string().contains("no longer leads"), "{err}");
     assert!(!stale.applies_signals(), "a refused write ends the belief");
     assert_eq!(shown(&b, &id)["label"], "train");
 
-    // Without the belief (a standby), it writes nothing either.
+    // Without the belief (a standby), it writes nothing either, and says why the same way.
     let mut txn = stale.begin().unwrap();
     let (wp, _) = txn.read(&id).unwrap().unwrap();
-    assert!(txn.put(&wp).is_err());
+    let err = txn.put(&wp).unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
 }
 
 #[test]

@@ -11,6 +11,7 @@ use super::{
 use crate::clock::Timestamp;
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Refusal, Verdict};
+use crate::error::Error;
 use crate::ingress::parse_signal;
 use crate::records::CallbackMode;
 use crate::request::SIGNAL_PATH;
@@ -256,9 +257,30 @@ fn control_route(
         Ok(v) if submitted => v,
         _ => return refused(503, "the daemon is shutting down; nothing was done"),
     };
+    if let Err(e) = &outcome
+        && let Some(r) = unavailable(e)
+    {
+        return r;
+    }
     let port = shared.addr.port();
     let (code, body) = control::answer(outcome, |mode, token| trigger_url(port, mode, token));
     reply(code, body)
+}
+
+/// The answer to a request whose write the shared store refused because this host's daemon no
+/// longer leads the cluster ([`ErrorKind::Unavailable`](crate::error::ErrorKind::Unavailable)):
+/// 503 with `Retry-After`, the lease's time, by when another daemon leads (and this one, a
+/// standby then, hands the request over to it). Nothing was written, so a retry is safe, and
+/// a signal's retry under the same `Idempotency-Key` counts once. `None` for any other error.
+fn unavailable(e: &Error) -> Option<Reply> {
+    let after_s = e.retry_after_s()?;
+    Some(Reply {
+        retry_after_s: Some(after_s),
+        ..reply(
+            503,
+            json!({ "result": "unavailable", "error": e.to_string(), "retry_after_s": after_s }),
+        )
+    })
 }
 
 /// The 429 answer while the sender's miss budget is spent (its unknown ids, wrong secrets and
@@ -395,6 +417,10 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
                 ),
             )
         }
+        Err(e) if let Some(r) = unavailable(&e) => {
+            tracing::warn!("callback not delivered: {e}");
+            r
+        }
         Err(e) => {
             tracing::error!("cannot deliver a callback: {e}");
             reply(
@@ -467,6 +493,10 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
                 422,
                 json!({ "result": "refused", "error": r.reason(), "expected": expected }),
             )
+        }
+        Err(e) if let Some(r) = unavailable(&e) => {
+            tracing::warn!(waitpoint = %id, "webhook signal not recorded: {e}");
+            r
         }
         Err(e) => {
             tracing::error!(waitpoint = %id, "cannot record a webhook signal: {e}");
@@ -549,6 +579,69 @@ mod tests {
         assert!(!s.budget.lock().unwrap().any(Timestamp::from_millis(0)));
         let health = head("GET /healthz HTTP/1.1\nHost: localhost\n\n");
         assert_eq!(route(&s, &health, None, None).code, 200);
+    }
+
+    #[test]
+    fn a_lost_lease_answers_503_with_retry_after_on_the_signal_callback_and_control_routes() {
+        let lost = || Error::LeaseLost { retry_after_s: 7 };
+        let s = Shared {
+            submit: Box::new(move |sub| {
+                match sub {
+                    Submission::Signal { reply, .. } => drop(reply.send(Err(lost()))),
+                    Submission::Callback { reply, .. } => drop(reply.send(Err(lost()))),
+                    Submission::Control { reply, .. } => drop(reply.send(Err(lost()))),
+                }
+                true
+            }),
+            ..shared(Some("operator-token-0123456789"), || {
+                Verdict::Refused(Refusal::UnknownId)
+            })
+        };
+        let signal = head(&format!(
+            "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nContent-Length: {}\n\n",
+            BODY.len()
+        ));
+        let callback =
+            head("POST /api/callbacks/wake/tok HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 0\n\n");
+        let control = head(
+            "GET /api/agents/a1/timers HTTP/1.1\nHost: 127.0.0.1\nAuthorization: Bearer operator-token-0123456789\n\n",
+        );
+        for (route_name, h, body) in [
+            ("signal", &signal, BODY),
+            ("callback", &callback, &b""[..]),
+            ("control", &control, &b""[..]),
+        ] {
+            let r = route(&s, h, Some(body), None);
+            assert_eq!(r.code, 503, "{route_name}: {}", r.body);
+            assert!(
+                r.body["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("no longer leads"),
+                "{route_name}: {}",
+                r.body
+            );
+            let resp = r.into_response(false);
+            assert_eq!(
+                resp.headers().get(hyper::header::RETRY_AFTER).unwrap(),
+                "7",
+                "{route_name}"
+            );
+        }
+        // A stale read is still the control route's 409, without Retry-After.
+        let stale = Shared {
+            submit: Box::new(|sub| {
+                if let Submission::Control { reply, .. } = sub {
+                    let _ = reply.send(Err(Error::Conflict("it changed".into())));
+                }
+                true
+            }),
+            ..shared(Some("operator-token-0123456789"), || {
+                Verdict::Refused(Refusal::UnknownId)
+            })
+        };
+        let r = route(&stale, &control, Some(b""), None);
+        assert_eq!((r.code, r.retry_after_s), (409, None));
     }
 
     #[test]

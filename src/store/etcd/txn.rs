@@ -1,0 +1,162 @@
+//! A transaction on the etcd store's waitpoints (the [`Txn`] implementation): the revisions it
+//! read, which every write compares; a batch's commit is one etcd transaction, fenced.
+
+use std::collections::HashMap;
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, TxnOp};
+
+use crate::error::{Error, Result};
+use crate::names::is_waitpoint_id;
+use crate::records::Waitpoint;
+use crate::store::etcd::Etcd;
+use crate::store::etcd::client::{Fetched, to_json};
+use crate::store::{Change, Txn, Version};
+
+/// A transaction: the revisions it read, which every write compares.
+pub(super) struct EtcdTxn<'a> {
+    store: &'a Etcd,
+    read: HashMap<String, i64>,
+    /// Waitpoints fetched ahead by [`Txn::prefetch`], each taken by its first read: its
+    /// value and revision, or `None` when it does not exist.
+    fetched: HashMap<String, Fetched>,
+}
+
+impl<'a> EtcdTxn<'a> {
+    pub(super) fn new(store: &'a Etcd) -> Self {
+        EtcdTxn {
+            store,
+            read: HashMap::new(),
+            fetched: HashMap::new(),
+        }
+    }
+
+    fn read_rev(&self, id: &str) -> Result<i64> {
+        self.read.get(id).copied().ok_or_else(|| {
+            Error::Conflict(format!(
+                "{id} was not read for update before it was written"
+            ))
+        })
+    }
+}
+
+impl Txn for EtcdTxn<'_> {
+    fn prefetch(&mut self, ids: &[&str]) -> Result<()> {
+        let ids: Vec<&str> = ids.iter().copied().filter(|i| is_waitpoint_id(i)).collect();
+        for (id, found) in ids.iter().zip(self.store.fetch(&ids)?) {
+            self.fetched.insert((*id).to_owned(), found);
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, id: &str) -> Result<Option<(Waitpoint, Version)>> {
+        if !is_waitpoint_id(id) {
+            return Ok(None);
+        }
+        let key = self.store.keys.waitpoint(id);
+        let got = match self.fetched.remove(id) {
+            Some(got) => got,
+            None => self.store.get_value(key.clone())?,
+        };
+        let Some((value, rev)) = got else {
+            self.read.remove(id);
+            return Ok(None);
+        };
+        let Some(wp) = self.store.parse_wp(&key, &value)? else {
+            return Ok(None);
+        };
+        self.read.insert(id.to_owned(), rev);
+        Ok(Some((wp, Version(rev as u64))))
+    }
+
+    fn version(&self, id: &str) -> Option<Version> {
+        self.read.get(id).map(|r| Version(*r as u64))
+    }
+
+    fn put(&mut self, wp: &Waitpoint) -> Result<()> {
+        let rev = self.read_rev(&wp.id)?;
+        let key = self.store.keys.waitpoint(&wp.id);
+        let compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let new = self.store.guarded(
+            "cannot write a waitpoint",
+            compares,
+            vec![TxnOp::put(key, to_json(wp), None)],
+        )?;
+        self.read.insert(wp.id.clone(), new);
+        Ok(())
+    }
+
+    fn remove(&mut self, wp: &Waitpoint) -> Result<()> {
+        let rev = self.read_rev(&wp.id)?;
+        let key = self.store.keys.waitpoint(&wp.id);
+        let compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let mut ops = vec![
+            TxnOp::delete(key, None),
+            TxnOp::delete(
+                self.store.keys.records_of(&wp.id),
+                Some(DeleteOptions::new().with_prefix()),
+            ),
+            TxnOp::delete(self.store.keys.visible(&wp.session, &wp.id), None),
+        ];
+        if wp.channel != wp.session {
+            ops.push(TxnOp::delete(
+                self.store.keys.visible(&wp.channel, &wp.id),
+                None,
+            ));
+        }
+        self.store
+            .guarded("cannot remove a waitpoint", compares, ops)?;
+        self.read.remove(&wp.id);
+        Ok(())
+    }
+
+    /// One etcd transaction for the whole batch: every waitpoint still at the revision read,
+    /// the fence still this daemon's, then every state, record and wake. The wakes for this
+    /// host are delivered at once after it and their keys removed; the others wait for their
+    /// host's daemon (and these too, if this one dies in between).
+    fn commit(&mut self, changes: &[Change]) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        for c in changes {
+            let id = &c.change.state.id;
+            let rev = self.read_rev(id)?;
+            if rev as u64 != c.expect.0 {
+                return Err(Error::Conflict(format!(
+                    "{id} changed since it was read (revision {} then, {rev} now)",
+                    c.expect.0
+                )));
+            }
+            let key = self.store.keys.waitpoint(id);
+            compares.push(Compare::mod_revision(key.clone(), CompareOp::Equal, rev));
+            ops.push(TxnOp::put(key, to_json(&c.change.state), None));
+            for r in &c.change.records {
+                let k = self.store.keys.record_of(id, r);
+                compares.push(Compare::version(k.clone(), CompareOp::Equal, 0));
+                ops.push(TxnOp::put(k, to_json(r), None));
+            }
+            for w in &c.change.wakes {
+                ops.push(self.store.wake_op(w)?);
+            }
+        }
+        let rev = self.store.guarded("cannot commit signals", compares, ops)?;
+        for c in changes {
+            self.read.insert(c.change.state.id.clone(), rev);
+        }
+        // The fast path for this host's own wakes; the keys are the durable copy.
+        let ours = changes.iter().flat_map(|c| &c.change.wakes).any(|w| {
+            self.store
+                .host_of(&w.channel)
+                .is_ok_and(|h| h == self.store.host)
+        });
+        if ours && let Err(e) = self.store.deliver_pending_here() {
+            tracing::warn!("wakes stay in the store for the next delivery: {e}");
+        }
+        Ok(())
+    }
+
+    fn replayed(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,103 @@
+//! The etcd store's watch: one watch on the whole prefix, turned into the owner's hints
+//! (waitpoints that changed, timers, callbacks, signals handed over, wakes for this host),
+//! resumed where it broke off on the next member, and a resync only when the history it
+//! missed was compacted away.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{EventType, WatchOptions};
+
+use crate::store::Hint;
+use crate::store::etcd::Etcd;
+use crate::store::etcd::client::REQUEST_TIMEOUT;
+use crate::store::etcd::keys::Watched;
+use crate::sync::MutexExt;
+
+impl Etcd {
+    /// One watch on the whole prefix: waitpoints that changed, signals handed over, wakes for
+    /// this host. A watch that ends (a member restarted) is resumed from the revision after
+    /// the last one it reported, so nothing between is missed; only when that history is
+    /// compacted away does the owner hear a resync (as after an inotify overflow). The first
+    /// watch needs none: its owner reads everything after starting it. A watch that broke is
+    /// resumed on the next member; one that was cancelled because its member lost the leader
+    /// too (the members are asked to require one).
+    pub(super) fn watch_all(&self, hint: Box<dyn Fn(Hint) + Send>) -> Box<dyn Any + Send> {
+        let members = Arc::clone(&self.members);
+        let keys = self.keys.clone();
+        let prefix = keys.prefix().to_owned();
+        let host = self.host.clone();
+        let own = Arc::clone(&self.own);
+        let task = self.rt().spawn(async move {
+            // The first revision the next watch must report; 0: from now.
+            let mut next = 0;
+            loop {
+                let mut opts = WatchOptions::new().with_prefix();
+                if next > 0 {
+                    opts = opts.with_start_revision(next);
+                }
+                let opened = members
+                    .run(REQUEST_TIMEOUT, |mut c| {
+                        let (prefix, opts) = (prefix.clone(), opts.clone());
+                        async move { c.watch(prefix, Some(opts)).await }
+                    })
+                    .await;
+                if let Ok((mut stream, at)) = opened {
+                    // A watch from now starts after the revision its first answer names.
+                    let mut from_now = next == 0;
+                    // Whether the watch ended through its member's failure (the stream broke,
+                    // the member lost its leader) rather than a compaction.
+                    let mut failed = true;
+                    while let Ok(Some(resp)) = stream.message().await {
+                        if resp.canceled() {
+                            if resp.compact_revision() > 0 {
+                                // What happened since `next` is gone: read everything again.
+                                next = 0;
+                                failed = false;
+                                hint(Hint::Resync);
+                            }
+                            break;
+                        }
+                        if from_now && let Some(h) = resp.header() {
+                            next = h.revision() + 1;
+                            from_now = false;
+                        }
+                        for ev in resp.events() {
+                            let Some(kv) = ev.kv() else { continue };
+                            next = next.max(kv.mod_revision() + 1);
+                            let put = ev.event_type() == EventType::Put;
+                            match keys.watched(kv.key(), &host) {
+                                Some(Watched::Waitpoint(id)) => {
+                                    let mine = own.lock_or_recover().contains(&kv.mod_revision());
+                                    if put && !mine {
+                                        hint(Hint::Changed(id));
+                                    }
+                                }
+                                Some(Watched::Timer(id)) => hint(Hint::Timer(id)),
+                                Some(Watched::Callback(id)) => hint(Hint::Callback(id)),
+                                Some(Watched::HandedOver) if put => hint(Hint::Forwarded),
+                                Some(Watched::WakeHere) if put => hint(Hint::Wakes),
+                                _ => {}
+                            }
+                        }
+                    }
+                    if failed {
+                        members.failed(at);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Box::new(AbortOnDrop(task.abort_handle()))
+    }
+}
+
+/// Aborts a task of the store's runtime when dropped (a watch).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
