@@ -372,7 +372,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         (Err(e), _) => return Err(e.into()),
     };
     if let Some(url) = store {
-        settings.store = crate::store::Location::parse(url)
+        settings.store = crate::settings::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -47,7 +47,7 @@ pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
     use std::sync::Arc;
     // On a store shared by several hosts this home's files hold no waitpoints: the daemon
     // judges, and hands the signal to the leader.
-    if super::load_settings(home).is_ok_and(|s| s.store != crate::store::Location::Files) {
+    if super::load_settings(home).is_ok_and(|s| s.store != crate::settings::Location::Files) {
         return None;
     }
     // A home that holds no waitpoints (a device's, or one with no daemon yet) has nothing to

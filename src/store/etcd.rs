@@ -41,11 +41,11 @@ use std::sync::{Arc, Mutex};
 use etcd_client::ConnectOptions;
 
 use crate::home::Home;
+use crate::settings::location::EtcdLocation;
 use crate::store::Role;
 use crate::store::etcd::endpoints::Members;
 use crate::store::etcd::fence::Fence;
 use crate::store::etcd::keys::Keys;
-use crate::store::location::EtcdLocation;
 use crate::sync::MutexExt;
 
 /// The most signals one commit carries: with a record, a state and a wake each, and the

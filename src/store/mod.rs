@@ -25,8 +25,8 @@ mod files;
 mod forward;
 pub mod import;
 mod index;
-pub mod location;
 
+use crate::settings::Location;
 use std::any::Any;
 
 use crate::error::{Error, Result};
@@ -36,7 +36,6 @@ use crate::records::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wa
 pub use check::{Check, Level};
 pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
-pub use location::Location;
 
 /// What [`copy_all`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

@@ -371,7 +371,8 @@ fn base64_decode(text: &str) -> Vec<u8> {
 #[test]
 fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() {
     use waitpoint::error::{Error, ErrorKind};
-    use waitpoint::store::{Location, Role, Store, etcd::Etcd};
+    use waitpoint::settings::Location;
+    use waitpoint::store::{Role, Store, etcd::Etcd};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
     let b = host(&cluster, "b", "");
@@ -765,7 +766,8 @@ fn credentials_come_from_a_private_file_and_never_reach_argv_logs_or_the_cluster
 #[test]
 fn a_store_dropped_inside_another_runtime_shuts_down_without_a_panic() {
     // The MCP front end runs on tokio and drops its engine, and so the store, on that runtime.
-    use waitpoint::store::{Location, Role, Store, etcd::Etcd};
+    use waitpoint::settings::Location;
+    use waitpoint::store::{Role, Store, etcd::Etcd};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
     let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {

@@ -15,11 +15,11 @@ use etcd_client::{
 
 use crate::error::{Error, Result};
 use crate::home::Home;
+use crate::settings::location::EtcdLocation;
 use crate::store::Role;
 use crate::store::etcd::Etcd;
 use crate::store::etcd::endpoints::Members;
 use crate::store::etcd::keys::{Keys, prefix_end};
-use crate::store::location::EtcdLocation;
 
 /// How long one request may take before it counts as failed (a campaign waits longer: it
 /// is not a request but a wait for leadership).

@@ -13,7 +13,9 @@ use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::store::Location;
+pub mod location;
+
+pub use location::Location;
 
 /// The largest settings file read.
 pub const MAX_SETTINGS_BYTES: u64 = 64 * 1024;
