@@ -9,6 +9,7 @@ mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;
 mod devices;
+mod doc_paths;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "etcd")]
