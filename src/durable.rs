@@ -28,9 +28,9 @@ mod trash;
 
 pub use beneath::confine;
 pub use dir::{Dir, Entry};
-pub use lock::*;
-pub use read::*;
-pub use trash::*;
+pub use lock::{FileLock, LockHolder};
+pub use read::{MAX_RECORD_BYTES, read_json, read_json_or_set_aside, read_record_bytes, set_aside};
+pub use trash::{Reaper, Trash};
 
 /// Mode of every directory the engine creates.
 pub const DIR_MODE: u32 = 0o700;

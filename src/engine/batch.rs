@@ -15,9 +15,8 @@ use crate::records::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
 use crate::request::{SignalRequest, Source};
 use crate::store::{Change, Txn, Version};
 
-use super::{
-    Engine, Refusal, Verdict, identity_key, in_grace_window, next_due, next_record, rules,
-};
+use super::{Engine, Refusal, Verdict, in_grace_window, next_due, next_record, rules};
+use crate::request::identity_key;
 
 /// The most signals [`Engine::apply_batch`] is given at once by the daemon. It bounds the open
 /// files a batch holds (one lock per waitpoint and one temp file per staged file).

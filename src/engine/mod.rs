@@ -33,9 +33,16 @@ use crate::store::{self, Store, Txn};
 use crate::sync::MutexExt;
 
 pub use batch::MAX_BATCH;
-pub use create::*;
+pub use create::{
+    CreateRequest, Created, MAX_INTENT_CHARS, MAX_LABEL_CHARS, MAX_MAX_SIGNALS, MAX_MEMBERS,
+    MIN_TTL_MS, MIN_WINDOW_MS, Quorum,
+};
 pub use rules::Refusal;
-pub use service::*;
+pub use service::{
+    HookJob, RETAIN_MS, Service, has_undelivered_wake, hook_backoff_ms, latest_wake, next_due,
+    retention_ends,
+};
+use service::{hooks_due, in_grace_window, next_hook_after};
 pub use sessions::SessionDeleted;
 
 /// What the engine did with a well-formed signal.
@@ -69,9 +76,6 @@ pub enum Verdict {
     /// id and secret were checked here, the rules are applied there (`docs/etcd.md`).
     Queued { id: String },
 }
-
-pub use crate::request::identity_key;
-pub use crate::store::signal_file_name;
 
 /// The engine. Cheap to build; the daemon keeps one, CLI commands make one per call.
 pub struct Engine {

@@ -43,9 +43,9 @@ mod fleet;
 mod sftp_long;
 mod ssh;
 
-pub use claim::*;
-pub use fleet::*;
-pub use ssh::*;
+pub use claim::{Collector, RemoteEntry, Round};
+pub use fleet::{DeviceEvent, Fleet, backoff_ms, hint_for};
+pub use ssh::{Connection, SshOptions, connect, probe};
 
 /// Where a device's jobs drop files when `device add` is not told otherwise (the spec's line).
 pub const DEFAULT_REMOTE_SPOOL: &str = "~/.cortex/tmp/signals";
@@ -305,6 +305,10 @@ fn host_tag() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ingress::device::claim::claimed_name;
+    use crate::ingress::device::claim::unclaimed_name;
+    use crate::ingress::device::fleet::MAX_BACKOFF_MS;
+    use crate::ingress::device::ssh::base64_unpadded;
     use crate::ingress::spool::is_candidate;
     use std::path::Path;
 
