@@ -12,6 +12,8 @@ mod batch;
 pub mod budget;
 pub mod callbacks;
 mod create;
+mod prejudge;
+mod queries;
 pub mod rules;
 mod service;
 mod sessions;
@@ -37,6 +39,7 @@ pub use create::{
     CreateRequest, Created, MAX_INTENT_CHARS, MAX_LABEL_CHARS, MAX_MAX_SIGNALS, MAX_MEMBERS,
     MIN_TTL_MS, MIN_WINDOW_MS, Quorum,
 };
+pub use prejudge::{Prejudged, prejudge};
 pub use rules::Refusal;
 pub use service::{
     HookJob, RETAIN_MS, Service, has_undelivered_wake, hook_backoff_ms, latest_wake, next_due,
@@ -171,20 +174,6 @@ impl Engine {
 
     pub fn now(&self) -> Timestamp {
         self.clock.now()
-    }
-
-    /// Reads a waitpoint; `None` when there is no such id.
-    pub fn load(&self, id: &str) -> Result<Option<Waitpoint>> {
-        self.store.get(id)
-    }
-
-    /// Reads a waitpoint that `session` may see (or any, with `None`).
-    pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
-        match self.load(id)? {
-            Some(wp) if session.is_none_or(|s| wp.visible_to(s)) => Ok(wp),
-            _ if session.is_some() => Err(Error::not_found_for_session("waitpoint", id)),
-            _ => Err(Error::not_found("waitpoint", id)),
-        }
     }
 
     /// Applies one well-formed signal. Returns the verdict; an `Err` means nothing was decided
@@ -418,47 +407,6 @@ impl Engine {
         Ok(())
     }
 
-    /// `(seq, identity key)` of every recorded signal of a waitpoint.
-    fn list_signal_files(&self, id: &str) -> Result<Vec<(u64, String)>> {
-        self.store.identities(id)
-    }
-
-    /// The recorded signals of a waitpoint from `first_seq` on, in order.
-    pub fn read_signals(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
-        let mut files: Vec<(u64, String)> = self
-            .list_signal_files(id)?
-            .into_iter()
-            .filter(|(seq, _)| *seq >= first_seq)
-            .collect();
-        files.sort();
-        let mut out = Vec::with_capacity(files.len());
-        for (seq, key) in files {
-            if let Some(r) = self.store.record(id, seq, &key)? {
-                out.push(r);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The newest recorded signal of a waitpoint that `pick` accepts, read newest first so a
-    /// long-lived monitor costs one read when its latest report matches.
-    pub fn latest_signal(
-        &self,
-        id: &str,
-        pick: impl Fn(&SignalRecord) -> bool,
-    ) -> Result<Option<SignalRecord>> {
-        let mut files = self.list_signal_files(id)?;
-        files.sort_unstable_by(|a, b| b.cmp(a));
-        for (seq, key) in files {
-            if let Some(r) = self.store.record(id, seq, &key)?
-                && pick(&r)
-            {
-                return Ok(Some(r));
-            }
-        }
-        Ok(None)
-    }
-
     /// Replaces a waitpoint's secret: the old one is refused from now on (exactly like a wrong
     /// secret) and the new one is returned, once.
     pub fn reset_secret(&self, id: &str, session: &str) -> Result<Created> {
@@ -503,39 +451,6 @@ impl Engine {
         tracing::info!(waitpoint = %id, session, "cancelled");
         Ok(wp)
     }
-
-    /// Every waitpoint in the home, oldest first (a full scan).
-    pub fn list(&self) -> Result<Vec<Waitpoint>> {
-        let mut out = Vec::new();
-        self.for_each_waitpoint(|wp| {
-            out.push(wp);
-            Ok(())
-        })?;
-        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
-        Ok(out)
-    }
-
-    /// Calls `f` with every waitpoint, one at a time, so a scan of a large home holds one
-    /// waitpoint in memory, not all of them.
-    pub fn for_each_waitpoint(&self, mut f: impl FnMut(Waitpoint) -> Result<()>) -> Result<()> {
-        self.store.for_each(&mut f)
-    }
-
-    /// The waitpoints `session` may see, oldest first; cost grows with the session's
-    /// waitpoints, not with the home's, once the index is complete.
-    pub fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
-        self.store.list_visible(session)
-    }
-
-    /// Whether [`list_visible`](Self::list_visible) is answered without a full scan.
-    pub fn index_is_complete(&self) -> bool {
-        self.store.index_is_complete()
-    }
-
-    /// Brings the session index in line with the waitpoints (the daemon, at start).
-    pub fn rebuild_index(&self) -> Result<usize> {
-        self.store.rebuild_index()
-    }
 }
 
 /// The record a well-formed, accepted signal becomes: the waitpoint's next seq.
@@ -554,39 +469,6 @@ fn next_record(
         data: req.data.clone(),
         received_at: now,
     }
-}
-
-/// What a sender on the daemon's machine can know of its signal before sending it, from the
-/// home alone (see [`prejudge`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Prejudged {
-    /// It would be refused, with the same refusal the daemon would give.
-    Refused(Refusal),
-    /// The waitpoint is closed (and past its grace window): answered "already ...".
-    Closed(Status),
-    /// Nothing here refuses it: send it, and let the daemon decide.
-    Open,
-}
-
-/// Judges `req` against the waitpoint as `store` holds it, without changing anything, as the
-/// daemon would (wrong secret, unknown id, missing or unlisted member, closed), so a sender on
-/// the daemon's machine hears "refused" at once instead of having its signal parked later. Only
-/// what this cannot see (a state changing meanwhile) is left to the daemon, which decides again
-/// in any case.
-pub fn prejudge(store: &dyn Store, now: Timestamp, req: &SignalRequest) -> Result<Prejudged> {
-    let Some(wp) = store.get(&req.id)? else {
-        return Ok(Prejudged::Refused(Refusal::UnknownId));
-    };
-    if !req.secret.verify(&wp.secret_sha256) {
-        return Ok(Prejudged::Refused(Refusal::Unauthorized));
-    }
-    if wp.status != Status::Armed && !in_grace_window(&wp, now) {
-        return Ok(Prejudged::Closed(wp.status));
-    }
-    if let Err(r) = rules::check_member(&wp, req.member.as_deref()) {
-        return Ok(Prejudged::Refused(r));
-    }
-    Ok(Prejudged::Open)
 }
 
 /// Reads a waitpoint for update that `session` may see.

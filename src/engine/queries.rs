@@ -1,0 +1,98 @@
+//! Reading waitpoints without changing them: one by id (with the session's visibility), all,
+//! a session's visible ones, the signals recorded for one, and the session index behind the
+//! listing.
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::records::SignalRecord;
+use crate::records::Waitpoint;
+
+impl Engine {
+    /// Reads a waitpoint; `None` when there is no such id.
+    pub fn load(&self, id: &str) -> Result<Option<Waitpoint>> {
+        self.store.get(id)
+    }
+
+    /// Reads a waitpoint that `session` may see (or any, with `None`).
+    pub fn load_visible(&self, id: &str, session: Option<&str>) -> Result<Waitpoint> {
+        match self.load(id)? {
+            Some(wp) if session.is_none_or(|s| wp.visible_to(s)) => Ok(wp),
+            _ if session.is_some() => Err(Error::not_found_for_session("waitpoint", id)),
+            _ => Err(Error::not_found("waitpoint", id)),
+        }
+    }
+
+    /// `(seq, identity key)` of every recorded signal of a waitpoint.
+    pub(super) fn list_signal_files(&self, id: &str) -> Result<Vec<(u64, String)>> {
+        self.store.identities(id)
+    }
+
+    /// The recorded signals of a waitpoint from `first_seq` on, in order.
+    pub fn read_signals(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
+        let mut files: Vec<(u64, String)> = self
+            .list_signal_files(id)?
+            .into_iter()
+            .filter(|(seq, _)| *seq >= first_seq)
+            .collect();
+        files.sort();
+        let mut out = Vec::with_capacity(files.len());
+        for (seq, key) in files {
+            if let Some(r) = self.store.record(id, seq, &key)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The newest recorded signal of a waitpoint that `pick` accepts, read newest first so a
+    /// long-lived monitor costs one read when its latest report matches.
+    pub fn latest_signal(
+        &self,
+        id: &str,
+        pick: impl Fn(&SignalRecord) -> bool,
+    ) -> Result<Option<SignalRecord>> {
+        let mut files = self.list_signal_files(id)?;
+        files.sort_unstable_by(|a, b| b.cmp(a));
+        for (seq, key) in files {
+            if let Some(r) = self.store.record(id, seq, &key)?
+                && pick(&r)
+            {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every waitpoint in the home, oldest first (a full scan).
+    pub fn list(&self) -> Result<Vec<Waitpoint>> {
+        let mut out = Vec::new();
+        self.for_each_waitpoint(|wp| {
+            out.push(wp);
+            Ok(())
+        })?;
+        out.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(out)
+    }
+
+    /// Calls `f` with every waitpoint, one at a time, so a scan of a large home holds one
+    /// waitpoint in memory, not all of them.
+    pub fn for_each_waitpoint(&self, mut f: impl FnMut(Waitpoint) -> Result<()>) -> Result<()> {
+        self.store.for_each(&mut f)
+    }
+
+    /// The waitpoints `session` may see, oldest first; cost grows with the session's
+    /// waitpoints, not with the home's, once the index is complete.
+    pub fn list_visible(&self, session: &str) -> Result<Vec<Waitpoint>> {
+        self.store.list_visible(session)
+    }
+
+    /// Whether [`list_visible`](Self::list_visible) is answered without a full scan.
+    pub fn index_is_complete(&self) -> bool {
+        self.store.index_is_complete()
+    }
+
+    /// Brings the session index in line with the waitpoints (the daemon, at start).
+    pub fn rebuild_index(&self) -> Result<usize> {
+        self.store.rebuild_index()
+    }
+}
