@@ -14,6 +14,8 @@ mod doc_paths;
 mod etcd;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd_cluster;
+#[cfg(feature = "etcd")]
+mod etcd_security;
 mod events;
 #[cfg(feature = "failpoints")]
 mod faults;
@@ -23,6 +25,7 @@ mod harness;
 mod harness_smoke;
 mod hostile;
 pub(crate) mod http;
+mod http_transport;
 mod import;
 mod invariants;
 mod journal;
@@ -31,6 +34,7 @@ mod layouts;
 mod links;
 mod man_pages;
 mod mcp;
+mod mcp_raw;
 mod model_server;
 mod ops;
 mod perf;
