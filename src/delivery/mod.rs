@@ -53,9 +53,14 @@ fn parent_of(path: &Path) -> &Path {
     path.parent().expect("a wake file is inside its inbox")
 }
 
+/// Where a delivered wake may be: unread in `new/`, then read in `cur/`.
+fn inbox_dirs(home: &Home, channel: &str) -> [PathBuf; 2] {
+    [home.inbox_new(channel), home.inbox_cur(channel)]
+}
+
 /// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk.
 pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Vec<u8>>> {
-    for dir in [home.inbox_new(channel), home.inbox_cur(channel)] {
+    for dir in inbox_dirs(home, channel) {
         match fs::read(wake_file(&dir, wake_id)) {
             Ok(b) => return Ok(Some(b)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -156,7 +161,7 @@ pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
 
 /// The wake with this id wherever the session's inbox holds it (unread or read), parsed.
 pub fn find(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Wake>> {
-    for dir in [home.inbox_new(channel), home.inbox_cur(channel)] {
+    for dir in inbox_dirs(home, channel) {
         if let Some(w) = read_json::<Wake>(&wake_file(&dir, wake_id))? {
             return Ok(Some(w));
         }
@@ -193,4 +198,43 @@ pub fn remove_read_older_than(home: &Home, now: Timestamp, ttl_ms: i64) -> Resul
         }
     }
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wake(id: &str, created_ms: i64) -> Wake {
+        let text = include_str!("../../layouts/wake.example.json");
+        let mut v: serde_json::Value = serde_json::from_str(text).unwrap();
+        v["wake_id"] = id.into();
+        v["channel"] = "s1".into();
+        v["created_at"] = Timestamp::from_millis(created_ms).to_string().into();
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn read_wakes_past_their_ttl_go_and_unread_or_young_ones_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path());
+        let day = 86_400_000;
+        let (old_read, young_read, old_unread) = ("wk_aa_1", "wk_aa_2", "wk_aa_3");
+        for (id, at) in [(old_read, 0), (young_read, 9 * day), (old_unread, 0)] {
+            deliver(&home, &wake(id, at)).unwrap();
+        }
+        assert!(mark_read(&home, "s1", old_read).unwrap());
+        assert!(mark_read(&home, "s1", young_read).unwrap());
+
+        let now = Timestamp::from_millis(10 * day);
+        assert_eq!(remove_read_older_than(&home, now, 7 * day).unwrap(), 1);
+        assert_eq!(find(&home, "s1", old_read).unwrap(), None);
+        assert!(find(&home, "s1", young_read).unwrap().is_some());
+        assert!(
+            is_unread(&home, "s1", old_unread),
+            "an unread wake is the reader's"
+        );
+
+        remove_inbox(&home, "s1").unwrap();
+        assert!(!home.sessions_dir().join("s1").exists());
+    }
 }
