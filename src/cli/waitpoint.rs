@@ -627,7 +627,16 @@ pub(super) fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow
         }
         if !wait_for_change(&rx, deadline) {
             if !a.json {
-                writeln!(out, "{} still armed; gave up waiting", wp.id)?;
+                // Closed but its wake not in the inbox yet is not "still armed".
+                match wp.status {
+                    Status::Armed => writeln!(out, "{} still armed; gave up waiting", wp.id)?,
+                    other => writeln!(
+                        out,
+                        "{} {} but its wake is not delivered yet; gave up waiting",
+                        wp.id,
+                        other.as_str()
+                    )?,
+                }
             }
             return Ok(exit::TIMED_OUT);
         }

@@ -730,6 +730,48 @@ fn a_store_dropped_inside_another_runtime_shuts_down_without_a_panic() {
 }
 
 #[test]
+fn a_watch_reports_a_change_made_the_moment_it_was_started() {
+    // `waitpoint wait` starts the store's watch, then reads: a change between that read and
+    // the watch reaching its member must still wake it (a watch "from now" missed it, and the
+    // wait sat out its whole timeout beside a resolved waitpoint).
+    use std::sync::mpsc;
+    use waitpoint::settings::Location;
+    use waitpoint::store::{Hint, Role, Store, etcd::Etcd};
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let (id, _) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
+        panic!()
+    };
+    let open = |name: &str| {
+        Etcd::connect(
+            &loc,
+            name,
+            waitpoint::home::Home::new(&a.home),
+            Role::Command,
+        )
+        .unwrap()
+    };
+    let (watcher, writer) = (open("a"), open("b"));
+    for round in 0..50 {
+        // Read for update first, so the write follows the watch's start by one request.
+        let mut txn = writer.begin().unwrap();
+        let (mut wp, _) = txn.read(&id).unwrap().unwrap();
+        wp.label = format!("train, round {round}");
+        let (tx, rx) = mpsc::channel();
+        let tx = std::sync::Mutex::new(tx);
+        let _watching = watcher
+            .watch(Box::new(move |hint| {
+                let _ = tx.lock().unwrap().send(hint);
+            }))
+            .unwrap();
+        txn.put(&wp).unwrap();
+        let heard = rx.recv_timeout(Duration::from_secs(10));
+        assert_eq!(heard, Ok(Hint::Changed(id.clone())), "round {round}");
+    }
+}
+
+#[test]
 fn a_callback_made_on_one_host_is_triggered_on_another_and_wakes_the_first_once() {
     let cluster = Cluster::start();
     let (a, b, _da, _db) = two_hosts(&cluster);

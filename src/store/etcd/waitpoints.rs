@@ -210,7 +210,7 @@ impl Store for Etcd {
     }
 
     fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
-        Ok(self.watch_all(hint))
+        self.watch_all(hint)
     }
 
     fn needs_recovery(&self) -> bool {

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use etcd_client::{EventType, WatchOptions};
 
+use crate::error::Result;
 use crate::store::Hint;
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::REQUEST_TIMEOUT;
@@ -20,23 +21,23 @@ impl Etcd {
     /// this host. A watch that ends (a member restarted) is resumed from the revision after
     /// the last one it reported, so nothing between is missed; only when that history is
     /// compacted away does the owner hear a resync (as after an inotify overflow). The first
-    /// watch needs none: its owner reads everything after starting it. A watch that broke is
-    /// resumed on the next member; one that was cancelled because its member lost the leader
-    /// too (the members are asked to require one).
-    pub(super) fn watch_all(&self, hint: Box<dyn Fn(Hint) + Send>) -> Box<dyn Any + Send> {
+    /// watch needs none: it starts after the revision read here, before this returns, so a
+    /// change between the owner's next read and the watch reaching its member is still
+    /// reported (a watch "from now" would miss it). A watch that broke is resumed on the next
+    /// member; one that was cancelled because its member lost the leader too (the members are
+    /// asked to require one).
+    pub(super) fn watch_all(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
         let members = Arc::clone(&self.members);
         let keys = self.keys.clone();
         let prefix = keys.prefix().to_owned();
         let host = self.host.clone();
         let own = Arc::clone(&self.own);
+        let start = self.revision()? + 1;
         let task = self.rt().spawn(async move {
-            // The first revision the next watch must report; 0: from now.
-            let mut next = 0;
+            // The first revision the next watch must report.
+            let mut next = start;
             loop {
-                let mut opts = WatchOptions::new().with_prefix();
-                if next > 0 {
-                    opts = opts.with_start_revision(next);
-                }
+                let opts = WatchOptions::new().with_prefix().with_start_revision(next);
                 let opened = members
                     .run(REQUEST_TIMEOUT, |mut c| {
                         let (prefix, opts) = (prefix.clone(), opts.clone());
@@ -44,24 +45,19 @@ impl Etcd {
                     })
                     .await;
                 if let Ok((mut stream, at)) = opened {
-                    // A watch from now starts after the revision its first answer names.
-                    let mut from_now = next == 0;
                     // Whether the watch ended through its member's failure (the stream broke,
                     // the member lost its leader) rather than a compaction.
                     let mut failed = true;
                     while let Ok(Some(resp)) = stream.message().await {
                         if resp.canceled() {
                             if resp.compact_revision() > 0 {
-                                // What happened since `next` is gone: read everything again.
-                                next = 0;
+                                // What happened before the compaction is gone: the owner reads
+                                // everything again, and the next watch reports all after it.
+                                next = resp.compact_revision();
                                 failed = false;
                                 hint(Hint::Resync);
                             }
                             break;
-                        }
-                        if from_now && let Some(h) = resp.header() {
-                            next = h.revision() + 1;
-                            from_now = false;
                         }
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
@@ -89,7 +85,7 @@ impl Etcd {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
-        Box::new(AbortOnDrop(task.abort_handle()))
+        Ok(Box::new(AbortOnDrop(task.abort_handle())))
     }
 }
 
