@@ -133,6 +133,10 @@ pub struct Waitpoint {
     /// When recent wakes went out, for the sliding-hour cap (only the last hour is kept).
     #[serde(default)]
     pub recent_wakes: Vec<Timestamp>,
+    /// The hourly wake cap the daemon applied when it last weighed a wake of this waitpoint:
+    /// every view shows the cap in force, not the one its own shell's settings would give.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_cap: Option<u32>,
     /// Wakes committed but not yet confirmed in the session's inbox. The daemon re-delivers them
     /// after a restart; a wake leaves the outbox only once its inbox file is durable.
     pub outbox: Vec<Wake>,

@@ -248,6 +248,8 @@ pub enum Command {
     Wait(waitpoint::WaitArgs),
     /// A live view of `check` that redraws whenever something changes
     Watch(waitpoint::WatchArgs),
+    /// List the sessions: a hollow ring on those waiting on a machine, the capsule, unread wakes
+    Sessions(waitpoint::SessionsArgs),
     /// Manage sessions
     #[command(subcommand)]
     Session(waitpoint::SessionCommand),
@@ -397,6 +399,9 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Ack(a) => waitpoint::ack(&engine, a, &mut out),
         Command::Wait(a) => waitpoint::wait(&engine, a, &mut out),
         Command::Watch(a) => waitpoint::watch(&engine, a, &mut out),
+        Command::Sessions(a) | Command::Session(waitpoint::SessionCommand::List(a)) => {
+            waitpoint::sessions(&engine, a, &mut out)
+        }
         Command::Session(waitpoint::SessionCommand::Delete(a)) => {
             waitpoint::session_delete(&engine, a, &mut out)
         }

@@ -36,6 +36,7 @@ mod man_pages;
 mod mcp;
 mod mcp_raw;
 mod model_server;
+mod operator_view;
 mod ops;
 mod perf;
 mod policy;
