@@ -326,6 +326,15 @@ img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
         None,
     );
     assert_eq!(unchanged.code, 304, "{}", unchanged.body);
+    // Another site's page cannot read it either (a fetch from it carries its Origin).
+    let foreign = curl(
+        &env,
+        "GET",
+        &format!("{base}/ui/api/view"),
+        &[&cookie, "Origin: http://evil.example"],
+        None,
+    );
+    assert_eq!(foreign.code, 403, "{}", foreign.body);
 
     // A cancel needs the page's Origin and the login's CSRF token.
     let cancel = |headers: &[&str]| {
