@@ -649,6 +649,15 @@ pub struct WebhookAddress {
     pub started_at: Timestamp,
 }
 
+/// `ui-login.json`: the one-time login code `waitpoint ui` printed, kept only as its SHA-256 and
+/// good until `expires_at`. The shim removes it when the code is used, so it opens one login;
+/// a new `waitpoint ui` replaces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UiLogin {
+    pub code_sha256: String,
+    pub expires_at: Timestamp,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

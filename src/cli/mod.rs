@@ -22,6 +22,7 @@ mod sending;
 pub mod signal;
 pub mod timer;
 pub mod transfer;
+pub mod ui;
 pub mod waitpoint;
 
 use std::ffi::OsString;
@@ -332,6 +333,22 @@ pub enum Command {
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
     /// when any check FAILs.
     Doctor(doctor::DoctorArgs),
+    /// Print the operator page's address, with a one-time login code
+    ///
+    /// The page (/ui/ on the daemon's HTTP shim, so it needs `waitpoint daemon --http`) lists
+    /// every session: a hollow ring beside one that waits on a machine, and its capsule. Click a
+    /// capsule for the full picture (intent, quorum progress, member reports, every signal with
+    /// its source and time, heartbeats, badges) and a cancel button, which asks first: cancelling
+    /// stops the waiting, not the external job, which keeps running. It updates as signals
+    /// arrive, without reloading.
+    ///
+    /// The address (http://127.0.0.1:PORT/ui/login?code=CODE) logs one browser in: the code
+    /// works once, within 5 minutes, and a new `waitpoint ui` replaces it. Only its SHA-256 is
+    /// kept, in ui-login.json under the home. Without a login every /ui route answers 401. When
+    /// the daemon has an operator token (CORTEX_WEBHOOK_TOKEN), POSTing it to /ui/login (the
+    /// form at that address) logs in too. The page fetches nothing from elsewhere and shows
+    /// neither secrets nor their hashes.
+    Ui(ui::UiArgs),
     /// Write every waitpoint of the store into DIR as an ordinary home, read at one revision
     ///
     /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
@@ -358,6 +375,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Run(a) => return job::run(&home, a),
         Command::Attach(a) => return job::attach(&home, a),
         Command::Doctor(a) => return doctor::run(&home, store, a),
+        Command::Ui(a) => return ui::run(&home, a, &mut io::stdout().lock()),
         Command::Completions(a) => return completions::run(a),
         Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
         other => other,
@@ -433,6 +451,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         | Command::Run(_)
         | Command::Attach(_)
         | Command::Doctor(_)
+        | Command::Ui(_)
         | Command::Completions(_)
         | Command::Setup(_) => unreachable!("handled above"),
     }

@@ -52,4 +52,5 @@ mod sshd;
 mod state_machine;
 mod store_seam;
 mod trash;
+mod ui;
 mod waiters;
