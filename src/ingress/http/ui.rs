@@ -92,7 +92,16 @@ fn consume_login_code(file: &Path, code: &str, now: Timestamp) -> Result<bool> {
     if !crate::secret::verify(code, &record.code_sha256) {
         return Ok(false);
     }
-    durable::remove_durably(file)?;
+    // The removal is the claim: of two requests racing with the right code, only the one
+    // whose unlink finds the file opens a login.
+    match durable::unlink(file) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(crate::error::Error::io("cannot remove", file, e)),
+    }
+    if let Some(dir) = file.parent() {
+        durable::fsync_dir(dir)?;
+    }
     Ok(true)
 }
 
