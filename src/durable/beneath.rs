@@ -4,8 +4,9 @@
 //! Every file operation of this module's parent (`commit`, renames, removals, listings, locks,
 //! reads) takes a path, as its callers build them from [`Home`](crate::home::Home). For a path
 //! under a registered home ([`confine`]) the operation does not resolve the path as the kernel
-//! would, following any link on the way: it opens the home's root (which may itself be a link
-//! the user made, `~/.cortex -> /data/cortex`), then the directory holding the last component
+//! would, following any link on the way: it takes the home's root (which may itself be a link
+//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`ROOTS`]), then the
+//! directory holding the last component
 //! relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts
 //! on the last component through that handle (`openat`, `renameat`, `unlinkat` with
 //! `O_NOFOLLOW`). A kernel without `openat2` gets the same walk one component at a time.
@@ -24,17 +25,23 @@ use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
-use std::sync::RwLock;
+use std::sync::{Arc, Mutex, RwLock};
 
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::durable::DIR_MODE;
 use crate::error::{Error, Result};
-use crate::sync::RwLockExt;
+use crate::sync::{MutexExt, RwLockExt};
 
 /// The registered homes: `(root, quarantine)`.
 static HOMES: RwLock<Vec<(PathBuf, PathBuf)>> = RwLock::new(Vec::new());
+
+/// Each home's root, held open once reached: every operation would otherwise open it again
+/// (one `openat` and one `close` of the root per file touched, a fifth of a signal's system
+/// calls). The root is resolved as the user made it (it may be a link) when first reached; a
+/// root removed since is noticed (no links left) and reached afresh.
+static ROOTS: Mutex<Vec<(PathBuf, Arc<OwnedFd>)>> = Mutex::new(Vec::new());
 
 /// Registers a home: from now on every path under `root` is reached beneath it, and links met
 /// on the way are set aside into `quarantine` (see the module docs). Idempotent.
@@ -117,7 +124,30 @@ const OPEN_DIR: OFlags = OFlags::RDONLY
 /// The directory `rel` beneath `root`, no link followed: one `openat2` when nothing is
 /// unusual, else one component at a time, setting aside what stands where a directory should.
 fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
-    let root_fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
+    let Some(root_fd) = root_handle(root, make)? else {
+        return Ok(None);
+    };
+    let found = walk_from(&root_fd, root, quarantine, rel, make);
+    // A root removed while held (a home deleted and made again) is not where the path leads
+    // any more: forget it and walk once more from the root as it is now.
+    let gone = || rustix::fs::fstat(&*root_fd).is_ok_and(|st| st.st_nlink == 0);
+    if !matches!(found, Ok(Some(_))) && gone() {
+        forget_root(root);
+        let Some(root_fd) = root_handle(root, make)? else {
+            return Ok(None);
+        };
+        return walk_from(&root_fd, root, quarantine, rel, make);
+    }
+    found
+}
+
+/// The held-open handle of `root` (see [`ROOTS`]), opened when first asked for (and made when
+/// `make`); `Ok(None)` when it is missing and not made.
+fn root_handle(root: &Path, make: bool) -> Result<Option<Arc<OwnedFd>>> {
+    if let Some((_, fd)) = ROOTS.lock_or_recover().iter().find(|(r, _)| r == root) {
+        return Ok(Some(Arc::clone(fd)));
+    }
+    let fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) if make => {
             crate::durable::mkdir_all_plain(root)?;
@@ -127,11 +157,35 @@ fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option
         Err(Errno::NOENT) => return Ok(None),
         Err(e) => return Err(Error::io("cannot open", root, e.into())),
     };
+    let fd = Arc::new(fd);
+    let mut roots = ROOTS.lock_or_recover();
+    // Another thread may have opened it meanwhile: either handle serves.
+    if !roots.iter().any(|(r, _)| r == root) {
+        roots.push((root.to_owned(), Arc::clone(&fd)));
+    }
+    Ok(Some(fd))
+}
+
+fn forget_root(root: &Path) {
+    ROOTS.lock_or_recover().retain(|(r, _)| r != root);
+}
+
+/// [`walk`] from the root's handle.
+fn walk_from(
+    root_fd: &OwnedFd,
+    root: &Path,
+    quarantine: &Path,
+    rel: &Path,
+    make: bool,
+) -> Result<Option<OwnedFd>> {
     if rel.as_os_str().is_empty() {
-        return Ok(Some(root_fd));
+        return root_fd
+            .try_clone()
+            .map(Some)
+            .map_err(|e| Error::io("cannot open", root, e));
     }
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-    match rustix::fs::openat2(&root_fd, rel, OPEN_DIR, Mode::empty(), resolve) {
+    match rustix::fs::openat2(root_fd, rel, OPEN_DIR, Mode::empty(), resolve) {
         Ok(fd) => return Ok(Some(fd)),
         Err(Errno::NOENT) if !make => {
             // Missing, or a link on the way made it look so? Only a link would matter, and
@@ -142,7 +196,9 @@ fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option
         // below does each and says which.
         Err(_) => {}
     }
-    let mut dir = root_fd;
+    let mut dir = root_fd
+        .try_clone()
+        .map_err(|e| Error::io("cannot open", root, e))?;
     let mut at = root.to_owned();
     for part in rel.components() {
         let name = match part {
@@ -252,6 +308,22 @@ mod tests {
         std::fs::create_dir_all(&outside).unwrap();
         confine(&root, &root.join("quarantine"));
         (dir, root, outside)
+    }
+
+    #[test]
+    fn a_home_removed_and_made_again_is_written_to_and_read_where_it_is_now() {
+        let (_d, root, _) = home();
+        crate::durable::create_dir_private(&root.join("a")).unwrap();
+        crate::durable::commit(&root.join("a/file.json"), b"1").unwrap();
+        // The root is held open now; the home goes and a new one stands at its path.
+        std::fs::remove_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&root).unwrap();
+        crate::durable::create_dir_private(&root.join("a")).unwrap();
+        crate::durable::commit(&root.join("a/file.json"), b"2").unwrap();
+        assert_eq!(std::fs::read(root.join("a/file.json")).unwrap(), b"2");
+        std::fs::write(root.join("a/other.json"), b"3").unwrap();
+        let listed = crate::durable::list_dir(&root.join("a")).unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
     }
 
     #[test]
