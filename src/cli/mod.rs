@@ -39,11 +39,11 @@ use crate::error::{exit_code_for, is_broken_pipe};
 
 use crate::home::Home;
 use crate::settings::Settings;
+pub(crate) use environment::line_context;
 pub use environment::{
     default_home_root, default_session, env_var, home_dir, is_implicit_default, load_settings,
     login_name, resolve_home, ssh_options, webhook_port_env,
 };
-pub(crate) use environment::{line_context, webhook_port};
 pub use hints::field_hint;
 pub use logging::{LogFormat, init_logging};
 pub use sending::{SignalTarget, judge_locally, require_id_secret, send, send_as};
@@ -282,7 +282,7 @@ pub enum Command {
     ///
     /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
     /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
-    /// ListTimers, GetTimer and CancelTimer, acting for the harness's own session (Claude Code's
+    /// ListTimers, GetTimer, CancelTimer, CreateExternalTrigger and CancelExternalTrigger, acting for the harness's own session (Claude Code's
     /// session, each Codex thread) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
@@ -410,9 +410,12 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
             drop(out);
             adapter::run(&engine, cmd)
         }
-        Command::Callback(cmd) => {
-            callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
-        }
+        Command::Callback(cmd) => callback::run_callback(
+            &engine,
+            cmd,
+            line_context(engine.home())?.fallback_port,
+            &mut out,
+        ),
         Command::Export(a) => transfer::export(&engine, a, &mut out),
         Command::Import(a) => transfer::import(&engine, a, &mut out),
         Command::Device(a) => device::run(

@@ -281,7 +281,8 @@ fn callback(env: &Env, mode: &str) -> Value {
     .unwrap()
 }
 
-fn curl_post(env: &Env, url: &str, body: Option<&str>) -> (u16, Value) {
+/// POSTs to `url` with curl: the status code and the reply's JSON (null when it has none).
+pub(crate) fn curl_post(env: &Env, url: &str, body: Option<&str>) -> (u16, Value) {
     let mut args = vec!["-sS", "-o", "-", "-w", "\n%{http_code}", "-XPOST", url];
     if let Some(b) = body {
         args.extend(["-H", "content-type: application/json", "--data-binary", b]);
