@@ -104,6 +104,9 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
             let list = engine.list_timers(&a.session.session, a.limit)?;
             if a.json {
                 print_json(out, &list)?;
+            } else if list.is_empty() {
+                // Said, as `check` says it: an empty output reads like a command that failed.
+                writeln!(out, "session {} has no timers", a.session.session)?;
             } else {
                 for t in &list {
                     writeln!(out, "{}", render::timer_line(t))?;
