@@ -34,6 +34,7 @@ pub enum CallbackCommand {
 #[derive(Debug, Args)]
 pub struct CallbackResetArgs {
     /// The callback whose token to replace (cb_…); without it, the agent's default callback
+    #[arg(value_name = "CALLBACK_ID")]
     pub id: Option<String>,
     /// The replacement default's mode [default: the old default's, else wake]
     #[arg(long, value_name = "MODE", value_parser = ["wake", "enqueue"], conflicts_with = "id")]
@@ -72,6 +73,8 @@ pub struct CallbackListArgs {
 #[derive(Debug, Args)]
 pub struct CallbackIdArgs {
     /// The callback id (cb_…)
+    // Not `ID`: that is --agent's value, and clap's usage line shows both.
+    #[arg(value_name = "CALLBACK_ID")]
     pub id: String,
     #[command(flatten)]
     pub session: AgentArg,

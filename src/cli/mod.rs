@@ -131,7 +131,8 @@ pub struct SessionArg {
         value_name = "S",
         env = "CORTEX_SESSION",
         default_value_t = default_session(),
-        hide_default_value = true
+        hide_default_value = true,
+        hide_env_values = true
     )]
     pub session: String,
 }
@@ -330,10 +331,11 @@ pub enum Command {
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
     /// when any check FAILs.
     Doctor(doctor::DoctorArgs),
-    /// Write every waitpoint of the store into DIR as an ordinary home, read at one revision
+    /// Write every waitpoint of the store into TARGET_DIR as an ordinary home, read at one revision
     ///
     /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
-    /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot check --all`.
+    /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot doctor` or
+    /// `waitpoint --home /tmp/snapshot check --session S`.
     Export(transfer::ExportArgs),
     /// Copy the waitpoints of a home on this machine, with their signals, into the store
     ///

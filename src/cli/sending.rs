@@ -34,7 +34,12 @@ pub struct SignalTarget {
     )]
     pub secret: Option<String>,
     /// Which member this is; required when the waitpoint names members
-    #[arg(long, value_name = "NAME", env = "CORTEX_SIGNAL_MEMBER")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CORTEX_SIGNAL_MEMBER",
+        hide_env_values = true
+    )]
     pub member: Option<String>,
 }
 

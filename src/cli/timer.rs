@@ -76,6 +76,8 @@ pub struct TimerListArgs {
 #[derive(Debug, Args)]
 pub struct TimerIdArgs {
     /// The timer id (tm_…)
+    // Not `ID`: that is --agent's value, and clap's usage line shows both.
+    #[arg(value_name = "TIMER_ID")]
     pub id: String,
     #[command(flatten)]
     pub session: AgentArg,
