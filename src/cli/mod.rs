@@ -329,7 +329,8 @@ pub enum Command {
     /// limits, whether a daemon holds the lock (and whether a dead one left it stale), the HTTP
     /// shim's address file, each device's reachability, stale *.tmp files and parked refused
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
-    /// when any check FAILs.
+    /// when any check FAILs. A FAIL of the modes is what the daemon refuses to start on (a home
+    /// or settings.json other users can write); modes merely looser than private are a WARN.
     Doctor(doctor::DoctorArgs),
     /// Write every waitpoint of the store into TARGET_DIR as an ordinary home, read at one revision
     ///

@@ -186,8 +186,7 @@ fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
             warned[0]
         );
     }
-    let doctor = env.waitpoint(&["doctor"]);
-    let report = String::from_utf8_lossy(&doctor.stdout);
+    let report = env.ok("doctor", &env.waitpoint(&["doctor"]));
     assert!(report.contains("2 refused signal file(s)"), "{report}");
     for path in env.files() {
         assert!(
