@@ -765,7 +765,7 @@ fn the_inspector_cli_lists_and_calls_the_tools() {
             .unwrap();
     assert_eq!(
         listed["result"]["tools"].as_array().unwrap().len(),
-        8,
+        10,
         "{listed}"
     );
     for era in ["legacy", "modern"] {
