@@ -127,6 +127,57 @@ pub fn waiting_for(engine: &Engine, session: &str) -> Result<Vec<Waitpoint>> {
         .collect())
 }
 
+/// One session as the session list shows it (`waitpoint sessions`, the operator's page).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SessionLine {
+    pub session: String,
+    /// It waits on a machine (something armed): the hollow ring. Deliberately not the amber
+    /// dot, which means "blocked on you".
+    pub waiting: bool,
+    /// `○` when it waits, else empty.
+    pub ring: &'static str,
+    /// The capsule (`check --brief`, without its newline); empty when nothing is armed or
+    /// delivering.
+    pub capsule: String,
+    /// Whether a badge puts the dot on the capsule.
+    pub attention: bool,
+    /// Armed waitpoints (what the capsule counts on a phone).
+    pub armed: usize,
+    /// Fired or expired ones whose wake has not been read yet.
+    pub delivering: usize,
+    pub unread_wakes: usize,
+}
+
+/// Every session the home knows of, by name: those with an inbox, and those a kept waitpoint
+/// names (the one that armed it, the channel its wakes go to).
+pub fn sessions(engine: &Engine) -> Result<Vec<SessionLine>> {
+    let home = engine.home();
+    let mut names = std::collections::BTreeSet::new();
+    engine.for_each_waitpoint(|wp| {
+        names.insert(wp.session);
+        names.insert(wp.channel);
+        Ok(())
+    })?;
+    names.extend(crate::delivery::channels(home)?);
+    let mut out = Vec::with_capacity(names.len());
+    for session in names {
+        let items = waiting_for(engine, &session)?;
+        let rows = check_rows(engine, &items)?;
+        let armed = rows.iter().filter(|r| !r.delivering).count();
+        out.push(SessionLine {
+            ring: if armed > 0 { "○" } else { "" },
+            waiting: armed > 0,
+            capsule: render::check_brief(&rows).trim_end().to_owned(),
+            attention: rows.iter().any(|r| r.badges.iter().any(|b| b.attention)),
+            armed,
+            delivering: rows.len() - armed,
+            unread_wakes: crate::delivery::unread(home, &session)?.len(),
+            session,
+        });
+    }
+    Ok(out)
+}
+
 /// The `wait_check` reply for `items` (what [`waiting_for`] found): each waitpoint the session
 /// waits on with its intent, progress, deadline, badges and latest heartbeat, and the unread
 /// wakes of the session's channel.

@@ -6,6 +6,7 @@
 //!   settings.json                      optional settings (see settings.rs)
 //!   daemon.lock                        held by the running daemon (pid inside)
 //!   webhook.json                       where the optional HTTP shim listens, while it is up
+//!   ui-login.json                      the operator page's one-time login code (its SHA-256)
 //!   log/daemon.log                     the daemon's log
 //!   tmp/signals/                       the drop zone: *.json signal files
 //!   tmp/signals/bad/                   refused files, each with a .reason beside it
@@ -125,6 +126,12 @@ impl Home {
     /// `webhook.json`: the address the daemon's HTTP shim is bound to, present while it is up.
     pub fn webhook_address_file(&self) -> PathBuf {
         self.root.join("webhook.json")
+    }
+
+    /// `ui-login.json`: the hash of the one-time code `waitpoint ui` printed, until it is used
+    /// or expires.
+    pub fn ui_login_file(&self) -> PathBuf {
+        self.root.join("ui-login.json")
     }
 
     pub fn log_dir(&self) -> PathBuf {

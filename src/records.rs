@@ -133,6 +133,10 @@ pub struct Waitpoint {
     /// When recent wakes went out, for the sliding-hour cap (only the last hour is kept).
     #[serde(default)]
     pub recent_wakes: Vec<Timestamp>,
+    /// The hourly wake cap the daemon applied when it last weighed a wake of this waitpoint:
+    /// every view shows the cap in force, not the one its own shell's settings would give.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_cap: Option<u32>,
     /// Wakes committed but not yet confirmed in the session's inbox. The daemon re-delivers them
     /// after a restart; a wake leaves the outbox only once its inbox file is durable.
     pub outbox: Vec<Wake>,
@@ -643,6 +647,15 @@ pub struct WebhookAddress {
     /// The daemon's pid, for people; liveness is judged by the daemon lock, not by this.
     pub pid: u32,
     pub started_at: Timestamp,
+}
+
+/// `ui-login.json`: the one-time login code `waitpoint ui` printed, kept only as its SHA-256 and
+/// good until `expires_at`. The shim removes it when the code is used, so it opens one login;
+/// a new `waitpoint ui` replaces it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UiLogin {
+    pub code_sha256: String,
+    pub expires_at: Timestamp,
 }
 
 #[cfg(test)]

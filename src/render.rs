@@ -17,6 +17,9 @@ pub struct Badge {
     /// `wake_limit`, `delivery_retrying`, `wakes_this_hour`, `failure`, `unread`.
     pub kind: &'static str,
     pub text: String,
+    /// What a hover shows: for `delivery_retrying`, the last attempt's error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     /// Whether it puts the attention dot on the one-line summary.
     pub attention: bool,
 }
@@ -32,6 +35,9 @@ pub struct CheckItem {
     pub needed: u32,
     pub expires_at: Timestamp,
     pub time_left: String,
+    /// Fired or expired, and its wake still on its way to the session (not yet read there):
+    /// shown as "delivering", never with a deadline.
+    pub delivering: bool,
     pub badges: Vec<Badge>,
     /// The newest `progress` report, if any: a heartbeat shows up when you next look.
     pub latest_heartbeat: Option<Heartbeat>,
@@ -192,8 +198,10 @@ pub fn wakes_this_hour(wp: &Waitpoint, now: Timestamp) -> usize {
         .count()
 }
 
-/// The badges of a waitpoint, most urgent first.
+/// The badges of a waitpoint, most urgent first. `cap` is this process's setting, used only
+/// until the daemon has weighed a wake of `wp` and recorded the cap it applies.
 pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badge> {
+    let cap = wp.wake_cap.unwrap_or(cap);
     let mut out = Vec::new();
     if wp
         .pending_wake
@@ -205,6 +213,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
             text: format!(
                 "wake limit reached ({cap}/h) — the next wake waits until the hour clears"
             ),
+            detail: None,
             attention: true,
         });
     }
@@ -217,6 +226,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
         out.push(Badge {
             kind: "delivery_retrying",
             text: format!("delivery retrying · {} attempts", h.attempts),
+            detail: h.last_error.clone(),
             attention: true,
         });
     }
@@ -225,6 +235,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
         out.push(Badge {
             kind: "wakes_this_hour",
             text: format!("{n}/{cap} wakes this hour"),
+            detail: None,
             attention: true,
         });
     }
@@ -236,6 +247,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
             } else {
                 format!("{} failures reported", wp.counters.fail)
             },
+            detail: None,
             attention: true,
         });
     }
@@ -243,6 +255,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
         out.push(Badge {
             kind: "quiet",
             text: quiet_text(wp, now),
+            detail: None,
             attention: true,
         });
     }
@@ -250,6 +263,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
         out.push(Badge {
             kind: "unread",
             text: "wake not yet read".to_owned(),
+            detail: None,
             attention: false,
         });
     }
@@ -278,6 +292,7 @@ pub fn check_items(
                 needed,
                 expires_at: wp.expires_at,
                 time_left: time_left(wp.expires_at, now),
+                delivering: wp.status != Status::Armed,
                 badges: badges(home, wp, cap, now),
                 latest_heartbeat: heartbeats
                     .get(i)
@@ -299,10 +314,10 @@ pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
         "ID", "LABEL", "STATUS", "PROGRESS"
     );
     for it in items {
-        let deadline = if it.status == Status::Armed {
-            format!("expires {}", it.time_left)
+        let deadline = if it.delivering {
+            "delivering".to_owned()
         } else {
-            "-".to_owned()
+            format!("expires {}", it.time_left)
         };
         out.push_str(&format!(
             "{:<16} {:<24} {:<9} {:<28} {deadline}\n",
@@ -312,10 +327,14 @@ pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
             it.progress,
         ));
         for b in &it.badges {
-            let text = match b.kind {
-                "failure" => style.paint("1;31", &format!("✖ {}", b.text)),
-                "unread" => style.paint("2", &b.text),
-                _ => style.paint("33", &format!("▲ {}", b.text)),
+            let text = match (b.kind, &b.detail) {
+                ("failure", _) => style.paint("1;31", &format!("✖ {}", b.text)),
+                ("unread", _) => style.paint("2", &b.text),
+                (_, Some(detail)) => style.paint(
+                    "33",
+                    &format!("▲ {} — last error: {}", b.text, clip(&visible(detail), 60)),
+                ),
+                (_, None) => style.paint("33", &format!("▲ {}", b.text)),
             };
             out.push_str(&format!("{:16} {text}\n", ""));
         }
@@ -331,35 +350,53 @@ pub fn check_table(session: &str, items: &[CheckItem], style: Style) -> String {
     out
 }
 
-/// The one-line summary for shell prompts and status bars. Empty when nothing waits, so an
-/// ordinary session shows nothing at all.
+/// The one-line summary for shell prompts and status bars (the spec's capsule): the armed
+/// waitpoints, and a fired or expired one only while its wake is still being delivered, said as
+/// such. Empty when there is neither, so an ordinary session shows nothing at all.
 pub fn check_brief(items: &[CheckItem]) -> String {
     let dot = if items.iter().any(|i| i.badges.iter().any(|b| b.attention)) {
         "● "
     } else {
         ""
     };
-    match items {
-        [] => String::new(),
-        [one] => {
+    let (delivering, armed): (Vec<&CheckItem>, Vec<&CheckItem>) =
+        items.iter().partition(|i| i.delivering);
+    let also = match delivering.len() {
+        0 => String::new(),
+        n => format!(" · {n} delivering"),
+    };
+    let line = match (armed.as_slice(), delivering.as_slice()) {
+        ([], []) => return String::new(),
+        ([one], _) => {
             let beat = one
                 .latest_heartbeat
                 .as_ref()
                 .map(|h| format!(" · heartbeat {}", h.age))
                 .unwrap_or_default();
             format!(
-                "{dot}{} · {} · expires {}{beat}\n",
+                "{} · {} · expires {}{beat}{also}",
                 visible(&one.label),
                 one.progress,
                 one.time_left
             )
         }
-        [first, ..] => format!(
-            "{dot}{} waiting items · {}\n",
-            items.len(),
+        ([first, ..], _) => format!(
+            "{} waiting items · {}{also}",
+            armed.len(),
             visible(&first.label)
         ),
-    }
+        ([], [one]) => format!(
+            "{} · {} · wake delivering",
+            visible(&one.label),
+            one.status.as_str()
+        ),
+        ([], [first, ..]) => format!(
+            "{} wakes delivering · {}",
+            delivering.len(),
+            visible(&first.label)
+        ),
+    };
+    format!("{dot}{line}\n")
 }
 
 fn clip(s: &str, n: usize) -> String {

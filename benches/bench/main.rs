@@ -17,6 +17,7 @@ mod floor;
 mod http;
 mod mcp;
 mod ours;
+mod sqlite;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -119,78 +120,7 @@ fn main() {
     let body = br#"{"id":"wp_0123456789ab","secret":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","status":"ok","message":"exit=0"}"#;
 
     if o.rows.contains(&1) {
-        let (n_wp, per, rounds) = if o.quick {
-            (1_000, 1, 3)
-        } else {
-            (1_000, 2, 5)
-        };
-        eprintln!("row 1: ingest, {n_wp} monitors x {per} signals, {rounds} rounds");
-        let n = n_wp * per;
-        // Rounds interleave ours with both floors: this disk's speed drifts several-fold within
-        // a minute, so each ratio compares figures taken seconds apart, and the medians are
-        // printed. Ours runs last in even rounds and first in odd ones, so a steady drift does
-        // not favour one side.
-        let mut runs: Vec<[f64; 5]> = Vec::new();
-        for round in 0..rounds {
-            let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
-            let ingest = || ours::ingest(&b, &o.base.join(format!("ingest-{round}")), n_wp, per);
-            let early = (round % 2 == 1).then(ingest);
-            let d = floor::file_floor(&scratch("floor-durable"), n, body, true);
-            let cpu = floor::cpu_secs_self();
-            let f = floor::file_floor(&scratch("floor-nosync"), n, body, false);
-            let f_cpu_us = (floor::cpu_secs_self() - cpu) * 1e6 / n as f64;
-            let x = early.unwrap_or_else(ingest);
-            eprintln!(
-                "  round {round}: ours {:.0} ({:.0} us CPU), durable floor {d:.0}, no-sync floor \
-                 {f:.0} ({f_cpu_us:.0} us CPU)",
-                x.rate, x.cpu_us
-            );
-            runs.push([x.rate, d, f, x.cpu_us, f_cpu_us]);
-        }
-        let column = |f: &dyn Fn(&[f64; 5]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
-        let (ours, durable, nosync) = (column(&|r| r[0]), column(&|r| r[1]), column(&|r| r[2]));
-        let (r_durable, r_nosync) = (column(&|r| r[0] / r[1]), column(&|r| r[0] / r[2]));
-        let (cpu, f_cpu, r_cpu) = (
-            column(&|r| r[3]),
-            column(&|r| r[4]),
-            column(&|r| r[3] / r[4]),
-        );
-        let med = |v: &[f64]| ours::p(v, 50.0);
-        t.row(
-            &format!("1. durable ingest, {n} signals to {n_wp} armed monitors (signals/s)"),
-            format!("{:.0}", med(&ours)),
-            format!("{:.0} (durable per-file floor)", med(&durable)),
-            format!("{:.2}x", med(&r_durable)),
-            ">= 5x",
-        );
-        t.row(
-            "1. same, against the no-sync floor",
-            format!("{:.0}", med(&ours)),
-            format!("{:.0} (no-sync floor)", med(&nosync)),
-            format!("{:.3}x", med(&r_nosync)),
-            ">= 0.33x",
-        );
-        t.row(
-            "1. same, daemon CPU per signal, all threads (us)",
-            format!("{:.0}", med(&cpu)),
-            format!("{:.0} (no-sync floor, CPU per file)", med(&f_cpu)),
-            format!("{:.1}x", med(&r_cpu)),
-            "-",
-        );
-        let list = |v: &[f64]| {
-            v.iter()
-                .map(|r| format!("{r:.2}x"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        notes.push(format!(
-            "Row 1: medians of {rounds} rounds, each measuring both floors and ours (ours last, \
-             then first, in turn); the ratio is the median of the rounds' ratios, so it need not \
-             equal the two medians' quotient. Against the durable floor: {}; against \
-             the no-sync floor: {}.",
-            list(&r_durable),
-            list(&r_nosync)
-        ));
+        row_ingest(&o, &b, &mut t, &mut notes, body);
     }
     if o.rows.contains(&2) {
         let n = if o.quick { 200 } else { 1_000 };
@@ -489,7 +419,10 @@ fn row_etcd(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>)
     };
     let n = n_wp * per;
     eprintln!("row 8: the etcd store; ingest {n} signals, {n_lat} latencies, {rounds} failovers");
-    let files = ours::ingest(b, &o.base.join("etcd-files-ingest"), n_wp, per);
+    let files = ours::ingest(
+        b,
+        &ours::ingest_setup(&o.base.join("etcd-files-ingest"), n_wp, per),
+    );
     let (local, remote) = etcd::ingest(b, &o.base.join("etcd-ingest"), n_wp, per);
     t.row(
         &format!("8. etcd: durable ingest, {n} signals dropped on the leading host (signals/s)"),
@@ -567,4 +500,132 @@ fn etcd_version() -> String {
                 .map(|l| l.trim_start_matches("etcd Version: ").to_owned())
         })
         .unwrap_or_default()
+}
+
+/// Row 1: durable ingest against the SQLite peer (two shapes: many waitpoints with one signal
+/// each, few with many), and the first shape against the per-file floors. Rounds interleave
+/// ours with the peer and the floors: this disk's speed drifts several-fold within a minute, so
+/// each ratio compares figures taken seconds apart, and the medians are printed. Ours runs
+/// last in even rounds and first in odd ones, so a steady drift favours neither side.
+fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>, body: &[u8]) {
+    let rounds = if o.quick { 3 } else { 5 };
+    let med = |v: &[f64]| ours::p(v, 50.0);
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|r| format!("{r:.2}x"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (shape, (n_wp, per)) in [(1_000, 1), (50, 120)].into_iter().enumerate() {
+        let n = n_wp * per;
+        eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
+        // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU.
+        let mut runs: Vec<[f64; 7]> = Vec::new();
+        for round in 0..rounds {
+            let dir = o.base.join(format!("ingest-{shape}-{round}"));
+            let setup = ours::ingest_setup(&dir, n_wp, per);
+            let peer = || {
+                sqlite::ingest(
+                    &dir.with_extension("peer"),
+                    &setup.peer_stage,
+                    &setup.names,
+                    &setup.armed,
+                )
+            };
+            let ingest = || ours::ingest(b, &setup);
+            let (x, q) = if round % 2 == 1 {
+                let x = ingest();
+                (x, peer())
+            } else {
+                let q = peer();
+                (ingest(), q)
+            };
+            let (mut d, mut f, mut f_cpu_us) = (f64::NAN, f64::NAN, f64::NAN);
+            if shape == 0 {
+                let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
+                d = floor::file_floor(&scratch("floor-durable"), n, body, true);
+                let cpu = floor::cpu_secs_self();
+                f = floor::file_floor(&scratch("floor-nosync"), n, body, false);
+                f_cpu_us = (floor::cpu_secs_self() - cpu) * 1e6 / n as f64;
+            }
+            eprintln!(
+                "  round {round}: ours {:.0} ({:.0} us CPU), SQLite peer {:.0} ({:.0} us CPU), \
+                 durable floor {d:.0}, no-sync floor {f:.0} ({f_cpu_us:.0} us CPU)",
+                x.rate, x.cpu_us, q.rate, q.cpu_us
+            );
+            runs.push([x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us]);
+            if !o.keep {
+                let _ = std::fs::remove_dir_all(&dir);
+                let _ = std::fs::remove_dir_all(dir.with_extension("peer"));
+                let _ = std::fs::remove_dir_all(&setup.peer_stage);
+            }
+        }
+        let column = |f: &dyn Fn(&[f64; 7]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        // One table row: ours (column `a`) against a baseline (column `b`), both medians, and
+        // the median of the rounds' ratios.
+        let mut against = |what: &str, a: usize, b: usize, base: &str, target: &str| {
+            t.row(
+                what,
+                format!("{:.0}", med(&column(&|r| r[a]))),
+                format!("{:.0} ({base})", med(&column(&|r| r[b]))),
+                format!("{:.2}x", med(&column(&|r| r[a] / r[b]))),
+                target,
+            );
+        };
+        against(
+            &format!(
+                "1. durable ingest, {n_wp} waitpoints x {per} signals, against the SQLite peer (signals/s)"
+            ),
+            0,
+            1,
+            "SQLite, WAL, synchronous=FULL, 128 a transaction",
+            ">= 1.0x",
+        );
+        against(
+            "1. same, CPU per signal (us)",
+            2,
+            3,
+            "SQLite peer, in-process",
+            "-",
+        );
+        if shape == 0 {
+            against(
+                "1. same (1000 x 1), against the durable per-file floor",
+                0,
+                4,
+                "durable per-file floor",
+                "-",
+            );
+            against(
+                "1. same, against the no-sync floor",
+                0,
+                5,
+                "no-sync floor",
+                ">= 0.33x",
+            );
+            against(
+                "1. same, daemon CPU per signal, all threads (us)",
+                2,
+                6,
+                "no-sync floor, CPU per file",
+                "<= 1.5x",
+            );
+        }
+        notes.push(format!(
+            "Row 1, {n_wp} x {per}: ratios to the SQLite peer per round: {}.",
+            list(&column(&|r| r[0] / r[1]))
+        ));
+        if shape == 0 {
+            let r_durable = column(&|r| r[0] / r[4]);
+            let r_nosync = column(&|r| r[0] / r[5]);
+            notes.push(format!(
+                "Row 1: medians of {rounds} rounds, each measuring the peer, both floors and ours \
+                 (ours last, then first, in turn); a ratio is the median of the rounds' ratios, so \
+                 it need not equal the two medians' quotient. Against the durable floor: {}; \
+                 against the no-sync floor: {}.",
+                list(&r_durable),
+                list(&r_nosync)
+            ));
+        }
+    }
 }

@@ -218,19 +218,47 @@ pub fn stage_signals(stage: &Path, armed: &[Armed], per: usize, status: &str) ->
     names
 }
 
-/// Row 1: signals/s from the drop zone to committed state, `per_wp` `ok` signals to each of
-/// `n_wp` armed monitors, all renamed into the drop zone at once while the daemon runs.
-pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> Ingest {
+/// Row 1's input: a home with `n_wp` armed monitors and `per_wp` `ok` signals to each staged
+/// beside it, and a copy of the same files staged for the SQLite peer.
+pub struct IngestSetup {
+    pub home: Home,
+    pub armed: Vec<Armed>,
+    pub stage: PathBuf,
+    pub names: Vec<String>,
+    /// The same files, for the peer.
+    pub peer_stage: PathBuf,
+}
+
+pub fn ingest_setup(dir: &Path, n_wp: usize, per_wp: usize) -> IngestSetup {
     let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
     let armed = arm(&home, n_wp, "bench", 10_000);
     let stage = home.root().join("tmp").join("stage");
     let names = stage_signals(&stage, &armed, per_wp, "ok");
-    let daemon = Daemon::start(bins, &home);
+    let peer_stage = dir.with_extension("peer-stage");
+    let _ = fs::remove_dir_all(&peer_stage);
+    fs::create_dir_all(&peer_stage).unwrap();
+    for name in &names {
+        fs::copy(stage.join(name), peer_stage.join(name)).unwrap();
+    }
+    IngestSetup {
+        home,
+        armed,
+        stage,
+        names,
+        peer_stage,
+    }
+}
+
+/// Row 1: signals/s from the drop zone to committed state, the staged signals all renamed
+/// into the drop zone at once while the daemon runs.
+pub fn ingest(bins: &Bins, setup: &IngestSetup) -> Ingest {
+    let (home, stage, names) = (&setup.home, &setup.stage, &setup.names);
+    let daemon = Daemon::start(bins, home);
     daemon.wait_ready();
     let drop_zone = home.drop_zone();
     let cpu = daemon.cpu_secs();
     let t = Instant::now();
-    for name in &names {
+    for name in names {
         fs::rename(stage.join(name), drop_zone.join(name)).unwrap();
     }
     wait_until("the drop zone to empty", || pending_json(&drop_zone) == 0);
@@ -245,7 +273,7 @@ pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per_wp: usize) -> Ingest {
     let cpu_us = (daemon.cpu_secs() - cpu) * 1e6 / names.len() as f64;
     drop(daemon);
     // Never lose or double-count: every signal is recorded exactly once.
-    let e = engine(&home);
+    let e = engine(home);
     let recorded: u64 = e.list().unwrap().iter().map(|w| w.counters.signals).sum();
     assert_eq!(recorded as usize, names.len(), "recorded signals");
     Ingest { rate, cpu_us }

@@ -22,6 +22,7 @@ mod sending;
 pub mod signal;
 pub mod timer;
 pub mod transfer;
+pub mod ui;
 pub mod waitpoint;
 
 use std::ffi::OsString;
@@ -249,6 +250,8 @@ pub enum Command {
     Wait(waitpoint::WaitArgs),
     /// A live view of `check` that redraws whenever something changes
     Watch(waitpoint::WatchArgs),
+    /// List the sessions: a hollow ring on those waiting on a machine, the capsule, unread wakes
+    Sessions(waitpoint::SessionsArgs),
     /// Manage sessions
     #[command(subcommand)]
     Session(waitpoint::SessionCommand),
@@ -332,6 +335,22 @@ pub enum Command {
     /// when any check FAILs. A FAIL of the modes is what the daemon refuses to start on (a home
     /// or settings.json other users can write); modes merely looser than private are a WARN.
     Doctor(doctor::DoctorArgs),
+    /// Print the operator page's address, with a one-time login code
+    ///
+    /// The page (/ui/ on the daemon's HTTP shim, so it needs `waitpoint daemon --http`) lists
+    /// every session: a hollow ring beside one that waits on a machine, and its capsule. Click a
+    /// capsule for the full picture (intent, quorum progress, member reports, every signal with
+    /// its source and time, heartbeats, badges) and a cancel button, which asks first: cancelling
+    /// stops the waiting, not the external job, which keeps running. It updates as signals
+    /// arrive, without reloading.
+    ///
+    /// The address (http://127.0.0.1:PORT/ui/login?code=CODE) logs one browser in: the code
+    /// works once, within 5 minutes, and a new `waitpoint ui` replaces it. Only its SHA-256 is
+    /// kept, in ui-login.json under the home. Without a login every /ui route answers 401. When
+    /// the daemon has an operator token (CORTEX_WEBHOOK_TOKEN), POSTing it to /ui/login (the
+    /// form at that address) logs in too. The page fetches nothing from elsewhere and shows
+    /// neither secrets nor their hashes.
+    Ui(ui::UiArgs),
     /// Write every waitpoint of the store into TARGET_DIR as an ordinary home, read at one revision
     ///
     /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
@@ -359,6 +378,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Run(a) => return job::run(&home, a),
         Command::Attach(a) => return job::attach(&home, a),
         Command::Doctor(a) => return doctor::run(&home, store, a),
+        Command::Ui(a) => return ui::run(&home, a, &mut io::stdout().lock()),
         Command::Completions(a) => return completions::run(a),
         Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
         other => other,
@@ -400,6 +420,9 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         Command::Ack(a) => waitpoint::ack(&engine, a, &mut out),
         Command::Wait(a) => waitpoint::wait(&engine, a, &mut out),
         Command::Watch(a) => waitpoint::watch(&engine, a, &mut out),
+        Command::Sessions(a) | Command::Session(waitpoint::SessionCommand::List(a)) => {
+            waitpoint::sessions(&engine, a, &mut out)
+        }
         Command::Session(waitpoint::SessionCommand::Delete(a)) => {
             waitpoint::session_delete(&engine, a, &mut out)
         }
@@ -434,6 +457,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         | Command::Run(_)
         | Command::Attach(_)
         | Command::Doctor(_)
+        | Command::Ui(_)
         | Command::Completions(_)
         | Command::Setup(_) => unreachable!("handled above"),
     }

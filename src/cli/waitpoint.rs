@@ -20,9 +20,19 @@ use crate::sync::MutexExt;
 
 #[derive(Debug, Subcommand)]
 pub enum SessionCommand {
+    /// List the sessions: a hollow ring on those waiting on a machine, the capsule, unread
+    /// wakes (the same as `waitpoint sessions`)
+    List(SessionsArgs),
     /// Delete a session: cancel its armed waitpoints (a late signal cannot bring it back) and
     /// remove its inbox
     Delete(SessionDeleteArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SessionsArgs {
+    /// Print JSON: one object per session
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -152,6 +162,9 @@ pub struct CancelArgs {
     /// Print JSON
     #[arg(long)]
     pub json: bool,
+    /// Do not ask first (only a terminal is asked; a script or a pipe never is)
+    #[arg(long, short = 'y')]
+    pub yes: bool,
 }
 
 #[derive(Debug, Args)]
@@ -349,6 +362,43 @@ pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyh
     Ok(exit::OK)
 }
 
+/// `waitpoint sessions`: one line per session the home knows of.
+pub(super) fn sessions(
+    engine: &Engine,
+    a: SessionsArgs,
+    out: &mut impl Write,
+) -> anyhow::Result<u8> {
+    let lines = agent::sessions(engine)?;
+    if a.json {
+        print_json(out, &lines)?;
+        return Ok(exit::OK);
+    }
+    if lines.is_empty() {
+        writeln!(out, "no sessions yet")?;
+        return Ok(exit::OK);
+    }
+    let width = lines
+        .iter()
+        .map(|l| l.session.chars().count())
+        .max()
+        .unwrap_or(0);
+    for l in &lines {
+        let mut line = format!(
+            "{} {:<width$}",
+            if l.waiting { "○" } else { " " },
+            render::visible(&l.session)
+        );
+        if !l.capsule.is_empty() {
+            line.push_str(&format!("  {}", l.capsule));
+        }
+        if l.unread_wakes > 0 {
+            line.push_str(&format!("  ({} unread)", l.unread_wakes));
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
+    Ok(exit::OK)
+}
+
 pub(super) fn session_delete(
     engine: &Engine,
     a: SessionDeleteArgs,
@@ -475,6 +525,15 @@ pub(super) fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow
 }
 
 pub(super) fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> anyhow::Result<u8> {
+    use std::io::IsTerminal;
+    // Only a person at a terminal is asked: a script, a pipe and the agent's tool are not.
+    if !a.yes && io::stdin().is_terminal() && io::stderr().is_terminal() {
+        let wp = engine.load_visible(&a.id, Some(&a.session.session))?;
+        if wp.status == Status::Armed && !confirm_cancel(&wp)? {
+            writeln!(out, "{} left armed", wp.id)?;
+            return Ok(exit::OK);
+        }
+    }
     let wp = engine.cancel(&a.id, &a.session.session)?;
     if a.json {
         print_json(out, &render::public_view(&wp))?;
@@ -482,6 +541,24 @@ pub(super) fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> an
         writeln!(out, "{}", agent::cancelled_note(&wp))?;
     }
     Ok(exit::OK)
+}
+
+/// Asks on the terminal whether to cancel; only `y` or `yes` says so.
+fn confirm_cancel(wp: &Waitpoint) -> anyhow::Result<bool> {
+    let mut err = io::stderr().lock();
+    write!(
+        err,
+        "Cancel {} {:?}? This stops the waiting, not the job: it keeps running. [y/N] ",
+        wp.id,
+        render::visible(&wp.label).as_ref()
+    )?;
+    err.flush()?;
+    let mut answer = String::new();
+    io::stdin().read_line(&mut answer)?;
+    Ok(matches!(
+        answer.trim().to_ascii_lowercase().as_str(),
+        "y" | "yes"
+    ))
 }
 
 /// Even without a deadline the CLI looks again every minute, in case an event was lost.

@@ -1,8 +1,8 @@
 //! The daemon: one loop that owns every state transition while it runs. This file is the
 //! loop and its router; each job it routes to has its own file: `collect` (drop zone, device
 //! mirrors, HTTP), `schedule` (the due queue), `hooks` (the `onWake` runner), `watch` (the
-//! filesystem watch), `janitor` (clean-up) and `retry` (the prompt retry of what a failed
-//! commit kept back).
+//! filesystem watch), `janitor` (clean-up), `retry` (the prompt retry of what a failed
+//! commit kept back) and `ui` (the operator page's view and cancel).
 //!
 //! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
 //! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
@@ -40,6 +40,7 @@ mod hooks;
 mod janitor;
 mod retry;
 mod schedule;
+mod ui;
 mod watch;
 
 use crate::sync::MutexExt;
@@ -546,6 +547,9 @@ impl Daemon {
                 }
                 let _ = reply.send(outcome);
             }
+            Event::HttpSignal(Submission::Ui { request, reply }) => {
+                let _ = reply.send(ui::run(&self.engine, request));
+            }
             Event::Barrier(ack) => self.barriers.push(ack),
             Event::Nudge | Event::Shutdown => {}
         }
@@ -561,6 +565,7 @@ impl Daemon {
         };
         let tx = self.tx.clone();
         let submit: http::Submit = Box::new(move |s| tx.send(Event::HttpSignal(s)).is_ok());
-        Shim::start(bound, self.clock.clone(), submit, file).map(Some)
+        let login_file = self.engine.home().ui_login_file();
+        Shim::start(bound, self.clock.clone(), submit, file, login_file).map(Some)
     }
 }

@@ -169,6 +169,20 @@ pub fn find(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Wake>> {
     Ok(None)
 }
 
+/// The channels that have an inbox (`sessions/<name>/`), by name; an entry whose name could
+/// not be a channel is not one and is skipped.
+pub fn channels(home: &Home) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for (name, path) in durable::list_dir(&home.sessions_dir())? {
+        // Not followed: a symlink in `sessions/` is no inbox of this home.
+        let is_dir = fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
+        if crate::names::is_name(&name) && is_dir {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
 /// Removes a session's whole inbox (`sessions/<session>/`), durably.
 pub fn remove_inbox(home: &Home, session: &str) -> Result<()> {
     durable::remove_tree(&home.sessions_dir().join(session))?;

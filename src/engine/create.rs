@@ -202,6 +202,7 @@ impl Engine {
             },
             pending_wake: None,
             recent_wakes: Vec::new(),
+            wake_cap: None,
             outbox: Vec::new(),
             hook_deliveries: Vec::new(),
             recheck_at: req.recheck_after_ms.map(|ms| now.plus_ms(ms as i64)),

@@ -146,8 +146,9 @@ pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedR
 }
 
 /// When the sliding-hour cap has room again, or `None` when it has room now. Forgets wakes
-/// older than an hour as a side effect.
+/// older than an hour and records the cap it weighed (what the views show) as side effects.
 pub fn cap_frees_at(wp: &mut Waitpoint, now: Timestamp, cap: u32) -> Option<Timestamp> {
+    wp.wake_cap = Some(cap);
     wp.recent_wakes
         .retain(|t| now.as_millis().saturating_sub(t.as_millis()) < HOUR_MS);
     let cap = cap.max(1) as usize;

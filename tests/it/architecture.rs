@@ -144,6 +144,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "daemon",
         &[
+            "agent",
             "clock",
             "delivery",
             "durable",
@@ -154,6 +155,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "ingress",
             "names",
             "records",
+            "render",
             "request",
             "secret",
             "settings",

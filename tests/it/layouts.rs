@@ -82,6 +82,7 @@ pub fn kind_of(rel: &Path) -> Option<&'static str> {
     match p.as_slice() {
         ["settings.json"] => Some("settings"),
         ["webhook.json"] => Some("webhook-address"),
+        ["ui-login.json"] => Some("ui-login"),
         ["waitpoints", _, "waitpoint.json"] => Some("waitpoint"),
         ["waitpoints", _, "signals", _] => Some("signal-record"),
         ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),

@@ -371,6 +371,16 @@ cat > "$d/wake.json"; echo "$WAITPOINT_ID $WAITPOINT_WAKE_ID $WAITPOINT_ATTEMPT"
         check["waiting"][0]["badges"][0]["text"],
         "delivery retrying · 1 attempts"
     );
+    // The error is beside the badge (a hover on the page), not only in `show`.
+    assert_eq!(
+        check["waiting"][0]["badges"][0]["detail"],
+        "exit 1: not yet (1)"
+    );
+    let table = env.ok("check", &env.waitpoint(&["check"]));
+    assert!(
+        table.contains("delivery retrying · 1 attempts — last error: exit 1: not yet (1)"),
+        "{table}"
+    );
     live.advance_ms(1_000);
     env.wait_until("second failure", || hook_state(&env, &id)["attempts"] == 2);
     live.advance_ms(1_000);

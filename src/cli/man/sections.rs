@@ -150,6 +150,11 @@ for adapter resume.",
         "The session's live waiter (a hook handing wakes to an open harness session): its pid, \
 and a lock it holds while it lives, which adapter resume yields to.",
     ),
+    File(
+        "$CORTEX_HOME/ui-login.json",
+        "The SHA-256 of the one-time login code ui printed, and when it expires; removed when \
+the code is used.",
+    ),
     Section("EXIT STATUS"),
     ExitCodes,
     Para(
@@ -185,6 +190,11 @@ publish it' --print env)\"\nwaitpoint run -- make -j8 release",
     Example(
         "Give Claude Code the agent tools, acting for session nightly:",
         "claude mcp add waitpoint -e CORTEX_SESSION=nightly -- waitpoint mcp",
+    ),
+    Example(
+        "Watch every session in a browser: the daemon with its HTTP shim, then a one-time \
+login address for the operator page:",
+        "waitpoint daemon --http &\nwaitpoint ui",
     ),
     Example(
         "Check the installation; install bash completions:",

@@ -1,13 +1,14 @@
 //! What the shim reads of a request head (method, target, and the headers its rules look at:
-//! Host, Origin, the body's framing, `Idempotency-Key`, `Authorization`), the body limit of each
-//! route, and the reply it sends (status, a short JSON body, the headers that go with it).
+//! Host, Origin, the body's framing, `Idempotency-Key`, `Authorization`, and for the operator
+//! page `Cookie`, `If-None-Match` and `X-CSRF-Token`), the body limit of each route, and the reply
+//! it sends (status, a short JSON body or one of the page's files, the headers that go with it).
 //! Socket-free: hyper parses the bytes (`serve.rs`), a [`Head`] is built from what it parsed, and
 //! what a request means is `routes.rs`'s business.
 
 use super::{CALLBACK_PREFIX, SHORT_CALLBACK_PREFIX};
 use crate::engine::callbacks::{self};
 use crate::request::MAX_BODY_BYTES;
-use http::header::{ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderValue};
+use http::header::{ALLOW, CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -63,18 +64,26 @@ pub(super) struct Head {
     /// The request target as sent (path and query; never normalised, so `/a/../b` is not `/b`).
     pub(super) path: String,
     pub(super) host: Option<String>,
-    pub(super) origin: bool,
+    /// The `Origin` header as sent: a web page's request carries one.
+    pub(super) origin: Option<String>,
     pub(super) content_length: Vec<String>,
     pub(super) transfer_encoding: bool,
     pub(super) idempotency_key: Option<Vec<u8>>,
     pub(super) authorization: Option<Vec<u8>>,
+    /// Every `Cookie` header, joined as one list.
+    pub(super) cookie: Option<String>,
+    pub(super) if_none_match: Option<String>,
+    /// The operator page's CSRF token (`X-CSRF-Token`).
+    pub(super) csrf: Option<String>,
 }
 
 impl Head {
     /// The head hyper parsed, or the answer to a head the shim refuses outright (a second
     /// `Host`: which one names the target would be a guess).
     pub(super) fn from_parts(parts: &http::request::Parts) -> std::result::Result<Head, Reply> {
-        use http::header::{AUTHORIZATION, CONTENT_LENGTH, HOST, ORIGIN, TRANSFER_ENCODING};
+        use http::header::{
+            AUTHORIZATION, CONTENT_LENGTH, COOKIE, HOST, IF_NONE_MATCH, ORIGIN, TRANSFER_ENCODING,
+        };
         let h = &parts.headers;
         let text = |v: &http::HeaderValue| String::from_utf8_lossy(v.as_bytes()).trim().to_owned();
         let mut hosts = h.get_all(HOST).iter();
@@ -89,15 +98,19 @@ impl Head {
                 .next_back()
                 .map(|v| v.as_bytes().to_vec())
         };
+        let cookies: Vec<String> = h.get_all(COOKIE).iter().map(text).collect();
         Ok(Head {
             method: parts.method.as_str().to_owned(),
             path: parts.uri.to_string(),
             host,
-            origin: h.contains_key(ORIGIN),
+            origin: h.get_all(ORIGIN).iter().next_back().map(text),
             content_length: h.get_all(CONTENT_LENGTH).iter().map(text).collect(),
             transfer_encoding: h.contains_key(TRANSFER_ENCODING),
             idempotency_key: last("idempotency-key"),
             authorization: last(AUTHORIZATION.as_str()),
+            cookie: (!cookies.is_empty()).then(|| cookies.join("; ")),
+            if_none_match: h.get_all(IF_NONE_MATCH).iter().next_back().map(text),
+            csrf: last("x-csrf-token").map(|v| String::from_utf8_lossy(&v).trim().to_owned()),
         })
     }
 }
@@ -136,6 +149,18 @@ pub(super) struct Reply {
     pub(super) allow: Option<&'static str>,
     /// Seconds a 429 or 503 sender should wait (`Retry-After`).
     pub(super) retry_after_s: Option<u64>,
+    /// The operator page's answers: a body of their own with its headers, sent instead of
+    /// `body`'s JSON (boxed: every other answer goes without).
+    pub(super) page: Option<Box<PageBody>>,
+}
+
+/// A body other than a short JSON one: the operator page's files, its view (whose bytes its
+/// `ETag` is made from) and its short texts, with their content type and further headers
+/// (security headers, a cookie, `ETag`, `Location`).
+pub(super) struct PageBody {
+    pub(super) content_type: &'static str,
+    pub(super) bytes: Bytes,
+    pub(super) headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 pub(super) fn reply(code: u16, body: Value) -> Reply {
@@ -144,6 +169,7 @@ pub(super) fn reply(code: u16, body: Value) -> Reply {
         body,
         allow: None,
         retry_after_s: None,
+        page: None,
     }
 }
 
@@ -156,10 +182,18 @@ impl Reply {
     /// the connection must end after it (the body was left unread, or the head was refused).
     pub(super) fn into_response(self, close: bool) -> Response<Full<Bytes>> {
         let status = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut r = Response::new(Full::new(Bytes::from(format!("{}\n", self.body))));
+        let (content_type, bytes, headers) = match self.page {
+            Some(page) => (page.content_type, page.bytes, page.headers),
+            None => (
+                "application/json",
+                Bytes::from(format!("{}\n", self.body)),
+                Vec::new(),
+            ),
+        };
+        let mut r = Response::new(Full::new(bytes));
         *r.status_mut() = status;
         let h = r.headers_mut();
-        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(allow) = self.allow {
             h.insert(ALLOW, HeaderValue::from_static(allow));
@@ -169,6 +203,9 @@ impl Reply {
         }
         if close {
             h.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+        for (name, value) in headers {
+            h.insert(name, value);
         }
         r
     }
@@ -327,7 +364,8 @@ Idempotency-Key: abc\nOrigin: https://evil.example\nAuthorization: Bearer t\n",
         assert_eq!(h.content_length, vec!["12".to_owned()]);
         assert_eq!(h.idempotency_key.as_deref(), Some(&b"abc"[..]));
         assert_eq!(h.authorization.as_deref(), Some(&b"Bearer t"[..]));
-        assert!(h.origin && !h.transfer_encoding);
+        assert_eq!(h.origin.as_deref(), Some("https://evil.example"));
+        assert!(!h.transfer_encoding);
         // The target is kept as sent: `..` is not resolved into another route.
         let dotted = head_of("GET /webhook/signal/../healthz HTTP/1.1\nHost: a\n")
             .ok()

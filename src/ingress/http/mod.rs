@@ -1,7 +1,8 @@
 //! The optional loopback HTTP shim: `POST /webhook/signal`; the callback routes
 //! `POST /api/callbacks/wake/<token>` and `POST /api/callbacks/enqueue/<token>` (and their short
 //! forms `/callbacks/<mode>/<token>`); the authenticated control routes of [`super::control`],
-//! only when the daemon holds an operator token; and `GET /healthz`. Nothing else.
+//! only when the daemon holds an operator token; the operator page under `/ui/` ([`ui`]); and
+//! `GET /healthz`. Nothing else.
 //!
 //! This is the only code that speaks HTTP on the server side. It turns a request into a
 //! [`SignalRequest`] with the same [`parse_signal`] the drop zone uses, hands it to whoever
@@ -59,6 +60,7 @@ mod head;
 mod peer;
 mod routes;
 mod serve;
+pub mod ui;
 
 pub use routes::{MissBudget, MissBudgets, Source};
 pub use serve::{connection_cap, descriptor_limit};
@@ -197,6 +199,11 @@ pub enum Submission {
         request: ControlRequest,
         reply: Sender<Result<ControlOutcome>>,
     },
+    /// The operator page's view or cancel, from a logged-in page; the answer is its JSON.
+    Ui {
+        request: ui::UiRequest,
+        reply: Sender<Result<serde_json::Value>>,
+    },
 }
 
 impl std::fmt::Debug for Submission {
@@ -215,6 +222,10 @@ impl std::fmt::Debug for Submission {
                 .debug_struct("Submission::Control")
                 .field("request", request)
                 .finish_non_exhaustive(),
+            Submission::Ui { request, .. } => f
+                .debug_struct("Submission::Ui")
+                .field("request", request)
+                .finish_non_exhaustive(),
         }
     }
 }
@@ -230,6 +241,8 @@ struct Shared {
     control: Option<String>,
     clock: Arc<dyn Clock>,
     budget: Mutex<MissBudgets>,
+    /// The operator page's login code file and logins.
+    ui: ui::UiState,
 }
 
 /// The running shim. Stopping it (or dropping it) closes the listener and every connection,
@@ -243,12 +256,14 @@ pub struct Shim {
 
 impl Shim {
     /// Starts serving on `bound`, holding at most [`connection_cap`] connections for the
-    /// descriptor limit now, then publishes the address in `address_file`.
+    /// descriptor limit now, then publishes the address in `address_file`. The operator page's
+    /// logins take the one-time code `waitpoint ui` leaves in `login_file`.
     pub fn start(
         bound: Bound,
         clock: Arc<dyn Clock>,
         submit: Submit,
         address_file: PathBuf,
+        login_file: PathBuf,
     ) -> Result<Shim> {
         let Bound {
             listener,
@@ -261,6 +276,7 @@ impl Shim {
             control,
             clock: clock.clone(),
             budget: Mutex::new(MissBudgets::default()),
+            ui: ui::UiState::new(login_file),
         });
         let cap = connection_cap(descriptor_limit());
         let serving = serve::start(listener, shared, cap)?;

@@ -1,5 +1,5 @@
 //! The shim's routes, apart from its transport: what each request means (the signal route, the
-//! callback routes, the control routes, `/healthz`), the miss budget, and the status code each
+//! callback routes, the control routes, `/healthz`; the operator page's are in `ui.rs`), the miss budget, and the status code each
 //! verdict is answered with. Nothing here touches a socket, so it is tested with requests built
 //! in memory.
 
@@ -124,7 +124,11 @@ pub(super) fn route(
         }
         Some(_) => {}
     }
-    if head.origin {
+    // The operator page answers web pages (its own), so it applies its own Origin rules.
+    if super::ui::is_ui_path(&head.path) {
+        return super::ui::route(shared, head, body, peer);
+    }
+    if head.origin.is_some() {
         return refused(
             403,
             "requests from web pages (with an Origin header) are not served",
@@ -145,7 +149,7 @@ pub(super) fn route(
         },
         _ => reply(
             404,
-            json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), and GET /healthz" }),
+            json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), the operator page under /ui/ (run `waitpoint ui`), and GET /healthz" }),
         ),
     }
 }
@@ -202,30 +206,23 @@ fn control_route(
     body: Option<&[u8]>,
     peer: Option<SocketAddr>,
 ) -> Reply {
-    let Some(expected) = &shared.control else {
-        return refused(
-            404,
-            "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to turn them on",
-        );
-    };
-    if let Some(r) = budget_spent(shared, peer) {
-        return r;
-    }
     let presented = head
         .authorization
         .as_deref()
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match presented {
-        Some(token) if crate::secret::verify(token, expected) => {}
-        Some(_) => {
-            record_miss(shared, peer);
-            let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
-            tracing::warn!(peer = %peer_text, path = %head.path, "control route refused: wrong operator token");
-            return refused(401, "wrong operator token");
+    match operator(shared, peer, presented, &head.path) {
+        Operator::Right => {}
+        Operator::Off => {
+            return refused(
+                404,
+                "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to turn them on",
+            );
         }
-        None => {
+        Operator::Spent(r) => return r,
+        Operator::Wrong => return refused(401, "wrong operator token"),
+        Operator::Missing => {
             return refused(
                 401,
                 "the control routes need the operator token: Authorization: Bearer $CORTEX_WEBHOOK_TOKEN",
@@ -267,6 +264,44 @@ fn control_route(
     reply(code, body)
 }
 
+/// What the operator token a request presented comes to.
+pub(super) enum Operator {
+    /// The daemon has no operator token: the routes that need one are off.
+    Off,
+    /// The sender's miss budget is spent: this answer (429), before any comparison.
+    Spent(Reply),
+    Missing,
+    /// A wrong token: counted against the sender's budget and logged.
+    Wrong,
+    Right,
+}
+
+/// Checks the operator token `presented` to `route` against the daemon's (its hash, compared
+/// in constant time), after the sender's miss budget, so the token cannot be guessed at speed.
+pub(super) fn operator(
+    shared: &Shared,
+    peer: Option<SocketAddr>,
+    presented: Option<&str>,
+    route: &str,
+) -> Operator {
+    let Some(expected) = &shared.control else {
+        return Operator::Off;
+    };
+    if let Some(r) = budget_spent(shared, peer) {
+        return Operator::Spent(r);
+    }
+    match presented {
+        None => Operator::Missing,
+        Some(token) if crate::secret::verify(token, expected) => Operator::Right,
+        Some(_) => {
+            record_miss(shared, peer);
+            let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
+            tracing::warn!(peer = %peer_text, path = %route, "refused: wrong operator token");
+            Operator::Wrong
+        }
+    }
+}
+
 /// The answer to a request whose write the shared store refused because this host's daemon no
 /// longer leads the cluster ([`ErrorKind::Unavailable`](crate::error::ErrorKind::Unavailable)):
 /// 503 with `Retry-After`, the lease's time, by when another daemon leads (and this one, a
@@ -285,7 +320,7 @@ fn unavailable(e: &Error) -> Option<Reply> {
 
 /// The 429 answer while the sender's miss budget is spent (its unknown ids, wrong secrets and
 /// bad callback tokens all draw on it).
-fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<Reply> {
+pub(super) fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<Reply> {
     let now = shared.clock.now();
     let mut budgets = shared.budget.lock_or_recover();
     if !budgets.any(now) {
@@ -302,7 +337,7 @@ fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<Reply> {
 }
 
 /// Counts one miss against the sender's budget.
-fn record_miss(shared: &Shared, peer: Option<SocketAddr>) {
+pub(super) fn record_miss(shared: &Shared, peer: Option<SocketAddr>) {
     let source = source_of(shared, peer);
     shared
         .budget
@@ -533,6 +568,7 @@ mod tests {
             control: control.map(crate::secret::hash),
             clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
             budget: Mutex::new(MissBudgets::default()),
+            ui: super::super::ui::UiState::new("/nonexistent/ui-login.json".into()),
         }
     }
 
@@ -590,6 +626,7 @@ mod tests {
                     Submission::Signal { reply, .. } => drop(reply.send(Err(lost()))),
                     Submission::Callback { reply, .. } => drop(reply.send(Err(lost()))),
                     Submission::Control { reply, .. } => drop(reply.send(Err(lost()))),
+                    Submission::Ui { reply, .. } => drop(reply.send(Err(lost()))),
                 }
                 true
             }),

@@ -1,0 +1,501 @@
+//! The operator page (`/ui/`, issue 28) on the shim: its routes, its login and its guards. The
+//! page itself is three files in `ui/` (HTML, CSS, JavaScript), compiled into the binary and
+//! served as they are: no build step, nothing fetched at run time. What it shows is one JSON
+//! view the daemon's loop composes from the views every other front end shows
+//! (`daemon/ui.rs`); its one action, cancel, is the CLI's `Engine::cancel`, run on the loop too.
+//!
+//! Access: `waitpoint ui` writes the SHA-256 of a one-time code into `ui-login.json` (see
+//! [`issue_login_code`]) and prints `http://ADDR/ui/login?code=CODE`. Visiting it consumes the
+//! code and sets a random session cookie (`HttpOnly; SameSite=Strict; Path=/ui`); so does POSTing
+//! the operator token (`CORTEX_WEBHOOK_TOKEN`) to `/ui/login`, when the daemon has one. Every
+//! other `/ui` route, files included, answers 401 without a live session. A change (cancel) must
+//! also come from the page itself: its `Origin` must be the shim's own, and it must carry the
+//! session's CSRF token, which only the page's view hands out.
+//!
+//! Sessions live in the daemon's memory only (a restart logs everyone out), keyed by the
+//! SHA-256 of their cookie, at most [`MAX_SESSIONS`] of them, each for [`SESSION_TTL_MS`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::mpsc::{self, Sender};
+
+use http::header::{HeaderName, HeaderValue};
+use hyper::body::Bytes;
+use serde_json::{Value, json};
+
+use super::head::{Head, PageBody, Reply, reply};
+use super::routes::{Operator, budget_spent, operator, record_miss};
+use super::{Shared, Submission};
+use crate::clock::Timestamp;
+use crate::durable;
+use crate::error::{Error, Result};
+use crate::records::UiLogin;
+use crate::sync::MutexExt;
+
+/// The page's routes all start with this.
+pub const UI_PREFIX: &str = "/ui";
+/// The login route: `GET` with `?code=`, or `POST` with the operator token.
+pub const LOGIN_PATH: &str = "/ui/login";
+/// The page's view, polled with `If-None-Match`.
+pub const VIEW_PATH: &str = "/ui/api/view";
+/// Cancelling a waitpoint from the page.
+pub const CANCEL_PATH: &str = "/ui/api/cancel";
+/// The session cookie's name.
+pub const COOKIE: &str = "waitpoint_ui";
+/// How long a code `waitpoint ui` printed stays good.
+pub const LOGIN_TTL_MS: i64 = 5 * 60_000;
+/// How long a login lasts.
+pub const SESSION_TTL_MS: i64 = 12 * 3_600_000;
+/// Logins held at most; a new one beyond this ends the oldest.
+pub const MAX_SESSIONS: usize = 64;
+/// Every page response's Content-Security-Policy: the page's own files and nothing else.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+
+/// The page's files, as served.
+pub const INDEX_HTML: &str = include_str!("ui/index.html");
+pub const UI_CSS: &str = include_str!("ui/ui.css");
+pub const UI_JS: &str = include_str!("ui/ui.js");
+pub const LOGIN_HTML: &str = include_str!("ui/login.html");
+
+/// What the page asks of the daemon's loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UiRequest {
+    /// The page's view: every session with its ring, capsule, rows and full pictures.
+    View,
+    /// Cancel waitpoint `id` of `session`, as `waitpoint cancel` does.
+    Cancel { id: String, session: String },
+}
+
+/// Writes a fresh one-time login code's hash into `file` (replacing any earlier code), good for
+/// [`LOGIN_TTL_MS`] from `now`, and returns the code: the only place it ever is in plain text.
+pub fn issue_login_code(file: &Path, now: Timestamp) -> Result<String> {
+    let code = crate::secret::random_hex(16);
+    let record = UiLogin {
+        code_sha256: crate::secret::hash(&code),
+        expires_at: now.plus_ms(LOGIN_TTL_MS),
+    };
+    durable::commit_json(file, &record)?;
+    Ok(code)
+}
+
+/// Whether `code` is the code in `file` and still good; a right code is consumed (the file
+/// removed) before this says yes, so it opens one login only. An expired file is removed too.
+fn consume_login_code(file: &Path, code: &str, now: Timestamp) -> Result<bool> {
+    let Some(record) = durable::read_json::<UiLogin>(file)? else {
+        return Ok(false);
+    };
+    if now >= record.expires_at {
+        durable::remove_durably(file)?;
+        return Ok(false);
+    }
+    if !crate::secret::verify(code, &record.code_sha256) {
+        return Ok(false);
+    }
+    // The removal is the claim: of two requests racing with the right code, only the one
+    // whose unlink finds the file opens a login.
+    match durable::unlink(file) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(crate::error::Error::io("cannot remove", file, e)),
+    }
+    if let Some(dir) = file.parent() {
+        durable::fsync_dir(dir)?;
+    }
+    Ok(true)
+}
+
+/// One login: its CSRF token and when it ends.
+#[derive(Debug, Clone)]
+struct Login {
+    csrf: String,
+    expires_at: Timestamp,
+    started_at: Timestamp,
+}
+
+/// The page's state in the shim: where the login code is, and the live logins by the SHA-256 of
+/// their cookie.
+#[derive(Debug)]
+pub(super) struct UiState {
+    login_file: std::path::PathBuf,
+    logins: std::sync::Mutex<HashMap<String, Login>>,
+}
+
+impl UiState {
+    pub(super) fn new(login_file: std::path::PathBuf) -> Self {
+        UiState {
+            login_file,
+            logins: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts a login; returns its cookie value.
+    fn start(&self, now: Timestamp) -> String {
+        let cookie = crate::secret::random_hex(32);
+        let mut logins = self.logins.lock_or_recover();
+        logins.retain(|_, l| l.expires_at > now);
+        while logins.len() >= MAX_SESSIONS {
+            let oldest = logins
+                .iter()
+                .min_by_key(|(_, l)| l.started_at)
+                .map(|(k, _)| k.clone());
+            match oldest {
+                Some(k) => logins.remove(&k),
+                None => break,
+            };
+        }
+        logins.insert(
+            crate::secret::hash(&cookie),
+            Login {
+                csrf: crate::secret::random_hex(32),
+                expires_at: now.plus_ms(SESSION_TTL_MS),
+                started_at: now,
+            },
+        );
+        cookie
+    }
+
+    /// The live login the request's cookie names.
+    fn login_of(&self, head: &Head, now: Timestamp) -> Option<Login> {
+        let cookie = cookie_value(head.cookie.as_deref()?)?;
+        let logins = self.logins.lock_or_recover();
+        logins
+            .get(&crate::secret::hash(cookie))
+            .filter(|l| l.expires_at > now)
+            .cloned()
+    }
+}
+
+/// Our cookie's value in a `Cookie` header's list.
+fn cookie_value(header: &str) -> Option<&str> {
+    header
+        .split(';')
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(name, _)| *name == COOKIE)
+        .map(|(_, v)| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether `path` is one of the page's.
+pub(super) fn is_ui_path(path: &str) -> bool {
+    let path = path.split_once('?').map_or(path, |(p, _)| p);
+    path == UI_PREFIX || path.starts_with("/ui/")
+}
+
+/// The headers every page response carries.
+fn page_headers() -> Vec<(HeaderName, HeaderValue)> {
+    vec![
+        (
+            HeaderName::from_static("content-security-policy"),
+            HeaderValue::from_static(CSP),
+        ),
+        (
+            HeaderName::from_static("x-content-type-options"),
+            HeaderValue::from_static("nosniff"),
+        ),
+        (
+            HeaderName::from_static("referrer-policy"),
+            HeaderValue::from_static("no-referrer"),
+        ),
+    ]
+}
+
+/// A page response: `body` with its content type and the page's headers.
+fn page(code: u16, content_type: &'static str, body: impl Into<Bytes>) -> Reply {
+    Reply {
+        page: Some(Box::new(PageBody {
+            content_type,
+            bytes: body.into(),
+            headers: page_headers(),
+        })),
+        ..reply(code, Value::Null)
+    }
+}
+
+/// `r` with one more header (`r` is one of [`page`]'s).
+fn with_header(mut r: Reply, name: HeaderName, value: HeaderValue) -> Reply {
+    if let Some(p) = r.page.as_mut() {
+        p.headers.push((name, value));
+    }
+    r
+}
+
+fn text(code: u16, message: &str) -> Reply {
+    page(code, "text/plain; charset=utf-8", format!("{message}\n"))
+}
+
+fn unauthorized() -> Reply {
+    text(
+        401,
+        "Not logged in. Run `waitpoint ui` and open the address it prints (its code works once).",
+    )
+}
+
+/// The shim's own origin, the only one the page's changes may come from.
+fn own_origin(addr: SocketAddr) -> String {
+    format!("http://{addr}")
+}
+
+/// Answers a request for one of the page's routes.
+pub(super) fn route(
+    shared: &Shared,
+    head: &Head,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+) -> Reply {
+    let (path, query) = head.path.split_once('?').unwrap_or((&head.path, ""));
+    // A request from another site's page is refused outright: no route here is meant for one.
+    if head
+        .origin
+        .as_deref()
+        .is_some_and(|o| o != own_origin(shared.addr))
+    {
+        return text(403, "requests from other sites' pages are not served");
+    }
+    let now = shared.clock.now();
+    match (head.method.as_str(), path) {
+        ("GET", LOGIN_PATH) if query.is_empty() => {
+            return page(200, "text/html; charset=utf-8", LOGIN_HTML);
+        }
+        ("GET", LOGIN_PATH) => return login_with_code(shared, query, peer, now),
+        ("POST", LOGIN_PATH) => return login_with_token(shared, body, peer, now),
+        (_, LOGIN_PATH) => return with_allow(text(405, "use GET or POST"), "GET, POST"),
+        _ => {}
+    }
+    let Some(login) = shared.ui.login_of(head, now) else {
+        return unauthorized();
+    };
+    match (head.method.as_str(), path) {
+        ("GET", "/ui" | "/ui/" | "/ui/index.html") => {
+            page(200, "text/html; charset=utf-8", INDEX_HTML)
+        }
+        ("GET", "/ui/ui.css") => page(200, "text/css; charset=utf-8", UI_CSS),
+        ("GET", "/ui/ui.js") => page(200, "text/javascript; charset=utf-8", UI_JS),
+        ("GET", VIEW_PATH) => view(shared, head, &login),
+        ("POST", CANCEL_PATH) => cancel(shared, head, body, &login),
+        (_, VIEW_PATH) => with_allow(text(405, "use GET"), "GET"),
+        (_, CANCEL_PATH) => with_allow(text(405, "use POST"), "POST"),
+        _ => text(404, "no such page"),
+    }
+}
+
+fn with_allow(r: Reply, allow: &'static str) -> Reply {
+    Reply {
+        allow: Some(allow),
+        ..r
+    }
+}
+
+/// A new login's answer: the cookie, and a redirect to the page.
+fn logged_in(shared: &Shared, now: Timestamp) -> Reply {
+    let cookie = shared.ui.start(now);
+    let set = format!("{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path={UI_PREFIX}");
+    let r = with_header(
+        text(303, "logged in; the page is at /ui/"),
+        http::header::SET_COOKIE,
+        HeaderValue::from_str(&set).expect("hex is a valid header value"),
+    );
+    with_header(r, http::header::LOCATION, HeaderValue::from_static("/ui/"))
+}
+
+/// `GET /ui/login?code=…`: the one-time code `waitpoint ui` printed.
+fn login_with_code(
+    shared: &Shared,
+    query: &str,
+    peer: Option<SocketAddr>,
+    now: Timestamp,
+) -> Reply {
+    if let Some(r) = budget_spent(shared, peer) {
+        return r;
+    }
+    let code = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("code="))
+        .unwrap_or_default();
+    match consume_login_code(&shared.ui.login_file, code, now) {
+        Ok(true) => logged_in(shared, now),
+        Ok(false) => {
+            record_miss(shared, peer);
+            tracing::warn!("operator page: a login code was refused (unknown, used or expired)");
+            text(
+                401,
+                "This login code is unknown, used or expired. Run `waitpoint ui` for a new one.",
+            )
+        }
+        Err(e) => {
+            tracing::error!("operator page: cannot read the login code: {e}");
+            text(500, "cannot read the login code (see the daemon's log)")
+        }
+    }
+}
+
+/// `POST /ui/login` with `token=…` (a form): the operator token, when the daemon has one.
+fn login_with_token(
+    shared: &Shared,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+    now: Timestamp,
+) -> Reply {
+    let token = body
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .and_then(|b| {
+            b.split('&')
+                .find_map(|pair| pair.strip_prefix("token="))
+                .map(form_decode)
+        })
+        .filter(|t| !t.is_empty());
+    match operator(shared, peer, token.as_deref(), LOGIN_PATH) {
+        Operator::Right => logged_in(shared, now),
+        Operator::Off => text(
+            404,
+            "this daemon has no operator token; run `waitpoint ui` for a login address",
+        ),
+        Operator::Spent(r) => r,
+        Operator::Missing | Operator::Wrong => text(401, "wrong operator token"),
+    }
+}
+
+/// A form field's value decoded (`+` and `%XX`); a `%` not followed by two hex digits is kept.
+fn form_decode(v: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = match bytes[i..] {
+            [b'%', hi, lo, ..] => hex(hi).zip(hex(lo)).map(|(h, l)| h << 4 | l),
+            _ => None,
+        };
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Runs `request` on the daemon's loop and waits for its answer.
+fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<Value>, Reply> {
+    let (tx, rx): (Sender<Result<Value>>, _) = mpsc::channel();
+    let submitted = (shared.submit)(Submission::Ui { request, reply: tx });
+    match rx.recv() {
+        Ok(v) if submitted => Ok(v),
+        _ => Err(text(503, "the daemon is shutting down")),
+    }
+}
+
+/// `GET /ui/api/view`: the view with this login's CSRF token, `ETag`'d: an unchanged view is
+/// answered 304 to the `If-None-Match` the page sends.
+fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
+    let view = match submit(shared, UiRequest::View) {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => {
+            tracing::error!("operator page: cannot compose the view: {e}");
+            return text(
+                500,
+                "the daemon could not read the waitpoints (see its log)",
+            );
+        }
+        Err(r) => return r,
+    };
+    let body = json!({ "csrf": login.csrf, "sessions": view["sessions"] }).to_string();
+    let etag = format!("\"{}\"", &crate::secret::hash(&body)[..32]);
+    let tag = HeaderValue::from_str(&etag).expect("hex is a valid header value");
+    let r = if head.if_none_match.as_deref() == Some(etag.as_str()) {
+        page(304, "application/json", Bytes::new())
+    } else {
+        page(200, "application/json", body)
+    };
+    with_header(r, http::header::ETAG, tag)
+}
+
+/// `POST /ui/api/cancel` with `{"id": …, "session": …}`: only from the page (its own origin and
+/// the login's CSRF token).
+fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> Reply {
+    if head.origin.as_deref() != Some(own_origin(shared.addr).as_str()) {
+        return text(403, "a change must come from the page itself (its Origin)");
+    }
+    let csrf_ok = head
+        .csrf
+        .as_deref()
+        .is_some_and(|t| constant_time_eq::constant_time_eq(t.as_bytes(), login.csrf.as_bytes()));
+    if !csrf_ok {
+        return text(403, "a change must carry the page's CSRF token");
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Body {
+        id: String,
+        session: String,
+    }
+    let Some(Ok(Body { id, session })) = body.map(serde_json::from_slice::<Body>) else {
+        return text(
+            400,
+            "the body must be JSON like {\"id\": …, \"session\": …}",
+        );
+    };
+    match submit(shared, UiRequest::Cancel { id, session }) {
+        Ok(Ok(v)) => page(200, "application/json", format!("{v}\n")),
+        Ok(Err(e)) => {
+            let code = match e {
+                Error::NotFound { .. } => 404,
+                Error::Conflict(_) => 409,
+                Error::Invalid { .. } | Error::Usage(_) => 400,
+                _ => {
+                    tracing::error!("operator page: cannot cancel: {e}");
+                    return text(500, "the daemon could not cancel it (see its log)");
+                }
+            };
+            text(code, &e.to_string())
+        }
+        Err(r) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_is_small_enough_to_read_in_one_sitting() {
+        let total = INDEX_HTML.len() + UI_CSS.len() + UI_JS.len() + LOGIN_HTML.len();
+        assert!(total < 50 * 1024, "the page's files are {total} bytes");
+    }
+
+    #[test]
+    fn a_login_code_works_once_and_not_after_it_expires() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("ui-login.json");
+        let t0 = Timestamp::from_millis(1_000_000);
+        let code = issue_login_code(&file, t0).unwrap();
+        let stored = std::fs::read_to_string(&file).unwrap();
+        assert!(!stored.contains(&code), "only the hash is kept: {stored}");
+        assert!(!consume_login_code(&file, "wrong", t0).unwrap());
+        assert!(consume_login_code(&file, &code, t0.plus_ms(1)).unwrap());
+        assert!(
+            !consume_login_code(&file, &code, t0.plus_ms(2)).unwrap(),
+            "used"
+        );
+        let code = issue_login_code(&file, t0).unwrap();
+        assert!(!consume_login_code(&file, &code, t0.plus_ms(LOGIN_TTL_MS)).unwrap());
+        assert!(!file.exists(), "an expired code is removed");
+    }
+
+    #[test]
+    fn the_cookie_is_found_among_others() {
+        assert_eq!(cookie_value("a=1; waitpoint_ui=abc; b=2"), Some("abc"));
+        assert_eq!(cookie_value("waitpoint_uix=abc"), None);
+        assert_eq!(cookie_value("waitpoint_ui="), None);
+        assert_eq!(form_decode("a%2Bb+c%zz"), "a+b c%zz");
+    }
+}

@@ -1,0 +1,223 @@
+// The operator page's script: polls /ui/api/view every half second with the last ETag (an
+// unchanged view costs a 304), draws the session list and the open panel, and sends cancels
+// with the login's CSRF token. Every text in the view came from outside (labels, intents,
+// messages, member names, sources) and is set with textContent, never parsed as HTML.
+'use strict';
+(function () {
+  const POLL_MS = 500;
+  const PHONE = window.matchMedia('(max-width: 640px)');
+  let etag = null;
+  let csrf = null;
+  let sessions = [];
+  let openSession = null;
+  let pending = null;
+  // Whether the status line shows a problem with the polling, which the next answer clears.
+  let trouble = false;
+
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function status(text, isTrouble) {
+    $('status').textContent = text;
+    trouble = Boolean(isTrouble);
+  }
+
+  async function poll() {
+    try {
+      const headers = etag ? { 'If-None-Match': etag } : {};
+      const r = await fetch('/ui/api/view', { headers, cache: 'no-store' });
+      if (r.status === 200 || r.status === 304) {
+        if (trouble) status('');
+      }
+      if (r.status === 200) {
+        etag = r.headers.get('ETag');
+        const view = await r.json();
+        csrf = view.csrf;
+        sessions = view.sessions;
+        render();
+      } else if (r.status === 401) {
+        status('Logged out: run `waitpoint ui` and open the address it prints.', true);
+      } else if (r.status !== 304) {
+        status('The daemon answered ' + r.status + '; retrying.', true);
+      }
+    } catch (e) {
+      status('Cannot reach the daemon; retrying.', true);
+    }
+    setTimeout(poll, POLL_MS);
+  }
+
+  function render() {
+    const list = $('sessions');
+    list.replaceChildren(...sessions.map(sessionItem));
+    $('empty').hidden = sessions.length > 0;
+    if (openSession !== null) {
+      const s = sessions.find((x) => x.line.session === openSession);
+      if (s && s.line.capsule !== '') fillPanel(s);
+      else closePanel();
+    }
+  }
+
+  function sessionItem(s) {
+    const line = s.line;
+    const li = el('li', 'session');
+    li.dataset.session = line.session;
+    const ring = el('span', 'ring', line.ring);
+    if (line.waiting) ring.title = 'waiting on a machine';
+    li.append(ring, el('span', 'name', line.session));
+    if (line.unread_wakes > 0) li.append(el('span', 'unread', line.unread_wakes + ' unread'));
+    if (line.capsule !== '') {
+      const b = el('button', 'capsule' + (line.attention ? ' attention' : ''));
+      b.type = 'button';
+      b.setAttribute('aria-haspopup', 'dialog');
+      const count = line.armed > 0 ? String(line.armed) : line.delivering + ' delivering';
+      b.append(el('span', 'full', line.capsule), el('span', 'count', count));
+      b.addEventListener('click', () => openPanel(line.session, b));
+      li.append(b);
+    }
+    return li;
+  }
+
+  function openPanel(session, anchor) {
+    openSession = session;
+    const s = sessions.find((x) => x.line.session === session);
+    if (!s) return;
+    fillPanel(s);
+    const panel = $('panel');
+    panel.hidden = false;
+    place(anchor);
+    $('panel-close').focus();
+  }
+
+  // A popover below the capsule on a wide screen; on a phone the style sheet makes it a sheet
+  // along the bottom, so nothing is placed by hand.
+  function place(anchor) {
+    const panel = $('panel');
+    if (PHONE.matches || !anchor) {
+      panel.style.top = '';
+      panel.style.left = '';
+      return;
+    }
+    const r = anchor.getBoundingClientRect();
+    const left = Math.max(16, Math.min(r.right - panel.offsetWidth, innerWidth - panel.offsetWidth - 16));
+    panel.style.top = r.bottom + window.scrollY + 8 + 'px';
+    panel.style.left = left + window.scrollX + 'px';
+  }
+
+  function closePanel() {
+    openSession = null;
+    $('panel').hidden = true;
+  }
+
+  function fillPanel(s) {
+    $('panel-title').textContent = s.line.session;
+    const body = $('panel-body');
+    body.replaceChildren(...s.check.waiting.map((row) => {
+      const picture = s.waitpoints.find((w) => w.id === row.id) || { signals: [], members: [] };
+      return waitpointSection(s.line.session, row, picture);
+    }));
+  }
+
+  function fact(dl, name, value) {
+    if (value === undefined || value === null || value === '') return;
+    dl.append(el('dt', null, name), el('dd', null, value));
+  }
+
+  function waitpointSection(session, row, picture) {
+    const sec = el('section', 'wp');
+    sec.dataset.id = row.id;
+    sec.append(el('h3', null, row.label), el('p', 'intent', row.intent));
+    const dl = el('dl', 'facts');
+    fact(dl, 'Status', row.status);
+    const quorum = picture.members.length ? ' (quorum ' + picture.quorum + ' of ' + picture.members.length + ')' : '';
+    fact(dl, 'Progress', row.progress + quorum);
+    fact(dl, 'Expires', row.time_left);
+    if (row.latest_heartbeat) {
+      const h = row.latest_heartbeat;
+      fact(dl, 'Heartbeat', h.age + (h.member ? ' (' + h.member + ')' : '') + (h.message ? ': ' + h.message : ''));
+    }
+    if (row.last_report) fact(dl, 'Last report', row.last_report.status + ', ' + row.last_report.age);
+    fact(dl, 'Id', row.id);
+    sec.append(dl);
+    if (row.badges.length) {
+      const badges = el('div', 'badges');
+      for (const b of row.badges) {
+        const span = el('span', 'badge ' + b.kind, b.text);
+        if (b.detail) span.title = b.detail;
+        badges.append(span);
+      }
+      sec.append(badges);
+    }
+    if (picture.members.length) {
+      sec.append(el('p', 'list-title', 'Members'));
+      const ul = el('ul', 'members');
+      for (const m of picture.members) {
+        const last = picture.signals.filter((x) => x.member === m).pop();
+        const li = el('li', null, m + ': ' + (last ? last.status + (last.message ? ' · ' + last.message : '') : 'no report yet'));
+        ul.append(li);
+      }
+      sec.append(ul);
+    }
+    sec.append(el('p', 'list-title', 'Signals (' + picture.signals.length + ')'));
+    const ol = el('ol', 'signals');
+    for (const x of picture.signals) {
+      const li = el('li', 'signal', x.status + (x.member ? ' · ' + x.member : '') + (x.message ? ': ' + x.message : ''));
+      li.append(el('span', 'meta', x.source + ' · ' + x.received_at));
+      ol.append(li);
+    }
+    sec.append(ol);
+    if (row.status === 'armed') {
+      const b = el('button', 'cancel', 'Cancel…');
+      b.type = 'button';
+      b.addEventListener('click', () => askCancel(session, row));
+      sec.append(b);
+    }
+    return sec;
+  }
+
+  function askCancel(session, row) {
+    pending = { id: row.id, session };
+    $('confirm-what').textContent = row.label + ' (' + row.id + ')';
+    $('confirm').showModal();
+  }
+
+  async function cancel() {
+    const p = pending;
+    pending = null;
+    $('confirm').close();
+    if (!p) return;
+    status('Cancelling…');
+    try {
+      const r = await fetch('/ui/api/cancel', {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrf },
+        body: JSON.stringify({ id: p.id, session: p.session }),
+      });
+      const answer = await r.text();
+      status(r.ok ? 'Cancelled ' + p.id + '; the job itself keeps running.' : 'Not cancelled: ' + answer);
+    } catch (e) {
+      status('Not cancelled: cannot reach the daemon.');
+    }
+    etag = null;
+  }
+
+  $('confirm-yes').addEventListener('click', cancel);
+  $('confirm-no').addEventListener('click', () => {
+    pending = null;
+    $('confirm').close();
+  });
+  $('confirm').addEventListener('cancel', () => {
+    pending = null;
+  });
+  $('panel-close').addEventListener('click', closePanel);
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Escape' && !$('confirm').open) closePanel();
+  });
+  PHONE.addEventListener('change', () => place(null));
+  poll();
+})();

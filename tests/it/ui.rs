@@ -1,0 +1,401 @@
+//! The operator page (`/ui/` on the HTTP shim, `waitpoint ui`): in a real headless Chromium
+//! driven by Selenium (`ui_browser.py`, at a desktop's and a phone's size: login, rings and
+//! capsules, a live update, the popover and the bottom sheet, cancel with its confirmation,
+//! hostile text shown as text), and from curl for what a browser would not send: no cookie, a
+//! used code, a foreign Origin, no CSRF token, and what the view must never hold.
+//!
+//! Chromium, its driver and Selenium are installed by `scripts/test-deps`; a missing one fails
+//! the test with that hint. The screenshots go to `target/ui-screenshots/` (README.md shows one).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use serde_json::{Value, json};
+
+use crate::helpers::*;
+use crate::mcp::dep;
+
+const TOKEN: &str = "operator-token-0123456789abcdef";
+const HOSTILE_LABEL: &str = "<script>window.pwned=1</script>";
+const HOSTILE_INTENT: &str = r#"<img src=x onerror="window.pwned=1">"#;
+
+/// A program from the system the browser tests need, or a failure saying how to get it.
+fn system_tool(path: &str) -> PathBuf {
+    let p = PathBuf::from(path);
+    assert!(
+        p.exists(),
+        "{path} is missing: the operator page's tests run a real Chromium (run scripts/test-deps, \
+which installs Debian's chromium and chromium-driver)"
+    );
+    p
+}
+
+/// A daemon with the shim and an operator token.
+fn daemon(env: &Env) -> DaemonGuard {
+    env.daemon_with(
+        &["--http", "--port", "0"],
+        &[("CORTEX_WEBHOOK_TOKEN", TOKEN)],
+    )
+}
+
+/// `waitpoint ui`'s login address.
+fn login_url(env: &Env) -> String {
+    let out = env.waitpoint(&["ui"]);
+    let url = env.ok("waitpoint ui", &out).trim().to_owned();
+    assert!(
+        url.starts_with("http://127.0.0.1:") && url.contains("/ui/login?code="),
+        "{url}"
+    );
+    url
+}
+
+/// One answer from curl: status, headers (names lowercased) and body.
+struct Answer {
+    code: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn curl(env: &Env, method: &str, url: &str, headers: &[&str], body: Option<&str>) -> Answer {
+    let mut args = vec!["-sS", "-i", "--max-time", "30", "-X", method, url];
+    for h in headers {
+        args.extend(["-H", h]);
+    }
+    if let Some(b) = body {
+        args.extend(["--data-binary", b]);
+    }
+    let out = env.run("curl", &args);
+    let text = env.ok("curl", &out);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let code = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        code,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+/// Logs in with a fresh code; the cookie header to send (`Cookie: waitpoint_ui=…`).
+fn log_in(env: &Env) -> (String, Answer) {
+    let a = curl(env, "GET", &login_url(env), &[], None);
+    assert_eq!(a.code, 303, "{}", a.body);
+    let set = a.header("set-cookie").expect("a cookie").to_owned();
+    let pair = set.split(';').next().unwrap().to_owned();
+    (format!("Cookie: {pair}"), a)
+}
+
+fn state(env: &Env, id: &str) -> Value {
+    env.waitpoint_json("show", &["show", "--json", id])
+}
+
+fn run_browser(env: &Env, config: &Value) -> Output {
+    let python = dep("venv/bin/python");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/ui_browser.py");
+    env.command(python.to_str().unwrap())
+        .arg(script)
+        .arg(config.to_string())
+        .output()
+        .expect("run the browser script")
+}
+
+#[test]
+fn the_operator_page_in_a_real_browser_shows_sessions_live_and_cancels_only_when_confirmed() {
+    let chromium = system_tool("/usr/bin/chromium");
+    let chromedriver = system_tool("/usr/bin/chromedriver");
+    // Every wake's onWake fails: a fired waitpoint shows the retrying badge with the error.
+    let env = Env::with_settings(
+        &json!({
+            "waitpointSweepMs": 300,
+            "onWake": ["sh", "-c", "echo 'hook says no' >&2; exit 1"],
+        })
+        .to_string(),
+    );
+    let _d = daemon(&env);
+    let flaky = env.arm("flaky", &["--session", "retry"]);
+    let (flaky_id, flaky_secret) = id_secret(&flaky);
+    env.ok(
+        "signal flaky",
+        &env.signal(&["--id", &flaky_id, "--secret", &flaky_secret]),
+    );
+    env.wait_until("a failed onWake on record", || {
+        state(&env, &flaky_id)["hook_deliveries"][0]["attempts"].as_u64() >= Some(1)
+    });
+    let alice = env.arm(
+        "train-arm2",
+        &[
+            "--session",
+            "alice",
+            "--intent",
+            "all three arms; wake me when they are all in",
+            "--member",
+            "arm2",
+            "--member",
+            "arm6",
+        ],
+    );
+    let (alice_id, alice_secret) = id_secret(&alice);
+    env.arm(
+        HOSTILE_LABEL,
+        &["--session", "mallory", "--intent", HOSTILE_INTENT],
+    );
+    let keep = env.arm("keep-me", &["--session", "bob"]);
+    let doomed = env.arm("cancel-me", &["--session", "bob"]);
+    // A session whose only waitpoint is cancelled waits on nothing: no ring, no capsule.
+    let idle = env.arm("done", &["--session", "idle"]);
+    env.ok(
+        "cancel",
+        &env.waitpoint(&["cancel", "--session", "idle", &id_secret(&idle).0]),
+    );
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ui-screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let message = "step 1200 of 5000";
+    let signal = [
+        CORTEX_SIGNAL,
+        "--id",
+        &alice_id,
+        "--secret",
+        &alice_secret,
+        "--status",
+        "progress",
+        "--member",
+        "arm2",
+        "--message",
+        message,
+    ];
+    for (viewport, size) in [("desktop", [1280, 800]), ("phone", [390, 844])] {
+        let config = json!({
+            "viewport": viewport,
+            "size": size,
+            "chromium": chromium,
+            "chromedriver": chromedriver,
+            "driver_log": env.home.join(format!("../chromedriver-{viewport}.log")),
+            "login_url": login_url(&env),
+            "screenshot": shots.join(format!("{viewport}.png")),
+            "signal_command": signal,
+            "alice": {
+                "session": "alice",
+                "capsule": "train-arm2 · 0/2 received · expires in",
+                "intent": "all three arms; wake me when they are all in",
+                "message": message,
+                "source_prefix": "http:",
+            },
+            "idle": "idle",
+            "retry": { "session": "retry", "error": "exit 1: hook says no" },
+            "hostile": { "session": "mallory", "label": HOSTILE_LABEL, "intent": HOSTILE_INTENT },
+            "bob": { "session": "bob", "keep": id_secret(&keep).0, "cancel": id_secret(&doomed).0 },
+        });
+        let out = run_browser(&env, &config);
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).ends_with("ok\n"),
+            "the {viewport} run failed: {}\n--- chromedriver\n{}\n{}",
+            env.report(&out),
+            std::fs::read_to_string(env.home.join(format!("../chromedriver-{viewport}.log")))
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            env.daemon_report()
+        );
+        assert!(shots.join(format!("{viewport}.png")).exists());
+    }
+    assert_eq!(
+        state(&env, &id_secret(&doomed).0)["status"],
+        "cancelled",
+        "confirmed"
+    );
+    assert_eq!(
+        state(&env, &id_secret(&keep).0)["status"],
+        "armed",
+        "dismissed"
+    );
+}
+
+#[test]
+fn the_operator_page_answers_401_without_a_login_and_refuses_changes_from_elsewhere() {
+    let env = Env::new();
+    let _d = daemon(&env);
+    let port = env.webhook_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let origin = format!("Origin: {base}");
+    let reply = env.arm("guarded", &["--session", "s1"]);
+    let (id, secret) = id_secret(&reply);
+    let cancel_body = json!({ "id": id, "session": "s1" }).to_string();
+
+    // No cookie: every /ui route but the login answers 401 and says what to run.
+    for (method, path) in [
+        ("GET", "/ui/"),
+        ("GET", "/ui/ui.js"),
+        ("GET", "/ui/api/view"),
+        ("POST", "/ui/api/cancel"),
+    ] {
+        let a = curl(
+            &env,
+            method,
+            &format!("{base}{path}"),
+            &[&origin],
+            Some(&cancel_body)
+                .filter(|_| method == "POST")
+                .map(|s| s.as_str()),
+        );
+        assert_eq!(a.code, 401, "{method} {path}: {}", a.body);
+        assert!(a.body.contains("waitpoint ui"), "{}", a.body);
+    }
+
+    // `waitpoint ui` keeps only the code's hash, privately; the code works once.
+    let url = login_url(&env);
+    let code = url.rsplit_once("code=").unwrap().1.to_owned();
+    let file = env.home.join("ui-login.json");
+    let stored = std::fs::read_to_string(&file).unwrap();
+    assert!(!stored.contains(&code), "{stored}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let first = curl(&env, "GET", &url, &[], None);
+    assert_eq!(first.code, 303, "{}", first.body);
+    assert_eq!(first.header("location"), Some("/ui/"));
+    let set = first.header("set-cookie").unwrap();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(set.contains(attribute), "{set}");
+    }
+    let cookie_value = set.split(';').next().unwrap().split_once('=').unwrap().1;
+    let cookie = format!("Cookie: waitpoint_ui={cookie_value}");
+    assert!(!file.exists(), "the used code is gone");
+    let again = curl(&env, "GET", &url, &[], None);
+    assert_eq!(again.code, 401, "a code works once: {}", again.body);
+
+    // Logged in: the page with its headers, the view ETag'd.
+    let page = curl(&env, "GET", &format!("{base}/ui/"), &[&cookie], None);
+    assert_eq!(page.code, 200, "{}", page.body);
+    assert_eq!(
+        page.header("content-security-policy"),
+        Some(
+            "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+        )
+    );
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    let view = curl(
+        &env,
+        "GET",
+        &format!("{base}/ui/api/view"),
+        &[&cookie],
+        None,
+    );
+    assert_eq!(view.code, 200, "{}", view.body);
+    assert_eq!(view.header("cache-control"), Some("no-store"));
+    assert_eq!(view.header("x-content-type-options"), Some("nosniff"));
+    let etag = view.header("etag").expect("an ETag").to_owned();
+    let v: Value = serde_json::from_str(&view.body).unwrap();
+    let csrf = v["csrf"].as_str().unwrap().to_owned();
+    let secret_hash = state_file_hash(&env, &id);
+    for never in [secret.as_str(), secret_hash.as_str(), TOKEN, cookie_value] {
+        assert!(
+            !view.body.contains(never),
+            "the view holds a secret: {never}"
+        );
+        assert!(!page.body.contains(never));
+    }
+    assert!(view.body.contains("\"guarded\""), "{}", view.body);
+    let unchanged = curl(
+        &env,
+        "GET",
+        &format!("{base}/ui/api/view"),
+        &[&cookie, &format!("If-None-Match: {etag}")],
+        None,
+    );
+    assert_eq!(unchanged.code, 304, "{}", unchanged.body);
+    // Another site's page cannot read it either (a fetch from it carries its Origin).
+    let foreign = curl(
+        &env,
+        "GET",
+        &format!("{base}/ui/api/view"),
+        &[&cookie, "Origin: http://evil.example"],
+        None,
+    );
+    assert_eq!(foreign.code, 403, "{}", foreign.body);
+
+    // A cancel needs the page's Origin and the login's CSRF token.
+    let cancel = |headers: &[&str]| {
+        let mut all = vec![cookie.as_str(), "Content-Type: application/json"];
+        all.extend_from_slice(headers);
+        curl(
+            &env,
+            "POST",
+            &format!("{base}/ui/api/cancel"),
+            &all,
+            Some(&cancel_body),
+        )
+    };
+    let with_csrf = format!("X-CSRF-Token: {csrf}");
+    for (what, headers) in [
+        ("no CSRF token", vec![origin.as_str()]),
+        (
+            "a wrong CSRF token",
+            vec![origin.as_str(), "X-CSRF-Token: nope"],
+        ),
+        (
+            "a foreign Origin",
+            vec!["Origin: http://evil.example", with_csrf.as_str()],
+        ),
+        ("no Origin", vec![with_csrf.as_str()]),
+    ] {
+        let a = cancel(&headers);
+        assert_eq!(a.code, 403, "{what}: {}", a.body);
+        assert_eq!(state(&env, &id)["status"], "armed", "{what}");
+    }
+    let done = cancel(&[&origin, &with_csrf]);
+    assert_eq!(done.code, 200, "{}", done.body);
+    assert_eq!(state(&env, &id)["status"], "cancelled");
+    assert!(done.body.contains("keeps running"), "{}", done.body);
+
+    // The operator token logs in too; a wrong one does not.
+    let login = format!("{base}/ui/login");
+    let wrong = curl(&env, "POST", &login, &[], Some("token=nope"));
+    assert_eq!(wrong.code, 401, "{}", wrong.body);
+    let right = curl(&env, "POST", &login, &[], Some(&format!("token={TOKEN}")));
+    assert_eq!(right.code, 303, "{}", right.body);
+    assert!(right.header("set-cookie").is_some());
+    let (other_cookie, _) = log_in(&env);
+    let page = curl(&env, "GET", &format!("{base}/ui/"), &[&other_cookie], None);
+    assert_eq!(page.code, 200, "a second login works beside the first");
+}
+
+/// The secret's hash as the waitpoint's file keeps it.
+fn state_file_hash(env: &Env, id: &str) -> String {
+    let text =
+        std::fs::read_to_string(env.home.join(format!("waitpoints/{id}/waitpoint.json"))).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    v["secret_sha256"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn waitpoint_ui_without_a_running_shim_says_how_to_start_one() {
+    let env = Env::new();
+    let out = env.waitpoint(&["ui"]);
+    env.expect_code("waitpoint ui without a daemon", &out, 1);
+    let err = stderr_of(&out);
+    assert!(err.contains("waitpoint daemon --http"), "{err}");
+    assert!(!env.home.join("ui-login.json").exists());
+}

@@ -1,0 +1,280 @@
+"""Drives the operator page (/ui/) in a real, headless Chromium for tests/it/ui.rs.
+
+Usage: ui_browser.py CONFIG_JSON. The config names the viewport (desktop or phone), the login
+address `waitpoint ui` printed, where to save the screenshot, the sessions and waitpoints to look
+for, and the cortex-signal command to run for the live update. Every wait is bounded; any
+failure raises, printing what the page showed, and the exit status is then 1. Prints "ok" last.
+"""
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+# Every wait is bounded by this; the page polls every 500 ms, so a change shows within a second
+# on an idle machine, and the bound is only for a loaded CI runner.
+PATIENCE_S = 20
+
+
+def wait_for(what, check, driver):
+    """Polls check() until it returns something truthy (a stale element counts as not yet)."""
+    end = time.monotonic() + PATIENCE_S
+    last_error = None
+    while time.monotonic() < end:
+        try:
+            value = check()
+            if value:
+                return value
+        except StaleElementReferenceException as e:
+            last_error = e
+        time.sleep(0.05)
+    body = driver.execute_script("return document.body.innerText")
+    raise AssertionError(f"gave up waiting for {what} ({last_error}); the page shows:\n{body}")
+
+
+def session_row(driver, session):
+    rows = driver.find_elements(By.CSS_SELECTOR, f'li.session[data-session="{session}"]')
+    return rows[0] if rows else None
+
+
+def capsule(driver, session):
+    row = session_row(driver, session)
+    found = row.find_elements(By.CSS_SELECTOR, ".capsule") if row else []
+    return found[0] if found else None
+
+
+def click_capsule(driver, session):
+    """Clicks the session's capsule; the list is redrawn as the view changes, so retry."""
+    def clicked():
+        c = capsule(driver, session)
+        if c is None:
+            return False
+        c.click()
+        return True
+
+    wait_for(f"{session}'s capsule to click", clicked, driver)
+    wait_for(
+        f"{session}'s panel",
+        lambda: driver.find_element(By.ID, "panel").is_displayed()
+        and driver.find_element(By.ID, "panel-title").text == session,
+        driver,
+    )
+
+
+def panel_text(driver):
+    return driver.find_element(By.ID, "panel-body").text
+
+
+def click_in_panel(driver, waitpoint_id, css):
+    def clicked():
+        found = driver.find_elements(
+            By.CSS_SELECTOR, f'#panel-body section.wp[data-id="{waitpoint_id}"] {css}'
+        )
+        if not found:
+            return False
+        found[0].click()
+        return True
+
+    wait_for(f"{css} of {waitpoint_id} to click", clicked, driver)
+
+
+def start(config):
+    options = webdriver.ChromeOptions()
+    options.binary_location = config["chromium"]
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    width, height = config["size"]
+    for arg in (
+        "--headless=new",
+        # CI runs the tests as root, where Chromium's sandbox cannot start.
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={config['profile']}",
+        f"--window-size={width},{height}",
+    ):
+        options.add_argument(arg)
+    service = Service(executable_path=config["chromedriver"], log_output=config["driver_log"])
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(PATIENCE_S)
+    driver.set_script_timeout(PATIENCE_S)
+    # The viewport itself, not the window around it, is what the media query and the sheet see.
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride",
+        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+    )
+    return driver
+
+
+def login(driver, config):
+    driver.get(config["login_url"])
+    wait_for("the page after logging in", lambda: driver.current_url.endswith("/ui/"), driver)
+    alice = config["alice"]
+    wait_for(
+        "alice's capsule",
+        lambda: capsule(driver, alice["session"]) is not None,
+        driver,
+    )
+    # A marker a reload would lose: every later check shows the page updated in place.
+    driver.execute_script("window.notReloaded = true")
+
+
+def not_reloaded(driver):
+    assert driver.execute_script("return window.notReloaded === true"), "the page was reloaded"
+
+
+def check_rings(driver, config):
+    alice = config["alice"]
+    row = session_row(driver, alice["session"])
+    assert row.find_element(By.CSS_SELECTOR, ".ring").text == "\u25cb", row.text
+    idle = wait_for("the idle session's row", lambda: session_row(driver, config["idle"]), driver)
+    assert idle.find_elements(By.CSS_SELECTOR, ".capsule") == [], "an idle session has no capsule"
+    assert idle.find_element(By.CSS_SELECTOR, ".ring").text == "", idle.text
+
+
+def check_hostile_text(driver, config):
+    hostile = config["hostile"]
+    label, intent = hostile["label"], hostile["intent"]
+    def label_shown():
+        c = capsule(driver, hostile["session"])
+        return c is not None and label in c.get_attribute("textContent")
+
+    wait_for("the hostile label shown as text in its capsule", label_shown, driver)
+    click_capsule(driver, hostile["session"])
+    wait_for("the hostile intent shown as text", lambda: intent in panel_text(driver), driver)
+    assert label in panel_text(driver), panel_text(driver)
+    assert driver.execute_script("return typeof window.pwned") == "undefined", "page ran injected code"
+    assert driver.find_elements(By.CSS_SELECTOR, "img, script:not([src])") == [], "markup got in"
+    driver.find_element(By.ID, "panel-close").click()
+
+
+def check_retry_badge(driver, config):
+    """A wake whose delivery is being retried: the badge, with the error on hover."""
+    retry = config["retry"]
+    click_capsule(driver, retry["session"])
+    badge = wait_for(
+        "the retrying badge",
+        lambda: driver.find_elements(By.CSS_SELECTOR, "#panel-body .badge.delivery_retrying"),
+        driver,
+    )[0]
+    assert "delivery retrying" in badge.text, badge.text
+    assert retry["error"] in (badge.get_attribute("title") or ""), badge.get_attribute("title")
+    assert "attention" in capsule(driver, retry["session"]).get_attribute("class")
+    driver.find_element(By.ID, "panel-close").click()
+
+
+def desktop(driver, config):
+    alice = config["alice"]
+    check_rings(driver, config)
+    wait_for(
+        "alice's capsule text",
+        lambda: alice["capsule"] in capsule(driver, alice["session"]).text,
+        driver,
+    )
+    # A signal arrives while the page is open: it shows without a reload.
+    subprocess.run(config["signal_command"], check=True, timeout=PATIENCE_S)
+    wait_for(
+        "the heartbeat on alice's capsule",
+        lambda: "heartbeat" in capsule(driver, alice["session"]).text,
+        driver,
+    )
+    not_reloaded(driver)
+    click_capsule(driver, alice["session"])
+    for text in [alice["intent"], alice["message"], "arm2", "arm6: no report yet", "quorum 2 of 2"]:
+        wait_for(f"{text!r} in the panel", lambda: text in panel_text(driver), driver)
+    sources = driver.find_elements(By.CSS_SELECTOR, "#panel-body .signal .meta")
+    assert any(s.text.startswith(alice["source_prefix"]) for s in sources), [s.text for s in sources]
+    # A popover by the capsule, not a sheet across the screen.
+    panel = driver.find_element(By.ID, "panel").rect
+    anchor = capsule(driver, alice["session"]).rect
+    width = driver.execute_script("return document.documentElement.clientWidth")
+    assert panel["width"] < width * 0.6, (panel, width)
+    assert panel["y"] >= anchor["y"] + anchor["height"], (panel, anchor)
+    driver.save_screenshot(config["screenshot"])
+    driver.find_element(By.ID, "panel-close").click()
+    check_hostile_text(driver, config)
+    check_retry_badge(driver, config)
+    cancel_flow(driver, config)
+    not_reloaded(driver)
+
+
+def cancel_flow(driver, config):
+    bob = config["bob"]
+    click_capsule(driver, bob["session"])
+    dialog = driver.find_element(By.ID, "confirm")
+    # Dismissed: nothing is sent, the waitpoint stays armed.
+    click_in_panel(driver, bob["keep"], ".cancel")
+    wait_for("the confirmation", lambda: dialog.get_attribute("open") is not None, driver)
+    text = dialog.text
+    assert "stops the waiting, not the external job" in text and "keeps running" in text, text
+    driver.find_element(By.ID, "confirm-no").click()
+    wait_for("the confirmation to close", lambda: dialog.get_attribute("open") is None, driver)
+    # Confirmed: the waitpoint leaves the panel once the view shows it cancelled.
+    click_in_panel(driver, bob["cancel"], ".cancel")
+    wait_for("the confirmation", lambda: dialog.get_attribute("open") is not None, driver)
+    driver.find_element(By.ID, "confirm-yes").click()
+    wait_for(
+        "the cancelled waitpoint to leave the panel",
+        lambda: not driver.find_elements(
+            By.CSS_SELECTOR, f'#panel-body section.wp[data-id="{bob["cancel"]}"]'
+        ),
+        driver,
+    )
+    assert driver.find_elements(
+        By.CSS_SELECTOR, f'#panel-body section.wp[data-id="{bob["keep"]}"]'
+    ), panel_text(driver)
+
+
+def phone(driver, config):
+    alice = config["alice"]
+    # The capsule shows the count of armed waitpoints on a phone.
+    wait_for(
+        "the count on alice's capsule",
+        lambda: capsule(driver, alice["session"]).text.strip() == "1",
+        driver,
+    )
+    click_capsule(driver, alice["session"])
+    wait_for("the intent in the sheet", lambda: alice["intent"] in panel_text(driver), driver)
+    box = driver.execute_script(
+        "const r = document.getElementById('panel').getBoundingClientRect();"
+        "return [r.left, r.right, r.bottom, innerHeight, document.documentElement.clientWidth];"
+    )
+    left, right, bottom, height, width = box
+    assert abs(bottom - height) < 1 and abs(left) < 1 and abs(right - width) < 1, box
+    driver.save_screenshot(config["screenshot"])
+    check_hostile_text(driver, config)
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    with tempfile.TemporaryDirectory() as profile:
+        config["profile"] = profile
+        driver = start(config)
+        try:
+            login(driver, config)
+            {"desktop": desktop, "phone": phone}[config["viewport"]](driver, config)
+            # A CSP violation or a script error is SEVERE; the browser's own favicon request
+            # (answered 404 outside /ui) is not the page's.
+            errors = [
+                e
+                for e in driver.get_log("browser")
+                if e.get("level") == "SEVERE" and "favicon.ico" not in e.get("message", "")
+            ]
+            assert not errors, errors
+        finally:
+            driver.quit()
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
