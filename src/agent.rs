@@ -37,6 +37,20 @@ pub fn webhook_port(home: &Home, fallback: u16) -> u16 {
     shim_of(home, fallback, false).0
 }
 
+/// The URL a new callback's sender POSTs to, on the port [`webhook_port`] names. It holds the
+/// token, so it exists only in the reply that issues it.
+pub fn trigger_url(
+    home: &Home,
+    fallback: u16,
+    issued: &engine::callbacks::IssuedCallback,
+) -> String {
+    crate::ingress::http::trigger_url(
+        webhook_port(home, fallback),
+        issued.callback.mode,
+        &issued.token,
+    )
+}
+
 /// The shim the `curl` line posts to, from one read of the published address: its port (the
 /// published one, else `fallback`) and whether it is listening, turned on in settings
 /// (`enabled`) but not running, or off.

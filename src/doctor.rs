@@ -94,7 +94,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
         return checks;
     }
     let walk = walk_home(home.root());
-    checks.push(check_modes(&walk));
+    checks.push(check_modes(home, &walk));
     checks.push(check_settings(home, inputs.settings));
     checks.extend(store_checks(&inputs.store));
     checks.push(check_drop_zone(home));
@@ -237,12 +237,55 @@ fn some_paths<'a>(paths: impl Iterator<Item = &'a Path>, count: usize) -> String
     }
 }
 
-fn check_modes(walk: &Walk) -> Check {
+/// The home's modes. What the daemon refuses to start on (a directory of the home another user
+/// owns or can write, a settings.json others can write) is a FAIL, found by the daemon's own
+/// checks, so the two cannot disagree; any other path looser than private (a home made with a
+/// plain `mkdir`, 0755) is a WARN with the command that fixes it.
+fn check_modes(home: &Home, walk: &Walk) -> Check {
+    if let Err(e) = home.check_private() {
+        let text = e.to_string();
+        // The daemon's refusal names its fix (`…; fix: chmod go-w DIR; refusing …`): it goes
+        // on the fix line.
+        let (detail, fix) = match text.split_once("; fix: ") {
+            Some((before, after)) => match after.split_once("; ") {
+                Some((fix, rest)) => (format!("{before}; {rest}"), fix.to_owned()),
+                None => (before.to_owned(), after.to_owned()),
+            },
+            None => (
+                text.clone(),
+                "make the home's directories yours and writable by you alone (chmod 700)"
+                    .to_owned(),
+            ),
+        };
+        return bad(
+            "modes",
+            Level::Fail,
+            format!("the daemon refuses this home: {detail}"),
+            fix,
+        );
+    }
+    let settings = home.settings_file();
+    if let Some((path, mode, _)) = walk
+        .too_open
+        .iter()
+        .find(|(p, m, _)| *p == settings && m & 0o022 != 0)
+    {
+        return bad(
+            "modes",
+            Level::Fail,
+            format!(
+                "{} (mode {mode:04o}) can be written by other users, and it decides what runs \
+                 (onWake): the daemon refuses it",
+                path.display()
+            ),
+            format!("chmod go-w {}", path.display()),
+        );
+    }
     if !walk.not_ours.is_empty() {
         let n = walk.not_ours.len();
         return bad(
             "modes",
-            Level::Fail,
+            Level::Warn,
             format!(
                 "{n} path(s) are owned by another user: {}",
                 some_paths(walk.not_ours.iter().map(PathBuf::as_path), n)
@@ -276,7 +319,7 @@ fn check_modes(walk: &Walk) -> Check {
         }
         return bad(
             "modes",
-            Level::Fail,
+            Level::Warn,
             format!(
                 "{n} path(s) can be read or written by others (wakes carry job output): {}{}",
                 list.join(", "),
@@ -779,7 +822,7 @@ mod tests {
     }
 
     #[test]
-    fn group_readable_files_fail_with_a_chmod() {
+    fn group_readable_files_warn_with_a_chmod_and_group_writable_settings_fail() {
         let dir = tempfile::tempdir().unwrap();
         let home = Home::new(dir.path().join("h"));
         home.ensure().unwrap();
@@ -788,7 +831,13 @@ mod tests {
         chmod(&home.settings_file(), 0o644);
         let checks = inputs_for(&home);
         let c = find(&checks, "modes");
-        assert_eq!(c.level, Level::Fail, "{c:?}");
+        assert_eq!(c.level, Level::Warn, "{c:?}");
         assert!(c.fix.as_deref().unwrap().contains("chmod 600"), "{c:?}");
+        // Writable by the group, it is what the daemon refuses.
+        chmod(&home.settings_file(), 0o664);
+        let checks = inputs_for(&home);
+        let c = find(&checks, "modes");
+        assert_eq!(c.level, Level::Fail, "{c:?}");
+        assert!(c.fix.as_deref().unwrap().contains("chmod go-w"), "{c:?}");
     }
 }

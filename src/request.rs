@@ -48,6 +48,12 @@ pub enum Source {
     Http(String),
 }
 
+/// The one key of a miss record: `{"refused_by_sender": "wp_…"}`, a spool file a sender leaves
+/// when it refused its own signal on the daemon's machine (an unknown id or a wrong secret), so
+/// the daemon logs the miss and parks it where `doctor` counts it. It names the id only, never a
+/// secret.
+pub const MISS_KEY: &str = "refused_by_sender";
+
 /// The prefix of the keys `cortex-signal` (and `run`, `attach`) mint for each signal: `cs-` and
 /// 32 lowercase hex digits.
 pub const SENDER_KEY_PREFIX: &str = "cs-";

@@ -217,6 +217,12 @@ impl SpoolTransport {
     }
 }
 
+/// The miss record for waitpoint `id` (see [`crate::request::MISS_KEY`]): the id alone.
+pub fn miss_record(id: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({ crate::request::MISS_KEY: id }))
+        .expect("a string serialises")
+}
+
 impl Transport for SpoolTransport {
     fn send(&self, body: &[u8]) -> Result<Sent> {
         durable::create_dir_private(&self.dir)?;

@@ -6,8 +6,8 @@ use std::io::Write;
 use clap::{Args, Subcommand};
 
 use crate::engine::Engine;
+use crate::engine::callbacks::public_view;
 use crate::error::exit;
-use crate::ingress::http::trigger_url;
 use crate::records::{Callback, CallbackMode};
 
 use super::{AgentArg, print_json};
@@ -34,6 +34,7 @@ pub enum CallbackCommand {
 #[derive(Debug, Args)]
 pub struct CallbackResetArgs {
     /// The callback whose token to replace (cb_…); without it, the agent's default callback
+    #[arg(value_name = "CALLBACK_ID")]
     pub id: Option<String>,
     /// The replacement default's mode [default: the old default's, else wake]
     #[arg(long, value_name = "MODE", value_parser = ["wake", "enqueue"], conflicts_with = "id")]
@@ -72,6 +73,8 @@ pub struct CallbackListArgs {
 #[derive(Debug, Args)]
 pub struct CallbackIdArgs {
     /// The callback id (cb_…)
+    // Not `ID`: that is --agent's value, and clap's usage line shows both.
+    #[arg(value_name = "CALLBACK_ID")]
     pub id: String,
     #[command(flatten)]
     pub session: AgentArg,
@@ -95,19 +98,10 @@ fn callback_line(cb: &Callback) -> String {
     )
 }
 
-/// A callback as `list` and `show` print it: never the token (only its hash is stored anyway).
-fn callback_view(cb: &Callback) -> serde_json::Value {
-    let mut v = serde_json::to_value(cb).expect("callbacks serialise");
-    if let Some(o) = v.as_object_mut() {
-        o.remove("token_sha256");
-    }
-    v
-}
-
 pub fn run_callback(
     engine: &Engine,
     cmd: CallbackCommand,
-    port: u16,
+    fallback_port: u16,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
     let issued = |out: &mut dyn Write,
@@ -115,7 +109,7 @@ pub fn run_callback(
                   json_out: bool,
                   i: crate::engine::callbacks::IssuedCallback|
      -> anyhow::Result<()> {
-        let url = trigger_url(port, i.callback.mode, &i.token);
+        let url = crate::agent::trigger_url(engine.home(), fallback_port, &i);
         let cb = &i.callback;
         if json_out {
             let v = i.view(&url);
@@ -153,7 +147,7 @@ pub fn run_callback(
         CallbackCommand::List(a) => {
             let list = engine.list_callbacks(Some(&a.session.session))?;
             if a.json {
-                let v: Vec<_> = list.iter().map(callback_view).collect();
+                let v: Vec<_> = list.iter().map(public_view).collect();
                 print_json(out, &v)?;
             } else {
                 for cb in &list {
@@ -164,7 +158,7 @@ pub fn run_callback(
         CallbackCommand::Show(a) => {
             let cb = engine.callback_for(&a.id, &a.session.session)?;
             if a.json {
-                print_json(out, &callback_view(&cb))?;
+                print_json(out, &public_view(&cb))?;
             } else {
                 writeln!(out, "{}", callback_line(&cb))?;
                 writeln!(
@@ -187,7 +181,7 @@ pub fn run_callback(
         CallbackCommand::Cancel(a) => {
             let cb = engine.cancel_callback(&a.id, &a.session.session)?;
             if a.json {
-                print_json(out, &callback_view(&cb))?;
+                print_json(out, &public_view(&cb))?;
             } else {
                 writeln!(out, "revoked {}", cb.id)?;
             }

@@ -103,8 +103,3 @@ pub(crate) fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
         home_is_implicit: is_implicit_default(home),
     })
 }
-
-/// The port printed lines use (see [`agent::webhook_port`]).
-pub(crate) fn webhook_port(home: &Home) -> anyhow::Result<u16> {
-    Ok(agent::webhook_port(home, line_context(home)?.fallback_port))
-}

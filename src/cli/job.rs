@@ -178,8 +178,14 @@ pub fn run(home: &Home, a: RunArgs) -> anyhow::Result<u8> {
     // The id, secret and member are checked before the command starts: a job started against
     // a waitpoint that will refuse its signal would run for hours for nothing.
     let probe = crate::sender::fit_body(body.clone())?;
-    if let Some((exit::FAILURE, said)) = super::judge_locally(home, &probe) {
-        eprintln!("waitpoint run: {said}; the command was not started");
+    if let Some(judged) = super::judge_locally(home, &probe)
+        && judged.code == exit::FAILURE
+    {
+        let left = judged.leave_miss(home);
+        eprintln!(
+            "waitpoint run: {}; the command was not started{left}",
+            judged.said
+        );
         return Ok(exit::FAILURE);
     }
     let (program, args) = a.command.split_first().expect("clap requires a command");

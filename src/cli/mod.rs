@@ -40,11 +40,11 @@ use crate::error::{exit_code_for, is_broken_pipe};
 
 use crate::home::Home;
 use crate::settings::Settings;
+pub(crate) use environment::line_context;
 pub use environment::{
     default_home_root, default_session, env_var, home_dir, is_implicit_default, load_settings,
     login_name, resolve_home, ssh_options, webhook_port_env,
 };
-pub(crate) use environment::{line_context, webhook_port};
 pub use hints::field_hint;
 pub use logging::{LogFormat, init_logging};
 pub use sending::{SignalTarget, judge_locally, require_id_secret, send, send_as};
@@ -132,7 +132,8 @@ pub struct SessionArg {
         value_name = "S",
         env = "CORTEX_SESSION",
         default_value_t = default_session(),
-        hide_default_value = true
+        hide_default_value = true,
+        hide_env_values = true
     )]
     pub session: String,
 }
@@ -285,7 +286,7 @@ pub enum Command {
     ///
     /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
     /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
-    /// ListTimers, GetTimer and CancelTimer, acting for the harness's own session (Claude Code's
+    /// ListTimers, GetTimer, CancelTimer, CreateExternalTrigger and CancelExternalTrigger, acting for the harness's own session (Claude Code's
     /// session, each Codex thread) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
@@ -331,7 +332,8 @@ pub enum Command {
     /// limits, whether a daemon holds the lock (and whether a dead one left it stale), the HTTP
     /// shim's address file, each device's reachability, stale *.tmp files and parked refused
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
-    /// when any check FAILs.
+    /// when any check FAILs. A FAIL of the modes is what the daemon refuses to start on (a home
+    /// or settings.json other users can write); modes merely looser than private are a WARN.
     Doctor(doctor::DoctorArgs),
     /// Print the operator page's address, with a one-time login code
     ///
@@ -349,10 +351,11 @@ pub enum Command {
     /// form at that address) logs in too. The page fetches nothing from elsewhere and shows
     /// neither secrets nor their hashes.
     Ui(ui::UiArgs),
-    /// Write every waitpoint of the store into DIR as an ordinary home, read at one revision
+    /// Write every waitpoint of the store into TARGET_DIR as an ordinary home, read at one revision
     ///
     /// So `ls`, `jq`, `show` and `doctor` work on a cluster's state: `waitpoint --store
-    /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot check --all`.
+    /// etcd://… export /tmp/snapshot`, then `waitpoint --home /tmp/snapshot doctor` or
+    /// `waitpoint --home /tmp/snapshot check --session S`.
     Export(transfer::ExportArgs),
     /// Copy the waitpoints of a home on this machine, with their signals, into the store
     ///
@@ -433,9 +436,12 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
             drop(out);
             adapter::run(&engine, cmd)
         }
-        Command::Callback(cmd) => {
-            callback::run_callback(&engine, cmd, webhook_port(engine.home())?, &mut out)
-        }
+        Command::Callback(cmd) => callback::run_callback(
+            &engine,
+            cmd,
+            line_context(engine.home())?.fallback_port,
+            &mut out,
+        ),
         Command::Export(a) => transfer::export(&engine, a, &mut out),
         Command::Import(a) => transfer::import(&engine, a, &mut out),
         Command::Device(a) => device::run(

@@ -34,14 +34,30 @@ pub struct SignalTarget {
     )]
     pub secret: Option<String>,
     /// Which member this is; required when the waitpoint names members
-    #[arg(long, value_name = "NAME", env = "CORTEX_SIGNAL_MEMBER")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CORTEX_SIGNAL_MEMBER",
+        hide_env_values = true
+    )]
     pub member: Option<String>,
 }
 
+/// What the home settles about a signal before it is sent (see [`judge_locally`]).
+#[derive(Debug)]
+pub struct Judged {
+    /// 1 when refused, 0 when the waitpoint is already closed (nothing to do).
+    pub code: u8,
+    /// What to say, in the HTTP route's words.
+    pub said: String,
+    /// The waitpoint id, when the refusal is a miss (an unknown id or a wrong secret), which
+    /// [`Judged::leave_miss`] leaves for the daemon's log.
+    pub miss: Option<String>,
+}
+
 /// Judges a finished body against the home (see [`crate::engine::prejudge`]) and says what the
-/// daemon would: `Some((exit code, what to say))` when that settles it (refused: 1, in the HTTP
-/// route's words; already closed: 0, nothing to do), `None` when the signal must be sent.
-pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
+/// daemon would, when that settles it; `None` when the signal must be sent.
+pub fn judge_locally(home: &Home, body: &[u8]) -> Option<Judged> {
     use crate::clock::{Clock, SystemClock};
     use crate::engine::{Prejudged, Refusal};
     use std::sync::Arc;
@@ -59,22 +75,49 @@ pub fn judge_locally(home: &Home, body: &[u8]) -> Option<(u8, String)> {
     let now = SystemClock.now();
     // Unreadable here (the daemon may still read it): send.
     let store = crate::store::Files::new(home.clone(), Arc::new(SystemClock), Default::default());
-    let why = match crate::engine::prejudge(&store, now, &req).ok()? {
+    let judged = crate::engine::prejudge(&store, now, &req).ok()?;
+    let why = match &judged {
         Prejudged::Open => return None,
         Prejudged::Closed(status) => {
-            return Some((
-                exit::OK,
-                format!(
+            return Some(Judged {
+                code: exit::OK,
+                said: format!(
                     "the waitpoint is already {}; nothing to do",
                     status.as_str()
                 ),
-            ));
+                miss: None,
+            });
         }
         Prejudged::Refused(Refusal::UnknownId) => "unknown waitpoint id".to_owned(),
         Prejudged::Refused(Refusal::Unauthorized) => "wrong secret".to_owned(),
         Prejudged::Refused(r) => r.reason(),
     };
-    Some((exit::FAILURE, format!("refused: {why}")))
+    let miss = matches!(
+        judged,
+        Prejudged::Refused(Refusal::UnknownId | Refusal::Unauthorized)
+    );
+    Some(Judged {
+        code: exit::FAILURE,
+        said: format!("refused: {why}"),
+        miss: miss.then_some(req.id),
+    })
+}
+
+impl Judged {
+    /// Leaves a miss judged here where the daemon sees it: a miss record naming the id alone
+    /// (never the secret) in the spool, which the daemon logs as a warning and parks in `bad/`,
+    /// where `doctor` counts it. A detached job whose stderr nobody reads then still leaves a
+    /// trace of a typo, counted once, since nothing else was sent. Returns what to add to the
+    /// sender's line on stderr (nothing when this is no miss).
+    pub fn leave_miss(&self, home: &Home) -> String {
+        let Some(id) = &self.miss else {
+            return String::new();
+        };
+        match SpoolTransport::new(home.drop_zone()).send(&crate::sender::miss_record(id)) {
+            Ok(_) => "; the miss is left in the spool for the daemon's log".to_owned(),
+            Err(e) => format!("; the miss could not be left for the daemon's log: {e}"),
+        }
+    }
 }
 
 /// The id and secret, or the usage error the spec asks for when either is missing.
@@ -114,15 +157,17 @@ pub fn send_as(
     // On the daemon's machine the home says at once whether the signal would be refused; only
     // what it cannot say is sent. Not with --url: that names some other daemon's endpoint.
     if url.is_none()
-        && let Some((code, said)) = judge_locally(home, body)
+        && let Some(judged) = judge_locally(home, body)
     {
-        if say_done || code != exit::OK {
+        let left = judged.leave_miss(home);
+        if say_done || judged.code != exit::OK {
             eprintln!(
-                "{program}: {said} (judged from {}; nothing was sent)",
+                "{program}: {} (judged from {}; nothing was sent{left})",
+                judged.said,
                 home.root().display()
             );
         }
-        return Ok(code);
+        return Ok(judged.code);
     }
     let mut why_spool = "no HTTP shim is published for this home".to_owned();
     // The signal's identity, whichever way it goes: the POST's Idempotency-Key and, if it falls

@@ -76,6 +76,8 @@ pub struct TimerListArgs {
 #[derive(Debug, Args)]
 pub struct TimerIdArgs {
     /// The timer id (tm_…)
+    // Not `ID`: that is --agent's value, and clap's usage line shows both.
+    #[arg(value_name = "TIMER_ID")]
     pub id: String,
     #[command(flatten)]
     pub session: AgentArg,
@@ -104,6 +106,9 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
             let list = engine.list_timers(&a.session.session, a.limit)?;
             if a.json {
                 print_json(out, &list)?;
+            } else if list.is_empty() {
+                // Said, as `check` says it: an empty output reads like a command that failed.
+                writeln!(out, "session {} has no timers", a.session.session)?;
             } else {
                 for t in &list {
                     writeln!(out, "{}", render::timer_line(t))?;

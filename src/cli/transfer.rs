@@ -14,7 +14,8 @@ use crate::home::Home;
 #[derive(Debug, Args)]
 pub struct ExportArgs {
     /// The directory to write the home layout into (new, or without waitpoints)
-    #[arg(value_name = "DIR")]
+    // Not `DIR`: that is the global --home's value, and clap's usage line can show both.
+    #[arg(value_name = "TARGET_DIR")]
     pub dir: PathBuf,
 }
 
@@ -25,7 +26,7 @@ pub struct ImportArgs {
     pub from: PathBuf,
 }
 
-/// `waitpoint export DIR`: every waitpoint of the store, with its records, written as an
+/// `waitpoint export TARGET_DIR`: every waitpoint of the store, with its records, written as an
 /// ordinary home, all read at one revision.
 pub fn export(
     engine: &crate::engine::Engine,

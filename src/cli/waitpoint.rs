@@ -2,7 +2,7 @@
 //! wait, watch, session delete and reset-secret. Clap types end here; the library sees
 //! validated requests. The command line itself (`Cli`) and its dispatch are in `cli/mod.rs`.
 
-use std::io::{self, Write};
+use std::io::{self, IsTerminal, Write};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -638,6 +638,15 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
     let interrupt = super::interrupt_on_stop_signals()?;
     let inbox = agent::Inbox::open(engine.home(), &channel)?;
     interrupt.wake(inbox.poker());
+    // Without a timeout this may block for days: someone at a terminal is told what for, and
+    // how to stop (a script reading stdout is not).
+    if a.timeout.is_none()
+        && std::io::stderr().is_terminal()
+        && crate::delivery::unread(engine.home(), &channel)?.is_empty()
+    {
+        let what = if a.follow { "wakes" } else { "the next wake" };
+        eprintln!("waiting for {what} on channel {channel} (Ctrl-C to stop)");
+    }
     let stopped = || interrupt.raised().map(|s| 128 + s as u8);
     loop {
         match inbox.take(deadline, LOOK_AGAIN, &|| interrupt.raised().is_some())? {

@@ -47,6 +47,16 @@ impl IssuedCallback {
     }
 }
 
+/// A callback as `callback list`, `show` and `cancel` and the agent's `CancelExternalTrigger`
+/// show it: its record without the token's hash (the token itself is never stored).
+pub fn public_view(cb: &Callback) -> serde_json::Value {
+    let mut v = serde_json::to_value(cb).expect("callbacks serialise");
+    if let Some(o) = v.as_object_mut() {
+        o.remove("token_sha256");
+    }
+    v
+}
+
 /// What a trigger did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Trigger {

@@ -13,6 +13,7 @@ use crate::request::CallbackRequest;
 use crate::request::MAX_BODY_BYTES;
 use crate::request::MAX_DATA_CHARS;
 use crate::request::MAX_MESSAGE_CHARS;
+use crate::request::MISS_KEY;
 use crate::request::SignalRequest;
 use crate::request::check_member_name;
 use serde::Deserialize;
@@ -58,14 +59,35 @@ struct WireCallback {
 pub enum SpoolBody {
     Signal(SignalRequest),
     Callback(CallbackRequest),
+    /// A miss its sender judged on this machine and left for the daemon's log
+    /// ([`MISS_KEY`]): waitpoint `id`, an unknown id or a wrong secret.
+    Miss {
+        id: String,
+    },
 }
 
-/// Parses a spool file: a signal, or (with a `callback` key) a callback trigger.
+/// Parses a spool file: a signal, a callback trigger (a `callback` key), or a miss record (the
+/// one key [`MISS_KEY`]).
 pub fn parse_spool_body(bytes: &[u8]) -> Result<SpoolBody, String> {
-    let looks_like_callback = bytes.len() <= MAX_BODY_BYTES
-        && serde_json::from_slice::<Value>(bytes)
-            .ok()
-            .is_some_and(|v| v.get("callback").is_some());
+    let value = (bytes.len() <= MAX_BODY_BYTES)
+        .then(|| serde_json::from_slice::<Value>(bytes).ok())
+        .flatten();
+    if let Some(miss) = value.as_ref().and_then(|v| v.get(MISS_KEY)) {
+        return match miss.as_str() {
+            Some(id)
+                if crate::names::is_waitpoint_id(id)
+                    && value
+                        .as_ref()
+                        .is_some_and(|v| v.as_object().is_some_and(|o| o.len() == 1)) =>
+            {
+                Ok(SpoolBody::Miss { id: id.to_owned() })
+            }
+            _ => Err(format!(
+                "not a valid miss record: `{MISS_KEY}` must be the only key, a waitpoint id"
+            )),
+        };
+    }
+    let looks_like_callback = value.is_some_and(|v| v.get("callback").is_some());
     if !looks_like_callback {
         return parse_signal(bytes).map(SpoolBody::Signal);
     }
@@ -162,6 +184,23 @@ mod tests {
     use super::*;
 
     const ID: &str = "wp_0123456789ab";
+
+    #[test]
+    fn a_miss_record_names_a_waitpoint_id_and_nothing_else() {
+        let record = format!(r#"{{"{MISS_KEY}":"{ID}"}}"#);
+        assert_eq!(
+            parse_spool_body(record.as_bytes()),
+            Ok(SpoolBody::Miss { id: ID.to_owned() })
+        );
+        for bad in [
+            format!(r#"{{"{MISS_KEY}":"{ID}","secret":"s"}}"#),
+            format!(r#"{{"{MISS_KEY}":"../etc"}}"#),
+            format!(r#"{{"{MISS_KEY}":7}}"#),
+        ] {
+            let why = parse_spool_body(bad.as_bytes()).unwrap_err();
+            assert!(why.contains("not a valid miss record"), "{bad}: {why}");
+        }
+    }
 
     #[test]
     fn minimal_body_defaults_to_ok() {

@@ -356,6 +356,16 @@ impl Spool {
         match parse_spool_body(&bytes) {
             Ok(SpoolBody::Signal(r)) => Ok(Ok((r, bytes))),
             Ok(SpoolBody::Callback(c)) => Ok(Err(self.trigger(dz, engine, name, &bytes, c)?)),
+            // Refused by its sender already: parked (and so logged as a warning naming the id)
+            // like any other miss, and counted once, since its sender sent nothing else.
+            Ok(SpoolBody::Miss { id }) => {
+                let reason = format!(
+                    "{} (judged by its sender on this machine, which sent nothing)",
+                    crate::engine::Refusal::UnknownId.reason()
+                );
+                self.park(dz, name, &reason, Some(&bytes), Some(&id), engine.now())?;
+                Ok(Err(FileOutcome::Parked(reason)))
+            }
             Err(_) if self.device.is_none() && is_fresh(dz, name) => Ok(Err(FileOutcome::Deferred)),
             Err(reason) => {
                 self.park(dz, name, &reason, Some(&bytes), None, engine.now())?;

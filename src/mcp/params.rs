@@ -11,6 +11,7 @@ use serde::Deserialize;
 use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
 
 use crate::engine::Quorum;
+use crate::records::CallbackMode;
 
 /// Arguments deserialised so that an error names its field: `max_signals: invalid type: string
 /// "x", expected u32`, not the bare serde message. The schema is `T`'s.
@@ -195,4 +196,43 @@ pub struct ListTimers {
 pub struct TimerId {
     /// The timer id (tm_…), as CreateTimer or ListTimers returned it.
     pub timer_id: String,
+}
+
+/// How an external trigger delivers, in the spec's names.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryMode {
+    /// An empty POST wakes you to look at the external state.
+    #[default]
+    WakeHint,
+    /// The POST's `text` is queued for you as a message.
+    EnqueueMessage,
+}
+
+impl DeliveryMode {
+    pub fn mode(self) -> CallbackMode {
+        match self {
+            DeliveryMode::WakeHint => CallbackMode::Wake,
+            DeliveryMode::EnqueueMessage => CallbackMode::Enqueue,
+        }
+    }
+}
+
+/// `CreateExternalTrigger`'s arguments.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateExternalTrigger {
+    /// wake_hint (the default): an empty POST wakes you; enqueue_message: the POST's `text` is
+    /// queued for you.
+    pub delivery_mode: Option<DeliveryMode>,
+    /// A name for it, shown on its wakes.
+    pub label: Option<String>,
+}
+
+/// `CancelExternalTrigger`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalTriggerId {
+    /// The trigger's id (cb_…), as CreateExternalTrigger returned it.
+    pub external_trigger_id: String,
 }

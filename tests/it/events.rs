@@ -2,7 +2,7 @@
 
 use std::fs;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use waitpoint::engine::timers::TimerRequest;
 use waitpoint::records::Timer;
 
@@ -281,7 +281,8 @@ fn callback(env: &Env, mode: &str) -> Value {
     .unwrap()
 }
 
-fn curl_post(env: &Env, url: &str, body: Option<&str>) -> (u16, Value) {
+/// POSTs to `url` with curl: the status code and the reply's JSON (null when it has none).
+pub(crate) fn curl_post(env: &Env, url: &str, body: Option<&str>) -> (u16, Value) {
     let mut args = vec!["-sS", "-o", "-", "-w", "\n%{http_code}", "-XPOST", url];
     if let Some(b) = body {
         args.extend(["-H", "content-type: application/json", "--data-binary", b]);
@@ -604,4 +605,20 @@ fn a_callback_over_its_agents_hourly_budget_is_refused_with_when_to_retry() {
             .contains("as often as an hour allows")
     );
     env.wait_until("five wakes", || wakes(&env, "default").len() == 5);
+}
+
+#[test]
+fn an_empty_timer_list_says_the_session_has_none() {
+    let env = Env::new();
+    let said = env.ok(
+        "timer list",
+        &env.waitpoint(&["timer", "list", "--agent", "s1"]),
+    );
+    assert_eq!(said, "session s1 has no timers\n");
+    // The JSON stays an empty list, for scripts.
+    let json = env.ok(
+        "timer list --json",
+        &env.waitpoint(&["timer", "list", "--agent", "s1", "--json"]),
+    );
+    assert_eq!(serde_json::from_str::<Value>(&json).unwrap(), json!([]));
 }

@@ -463,7 +463,15 @@ fn cortex_signal_posts_to_the_shim_the_daemon_published() {
         assert!(stderr.contains("a, b"), "{stderr}");
         assert_eq!(stderr.contains("HTTP 422"), via.is_some(), "{stderr}");
     }
-    assert!(env.spooled().is_empty(), "{}", env.tree());
+    // No refused signal was spooled; the local miss left a record of its id alone, which the
+    // running daemon collects (one may be gone by the time it is read).
+    for name in env.spooled() {
+        let left = std::fs::read_to_string(env.drop_zone().join(&name)).unwrap_or_default();
+        assert!(
+            left.is_empty() || left.starts_with(r#"{"refused_by_sender":"#),
+            "{name}: {left}"
+        );
+    }
 }
 
 #[test]

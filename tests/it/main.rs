@@ -23,6 +23,7 @@ mod foundation;
 mod fuzz;
 mod harness;
 mod harness_smoke;
+mod help_text;
 mod hostile;
 pub(crate) mod http;
 mod http_transport;

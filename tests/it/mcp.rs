@@ -197,7 +197,9 @@ fn tools_are_listed_with_schemas_and_agent_descriptions_in_both_revisions() {
         assert_eq!(
             names,
             [
+                "CancelExternalTrigger",
                 "CancelTimer",
+                "CreateExternalTrigger",
                 "CreateTimer",
                 "GetTimer",
                 "ListTimers",
@@ -456,6 +458,102 @@ fn a_timer_fires_into_wait_next_and_follows_the_spec_rules() {
 }
 
 #[test]
+fn an_external_trigger_wakes_its_session_and_only_that_session_can_cancel_it() {
+    let env = Env::new();
+    let _daemon = env.daemon_with(&["--http", "--port", "0"], &[]);
+    let port = env.webhook_port();
+    let mut a = Client::start(&env, Revision::Modern, "alice");
+    let mut b = Client::start(&env, Revision::Legacy, "bob");
+    let tools = a.tools();
+    let schema = |name: &str| {
+        let t = tools.iter().find(|t| t["name"] == name).unwrap();
+        let mut keys: Vec<String> = t["inputSchema"]["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        keys.sort();
+        keys
+    };
+    // The spec's names; no target agent is accepted.
+    assert_eq!(schema("CreateExternalTrigger"), ["delivery_mode", "label"]);
+    assert_eq!(schema("CancelExternalTrigger"), ["external_trigger_id"]);
+
+    let r = a.call("CreateExternalTrigger", json!({"label": "ci"}));
+    assert_eq!(r["is_error"], false, "{r}");
+    let created = r["structured"].clone();
+    // What `callback create --json` prints, for this session.
+    let cli: Value = serde_json::from_str(&env.ok(
+        "callback create",
+        &env.waitpoint(&["callback", "create", "--mode", "wake", "--json"]),
+    ))
+    .unwrap();
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&created), keys(&cli));
+    assert_eq!(created["agent_id"], "alice");
+    assert_eq!(created["delivery_mode"], "wake_hint");
+    assert_eq!(created["status"], "active");
+    let url = created["trigger_url"].as_str().unwrap().to_owned();
+    assert!(
+        url.starts_with(&format!("http://127.0.0.1:{port}/api/callbacks/wake/")),
+        "{url}"
+    );
+    let note = r["text"][1].as_str().unwrap();
+    assert!(note.contains("do not print it into a transcript"), "{note}");
+    let id = created["external_trigger_id"].as_str().unwrap().to_owned();
+
+    // The URL wakes alice, not bob.
+    assert_eq!(crate::events::curl_post(&env, &url, None).0, 202);
+    let wake = a.ok("wait_next", json!({"timeout_s": 120}))["wake"].clone();
+    assert_eq!(wake["kind"], "wake_hint", "{wake}");
+    assert_eq!(wake["callback"]["id"], id.as_str());
+    assert_eq!(b.ok("wait_next", json!({}))["wake"], Value::Null);
+
+    // Bob cannot cancel it: the same not-found as an id nobody issued.
+    let unknown = "cb_000000000000";
+    assert_eq!(
+        b.refused("CancelExternalTrigger", json!({"external_trigger_id": id})),
+        b.refused(
+            "CancelExternalTrigger",
+            json!({"external_trigger_id": unknown})
+        )
+        .replace(unknown, &id)
+    );
+    assert_eq!(crate::events::curl_post(&env, &url, None).0, 202);
+
+    // Alice's cancel revokes it: the URL is refused from now on.
+    let revoked = a.ok("CancelExternalTrigger", json!({"external_trigger_id": id}));
+    assert_eq!(revoked["status"], "revoked", "{revoked}");
+    assert!(revoked.get("token_sha256").is_none(), "{revoked}");
+    assert_eq!(crate::events::curl_post(&env, &url, None).0, 404);
+
+    // The other mode queues the POST's text.
+    let enq = a.ok(
+        "CreateExternalTrigger",
+        json!({"delivery_mode": "enqueue_message"}),
+    );
+    assert_eq!(enq["delivery_mode"], "enqueue_message");
+    let (code, _) = crate::events::curl_post(
+        &env,
+        enq["trigger_url"].as_str().unwrap(),
+        Some(r#"{"text":"CI run 7 changed"}"#),
+    );
+    assert_eq!(code, 202);
+    // The wake the second POST above delivered, then the queued message.
+    let mut kinds = Vec::new();
+    for _ in 0..2 {
+        let w = a.ok("wait_next", json!({"timeout_s": 120}))["wake"].clone();
+        kinds.push(w["kind"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(kinds, ["wake_hint", "enqueue_message"]);
+}
+
+#[test]
 fn two_sessions_neither_see_nor_cancel_each_others_waitpoints() {
     let env = Env::new();
     let _daemon = env.daemon();
@@ -667,7 +765,7 @@ fn the_inspector_cli_lists_and_calls_the_tools() {
             .unwrap();
     assert_eq!(
         listed["result"]["tools"].as_array().unwrap().len(),
-        8,
+        10,
         "{listed}"
     );
     for era in ["legacy", "modern"] {

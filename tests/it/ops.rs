@@ -222,19 +222,43 @@ fn doctor_passes_a_healthy_home_with_a_running_daemon() {
     assert!(line(&lines, "modes").starts_with("OK"), "{lines:#?}");
 }
 
+/// A home made with a plain `mkdir` (0755, its settings.json 0644) is one the daemon runs on:
+/// doctor warns, naming the command that makes it private, and exits 0 as for any warning.
 #[test]
-fn doctor_fails_on_a_wrong_mode_and_says_how_to_fix_it() {
-    let env = private_env();
+fn doctor_warns_on_a_home_made_with_mkdir_that_the_daemon_runs_on() {
+    let env = Env::new();
+    let mode = |p: &std::path::Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&env.home), 0o755, "the test home is a plain mkdir's");
+    let _d = env.daemon();
     let dir = env.home.join("waitpoints");
     fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let (code, lines) = doctor(&env);
+    assert_eq!(code, Some(0), "{lines:#?}");
+    let modes = line(&lines, "modes");
+    assert!(modes.starts_with("WARN"), "{modes}");
+    assert!(
+        modes.contains(&format!("chmod 700 {}", env.home.display())),
+        "{modes}"
+    );
+    assert!(modes.contains(&dir.display().to_string()), "{modes}");
+}
+
+/// What the daemon refuses, doctor fails: a home other users can write.
+#[test]
+fn doctor_fails_on_a_home_others_can_write_which_the_daemon_refuses() {
+    let env = private_env();
+    fs::set_permissions(&env.home, fs::Permissions::from_mode(0o777)).unwrap();
     let (code, lines) = doctor(&env);
     assert_eq!(code, Some(1), "{lines:#?}");
     let modes = line(&lines, "modes");
     assert!(modes.starts_with("FAIL"), "{modes}");
     assert!(
-        modes.contains(&format!("chmod 700 {}", dir.display())),
+        modes.contains(&format!("chmod go-w {}", env.home.display())),
         "{modes}"
     );
+    let (code, stderr) = env.daemon_spawned(&[], &[]).wait_exit();
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("lets other users write"), "{stderr}");
 }
 
 #[test]

@@ -144,3 +144,55 @@ fn a_file_written_in_place_is_not_parked_while_still_being_written() {
     env.ok("wait", &env.waitpoint(&["wait", &id, "--timeout", "120"]));
     assert!(parked(&env).is_empty());
 }
+
+/// A signal its sender refused on the daemon's machine (a wrong secret, an unknown id) leaves a
+/// miss record, never the secret: the daemon logs each as a warning naming the id and the
+/// reason, and parks it where `doctor` counts it, so a detached job's typo is findable; each
+/// miss once, since the sender sent nothing else.
+#[test]
+fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
+    let env = Env::new();
+    let _d = env.daemon();
+    let (id, secret) = id_secret(&env.arm("t", &[]));
+    let wrong = "not-the-secret-of-any-waitpoint";
+    let unknown = "wp_0123456789ab";
+    for (what, args) in [
+        ("wrong secret", [id.as_str(), wrong]),
+        ("unknown waitpoint id", [unknown, secret.as_str()]),
+    ] {
+        let out = env.signal(&["--id", args[0], "--secret", args[1], "--exit-code", "0"]);
+        env.expect_code(what, &out, 1);
+        let said = stderr_of(&out);
+        assert!(
+            said.contains(what) && said.contains("nothing was sent"),
+            "{said}"
+        );
+    }
+    env.wait_until("both misses parked", || {
+        parked(&env).len() == 2 && env.spooled().is_empty()
+    });
+    env.wait_drained();
+
+    let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
+    for miss in [id.as_str(), unknown] {
+        let warned: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("WARN") && l.contains(miss))
+            .collect();
+        assert_eq!(warned.len(), 1, "one warning for {miss}:\n{log}");
+        assert!(
+            warned[0].contains("unknown waitpoint id or wrong secret"),
+            "{}",
+            warned[0]
+        );
+    }
+    let report = env.ok("doctor", &env.waitpoint(&["doctor"]));
+    assert!(report.contains("2 refused signal file(s)"), "{report}");
+    for path in env.files() {
+        assert!(
+            !String::from_utf8_lossy(&fs::read(&path).unwrap()).contains(wrong),
+            "{} holds the secret",
+            path.display()
+        );
+    }
+}

@@ -218,3 +218,62 @@ fn next_stopped_by_sigterm_loses_no_wake_and_prints_none_twice() {
         markers(out)
     });
 }
+
+/// `next` without a timeout may block for days: at a terminal it says on stderr what it waits
+/// for and how to stop, and a wake still ends it; a script's `next` (stderr not a terminal)
+/// says nothing.
+#[test]
+fn next_without_a_timeout_says_at_a_terminal_what_it_waits_for() {
+    let env = Env::new();
+    let _daemon = env.daemon();
+    // `script` gives `next` a terminal and records what it wrote there.
+    let typescript = env.home.join("../typescript");
+    let next = format!("{WAITPOINT} next --session s1");
+    let mut script = Waiter(
+        env.command("script")
+            .env("TERM", "xterm")
+            .args(["-q", "-f", "-e", "-c", &next])
+            .arg(&typescript)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("script(1) from util-linux; scripts/test-deps installs it"),
+    );
+    let notice = "waiting for the next wake on channel s1 (Ctrl-C to stop)";
+    env.wait_until("the notice at the terminal", || {
+        fs::read_to_string(&typescript).is_ok_and(|t| t.contains(notice))
+    });
+    env.timer_now("s1", "look at the queue");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = script.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(start.elapsed() < PATIENCE, "next did not end on the wake");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    let drawn = fs::read_to_string(&typescript).unwrap();
+    assert!(drawn.contains("look at the queue"), "{drawn}");
+
+    // Not a terminal: nothing on stderr but what went wrong.
+    let stderr = env.home.join("../next-stderr");
+    let mut quiet = Waiter(
+        env.command(WAITPOINT)
+            .args(["next", "--session", "s2"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("spawn next"),
+    );
+    env.wait_until("next to wait", || is_watching(quiet.pid()));
+    env.timer_now("s2", "again");
+    let start = Instant::now();
+    while quiet.0.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < PATIENCE, "next did not end on the wake");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(fs::read_to_string(&stderr).unwrap(), "");
+}

@@ -22,14 +22,27 @@ spool (or the spool could not be written).",
     (exit::USAGE, "A usage error, or a missing id or secret."),
 ];
 
-/// The home's variables, which every page lists.
+/// The home's variables, which waitpoint's pages list (its --home wins over CORTEX_HOME).
 pub(super) const HOME_ENV: &[Block] = &[
     Var(
         "CORTEX_HOME",
         "The home directory holding all state; --home wins over it. Default ~/.cortex.",
     ),
-    Var("HOME", "Where the default home ~/.cortex is."),
+    Include(DEFAULT_HOME_ENV),
 ];
+
+/// The home's variables as cortex-signal(1) lists them: it takes the spec's flags, and no
+/// --home among them.
+pub(super) const SIGNAL_HOME_ENV: &[Block] = &[
+    Var(
+        "CORTEX_HOME",
+        "The home directory whose daemon and spool cortex-signal uses; it has no flag for \
+it. Default ~/.cortex.",
+    ),
+    Include(DEFAULT_HOME_ENV),
+];
+
+const DEFAULT_HOME_ENV: &[Block] = &[Var("HOME", "Where the default home ~/.cortex is.")];
 
 /// The variables settings.json falls back on.
 pub(super) const SETTINGS_ENV: &[Block] = &[
@@ -200,7 +213,7 @@ pub(super) const CORTEX_SIGNAL_1: &[Block] = &[
     Var("CORTEX_SIGNAL_ID", "Default for --id."),
     Var("CORTEX_SIGNAL_SECRET", "Default for --secret."),
     Var("CORTEX_SIGNAL_MEMBER", "Default for --member."),
-    Include(HOME_ENV),
+    Include(SIGNAL_HOME_ENV),
     Var(
         "WEBHOOK_PORT",
         "The port of the default --url (default 3001). cortex-signal posts there only while this \
