@@ -278,7 +278,12 @@ fn monitor_with_max_signals_three_wakes_three_times_then_resolves() {
         env.wait_until("the report's wake", || {
             env.inbox("default", "new").len() == n
         });
+        // The wake is written back before the state (a waiting session hears first), so the
+        // state is waited for too; it must get there, and never past it.
         let expected = if n < 3 { "armed" } else { "resolved" };
+        env.wait_until(&format!("the state after report {n}"), || {
+            env.state(&id)["counters"]["signals"] == n
+        });
         assert_eq!(env.state(&id)["status"], expected, "after report {n}");
     }
     let kinds: Vec<_> = env

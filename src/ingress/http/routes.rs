@@ -126,7 +126,7 @@ pub(super) fn route(
     }
     // The operator page answers web pages (its own), so it applies its own Origin rules.
     if super::ui::is_ui_path(&head.path) {
-        return super::ui::route(shared, head, body, peer);
+        return super::ui::route(shared, head, peer, body);
     }
     if head.origin.is_some() {
         return refused(

@@ -236,12 +236,12 @@ fn own_origin(addr: SocketAddr) -> String {
     format!("http://{addr}")
 }
 
-/// Answers a request for one of the page's routes.
+/// Answers a request for one of the page's routes, from `peer`, with its `body` when read.
 pub(super) fn route(
     shared: &Shared,
     head: &Head,
-    body: Option<&[u8]>,
     peer: Option<SocketAddr>,
+    body: Option<&[u8]>,
 ) -> Reply {
     let (path, query) = head.path.split_once('?').unwrap_or((&head.path, ""));
     // A request from another site's page is refused outright: no route here is meant for one.
