@@ -182,7 +182,8 @@ pub fn sessions(engine: &Engine) -> Result<Vec<SessionLine>> {
 /// waits on with its intent, progress, deadline, badges and latest heartbeat, and the unread
 /// wakes of the session's channel.
 pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Value> {
-    let rows = check_rows(engine, items)?;
+    let mut rows = check_rows(engine, items)?;
+    add_refusals(engine, &mut rows)?;
     let mut waiting = Vec::with_capacity(rows.len());
     for (wp, row) in items.iter().zip(rows) {
         let mut v = serde_json::to_value(&row).expect("rows serialise");
@@ -201,6 +202,40 @@ pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Valu
         })
         .collect();
     Ok(json!({ "session": session, "waiting": waiting, "unread_wakes": unread }))
+}
+
+/// Adds a `refused` badge to each row whose waitpoint had signals refused and parked in the
+/// drop zone's `bad/` (a wrong secret, or a sender's own record of its miss), so a typo in a
+/// job's script shows where its session looks, not only in the daemon's log. It reads `bad/`,
+/// so only the full views (`check`, `wait_check`) call it, never the brief line.
+pub fn add_refusals(engine: &Engine, rows: &mut [render::CheckItem]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let home = engine.home();
+    let mut counts = std::collections::HashMap::<String, usize>::new();
+    for (name, path) in crate::durable::list_dir(&home.bad_dir())? {
+        if !name.ends_with(".json") {
+            continue;
+        }
+        // A parked copy that is a link, huge or unreadable names nothing here.
+        let Ok(Ok(Some(bytes))) = crate::durable::read_record_bytes(home.root(), &path) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+            continue;
+        };
+        let id = v.get(crate::request::MISS_KEY).or_else(|| v.get("id"));
+        if let Some(id) = id.and_then(Value::as_str) {
+            *counts.entry(id.to_owned()).or_default() += 1;
+        }
+    }
+    for row in rows {
+        if let Some(&n) = counts.get(&row.id) {
+            row.badges.push(render::refused_badge(n));
+        }
+    }
+    Ok(())
 }
 
 /// The rows `check` shows for `items`: progress, deadline, badges and the latest heartbeat.

@@ -14,7 +14,8 @@ use crate::records::{HoldReason, Outcome, SignalRecord, Status, Timer, Waitpoint
 /// A badge on a waiting item: each one a way a wake can fail silently, or a failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Badge {
-    /// `wake_limit`, `delivery_retrying`, `wakes_this_hour`, `failure`, `unread`.
+    /// `wake_limit`, `delivery_retrying`, `wakes_this_hour`, `failure`, `quiet`, `unread`,
+    /// `refused`.
     pub kind: &'static str,
     pub text: String,
     /// What a hover shows: for `delivery_retrying`, the last attempt's error.
@@ -268,6 +269,19 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
         });
     }
     out
+}
+
+/// The badge of a waitpoint `n` of whose signals were refused (see `agent::add_refusals`).
+pub fn refused_badge(n: usize) -> Badge {
+    Badge {
+        kind: "refused",
+        text: format!(
+            "{n} signal{} refused (unknown id or wrong secret) — see tmp/signals/bad/",
+            if n == 1 { "" } else { "s" }
+        ),
+        detail: None,
+        attention: true,
+    }
 }
 
 /// The rows of `check` for the waitpoints a session waits on.

@@ -338,7 +338,10 @@ pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyh
         return Ok(exit::OK);
     }
     let now = engine.now();
-    let rows = agent::check_rows(engine, &items)?;
+    let mut rows = agent::check_rows(engine, &items)?;
+    if !a.brief {
+        agent::add_refusals(engine, &mut rows)?;
+    }
     if a.brief {
         write!(out, "{}", render::check_brief(&rows))?;
     } else {

@@ -188,6 +188,22 @@ fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
     }
     let report = env.ok("doctor", &env.waitpoint(&["doctor"]));
     assert!(report.contains("2 refused signal file(s)"), "{report}");
+    // The session whose waitpoint it was sees the miss where it looks: check, and wait_check's
+    // JSON (the same rows); once, as the daemon counted it.
+    let table = env.ok("check", &env.waitpoint(&["check"]));
+    assert!(
+        table.contains("1 signal refused (unknown id or wrong secret) — see tmp/signals/bad/"),
+        "{table}"
+    );
+    let badges = env.waitpoint_json("check", &["check", "--json"])["waiting"][0]["badges"].clone();
+    assert!(
+        badges
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["kind"] == "refused"),
+        "{badges}"
+    );
     for path in env.files() {
         assert!(
             !String::from_utf8_lossy(&fs::read(&path).unwrap()).contains(wrong),
