@@ -2,7 +2,7 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10] [--dir DIR] [--keep]`
+//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10] [--dir DIR] [--keep] [--previous DIR]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod agents;
@@ -30,6 +30,9 @@ struct Options {
     base: PathBuf,
     /// Keep the homes (`--keep`), e.g. to read a daemon's log after a run.
     keep: bool,
+    /// The previous release's binaries (`--previous DIR`, holding `waitpoint` and
+    /// `cortex-signal`), run interleaved with ours on the same files where a row supports it.
+    previous: Option<ours::Bins>,
 }
 
 fn options() -> Options {
@@ -40,6 +43,7 @@ fn options() -> Options {
         rows: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
+        previous: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -75,6 +79,13 @@ fn options() -> Options {
             "--idle" => o.idle = Duration::from_secs(args.next().unwrap().parse().unwrap()),
             "--dir" => o.base = PathBuf::from(args.next().unwrap()),
             "--keep" => o.keep = true,
+            "--previous" => {
+                let dir = PathBuf::from(args.next().unwrap());
+                o.previous = Some(ours::Bins {
+                    waitpoint: dir.join("waitpoint"),
+                    cortex_signal: dir.join("cortex-signal"),
+                });
+            }
             // `cargo bench` passes this to every bench target.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -519,8 +530,9 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
     for (shape, (n_wp, per)) in [(1_000, 1), (50, 120)].into_iter().enumerate() {
         let n = n_wp * per;
         eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
-        // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU.
-        let mut runs: Vec<[f64; 7]> = Vec::new();
+        // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU,
+        // the previous release (NaN without one).
+        let mut runs: Vec<[f64; 8]> = Vec::new();
         for round in 0..rounds {
             let dir = o.base.join(format!("ingest-{shape}-{round}"));
             let setup = ours::ingest_setup(&dir, n_wp, per);
@@ -540,6 +552,16 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 let q = peer();
                 (ingest(), q)
             };
+            // The previous release on a second copy of the same files, after both.
+            let prev = o.previous.as_ref().map_or(f64::NAN, |pb| {
+                let again = ours::ingest_setup(&dir.with_extension("prev"), n_wp, per);
+                let rate = ours::ingest(pb, &again).rate;
+                if !o.keep {
+                    let _ = std::fs::remove_dir_all(dir.with_extension("prev"));
+                    let _ = std::fs::remove_dir_all(&again.peer_stage);
+                }
+                rate
+            });
             let (mut d, mut f, mut f_cpu_us) = (f64::NAN, f64::NAN, f64::NAN);
             if shape == 0 {
                 let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
@@ -553,14 +575,14 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                  durable floor {d:.0}, no-sync floor {f:.0} ({f_cpu_us:.0} us CPU)",
                 x.rate, x.cpu_us, q.rate, q.cpu_us
             );
-            runs.push([x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us]);
+            runs.push([x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev]);
             if !o.keep {
                 let _ = std::fs::remove_dir_all(&dir);
                 let _ = std::fs::remove_dir_all(dir.with_extension("peer"));
                 let _ = std::fs::remove_dir_all(&setup.peer_stage);
             }
         }
-        let column = |f: &dyn Fn(&[f64; 7]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let column = |f: &dyn Fn(&[f64; 8]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
         // One table row: ours (column `a`) against a baseline (column `b`), both medians, and
         // the median of the rounds' ratios.
         let mut against = |what: &str, a: usize, b: usize, base: &str, target: &str| {
@@ -581,6 +603,15 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             "SQLite, WAL, synchronous=FULL, 128 a transaction",
             ">= 1.0x",
         );
+        if o.previous.is_some() {
+            against(
+                "1. same, the previous release against the SQLite peer (signals/s)",
+                7,
+                1,
+                "SQLite peer, same rounds",
+                "-",
+            );
+        }
         against(
             "1. same, CPU per signal (us)",
             2,
