@@ -380,6 +380,30 @@ img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
     let (other_cookie, _) = log_in(&env);
     let page = curl(&env, "GET", &format!("{base}/ui/"), &[&other_cookie], None);
     assert_eq!(page.code, 200, "a second login works beside the first");
+
+    // Logging out is a change too: only from the page; then that cookie opens nothing, and the
+    // browser is told to drop it. The other login is untouched.
+    let logout = |headers: &[&str]| {
+        let mut all = vec![cookie.as_str()];
+        all.extend_from_slice(headers);
+        curl(&env, "POST", &format!("{base}/ui/logout"), &all, Some(""))
+    };
+    assert_eq!(logout(&[&origin]).code, 403, "without the CSRF token");
+    assert_eq!(
+        logout(&["Origin: http://evil.example", &with_csrf]).code,
+        403
+    );
+    let view_with = |c: &str| curl(&env, "GET", &format!("{base}/ui/api/view"), &[c], None).code;
+    assert_eq!(view_with(&cookie), 200, "a refused logout logs nobody out");
+    let out = logout(&[&origin, &with_csrf]);
+    assert_eq!(out.code, 200, "{}", out.body);
+    let cleared = out.header("set-cookie").unwrap();
+    assert!(
+        cleared.contains("Max-Age=0") && cleared.contains("Path=/ui"),
+        "{cleared}"
+    );
+    assert_eq!(view_with(&cookie), 401, "a logged-out cookie opens nothing");
+    assert_eq!(view_with(&other_cookie), 200, "the other login stays");
 }
 
 /// The secret's hash as the waitpoint's file keeps it.

@@ -255,6 +255,15 @@ def phone(driver, config):
     check_hostile_text(driver, config)
 
 
+def logout(driver, config):
+    """The page's Log out button: the login ends, and the page's view answers 401 after it."""
+    driver.find_element(By.ID, "logout").click()
+    wait_for("the login form", lambda: driver.current_url.endswith("/ui/login"), driver)
+    base = config["login_url"].split("/ui/login")[0]
+    driver.get(base + "/ui/api/view")
+    wait_for("the 401 text", lambda: "waitpoint ui" in driver.find_element(By.TAG_NAME, "body").text, driver)
+
+
 def main():
     config = json.loads(sys.argv[1])
     with tempfile.TemporaryDirectory() as profile:
@@ -271,6 +280,9 @@ def main():
                 if e.get("level") == "SEVERE" and "favicon.ico" not in e.get("message", "")
             ]
             assert not errors, errors
+            # Last, since the 401 it ends with is logged as a failed load.
+            if config["viewport"] == "desktop":
+                logout(driver, config)
         finally:
             driver.quit()
     print("ok")

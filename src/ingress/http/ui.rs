@@ -12,6 +12,9 @@
 //! also come from the page itself: its `Origin` must be the shim's own, and it must carry the
 //! session's CSRF token, which only the page's view hands out.
 //!
+//! The page's Log out button ends its login the same way (`POST /ui/logout`, Origin and CSRF
+//! token checked): the cookie opens nothing from then on, and the browser is told to drop it.
+//!
 //! Sessions live in the daemon's memory only (a restart logs everyone out), keyed by the
 //! SHA-256 of their cookie, at most [`MAX_SESSIONS`] of them, each for [`SESSION_TTL_MS`].
 
@@ -41,6 +44,8 @@ pub const LOGIN_PATH: &str = "/ui/login";
 pub const VIEW_PATH: &str = "/ui/api/view";
 /// Cancelling a waitpoint from the page.
 pub const CANCEL_PATH: &str = "/ui/api/cancel";
+/// Ending this login: its cookie stops working at once.
+pub const LOGOUT_PATH: &str = "/ui/logout";
 /// The session cookie's name.
 pub const COOKIE: &str = "waitpoint_ui";
 /// How long a code `waitpoint ui` printed stays good.
@@ -153,6 +158,15 @@ impl UiState {
             },
         );
         cookie
+    }
+
+    /// Ends the login the request's cookie names.
+    fn end(&self, head: &Head) {
+        if let Some(cookie) = head.cookie.as_deref().and_then(cookie_value) {
+            self.logins
+                .lock_or_recover()
+                .remove(&crate::secret::hash(cookie));
+        }
     }
 
     /// The live login the request's cookie names.
@@ -273,8 +287,9 @@ pub(super) fn route(
         ("GET", "/ui/ui.js") => page(200, "text/javascript; charset=utf-8", UI_JS),
         ("GET", VIEW_PATH) => view(shared, head, &login),
         ("POST", CANCEL_PATH) => cancel(shared, head, body, &login),
+        ("POST", LOGOUT_PATH) => logout(shared, head, &login),
         (_, VIEW_PATH) => with_allow(text(405, "use GET"), "GET"),
-        (_, CANCEL_PATH) => with_allow(text(405, "use POST"), "POST"),
+        (_, CANCEL_PATH | LOGOUT_PATH) => with_allow(text(405, "use POST"), "POST"),
         _ => text(404, "no such page"),
     }
 }
@@ -419,18 +434,41 @@ fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
     with_header(r, http::header::ETAG, tag)
 }
 
-/// `POST /ui/api/cancel` with `{"id": …, "session": …}`: only from the page (its own origin and
-/// the login's CSRF token).
-fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> Reply {
+/// The refusal of a change that does not come from the page itself: its Origin must be the
+/// shim's own and it must carry the login's CSRF token. `None` when it does.
+fn not_from_the_page(shared: &Shared, head: &Head, login: &Login) -> Option<Reply> {
     if head.origin.as_deref() != Some(own_origin(shared.addr).as_str()) {
-        return text(403, "a change must come from the page itself (its Origin)");
+        return Some(text(
+            403,
+            "a change must come from the page itself (its Origin)",
+        ));
     }
     let csrf_ok = head
         .csrf
         .as_deref()
         .is_some_and(|t| constant_time_eq::constant_time_eq(t.as_bytes(), login.csrf.as_bytes()));
-    if !csrf_ok {
-        return text(403, "a change must carry the page's CSRF token");
+    (!csrf_ok).then(|| text(403, "a change must carry the page's CSRF token"))
+}
+
+/// `POST /ui/logout`, from the page: the login ends and the browser is told to drop its cookie.
+fn logout(shared: &Shared, head: &Head, login: &Login) -> Reply {
+    if let Some(refused) = not_from_the_page(shared, head, login) {
+        return refused;
+    }
+    shared.ui.end(head);
+    let clear = format!("{COOKIE}=; Max-Age=0; HttpOnly; SameSite=Strict; Path={UI_PREFIX}");
+    with_header(
+        text(200, "logged out; run `waitpoint ui` for a new address"),
+        http::header::SET_COOKIE,
+        HeaderValue::from_str(&clear).expect("a valid header value"),
+    )
+}
+
+/// `POST /ui/api/cancel` with `{"id": …, "session": …}`: only from the page (its own origin and
+/// the login's CSRF token).
+fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> Reply {
+    if let Some(refused) = not_from_the_page(shared, head, login) {
+        return refused;
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]

@@ -1,6 +1,6 @@
 // The operator page's script: polls /ui/api/view every half second with the last ETag (an
 // unchanged view costs a 304), draws the session list and the open panel, and sends cancels
-// with the login's CSRF token. Every text in the view came from outside (labels, intents,
+// with the login's CSRF token, as does logging out. Every text in the view came from outside (labels, intents,
 // messages, member names, sources) and is set with textContent, never parsed as HTML.
 'use strict';
 (function () {
@@ -206,6 +206,16 @@
     etag = null;
   }
 
+  async function logout() {
+    try {
+      await fetch('/ui/logout', { method: 'POST', headers: { 'X-CSRF-Token': csrf } });
+    } catch (e) {
+      // Logged out or not, the page leaves: the next visit needs a new address.
+    }
+    window.location.assign('/ui/login');
+  }
+
+  $('logout').addEventListener('click', logout);
   $('confirm-yes').addEventListener('click', cancel);
   $('confirm-no').addEventListener('click', () => {
     pending = null;
