@@ -148,49 +148,94 @@ pub struct SessionLine {
     pub unread_wakes: usize,
 }
 
-/// Every session the home knows of, by name: those with an inbox, and those a kept waitpoint
-/// names (the one that armed it, the channel its wakes go to).
-pub fn sessions(engine: &Engine) -> Result<Vec<SessionLine>> {
-    let home = engine.home();
-    let mut names = std::collections::BTreeSet::new();
-    engine.for_each_waitpoint(|wp| {
-        names.insert(wp.session);
-        names.insert(wp.channel);
-        Ok(())
-    })?;
-    names.extend(crate::delivery::channels(home)?);
-    let mut out = Vec::with_capacity(names.len());
-    for session in names {
-        let items = waiting_for(engine, &session)?;
+/// One session as its full views see it, each part read once: the waitpoints it waits on
+/// ([`waiting_for`]), their rows, its unread wakes, and its line in the session list.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub line: SessionLine,
+    pub items: Vec<Waitpoint>,
+    pub rows: Vec<render::CheckItem>,
+    pub unread: Vec<Wake>,
+}
+
+impl Session {
+    /// Reads session `name`'s waitpoints, rows and unread wakes.
+    pub fn read(engine: &Engine, name: String) -> Result<Session> {
+        let items = waiting_for(engine, &name)?;
         let rows = check_rows(engine, &items)?;
+        let unread = crate::delivery::unread(engine.home(), &name)?;
         let armed = rows.iter().filter(|r| !r.delivering).count();
-        out.push(SessionLine {
+        let line = SessionLine {
             ring: if armed > 0 { "○" } else { "" },
             waiting: armed > 0,
             capsule: render::check_brief(&rows).trim_end().to_owned(),
             attention: rows.iter().any(|r| r.badges.iter().any(|b| b.attention)),
             armed,
             delivering: rows.len() - armed,
-            unread_wakes: crate::delivery::unread(home, &session)?.len(),
-            session,
-        });
+            unread_wakes: unread.len(),
+            session: name,
+        };
+        Ok(Session {
+            line,
+            items,
+            rows,
+            unread,
+        })
     }
-    Ok(out)
+
+    /// Its `wait_check` reply (see [`check`]).
+    pub fn check_reply(&self) -> Value {
+        check_reply(&self.line.session, &self.items, &self.rows, &self.unread)
+    }
 }
 
-/// The `wait_check` reply for `items` (what [`waiting_for`] found): each waitpoint the session
-/// waits on with its intent, progress, deadline, badges and latest heartbeat, and the unread
-/// wakes of the session's channel.
+/// Every session the home knows of, by name: those with an inbox, and those a kept waitpoint
+/// names (the one that armed it, the channel its wakes go to).
+pub fn session_names(engine: &Engine) -> Result<std::collections::BTreeSet<String>> {
+    let mut names = std::collections::BTreeSet::new();
+    engine.for_each_waitpoint(|wp| {
+        names.insert(wp.session);
+        names.insert(wp.channel);
+        Ok(())
+    })?;
+    names.extend(crate::delivery::channels(engine.home())?);
+    Ok(names)
+}
+
+/// The session list: one [`SessionLine`] per session of [`session_names`].
+pub fn sessions(engine: &Engine) -> Result<Vec<SessionLine>> {
+    session_names(engine)?
+        .into_iter()
+        .map(|name| Session::read(engine, name).map(|s| s.line))
+        .collect()
+}
+
+/// The `wait_check` reply for `items` (what [`waiting_for`] found for `session`): each
+/// waitpoint with its intent, progress, deadline, badges (the refused signals' included) and
+/// latest heartbeat, and the unread wakes of the session's channel.
 pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Value> {
     let mut rows = check_rows(engine, items)?;
-    add_refusals(engine, &mut rows)?;
-    let mut waiting = Vec::with_capacity(rows.len());
-    for (wp, row) in items.iter().zip(rows) {
-        let mut v = serde_json::to_value(&row).expect("rows serialise");
-        v["intent"] = json!(wp.intent);
-        waiting.push(v);
-    }
-    let unread: Vec<Value> = crate::delivery::unread(engine.home(), session)?
+    add_refusals(&mut rows, &refused_counts(engine.home())?);
+    let unread = crate::delivery::unread(engine.home(), session)?;
+    Ok(check_reply(session, items, &rows, &unread))
+}
+
+fn check_reply(
+    session: &str,
+    items: &[Waitpoint],
+    rows: &[render::CheckItem],
+    unread: &[Wake],
+) -> Value {
+    let waiting: Vec<Value> = items
+        .iter()
+        .zip(rows)
+        .map(|(wp, row)| {
+            let mut v = serde_json::to_value(row).expect("rows serialise");
+            v["intent"] = json!(wp.intent);
+            v
+        })
+        .collect();
+    let unread: Vec<Value> = unread
         .iter()
         .map(|w| {
             json!({
@@ -201,18 +246,14 @@ pub fn check(engine: &Engine, session: &str, items: &[Waitpoint]) -> Result<Valu
             })
         })
         .collect();
-    Ok(json!({ "session": session, "waiting": waiting, "unread_wakes": unread }))
+    json!({ "session": session, "waiting": waiting, "unread_wakes": unread })
 }
 
-/// Adds a `refused` badge to each row whose waitpoint had signals refused and parked in the
-/// drop zone's `bad/` (a wrong secret, or a sender's own record of its miss), so a typo in a
-/// job's script shows where its session looks, not only in the daemon's log. It reads `bad/`,
-/// so only the full views (`check`, `wait_check`) call it, never the brief line.
-pub fn add_refusals(engine: &Engine, rows: &mut [render::CheckItem]) -> Result<()> {
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let home = engine.home();
+/// How many signals were refused for each waitpoint id and parked in the drop zone's `bad/` (a
+/// wrong secret, or a sender's own record of its miss), so a typo in a job's script shows where
+/// its session looks, not only in the daemon's log. It reads `bad/`, so only the full views
+/// (`check`, `wait_check`, the page) call it, once per view, never the brief line.
+pub fn refused_counts(home: &Home) -> Result<std::collections::HashMap<String, usize>> {
     let mut counts = std::collections::HashMap::<String, usize>::new();
     for (name, path) in crate::durable::list_dir(&home.bad_dir())? {
         if !name.ends_with(".json") {
@@ -230,12 +271,20 @@ pub fn add_refusals(engine: &Engine, rows: &mut [render::CheckItem]) -> Result<(
             *counts.entry(id.to_owned()).or_default() += 1;
         }
     }
+    Ok(counts)
+}
+
+/// Adds a `refused` badge to each row whose waitpoint has a count in `counts`
+/// ([`refused_counts`]).
+pub fn add_refusals(
+    rows: &mut [render::CheckItem],
+    counts: &std::collections::HashMap<String, usize>,
+) {
     for row in rows {
         if let Some(&n) = counts.get(&row.id) {
             row.badges.push(render::refused_badge(n));
         }
     }
-    Ok(())
 }
 
 /// The rows `check` shows for `items`: progress, deadline, badges and the latest heartbeat.

@@ -340,7 +340,7 @@ pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyh
     let now = engine.now();
     let mut rows = agent::check_rows(engine, &items)?;
     if !a.brief {
-        agent::add_refusals(engine, &mut rows)?;
+        agent::add_refusals(&mut rows, &agent::refused_counts(engine.home())?);
     }
     if a.brief {
         write!(out, "{}", render::check_brief(&rows))?;

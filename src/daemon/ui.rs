@@ -1,7 +1,7 @@
 //! The operator page's requests (`/ui/`, served by the shim, `ingress/http/ui.rs`), run on the
 //! loop like every other request from the shim. The page's view is not a view of its own: it is
-//! the session list of `agent::sessions` (ring, capsule, counts), each session's `wait_check`
-//! reply (`agent::check`: intent, progress, badges with their retry errors, the latest
+//! each session as `agent::Session` reads it once: its line in the session list (ring, capsule,
+//! counts) and its `wait_check` reply (intent, progress, badges with their retry errors, the latest
 //! heartbeat) and each waitpoint's `show --json` (`render::show_json`: every signal with its
 //! source and time, never the secret's hash), so the page, the terminal and the agent cannot
 //! tell different stories. Its cancel is `waitpoint cancel`'s `Engine::cancel`.
@@ -31,21 +31,20 @@ pub(super) fn run(engine: &Engine, request: UiRequest) -> Result<Value> {
 }
 
 /// Every session with its line, its `wait_check` reply and the full picture of each waitpoint
-/// it waits on.
+/// it waits on: each session read once, `bad/` read once for the whole view, and a picture's
+/// badges those of its row.
 fn view(engine: &Engine) -> Result<Value> {
-    let now = engine.now();
-    let cap = engine.settings().max_wakes_per_hour;
+    let refused = agent::refused_counts(engine.home())?;
     let mut sessions = Vec::new();
-    for line in agent::sessions(engine)? {
-        let items = agent::waiting_for(engine, &line.session)?;
-        let check = agent::check(engine, &line.session, &items)?;
-        let mut pictures = Vec::with_capacity(items.len());
-        for wp in &items {
+    for name in agent::session_names(engine)? {
+        let mut s = agent::Session::read(engine, name)?;
+        agent::add_refusals(&mut s.rows, &refused);
+        let mut pictures = Vec::with_capacity(s.items.len());
+        for (wp, row) in s.items.iter().zip(&s.rows) {
             let signals = engine.read_signals(&wp.id, 1)?;
-            let badges = render::badges(engine.home(), wp, cap, now);
-            pictures.push(render::show_json(wp, &signals, &badges));
+            pictures.push(render::show_json(wp, &signals, &row.badges));
         }
-        sessions.push(json!({ "line": line, "check": check, "waitpoints": pictures }));
+        sessions.push(json!({ "line": s.line, "check": s.check_reply(), "waitpoints": pictures }));
     }
     Ok(json!({ "sessions": sessions }))
 }
