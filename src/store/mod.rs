@@ -187,10 +187,15 @@ pub trait Store: Send + Sync {
     /// Calls `hint` whenever a waitpoint appears or changes, until the returned guard drops.
     fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>>;
     /// Whether interrupted commits may have left something to finish (cheap; a command asks
-    /// before it takes the daemon's lock to [`recover`](Self::recover)).
-    fn needs_recovery(&self) -> bool;
+    /// before it takes the daemon's lock to [`recover`](Self::recover)). The default is a
+    /// store whose transactions are whole or absent: never.
+    fn needs_recovery(&self) -> bool {
+        false
+    }
     /// Finishes what interrupted commits left (after a crash); returns how many there were.
-    fn recover(&self) -> Result<usize>;
+    fn recover(&self) -> Result<usize> {
+        Ok(0)
+    }
     /// For a command run while no daemon is: [`recover`](Self::recover), unless a daemon runs
     /// (it recovered at its start and owns what is left). A store whose recovery could race a
     /// daemon's writes keeps the daemon out meanwhile.
@@ -201,11 +206,16 @@ pub trait Store: Send + Sync {
             Ok(0)
         }
     }
-    /// Makes every commit so far durable in its final form, so nothing is left to recover.
-    fn checkpoint(&self) -> Result<()>;
+    /// Makes every commit so far durable in its final form, so nothing is left to recover. The
+    /// default: every commit already is.
+    fn checkpoint(&self) -> Result<()> {
+        Ok(())
+    }
     /// Starts the store's own background work for a long-running owner (the daemon); it runs
-    /// until the returned guard drops.
-    fn background(&self) -> Result<Box<dyn Any + Send>>;
+    /// until the returned guard drops. The default: there is none.
+    fn background(&self) -> Result<Box<dyn Any + Send>> {
+        Ok(Box::new(()))
+    }
 
     /// Calls `f` with every waitpoint and its records, all as of one moment where the store
     /// has revisions (an export reads so). Returns that revision, if the store has one.

@@ -135,18 +135,6 @@ impl Store for Memory {
     fn watch(&self, _hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
         Ok(Box::new(()))
     }
-    fn needs_recovery(&self) -> bool {
-        false
-    }
-    fn recover(&self) -> Result<usize> {
-        Ok(0)
-    }
-    fn checkpoint(&self) -> Result<()> {
-        Ok(())
-    }
-    fn background(&self) -> Result<Box<dyn Any + Send>> {
-        Ok(Box::new(()))
-    }
 }
 
 impl Txn for MemoryTxn<'_> {

@@ -213,22 +213,8 @@ impl Store for Etcd {
         self.watch_all(hint)
     }
 
-    fn needs_recovery(&self) -> bool {
-        false
-    }
-
-    /// Nothing to finish: a transaction is whole or absent.
-    fn recover(&self) -> Result<usize> {
-        Ok(0)
-    }
-
-    fn checkpoint(&self) -> Result<()> {
-        Ok(())
-    }
-
-    fn background(&self) -> Result<Box<dyn Any + Send>> {
-        Ok(Box::new(()))
-    }
+    // Recovery, checkpoint and background work: the trait's defaults, since a transaction
+    // here is whole or absent and durable once it returns.
 
     fn host(&self) -> Option<&str> {
         Some(&self.host)
