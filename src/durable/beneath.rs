@@ -5,7 +5,7 @@
 //! reads) takes a path, as its callers build them from [`Home`](crate::home::Home). For a path
 //! under a registered home ([`confine`]) the operation does not resolve the path as the kernel
 //! would, following any link on the way: it takes the home's root (which may itself be a link
-//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`ROOTS`]), then the
+//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Registered`]), then the
 //! directory holding the last component
 //! relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts
 //! on the last component through that handle (`openat`, `renameat`, `unlinkat` with
@@ -34,37 +34,46 @@ use crate::durable::DIR_MODE;
 use crate::error::{Error, Result};
 use crate::sync::{MutexExt, RwLockExt};
 
-/// The registered homes: `(root, quarantine)`.
-static HOMES: RwLock<Vec<(PathBuf, PathBuf)>> = RwLock::new(Vec::new());
+/// The registered homes.
+static HOMES: RwLock<Vec<Arc<Registered>>> = RwLock::new(Vec::new());
 
-/// Each home's root, held open once reached: every operation would otherwise open it again
-/// (one `openat` and one `close` of the root per file touched, a fifth of a signal's system
-/// calls). The root is resolved as the user made it (it may be a link) when first reached; a
-/// root removed since is noticed (no links left) and reached afresh.
-static ROOTS: Mutex<Vec<(PathBuf, Arc<OwnedFd>)>> = Mutex::new(Vec::new());
+/// A registered home: its root, its quarantine, and the root's handle once reached.
+#[derive(Debug)]
+struct Registered {
+    root: PathBuf,
+    quarantine: PathBuf,
+    /// The root, held open once reached: every operation would otherwise open it again (one
+    /// `openat` and one `close` of the root per file touched, a fifth of a signal's system
+    /// calls). It is resolved as the user made it (it may be a link) when first reached; a
+    /// root removed since is noticed (no links left) and reached afresh.
+    handle: Mutex<Option<Arc<OwnedFd>>>,
+}
 
 /// Registers a home: from now on every path under `root` is reached beneath it, and links met
 /// on the way are set aside into `quarantine` (see the module docs). Idempotent.
 pub fn confine(root: &Path, quarantine: &Path) {
     let mut homes = HOMES.write_or_recover();
-    if !homes.iter().any(|(r, _)| r == root) {
-        homes.push((root.to_owned(), quarantine.to_owned()));
+    if !homes.iter().any(|h| h.root == root) {
+        homes.push(Arc::new(Registered {
+            root: root.to_owned(),
+            quarantine: quarantine.to_owned(),
+            handle: Mutex::new(None),
+        }));
     }
 }
 
-/// The registered home `path` lies under (the deepest one): its root, quarantine and the
-/// path relative to the root.
-fn home_of(path: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
+/// The registered home `path` lies under (the deepest one) and the path relative to its root.
+fn home_of(path: &Path) -> Option<(Arc<Registered>, PathBuf)> {
     let homes = HOMES.read_or_recover();
     homes
         .iter()
-        .filter_map(|(root, q)| {
-            let rel = path.strip_prefix(root).ok()?;
+        .filter_map(|h| {
+            let rel = path.strip_prefix(&h.root).ok()?;
             // `..` anywhere would climb out of the root; such a path is not confined, and
             // `open_dir` refuses it below.
-            Some((root.clone(), q.clone(), rel.to_owned()))
+            Some((Arc::clone(h), rel.to_owned()))
         })
-        .max_by_key(|(root, _, _)| root.as_os_str().len())
+        .max_by_key(|(h, _)| h.root.as_os_str().len())
 }
 
 /// A directory to act in: a handle reached beneath a home, or the current directory for a
@@ -88,21 +97,21 @@ impl AsFd for At {
 /// its home (made when `make`), or, outside every home, the current directory and the whole
 /// path. `Ok(None)` when the directory is missing and not made.
 pub fn parent(path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
-    let Some((root, quarantine, rel)) = home_of(path) else {
+    let Some((home, rel)) = home_of(path) else {
         return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
     };
     let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
         // The root itself: reached as the user made it.
         return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
     };
-    Ok(walk(&root, &quarantine, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
+    Ok(walk(&home, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
 }
 
 /// `path` itself as a directory handle, reached as [`parent`] reaches a directory; `Ok(None)`
 /// when it is missing and not made.
 pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
     match home_of(path) {
-        Some((root, quarantine, rel)) => walk(&root, &quarantine, &rel, make),
+        Some((home, rel)) => walk(&home, &rel, make),
         None => {
             if make {
                 crate::durable::mkdir_all_plain(path)?;
@@ -123,8 +132,9 @@ const OPEN_DIR: OFlags = OFlags::RDONLY
 
 /// The directory `rel` beneath `root`, no link followed: one `openat2` when nothing is
 /// unusual, else one component at a time, setting aside what stands where a directory should.
-fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
-    let Some(root_fd) = root_handle(root, make)? else {
+fn walk(home: &Registered, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
+    let (root, quarantine) = (home.root.as_path(), home.quarantine.as_path());
+    let Some(root_fd) = root_handle(home, make)? else {
         return Ok(None);
     };
     let found = walk_from(&root_fd, root, quarantine, rel, make);
@@ -132,8 +142,8 @@ fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option
     // any more: forget it and walk once more from the root as it is now.
     let gone = || rustix::fs::fstat(&*root_fd).is_ok_and(|st| st.st_nlink == 0);
     if !matches!(found, Ok(Some(_))) && gone() {
-        forget_root(root);
-        let Some(root_fd) = root_handle(root, make)? else {
+        *home.handle.lock_or_recover() = None;
+        let Some(root_fd) = root_handle(home, make)? else {
             return Ok(None);
         };
         return walk_from(&root_fd, root, quarantine, rel, make);
@@ -141,12 +151,14 @@ fn walk(root: &Path, quarantine: &Path, rel: &Path, make: bool) -> Result<Option
     found
 }
 
-/// The held-open handle of `root` (see [`ROOTS`]), opened when first asked for (and made when
+/// The held-open handle of `home`'s root, opened when first asked for (and made when
 /// `make`); `Ok(None)` when it is missing and not made.
-fn root_handle(root: &Path, make: bool) -> Result<Option<Arc<OwnedFd>>> {
-    if let Some((_, fd)) = ROOTS.lock_or_recover().iter().find(|(r, _)| r == root) {
+fn root_handle(home: &Registered, make: bool) -> Result<Option<Arc<OwnedFd>>> {
+    let mut held = home.handle.lock_or_recover();
+    if let Some(fd) = held.as_ref() {
         return Ok(Some(Arc::clone(fd)));
     }
+    let root = home.root.as_path();
     let fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) if make => {
@@ -158,16 +170,8 @@ fn root_handle(root: &Path, make: bool) -> Result<Option<Arc<OwnedFd>>> {
         Err(e) => return Err(Error::io("cannot open", root, e.into())),
     };
     let fd = Arc::new(fd);
-    let mut roots = ROOTS.lock_or_recover();
-    // Another thread may have opened it meanwhile: either handle serves.
-    if !roots.iter().any(|(r, _)| r == root) {
-        roots.push((root.to_owned(), Arc::clone(&fd)));
-    }
+    *held = Some(Arc::clone(&fd));
     Ok(Some(fd))
-}
-
-fn forget_root(root: &Path) {
-    ROOTS.lock_or_recover().retain(|(r, _)| r != root);
 }
 
 /// [`walk`] from the root's handle.
