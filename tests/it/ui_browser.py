@@ -135,11 +135,22 @@ def not_reloaded(driver):
 
 def check_rings(driver, config):
     alice = config["alice"]
-    row = session_row(driver, alice["session"])
-    assert row.find_element(By.CSS_SELECTOR, ".ring").text == "\u25cb", row.text
-    idle = wait_for("the idle session's row", lambda: session_row(driver, config["idle"]), driver)
-    assert idle.find_elements(By.CSS_SELECTOR, ".capsule") == [], "an idle session has no capsule"
-    assert idle.find_element(By.CSS_SELECTOR, ".ring").text == "", idle.text
+    ring = wait_for(
+        "alice's row",
+        lambda: (session_row(driver, alice["session"]).find_element(By.CSS_SELECTOR, ".ring").text,),
+        driver,
+    )[0]
+    assert ring == "\u25cb", ring
+    def idle_row():
+        row = session_row(driver, config["idle"])
+        if row is None:
+            return None
+        capsules = row.find_elements(By.CSS_SELECTOR, ".capsule")
+        return (capsules, row.find_element(By.CSS_SELECTOR, ".ring").text, row.text)
+
+    capsules, ring, text = wait_for("the idle session's row", idle_row, driver)
+    assert capsules == [], "an idle session has no capsule"
+    assert ring == "", text
 
 
 def check_hostile_text(driver, config):
@@ -162,14 +173,22 @@ def check_retry_badge(driver, config):
     """A wake whose delivery is being retried: the badge, with the error on hover."""
     retry = config["retry"]
     click_capsule(driver, retry["session"])
-    badge = wait_for(
-        "the retrying badge",
-        lambda: driver.find_elements(By.CSS_SELECTOR, "#panel-body .badge.delivery_retrying"),
-        driver,
-    )[0]
-    assert "delivery retrying" in badge.text, badge.text
-    assert retry["error"] in (badge.get_attribute("title") or ""), badge.get_attribute("title")
-    assert "attention" in capsule(driver, retry["session"]).get_attribute("class")
+    # The retried hook's attempts keep changing the view, so the list and panel are redrawn
+    # meanwhile: each check reads fresh elements and is retried when one went stale.
+    def badge_with_error():
+        badges = driver.find_elements(By.CSS_SELECTOR, "#panel-body .badge.delivery_retrying")
+        return any(
+            "delivery retrying" in b.text and retry["error"] in (b.get_attribute("title") or "")
+            for b in badges
+        )
+
+    wait_for("the retrying badge with its error on hover", badge_with_error, driver)
+
+    def dotted():
+        c = capsule(driver, retry["session"])
+        return c is not None and "attention" in (c.get_attribute("class") or "")
+
+    wait_for("the attention dot on the retrying session's capsule", dotted, driver)
     driver.find_element(By.ID, "panel-close").click()
 
 
@@ -192,11 +211,21 @@ def desktop(driver, config):
     click_capsule(driver, alice["session"])
     for text in [alice["intent"], alice["message"], "arm2", "arm6: no report yet", "quorum 2 of 2"]:
         wait_for(f"{text!r} in the panel", lambda: text in panel_text(driver), driver)
-    sources = driver.find_elements(By.CSS_SELECTOR, "#panel-body .signal .meta")
-    assert any(s.text.startswith(alice["source_prefix"]) for s in sources), [s.text for s in sources]
-    # A popover by the capsule, not a sheet across the screen.
-    panel = driver.find_element(By.ID, "panel").rect
-    anchor = capsule(driver, alice["session"]).rect
+    wait_for(
+        "the signal's source in the panel",
+        lambda: any(
+            s.text.startswith(alice["source_prefix"])
+            for s in driver.find_elements(By.CSS_SELECTOR, "#panel-body .signal .meta")
+        ),
+        driver,
+    )
+    # A popover by the capsule, not a sheet across the screen. The list is redrawn as the view
+    # changes, so both boxes are read together, again if the capsule went stale meanwhile.
+    panel, anchor = wait_for(
+        "the panel and its capsule's boxes",
+        lambda: (driver.find_element(By.ID, "panel").rect, capsule(driver, alice["session"]).rect),
+        driver,
+    )
     width = driver.execute_script("return document.documentElement.clientWidth")
     assert panel["width"] < width * 0.6, (panel, width)
     assert panel["y"] >= anchor["y"] + anchor["height"], (panel, anchor)
