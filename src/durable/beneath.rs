@@ -125,6 +125,31 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
     }
 }
 
+/// Opens the file `path` for reading in one `openat2` from its home's held root, no link
+/// followed on the way or as the file itself: the common case of every read, which would
+/// otherwise open the directory first and the file through it. `None` when that one call
+/// cannot say (a path outside every home, a link or a file where a directory should be, no
+/// `openat2` here, a root removed since it was opened): the caller then takes the path that
+/// walks and names the culprit. `Some(Err)` of kind `NotFound` when it is missing.
+pub fn open_read_fast(path: &Path) -> Option<io::Result<OwnedFd>> {
+    let (home, rel) = home_of(path)?;
+    if rel.as_os_str().is_empty() {
+        return None;
+    }
+    let root_fd = root_handle(&home, false).ok()??;
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    match rustix::fs::openat2(&*root_fd, &rel, flags, Mode::empty(), resolve) {
+        Ok(fd) => Some(Ok(fd)),
+        // Truly missing (`NO_SYMLINKS` says ELOOP for a link), unless the held root itself
+        // was removed and made again: the walk opens the root afresh.
+        Err(Errno::NOENT) if rustix::fs::fstat(&*root_fd).is_ok_and(|st| st.st_nlink > 0) => {
+            Some(Err(io::Error::from(io::ErrorKind::NotFound)))
+        }
+        Err(_) => None,
+    }
+}
+
 const OPEN_DIR: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)

@@ -115,6 +115,24 @@ impl Dir {
         }
     }
 
+    /// `path` reached as every directory of a home is reached (`beneath.rs`: from the held
+    /// root, no link followed), made when missing; a path outside every home is opened as given.
+    /// Unlike [`Dir::open_private`] it checks no owner or mode: it is for the engine's own
+    /// directories, which the daemon checked as it started.
+    pub fn reach(path: &Path) -> Result<Dir> {
+        let fd = super::beneath::open_dir(path, true)?.ok_or_else(|| {
+            Error::io(
+                "cannot open",
+                path,
+                io::Error::from(io::ErrorKind::NotFound),
+            )
+        })?;
+        Ok(Dir {
+            fd,
+            path: path.to_owned(),
+        })
+    }
+
     /// The directory `name` inside this one, not followed if it is a link, checked.
     pub fn child(&self, name: &OsStr) -> Result<Dir> {
         let path = self.path.join(name);
@@ -346,6 +364,58 @@ impl Dir {
             let _ = self.unlink(&temp);
         }
         result
+    }
+
+    /// Writes `name` atomically but without any fsync: a temp file made here (never following
+    /// a link) and filled, then put in place by `place` (given this directory and the temp
+    /// file's name). On any error the temp file is removed. For files a journal line made
+    /// durable already (`durable::Unsynced`).
+    pub fn write_unsynced(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        place: impl FnOnce(&Dir, &str) -> Result<()>,
+    ) -> Result<()> {
+        let tag: u64 = rand::rng().next_u64();
+        let temp = format!("{TEMP_PREFIX}{name}.{tag:016x}{TEMP_SUFFIX}");
+        let flags =
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = rustix::fs::openat(
+            &self.fd,
+            self.plain(OsStr::new(&temp))?,
+            flags,
+            Mode::from_raw_mode(FILE_MODE),
+        )
+        .map_err(|e| Error::io("cannot create", self.path.join(&temp), e.into()))?;
+        let result = (|| {
+            crate::failpoint!(
+                crate::failpoint::STORE_WRITE,
+                "cannot write",
+                &self.path.join(&temp)
+            );
+            File::from(fd)
+                .write_all(bytes)
+                .map_err(|e| Error::io("cannot write", self.path.join(&temp), e))?;
+            place(self, &temp)
+        })();
+        if result.is_err() {
+            let _ = self.unlink(&temp);
+        }
+        result
+    }
+
+    /// Renames `from` to `to` within this directory; `exchange` swaps the two names
+    /// atomically instead (`RENAME_EXCHANGE`: both must exist).
+    pub fn rename_within(&self, from: &str, to: &str, exchange: bool) -> io::Result<()> {
+        let from = self.plain(OsStr::new(from)).map_err(|_| invalid())?;
+        let to = self.plain(OsStr::new(to)).map_err(|_| invalid())?;
+        let flags = match exchange {
+            true => rustix::fs::RenameFlags::EXCHANGE,
+            false => rustix::fs::RenameFlags::empty(),
+        };
+        Ok(rustix::fs::renameat_with(
+            &self.fd, from, &self.fd, to, flags,
+        )?)
     }
 
     /// [`Dir::commit_with`] for bytes in hand.

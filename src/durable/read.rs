@@ -132,22 +132,19 @@ pub(super) fn read_record_fast(
     root: &Path,
     rel: &Path,
 ) -> Result<Option<std::result::Result<Option<Vec<u8>>, Refused>>> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
-    let Ok(root_fd) = rustix::fs::openat(
-        rustix::fs::CWD,
-        root,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    ) else {
-        return Ok(None);
+    // Under a registered home, from its held root (no root opened per record).
+    let fd = match super::beneath::open_read_fast(&root.join(rel)) {
+        Some(Ok(fd)) => Some(fd),
+        Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(Ok(None))),
+        Some(Err(_)) => return Ok(None),
+        None => None,
     };
-    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
-    let fd = match rustix::fs::openat2(&root_fd, rel, flags, Mode::empty(), resolve) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Ok(Some(Ok(None))),
-        // A link somewhere, no openat2, or something else: the slow path says which.
-        Err(_) => return Ok(None),
+    let fd = match fd {
+        Some(fd) => fd,
+        None => match open_beneath_root(root, rel) {
+            Ok(fd) => fd,
+            Err(missing) => return Ok(missing.then_some(Ok(None))),
+        },
     };
     let file = File::from(fd);
     let meta = match file.metadata() {
@@ -165,6 +162,28 @@ pub(super) fn read_record_fast(
         return Ok(None);
     }
     Ok(Some(Ok(Some(bytes))))
+}
+
+/// `rel` opened for reading beneath `root` (opened here: a root no home registered), no link
+/// followed; `Err(true)` when it is missing, `Err(false)` when the slow path must say why.
+fn open_beneath_root(root: &Path, rel: &Path) -> std::result::Result<std::os::fd::OwnedFd, bool> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let Ok(root_fd) = rustix::fs::openat(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return Err(false);
+    };
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::NO_SYMLINKS | ResolveFlags::BENEATH;
+    match rustix::fs::openat2(&root_fd, rel, flags, Mode::empty(), resolve) {
+        Ok(fd) => Ok(fd),
+        Err(rustix::io::Errno::NOENT) => Err(true),
+        // A link somewhere, no openat2, or something else: the slow path says which.
+        Err(_) => Err(false),
+    }
 }
 
 /// The bytes of the file at `path`, reached as `beneath.rs` says (a link in the home's

@@ -1,7 +1,7 @@
 //! The trash: where a running daemon puts what it frees (consumed spool files, replaced states)
 //! so the hot path renames instead of unlinking, and the reaper thread that empties it.
 
-use super::{Dir, INLINE_UNSYNCED, each_concurrently, exchange, remove_all, rename};
+use super::{Dir, INLINE_UNSYNCED, each_concurrently, remove_all};
 use crate::error::{Error, Result};
 use crate::sync::{CondvarExt, MutexExt};
 use rand::Rng;
@@ -73,25 +73,30 @@ impl Trash {
         }
     }
 
-    /// Puts `temp` in place of `target` and `target`'s old file here, freeing nothing: one
+    /// Puts `temp` in place of `name` (both in `dir`) and `name`'s old file here, freeing nothing: one
     /// atomic exchange of the two names (readers see the old file or the new one), then the
     /// old file, now under the temp name, moved here. The exchange also skips what a rename
     /// over an existing file costs on ext4 (`auto_da_alloc` starts writing the new file back
     /// at once; the checkpoint's `syncfs` does that later, once for every change in between).
     /// Without an old file, or where the filesystem cannot exchange, it is a plain rename.
-    pub(super) fn replace(&self, temp: &Path, target: &Path) -> Result<()> {
-        crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", target);
-        match exchange(temp, target) {
+    pub(super) fn replace_in(&self, dir: &Dir, temp: &str, name: &str) -> Result<()> {
+        crate::failpoint!(
+            crate::failpoint::STORE_RENAME,
+            "cannot rename",
+            &dir.path().join(name)
+        );
+        match dir.rename_within(temp, name, true) {
             Ok(()) => {
-                self.take_all(std::slice::from_ref(&temp.to_owned()))
-                    .unwrap_or_else(|e| {
-                        // The new file is in place; only the old one lingers under a temp name,
-                        // which the stale-temp walk removes.
-                        tracing::warn!("cannot move a replaced file to the trash: {e}");
-                    });
+                self.take_all_from(dir, &[temp]).unwrap_or_else(|e| {
+                    // The new file is in place; only the old one lingers under a temp name,
+                    // which the stale-temp walk removes.
+                    tracing::warn!("cannot move a replaced file to the trash: {e}");
+                });
                 Ok(())
             }
-            Err(_) => rename(temp, target).map_err(|e| Error::io("cannot rename", target, e)),
+            Err(_) => dir
+                .rename_within(temp, name, false)
+                .map_err(|e| Error::io("cannot rename", dir.path().join(name), e)),
         }
     }
 

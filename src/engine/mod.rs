@@ -276,6 +276,15 @@ impl Engine {
         first_seq: u64,
         fresh: &[SignalRecord],
     ) -> Result<Vec<SignalRecord>> {
+        // A batch's records are consecutive from the first one it decided: when that one is
+        // at or before `first_seq`, every signal wanted is in hand and none is read from disk.
+        if fresh.first().is_some_and(|r| r.seq <= first_seq) {
+            return Ok(fresh
+                .iter()
+                .filter(|r| r.seq >= first_seq)
+                .cloned()
+                .collect());
+        }
         let mut signals = self.read_signals(id, first_seq)?;
         let on_disk = signals.last().map_or(0, |s| s.seq);
         signals.extend(

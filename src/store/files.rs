@@ -86,12 +86,13 @@ impl Files {
     }
 
     fn lock(&self, id: &str) -> Result<Option<FileLock>> {
-        if !is_waitpoint_id(id) || !self.home.waitpoint_dir(id).is_dir() {
+        // No look before the open: a missing directory is `NotFound` from the open itself.
+        if !is_waitpoint_id(id) {
             return Ok(None);
         }
         match FileLock::acquire_dir(&self.home.waitpoint_dir(id)) {
             Ok(l) => Ok(Some(l)),
-            // Removed between the check and the open (retention): it is unknown now.
+            // Missing (never made, or removed by retention): it is unknown.
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(e),
         }
