@@ -26,7 +26,7 @@ mod lock;
 mod read;
 mod trash;
 
-pub use beneath::confine;
+pub use beneath::{confine, set_aside as set_aside_in_home};
 pub use dir::{Dir, Entry};
 pub use lock::{FileLock, LockHolder};
 pub use read::{MAX_RECORD_BYTES, read_json, read_json_or_set_aside, read_record_bytes, set_aside};
@@ -246,7 +246,8 @@ pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>
     result
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Creates `path` (which must not exist) with `bytes`, fsynced; the caller makes its name durable.
+pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = create_new(path).map_err(|e| Error::io("cannot create", path, e))?;
     crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", path);
     file.write_all(bytes)
@@ -373,8 +374,18 @@ pub struct Unsynced {
 struct UnsyncedFile {
     target: PathBuf,
     bytes: Vec<u8>,
-    /// Whether `target` usually exists already (a state), so its old file goes to the trash.
-    replaces: bool,
+    how: How,
+}
+
+/// How an [`Unsynced`] file is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// A new file: a temp file renamed into place.
+    New,
+    /// A file that usually exists already (a state): with a trash, its old file goes there.
+    Replace,
+    /// Bytes added at the end of the file (made when missing), in one `write`.
+    Append,
 }
 
 impl Unsynced {
@@ -385,20 +396,31 @@ impl Unsynced {
     /// Adds `value` as pretty JSON for a new file `target`; nothing is written before
     /// [`commit`](Self::commit).
     pub fn add_json<T: Serialize>(&mut self, target: &Path, value: &T) {
-        self.push(target, value, false);
+        self.push(target, to_pretty_json(value), How::New);
     }
 
     /// Adds `value` as pretty JSON for `target`, which it replaces: with a trash, the old file
     /// goes there, so the replacement frees nothing (see [`Trash`]).
     pub fn replace_json<T: Serialize>(&mut self, target: &Path, value: &T) {
-        self.push(target, value, true);
+        self.push(target, to_pretty_json(value), How::Replace);
     }
 
-    fn push<T: Serialize>(&mut self, target: &Path, value: &T, replaces: bool) {
+    /// Adds `bytes` to put in place of `target`'s content, as [`replace_json`](Self::replace_json).
+    pub fn replace_bytes(&mut self, target: &Path, bytes: Vec<u8>) {
+        self.push(target, bytes, How::Replace);
+    }
+
+    /// Adds `bytes` to append to `target` (made when missing). An append cut short leaves a
+    /// partial last line, which the file's readers must leave out (`store/signal_log.rs`).
+    pub fn append(&mut self, target: &Path, bytes: Vec<u8>) {
+        self.push(target, bytes, How::Append);
+    }
+
+    fn push(&mut self, target: &Path, bytes: Vec<u8>, how: How) {
         self.files.push(UnsyncedFile {
             target: target.to_owned(),
-            bytes: to_pretty_json(value),
-            replaces,
+            bytes,
+            how,
         });
     }
 
@@ -434,7 +456,10 @@ impl Unsynced {
         }
         let write = |(d, name, f): &(usize, String, &UnsyncedFile)| {
             let dir = &dirs[*d];
-            let trash = trash.filter(|_| f.replaces);
+            if f.how == How::Append {
+                return dir.append(name, &f.bytes);
+            }
+            let trash = trash.filter(|_| f.how == How::Replace);
             dir.write_unsynced(name, &f.bytes, |dir, temp| match trash {
                 Some(trash) => trash.replace_in(dir, temp, name),
                 None => {

@@ -182,8 +182,14 @@ impl Home {
         self.waitpoint_dir(id).join("waitpoint.json")
     }
 
+    /// Where records were kept one file each before the log (still read, never written).
     pub fn signals_dir(&self, id: &str) -> PathBuf {
         self.waitpoint_dir(id).join("signals")
+    }
+
+    /// The waitpoint's recorded signals, one JSON line each (`store/signal_log.rs`).
+    pub fn signal_log(&self, id: &str) -> PathBuf {
+        self.waitpoint_dir(id).join("signals.jsonl")
     }
 
     pub fn sessions_dir(&self) -> PathBuf {

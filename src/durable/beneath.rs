@@ -293,6 +293,21 @@ fn step(
     ))
 }
 
+/// Sets `path`, an entry of a registered home that is not what the home keeps there (a link,
+/// a FIFO or a directory where a file of ours should be), aside into the home's quarantine
+/// with `reason`, logged; what a link points to is not touched. A path outside every home is
+/// not moved, and the error says why.
+pub fn set_aside(path: &Path, reason: &str) -> Result<()> {
+    match home_of(path) {
+        Some((home, _)) => set_aside_entry(path, &home.root, &home.quarantine, reason),
+        None => Err(Error::io(
+            "cannot use",
+            path,
+            io::Error::other(reason.to_owned()),
+        )),
+    }
+}
+
 /// Moves `at` (a link or a file standing where a directory should) into the quarantine as
 /// [`set_aside`](crate::durable::set_aside) does for any record: the link itself is renamed,
 /// what it points to is not touched. Reaching the quarantine walks here again; if the

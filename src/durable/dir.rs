@@ -404,6 +404,53 @@ impl Dir {
         result
     }
 
+    /// Appends `bytes` to `name` (made, mode 0600, when missing; never following a link) in
+    /// one `write`, without fsync.
+    ///
+    /// Only ever onto a regular file: a link, a FIFO or a directory standing under the name is
+    /// set aside into the home's quarantine (`beneath::set_aside`, with a reason) and a fresh
+    /// file made, so what was planted there costs only itself.
+    pub fn append(&self, name: &str, bytes: &[u8]) -> Result<()> {
+        let path = || self.path.join(name);
+        let flags = OFlags::WRONLY
+            | OFlags::APPEND
+            | OFlags::CREATE
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::CLOEXEC;
+        let plain = self.plain(OsStr::new(name))?;
+        let mut tries = 0;
+        let mut file = loop {
+            tries += 1;
+            let opened = rustix::fs::openat(&self.fd, plain, flags, Mode::from_raw_mode(FILE_MODE))
+                .map(File::from);
+            let regular = match &opened {
+                Ok(f) => f.metadata().is_ok_and(|m| m.is_file()),
+                Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => false,
+                Err(e) => return Err(Error::io("cannot open", path(), (*e).into())),
+            };
+            match opened {
+                Ok(f) if regular => break f,
+                _ if tries < 3 => {
+                    super::beneath::set_aside(
+                        &path(),
+                        "is not a regular file where the home keeps one",
+                    )?;
+                }
+                _ => {
+                    return Err(Error::io(
+                        "cannot open",
+                        path(),
+                        io::Error::other("it keeps changing while being opened"),
+                    ));
+                }
+            }
+        };
+        crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &path());
+        file.write_all(bytes)
+            .map_err(|e| Error::io("cannot append to", path(), e))
+    }
+
     /// Renames `from` to `to` within this directory; `exchange` swaps the two names
     /// atomically instead (`RENAME_EXCHANGE`: both must exist).
     pub fn rename_within(&self, from: &str, to: &str, exchange: bool) -> io::Result<()> {

@@ -29,19 +29,7 @@ impl Engine {
 
     /// The recorded signals of a waitpoint from `first_seq` on, in order.
     pub fn read_signals(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
-        let mut files: Vec<(u64, String)> = self
-            .list_signal_files(id)?
-            .into_iter()
-            .filter(|(seq, _)| *seq >= first_seq)
-            .collect();
-        files.sort();
-        let mut out = Vec::with_capacity(files.len());
-        for (seq, key) in files {
-            if let Some(r) = self.store.record(id, seq, &key)? {
-                out.push(r);
-            }
-        }
-        Ok(out)
+        self.store.records(id, first_seq)
     }
 
     /// The newest recorded signal of a waitpoint that `pick` accepts, read newest first so a
@@ -51,16 +39,11 @@ impl Engine {
         id: &str,
         pick: impl Fn(&SignalRecord) -> bool,
     ) -> Result<Option<SignalRecord>> {
-        let mut files = self.list_signal_files(id)?;
-        files.sort_unstable_by(|a, b| b.cmp(a));
-        for (seq, key) in files {
-            if let Some(r) = self.store.record(id, seq, &key)?
-                && pick(&r)
-            {
-                return Ok(Some(r));
-            }
-        }
-        Ok(None)
+        Ok(self
+            .read_signals(id, 1)?
+            .into_iter()
+            .rev()
+            .find(|r| pick(r)))
     }
 
     /// Every waitpoint in the home, oldest first (a full scan).

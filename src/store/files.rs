@@ -1,9 +1,9 @@
 //! The embedded store: waitpoints as directories of JSON files under the home, changed under
 //! a per-waitpoint lock, with batches committed through the journal.
 //!
-//! A waitpoint is `waitpoints/<id>/waitpoint.json` (its state) and `signals/<seq>-<key>.json`
-//! (one file per recorded signal, named after its identity key, so the listing is the set of
-//! recorded identities). A transaction holds each waitpoint's lock (`flock` on its directory)
+//! A waitpoint is `waitpoints/<id>/waitpoint.json` (its state) and `signals.jsonl` (its
+//! recorded signals, one line each, appended by the batches that record them: see
+//! `store/signal_log.rs`). A transaction holds each waitpoint's lock (`flock` on its directory)
 //! from its read to its end, so the version it read cannot change under it. A batch is one
 //! journal line (every record, state and wake), fdatasynced: that is the commit; its files are
 //! written after it, atomically but without their own fsync, and the journal's checkpoint makes
@@ -24,8 +24,8 @@ use crate::names::is_waitpoint_id;
 use crate::records::{
     Callback, JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint,
 };
-use crate::request::{identity_key, identity_of};
 
+use super::signal_log::{self, Mend};
 use super::{Change, Doc, DocTxn, Docs, Hint, Store, Txn, Version};
 
 /// A new waitpoint's directory is built under this prefix and renamed into place.
@@ -116,12 +116,16 @@ impl Files {
                     crate::delivery::stage(&self.home, wake, &mut files);
                 }
             }
-            let dir = self.home.signals_dir(id);
-            for record in &change.records {
-                let key = identity_key(&identity_of(&record.source));
-                let path = dir.join(signal_file_name(record.seq, &key));
-                if !replay || !matches!(read_json::<SignalRecord>(&path), Ok(Some(_))) {
-                    files.add_json(&path, record);
+            // The records: one append to the waitpoint's log; a replay writes what the log
+            // lacks, and the whole log again if it ends in a line a crash cut short.
+            let log = self.home.signal_log(id);
+            if !replay {
+                files.append(&log, signal_log::lines(&change.records));
+            } else if !change.records.is_empty() {
+                match signal_log::merged(signal_log::read(&self.home, id)?, &change.records) {
+                    Mend::Nothing => {}
+                    Mend::Append(bytes) => files.append(&log, bytes),
+                    Mend::Rewrite(bytes) => files.replace_bytes(&log, bytes),
                 }
             }
             let state = self.home.waitpoint_file(id);
@@ -230,14 +234,25 @@ impl Store for Files {
     }
 
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>> {
-        Ok(durable::list_dir(&self.home.signals_dir(id))?
-            .into_iter()
-            .filter_map(|(name, _)| parse_signal_file_name(&name))
+        Ok(signal_log::read(&self.home, id)?
+            .records
+            .iter()
+            .map(|r| (r.seq, signal_log::key_of(r)))
             .collect())
     }
 
     fn record(&self, id: &str, seq: u64, key: &str) -> Result<Option<SignalRecord>> {
-        read_json(&self.home.signals_dir(id).join(signal_file_name(seq, key)))
+        Ok(signal_log::read(&self.home, id)?
+            .records
+            .into_iter()
+            .find(|r| r.seq == seq && signal_log::key_of(r) == key))
+    }
+
+    /// One read of the log for all of them.
+    fn records(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
+        let mut records = signal_log::read(&self.home, id)?.records;
+        records.retain(|r| r.seq >= first_seq);
+        Ok(records)
     }
 
     /// Streams the waitpoints directory, so a scan of a large home holds one waitpoint in
@@ -467,28 +482,20 @@ impl Files {
         create_dir_private(&parent)?;
         let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
         let _ = durable::remove_tree(&staging);
-        let signals = staging.join("signals");
-        create_dir_private(&signals)?;
-        let result = records
-            .iter()
-            .try_for_each(|r| {
-                let key = identity_key(&identity_of(&r.source));
-                commit_json(&signals.join(signal_file_name(r.seq, &key)), r)
-            })
-            .and_then(|()| match records {
-                [] => Ok(()),
-                _ => durable::fsync_dir(&signals),
-            })
-            // The index markers before the state: a waitpoint never exists without them
-            // (index.rs).
-            .and_then(|()| self.index_add(wp))
-            .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
-            .and_then(|()| durable::fsync_dir(&staging))
-            .and_then(|()| {
-                durable::rename(&staging, &self.home.waitpoint_dir(&wp.id))
-                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
-            })
-            .and_then(|()| durable::fsync_dir(&parent));
+        create_dir_private(&staging)?;
+        // The log exists from the start, so recording a signal only ever appends to it.
+        let result =
+            durable::write_synced(&staging.join("signals.jsonl"), &signal_log::lines(records))
+                // The index markers before the state: a waitpoint never exists without them
+                // (index.rs).
+                .and_then(|()| self.index_add(wp))
+                .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
+                .and_then(|()| durable::fsync_dir(&staging))
+                .and_then(|()| {
+                    durable::rename(&staging, &self.home.waitpoint_dir(&wp.id))
+                        .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
+                })
+                .and_then(|()| durable::fsync_dir(&parent));
         if result.is_err() {
             let _ = durable::remove_tree(&staging);
         }
@@ -644,6 +651,7 @@ pub(crate) fn parse_signal_file_name(name: &str) -> Option<(u64, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::identity_key;
 
     #[test]
     fn signal_file_names_round_trip_their_identity_key() {

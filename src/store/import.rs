@@ -142,6 +142,19 @@ fn read_waitpoint(
             )?);
         }
     }
+    // The log (a line a crash cut short is not a record, as for the home's own readers).
+    let log = format!("waitpoints/{id}/signals.jsonl");
+    match durable::read_record_bytes(root, &root.join(&log)) {
+        Ok(Ok(Some(bytes))) => {
+            let (logged, _torn) =
+                super::signal_log::parse(Path::new(&log), &bytes).map_err(|e| e.to_string())?;
+            records.retain(|r| !logged.contains_key(&r.seq));
+            records.extend(logged.into_values());
+        }
+        Ok(Ok(None)) => {}
+        Ok(Err((_, why))) => return Err(format!("{log} {why}")),
+        Err(e) => return Err(e.to_string()),
+    }
     records.sort_by_key(|r| r.seq);
     Ok((wp, records))
 }

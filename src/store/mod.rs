@@ -25,6 +25,7 @@ mod files;
 mod forward;
 pub mod import;
 mod index;
+pub mod signal_log;
 
 use crate::settings::Location;
 use std::any::Any;
@@ -175,6 +176,22 @@ pub trait Store: Send + Sync {
     fn identities(&self, id: &str) -> Result<Vec<(u64, String)>>;
     /// One recorded signal; `None` when it is not there.
     fn record(&self, id: &str, seq: u64, key: &str) -> Result<Option<SignalRecord>>;
+    /// The recorded signals of `id` from `first_seq` on, in order.
+    fn records(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
+        let mut keys: Vec<(u64, String)> = self
+            .identities(id)?
+            .into_iter()
+            .filter(|(seq, _)| *seq >= first_seq)
+            .collect();
+        keys.sort();
+        let mut out = Vec::with_capacity(keys.len());
+        for (seq, key) in keys {
+            if let Some(r) = self.record(id, seq, &key)? {
+                out.push(r);
+            }
+        }
+        Ok(out)
+    }
     /// Calls `f` with every waitpoint, one at a time (the scheduler's scan at start).
     fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()>;
     /// The waitpoints `session` may see ([`Waitpoint::visible_to`]), oldest first.

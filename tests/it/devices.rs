@@ -128,9 +128,11 @@ fn shell_line_on_a_device_resolves_its_waitpoint_through_the_mirror() {
     assert!(list.contains("gpu") && list.contains("reachable"), "{list}");
     // The signal record carries the device identity and still matches its layout.
     let schemas = crate::layouts::Schemas::load();
-    let dir = env.home.join("waitpoints").join(&id).join("signals");
-    for e in fs::read_dir(dir).unwrap().flatten() {
-        schemas.check("signal-record", &e.path());
+    let log = env.home.join("waitpoints").join(&id).join("signals.jsonl");
+    let lines = crate::layouts::jsonl_lines(&log);
+    assert!(!lines.is_empty(), "no record in {log:?}");
+    for line in &lines {
+        schemas.check_value("signal-record", &log.display().to_string(), line);
     }
 }
 

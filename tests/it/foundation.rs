@@ -56,12 +56,7 @@ fn spec_shell_file_drop_line_works_pasted_into_sh() {
     env.expect_code("wait on a failed job", &out, 4);
     let state = env.state(&id);
     assert_eq!(state["outcome"], "fail");
-    let sig = fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    let rec: serde_json::Value = serde_json::from_slice(&fs::read(sig.path()).unwrap()).unwrap();
+    let rec = crate::invariants::records_of(&env.home, &id).remove(0);
     assert_eq!(rec["message"], "exit=1");
     assert!(rec["source"].as_str().unwrap().starts_with("spool:"));
 }

@@ -833,13 +833,12 @@ fn a_spooled_fallback_after_an_unanswered_post_keeps_the_signals_identity() {
     );
     env.wait_drained();
     env.wait_trash_emptied();
-    let records: Vec<String> =
-        std::fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
+    let records: Vec<String> = crate::invariants::records_of(&env.home, &id)
+        .iter()
+        .map(|r| r["source"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(records.len(), 1, "counted twice: {records:?}");
-    assert!(records[0].contains("key:cs-"), "{records:?}");
+    assert!(records[0].contains("cs-"), "{records:?}");
     assert_eq!(env.state(&id)["counters"]["signals"], 1);
     let show: Value =
         serde_json::from_str(&env.ok("show", &env.waitpoint(&["show", &id, "--json"]))).unwrap();

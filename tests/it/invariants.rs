@@ -369,10 +369,21 @@ fn check_waitpoint(
     closer
 }
 
-/// The records of a waitpoint, in seq order.
+/// The records of a waitpoint, in seq order: every complete line of its log (a last line an
+/// append left unfinished is not a record yet), and any record file of the older form.
 pub fn records_of(home: &Path, id: &str) -> Vec<Value> {
-    let dir = home.join("waitpoints").join(id).join("signals");
-    let mut records = read_json_dir(&dir);
+    let dir = home.join("waitpoints").join(id);
+    let mut records = match fs::read_to_string(dir.join("signals.jsonl")) {
+        Ok(text) => text
+            .split_inclusive('\n')
+            .filter_map(|l| l.strip_suffix('\n'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{id}'s log: {l:?}: {e}")))
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    if dir.join("signals").is_dir() {
+        records.extend(read_json_dir(&dir.join("signals")));
+    }
     records.sort_by_key(|r| r["seq"].as_u64().unwrap());
     records
 }

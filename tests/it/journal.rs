@@ -133,19 +133,29 @@ fn replay_rewrites_what_a_power_cut_lost() {
     signal(&e, &id, &secret, "a.json");
     let state_after: Value =
         serde_json::from_slice(&fs::read(home.waitpoint_file(&id)).unwrap()).unwrap();
-    let record = only_file(&home.signals_dir(&id));
+    let log = home.signal_log(&id);
+    let logged = fs::read(&log).unwrap();
+    assert_eq!(
+        logged.iter().filter(|b| **b == b'\n').count(),
+        1,
+        "one record line"
+    );
     let wake = only_file(&home.inbox_new("default"));
     let wake_bytes = fs::read(&wake).unwrap();
     drop(e);
-    // None of the three files was fsynced: a power cut may lose the record, leave the wake
-    // empty (its name made it, its data did not) and keep the state from before.
-    fs::remove_file(&record).unwrap();
+    // None of the three files was fsynced: a power cut may lose the record's line, leave the
+    // wake empty (its name made it, its data did not) and keep the state from before.
+    fs::write(&log, b"").unwrap();
     fs::write(&wake, b"").unwrap();
     fs::write(home.waitpoint_file(&id), &state_before).unwrap();
 
     let replayed = engine(&home).recover_store().unwrap();
     assert_eq!(replayed, 1);
-    assert!(record.exists(), "the record is written again");
+    assert_eq!(
+        fs::read(&log).unwrap(),
+        logged,
+        "the record is written again"
+    );
     assert_eq!(
         fs::read(&wake).unwrap(),
         wake_bytes,
@@ -197,7 +207,7 @@ fn the_daemon_replays_the_journal_at_start_and_a_clean_stop_leaves_it_empty() {
     signal(&e, &id, &secret, "a.json");
     drop(e);
     // The power cut lost every file of the batch; only its journal line survived.
-    fs::remove_file(only_file(&home.signals_dir(&id))).unwrap();
+    fs::write(home.signal_log(&id), b"").unwrap();
     fs::remove_file(only_file(&home.inbox_new("default"))).unwrap();
     fs::write(home.waitpoint_file(&id), &state_before).unwrap();
     let mut d = env.daemon();
@@ -212,7 +222,32 @@ fn the_daemon_replays_the_journal_at_start_and_a_clean_stop_leaves_it_empty() {
         segments(&home).is_empty(),
         "a clean stop leaves the journal empty"
     );
-    assert_eq!(fs::read_dir(home.signals_dir(&id)).unwrap().count(), 1);
+    let log = fs::read_to_string(home.signal_log(&id)).unwrap();
+    assert_eq!(log.lines().count(), 1, "{log}");
+}
+
+#[test]
+fn replay_writes_a_log_an_append_cut_short_again_without_the_cut_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, e, id, secret) = monitor(dir.path());
+    signal(&e, &id, &secret, "a.json");
+    let log = home.signal_log(&id);
+    let logged = fs::read(&log).unwrap();
+    drop(e);
+    // A crash in the middle of the append: half of the record's line made it to the disk.
+    fs::write(&log, &logged[..logged.len() / 2]).unwrap();
+    // A reader meanwhile sees no record rather than a damaged one.
+    assert!(engine(&home).read_signals(&id, 1).unwrap().is_empty());
+
+    assert_eq!(engine(&home).recover_store().unwrap(), 1);
+    assert_eq!(
+        fs::read(&log).unwrap(),
+        logged,
+        "the log is whole again, with the record once"
+    );
+    let records = engine(&home).read_signals(&id, 1).unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].seq, 1);
 }
 
 #[test]

@@ -447,12 +447,13 @@ fn the_checks_catch_lost_doubled_and_torn_files_and_missing_wakes() {
     clean.assert_kept("the untouched home");
     assert_eq!(clean.recorded, 3);
 
-    let signals = env.home.join("waitpoints").join(&id).join("signals");
+    let log = env.home.join("waitpoints").join(&id).join("signals.jsonl");
     let first = invariants::records_of(&env.home, &id).remove(0);
     let mut doubled = first.clone();
     doubled["seq"] = 4.into();
-    let name = format!("000004-{}.json", first["source"].as_str().unwrap());
-    std::fs::write(signals.join(name), doubled.to_string()).unwrap();
+    let mut logged = std::fs::read_to_string(&log).unwrap();
+    logged.push_str(&format!("{doubled}\n"));
+    std::fs::write(&log, logged).unwrap();
     std::fs::write(
         env.home.join("waitpoints").join(&id).join("torn.json"),
         "{\"id\":",

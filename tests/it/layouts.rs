@@ -53,23 +53,38 @@ impl Schemas {
     }
 
     pub fn check(&self, kind: &str, path: &Path) {
+        self.check_value(kind, &path.display().to_string(), &load(path));
+    }
+
+    /// [`Schemas::check`] for a document in hand (`what` names it in the failure).
+    pub fn check_value(&self, kind: &str, what: &str, doc: &Value) {
         let v = &self
             .validators
             .iter()
             .find(|(k, _)| k == kind)
             .unwrap_or_else(|| panic!("no schema for {kind}"))
             .1;
-        let doc = load(path);
         let errors: Vec<String> = v
-            .iter_errors(&doc)
+            .iter_errors(doc)
             .map(|e| format!("{} at {}", e, e.instance_path()))
             .collect();
         assert!(
             errors.is_empty(),
-            "{} does not match {kind}: {errors:#?}",
-            path.display()
+            "{what} does not match {kind}: {errors:#?}"
         );
     }
+}
+
+/// The lines of a JSON Lines file, each parsed (a test fails on one that does not parse).
+pub fn jsonl_lines(path: &Path) -> Vec<Value> {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .enumerate()
+        .map(|(n, l)| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{} line {}: {e}", path.display(), n + 1))
+        })
+        .collect()
 }
 
 /// Which layout a file under the home belongs to, by where it sits.
@@ -85,6 +100,7 @@ pub fn kind_of(rel: &Path) -> Option<&'static str> {
         ["ui-login.json"] => Some("ui-login"),
         ["waitpoints", _, "waitpoint.json"] => Some("waitpoint"),
         ["waitpoints", _, "signals", _] => Some("signal-record"),
+        ["waitpoints", _, "signals.jsonl"] => Some("signal-record"),
         ["sessions", _, "wakes", "new" | "cur", _] => Some("wake"),
         ["sessions", _, "harness.json"] => Some("session-harness"),
         ["sessions", _, "waiter.json"] => Some("session-waiter"),
@@ -107,7 +123,19 @@ fn check_home(env: &Env) -> std::collections::BTreeMap<&'static str, usize> {
     for path in env.files() {
         let rel = path.strip_prefix(&env.home).unwrap();
         let name = rel.file_name().unwrap().to_string_lossy();
-        if name.starts_with('.') || !name.ends_with(".json") {
+        if name.starts_with('.') {
+            continue;
+        }
+        if name.ends_with(".jsonl")
+            && let Some(kind) = kind_of(rel)
+        {
+            for (n, line) in jsonl_lines(&path).iter().enumerate() {
+                schemas.check_value(kind, &format!("{} line {}", rel.display(), n + 1), line);
+                *checked.entry(kind).or_default() += 1;
+            }
+            continue;
+        }
+        if !name.ends_with(".json") {
             continue;
         }
         if let Some(kind) = kind_of(rel) {
@@ -286,12 +314,6 @@ fn the_webhook_address_and_http_signal_records_match_their_layouts() {
     for kind in ["webhook-address", "signal-record"] {
         assert_eq!(checked.get(kind), Some(&1), "{checked:?}");
     }
-    let signals = env.home.join("waitpoints").join(&id).join("signals");
-    let record = fs::read_dir(signals).unwrap().flatten().next().unwrap();
-    assert!(
-        load(&record.path())["source"]
-            .as_str()
-            .unwrap()
-            .starts_with("http:")
-    );
+    let record = crate::invariants::records_of(&env.home, &id).remove(0);
+    assert!(record["source"].as_str().unwrap().starts_with("http:"));
 }

@@ -14,7 +14,7 @@ use crate::helpers::*;
 
 /// The signal records of a waitpoint, oldest first.
 fn records(env: &Env, id: &str) -> Vec<Value> {
-    read_json_dir(&env.home.join("waitpoints").join(id).join("signals"))
+    crate::invariants::records_of(&env.home, id)
 }
 
 fn stdout_of(out: &std::process::Output) -> String {

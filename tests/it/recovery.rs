@@ -128,10 +128,7 @@ fn crash_between_the_signal_record_and_the_state_replace_is_replayed_once() {
     );
     assert_eq!(state["status"], "resolved");
     assert_eq!(env.inbox("default", "new").len(), 1);
-    let signals = fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
-        .unwrap()
-        .count();
-    assert_eq!(signals, 1);
+    assert_eq!(crate::invariants::records_of(&env.home, &id).len(), 1);
 }
 
 #[test]
@@ -207,16 +204,7 @@ fn sigkill_while_signals_flow_loses_and_doubles_nothing() {
         "each file counted exactly once"
     );
     assert_eq!(state["counters"]["progress"], total);
-    let recorded = fs::read_dir(env.home.join("waitpoints").join(&id).join("signals"))
-        .unwrap()
-        .filter(|e| {
-            !e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with('.')
-        })
-        .count();
+    let recorded = crate::invariants::records_of(&env.home, &id).len();
     assert_eq!(recorded, total as usize);
 }
 
