@@ -270,6 +270,14 @@ fn main() {
             format!("{:.1}x", s50 / f50),
             "-",
         );
+        let fsync = floor::fsync_ms(&floor::scratch(&o.base, "fsync-5"), 200);
+        t.row(
+            "5. same, p50 latency against one fsync of this disk (ms)",
+            format!("{s50:.2}"),
+            format!("{fsync:.3} (one fsync, p50 of 200)"),
+            format!("{:.1}x", s50 / fsync),
+            "<= 3x",
+        );
         t.row(
             "5. same, p99 latency (ms)",
             format!("{s99:.2}"),
@@ -277,6 +285,27 @@ fn main() {
             format!("{:.1}x", s99 / f99),
             "-",
         );
+        // Many clients against the drop zone: the same run's ingest of 1,000 files.
+        let many = ours::shim_throughput(
+            &b,
+            &o.base.join("shim-64"),
+            64,
+            Duration::from_secs(secs),
+            floor_port,
+        );
+        let setup = ours::ingest_setup(&o.base.join("ingest-5"), 1_000, 1);
+        let drop_zone = ours::ingest(&b, &setup).rate;
+        t.row(
+            "5. HTTP shim, 64 keep-alive clients, accepted signals/s, against the drop-zone ingest (1,000 x 1) of this run",
+            format!("{:.0}", many.signals.rate()),
+            format!("{drop_zone:.0} (drop-zone ingest)"),
+            format!("{:.2}x", many.signals.rate() / drop_zone),
+            ">= 1.0x",
+        );
+        if !o.keep {
+            let _ = std::fs::remove_dir_all(o.base.join("ingest-5"));
+            let _ = std::fs::remove_dir_all(&setup.peer_stage);
+        }
         t.row(
             "5. shim GET /healthz, HTTP only, no engine (requests/s)",
             format!("{:.0}", l.health.rate()),

@@ -246,7 +246,8 @@ impl Daemon {
 
     /// Applies an HTTP signal together with every other one already waiting on the channel
     /// (up to a batch), so concurrent clients share one journal commit; each answer is sent
-    /// once the batch is durable. Other events go back on the channel in their order.
+    /// the moment the batch is durable (its journal line fdatasynced), not after its files are
+    /// written. Other events go back on the channel in their order.
     pub(super) fn apply_http(
         &mut self,
         request: crate::request::SignalRequest,
@@ -254,7 +255,7 @@ impl Daemon {
         reply: mpsc::Sender<Result<Verdict>>,
     ) {
         let mut items = vec![(request, Source::Http(key))];
-        let mut replies = vec![reply];
+        let mut replies = vec![Some(reply)];
         self.gather(|event, n| match event {
             Event::HttpSignal(Submission::Signal {
                 request,
@@ -262,17 +263,24 @@ impl Daemon {
                 reply,
             }) => {
                 items.push((request, Source::Http(key)));
-                replies.push(reply);
+                replies.push(Some(reply));
                 *n = items.len();
                 None
             }
             other => Some(other),
         });
-        for (verdict, reply) in self.engine.apply_batch(&items).into_iter().zip(replies) {
+        let verdicts = self.engine.apply_batch_notify(&items, &mut |i, v| {
+            if let Some(reply) = replies[i].take() {
+                let _ = reply.send(Ok(v.clone()));
+            }
+        });
+        for (verdict, reply) in verdicts.into_iter().zip(replies) {
             if let Ok(v) = &verdict {
                 self.after_verdict(v);
             }
-            let _ = reply.send(verdict);
+            if let Some(reply) = reply {
+                let _ = reply.send(verdict);
+            }
         }
     }
 

@@ -53,6 +53,37 @@ enum Slot {
     },
 }
 
+/// The verdict of an accepted slot, given what became of its group; `None` for a slot decided
+/// without one.
+fn verdict_of(slot: &Slot, groups: &[Group], home: &crate::home::Home) -> Option<Result<Verdict>> {
+    let Slot::Accepted {
+        group,
+        seq,
+        wake,
+        status,
+    } = slot
+    else {
+        return None;
+    };
+    let g = &groups[*group];
+    Some(match &g.failed {
+        Some(m) => Err(Error::io(
+            "cannot apply a batch of signals to",
+            home.waitpoint_dir(&g.wp.id),
+            io::Error::other(m.clone()),
+        )),
+        // Every item of a waitpoint carries its final next due time: the daemon applies them
+        // in order, so the last one is what counts.
+        None => Ok(Verdict::Accepted {
+            next_due: next_due(&g.wp),
+            id: g.wp.id.clone(),
+            seq: *seq,
+            wake: *wake,
+            status: *status,
+        }),
+    })
+}
+
 /// A drop-zone file named by its host, unless its name is a key `cortex-signal` minted (that
 /// key is the signal's identity on every host and every route).
 fn qualify(source: &Source, host: &str) -> Source {
@@ -76,6 +107,20 @@ impl Engine {
     /// transactions takes, and a process that does not apply signals hands them over to the
     /// one that does ([`Verdict::Queued`]).
     pub fn apply_batch(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
+        self.apply_batch_notify(items, &mut |_, _| {})
+    }
+
+    /// [`Engine::apply_batch`], telling `durable` the verdict of each item (by its index in
+    /// `items`) as soon as the commit holding it is durable, before its files are written. An
+    /// item told there is durable whatever the returned result says of it later: a failure to
+    /// write the files after the commit is repaired by the store, and a retry of the signal is
+    /// then a duplicate. Items not told (refused before any commit, or in a batch that failed)
+    /// have only the returned result.
+    pub fn apply_batch_notify(
+        &self,
+        items: &[(SignalRequest, Source)],
+        durable: &mut dyn FnMut(usize, &Verdict),
+    ) -> Vec<Result<Verdict>> {
         let qualified;
         let items = match self.store.host() {
             None => items,
@@ -90,7 +135,8 @@ impl Engine {
         let mut out = Vec::with_capacity(items.len());
         for chunk in items.chunks(self.store.max_batch().max(1)) {
             if self.store.applies_signals() {
-                out.extend(self.apply_chunk(chunk));
+                let offset = out.len();
+                out.extend(self.apply_chunk(chunk, &mut |i, v| durable(offset + i, v)));
             } else {
                 out.extend(self.forward_chunk(chunk));
             }
@@ -103,7 +149,7 @@ impl Engine {
     pub fn apply_forwarded(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
         items
             .chunks(self.store.max_batch().max(1))
-            .flat_map(|chunk| self.apply_chunk(chunk))
+            .flat_map(|chunk| self.apply_chunk(chunk, &mut |_, _| {}))
             .collect()
     }
 
@@ -162,7 +208,11 @@ impl Engine {
         verdicts
     }
 
-    fn apply_chunk(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
+    fn apply_chunk(
+        &self,
+        items: &[(SignalRequest, Source)],
+        durable: &mut dyn FnMut(usize, &Verdict),
+    ) -> Vec<Result<Verdict>> {
         let mut txn = match self.store.begin_batch() {
             Ok(t) => t,
             Err(e) => return self.fail_all(items.len(), "cannot apply signals:", &e),
@@ -205,7 +255,20 @@ impl Engine {
                 Some(g) => self.decide(txn, g, &mut groups[g], req, source),
             });
         }
-        if let Err(e) = self.commit_groups(txn, &mut groups) {
+        let told = &mut |groups: &[Group]| {
+            for (i, slot) in slots.iter().enumerate() {
+                match slot {
+                    Slot::Done(Ok(v)) => durable(i, v),
+                    Slot::Done(Err(_)) => {}
+                    accepted => {
+                        if let Some(Ok(v)) = verdict_of(accepted, groups, &self.home) {
+                            durable(i, &v);
+                        }
+                    }
+                }
+            }
+        };
+        if let Err(e) = self.commit_groups(txn, &mut groups, told) {
             let message = e.to_string();
             for (id, g) in &by_id {
                 if let Some(g) = g
@@ -221,30 +284,7 @@ impl Engine {
             .into_iter()
             .map(|slot| match slot {
                 Slot::Done(r) => r,
-                Slot::Accepted {
-                    group,
-                    seq,
-                    wake,
-                    status,
-                } => {
-                    let g = &groups[group];
-                    match &g.failed {
-                        Some(m) => Err(Error::io(
-                            "cannot apply a batch of signals to",
-                            self.home.waitpoint_dir(&g.wp.id),
-                            io::Error::other(m.clone()),
-                        )),
-                        // Every item of a waitpoint carries its final next due time: the daemon
-                        // applies them in order, so the last one is what counts.
-                        None => Ok(Verdict::Accepted {
-                            next_due: next_due(&g.wp),
-                            id: g.wp.id.clone(),
-                            seq,
-                            wake,
-                            status,
-                        }),
-                    }
-                }
+                accepted => verdict_of(&accepted, &groups, &self.home).expect("an accepted slot"),
             })
             .collect()
     }
@@ -352,7 +392,12 @@ impl Engine {
     /// Commits the batch: one [`Txn::commit`] with every live group's change, each guarded by
     /// the version its state was read at. The transaction holds every group from before the
     /// decisions until this returns.
-    fn commit_groups(&self, txn: &mut dyn Txn, groups: &mut [Group]) -> Result<()> {
+    fn commit_groups(
+        &self,
+        txn: &mut dyn Txn,
+        groups: &mut [Group],
+        durable: &mut dyn FnMut(&[Group]),
+    ) -> Result<()> {
         let mut changes = Vec::new();
         for g in groups.iter_mut().filter(|g| g.is_live()) {
             let wakes = g.wp.outbox.clone();
@@ -369,7 +414,8 @@ impl Engine {
         if changes.is_empty() {
             return Ok(());
         }
-        txn.commit(&changes)?;
+        let groups: &[Group] = groups;
+        txn.commit_notify(&changes, &mut || durable(groups))?;
         for g in groups.iter().filter(|g| g.is_live()) {
             for (_, key) in &g.fresh {
                 self.seen_insert(&g.wp.id, key.clone());

@@ -432,6 +432,10 @@ impl Txn for FileTxn<'_> {
     }
 
     fn commit(&mut self, changes: &[Change]) -> Result<()> {
+        self.commit_notify(changes, &mut || {})
+    }
+
+    fn commit_notify(&mut self, changes: &[Change], durable: &mut dyn FnMut()) -> Result<()> {
         for c in changes {
             let read = self.version_of(&c.change.state.id)?;
             if read != c.expect {
@@ -455,6 +459,8 @@ impl Txn for FileTxn<'_> {
             changes: changes.iter().map(|c| c.change.clone()).collect(),
         };
         journal.append(&serde_json::to_vec(&entry).expect("our records always serialise"))?;
+        // The fdatasynced line is the commit: whoever waits for it need not wait for the files.
+        durable();
         let written = written_after_journal(self.files, &entry.changes);
         if let Err(e) = written {
             // Committed, but not every file is written: the next batch re-applies the journal

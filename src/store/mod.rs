@@ -423,6 +423,15 @@ pub trait Txn {
     /// Commits every change, all or nothing, durable when it returns. Only a transaction from
     /// [`Store::begin_batch`] commits.
     fn commit(&mut self, changes: &[Change]) -> Result<()>;
+    /// [`Txn::commit`], calling `durable` the moment the changes are durable, which may be
+    /// before the commit returns: on the home's files, once the journal line is fdatasynced and
+    /// before the files it describes are written. An error after `durable` ran means the
+    /// changes are durable but not all written out yet, which the store repairs itself.
+    fn commit_notify(&mut self, changes: &[Change], durable: &mut dyn FnMut()) -> Result<()> {
+        self.commit(changes)?;
+        durable();
+        Ok(())
+    }
     /// Whether starting this transaction finished an interrupted commit, so what the caller
     /// remembers about any waitpoint may be older than the store.
     fn replayed(&self) -> bool;

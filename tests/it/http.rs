@@ -228,7 +228,8 @@ fn every_status_code_from_curl_and_from_rust() {
         assert!(b["error"].as_str().unwrap().contains("65536"), "{b}");
     }
     // Each client's key was counted once.
-    assert_eq!(env.state(&mid)["counters"]["signals"], 2);
+    // A 202 waits for the journal line; the state file follows it.
+    env.wait_until("the count", || env.state(&mid)["counters"]["signals"] == 2);
 
     // Spend the rest of the miss budget; then even a good signal gets 429, from either client.
     for _ in misses..MISS_BUDGET {
@@ -241,7 +242,8 @@ fn every_status_code_from_curl_and_from_rust() {
         let (code, b) = client.post(port, None, &progress(&mid, &msec));
         assert_eq!(code, 429, "{client:?}: {b}");
     }
-    assert_eq!(env.state(&mid)["counters"]["signals"], 2);
+    // A 202 waits for the journal line; the state file follows it.
+    env.wait_until("the count", || env.state(&mid)["counters"]["signals"] == 2);
 }
 
 #[test]
@@ -281,7 +283,8 @@ fn the_miss_budget_answers_429_until_a_minute_has_passed_on_the_daemon_clock() {
     clock.advance_ms(1);
     let (code, b) = Client::Rust.post(port, None, &good);
     assert_eq!(code, 202, "{b}");
-    assert_eq!(env.state(&mid)["counters"]["signals"], 1);
+    // A 202 waits for the journal line; the state file follows it.
+    env.wait_until("the count", || env.state(&mid)["counters"]["signals"] == 1);
 
     // A clean shutdown takes the published address away.
     control.shutdown();
@@ -393,7 +396,8 @@ fn a_retried_post_with_the_same_idempotency_key_is_counted_once() {
     for _ in 0..2 {
         assert_eq!(Client::Rust.post(port, None, &progress(&mid, &msec)).0, 202);
     }
-    assert_eq!(env.state(&mid)["counters"]["signals"], 4);
+    // A 202 waits for the journal line; the state file follows it.
+    env.wait_until("the count", || env.state(&mid)["counters"]["signals"] == 4);
     let shown: Value =
         serde_json::from_str(&env.ok("show", &env.waitpoint(&["show", &mid, "--json"]))).unwrap();
     assert_eq!(shown["signals"][0]["source"], "http:job-7-attempt");
@@ -414,6 +418,10 @@ fn cortex_signal_posts_to_the_shim_the_daemon_published() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("accepted (transport: http"), "{stderr}");
     assert!(stderr.contains("webhook.json"), "{stderr}");
+    // Accepted means durable in the journal; the state file follows it.
+    env.wait_until("the state written", || {
+        env.state(&oid)["status"] == "resolved"
+    });
     let state = env.state(&oid);
     assert_eq!(
         (state["status"].as_str(), state["outcome"].as_str()),
@@ -684,6 +692,9 @@ fn the_curl_line_of_how_to_signal_works_as_printed() {
         let printed = env.ok("curl line", &out);
         assert!(printed.contains("accepted"), "{printed}");
         let id = id_secret(&reply).0;
+        env.wait_until("the state written", || {
+            env.state(&id)["status"] == "resolved"
+        });
         let state = env.state(&id);
         assert_eq!(
             (state["status"].as_str(), state["outcome"].as_str()),
@@ -693,7 +704,9 @@ fn the_curl_line_of_how_to_signal_works_as_printed() {
     let barrier = create(&["--member", "a"]);
     let curl = line(&barrier, "curl").replace("MEMBER", "a");
     env.ok("member curl line", &env.sh(&format!("true; {curl}")));
-    assert_eq!(env.state(&id_secret(&barrier).0)["status"], "resolved");
+    env.wait_until("the barrier resolved", || {
+        env.state(&id_secret(&barrier).0)["status"] == "resolved"
+    });
 }
 
 #[test]

@@ -276,7 +276,10 @@ fn a_client_that_half_closes_after_a_whole_request_is_answered_and_recorded() {
         let (code, body) = split_answer(&answer);
         assert_eq!(code, 202, "request {n}: {body}");
     }
-    assert_eq!(env.state(&id)["counters"]["signals"], 3);
+    // A 202 waits for the journal line, not for the state file written after it.
+    env.wait_until("the third state", || {
+        env.state(&id)["counters"]["signals"] == 3
+    });
     // Half a request and then the half-close: nothing to answer, nothing recorded.
     let whole = request(
         port,

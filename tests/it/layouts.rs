@@ -310,6 +310,10 @@ fn the_webhook_address_and_http_signal_records_match_their_layouts() {
         "over http",
         &env.signal(&["--id", &id, "--secret", &secret, "--no-spool"]),
     );
+    // The 202 waits for the journal line; the record and state follow it.
+    env.wait_until("the state written", || {
+        env.state(&id)["counters"]["signals"] == 1
+    });
     let checked = check_home(&env);
     for kind in ["webhook-address", "signal-record"] {
         assert_eq!(checked.get(kind), Some(&1), "{checked:?}");
