@@ -582,6 +582,19 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The UTF-8 names in a directory (reached as `beneath.rs` says); a missing directory is
+/// empty. Names only: for a directory of a million entries this is a tenth of what
+/// [`list_dir`] holds.
+pub fn list_names(dir: &Path) -> Result<Vec<String>> {
+    let Some(fd) = beneath::open_dir(dir, false)? else {
+        return Ok(Vec::new());
+    };
+    Ok(dir::names_of(&fd, dir)?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .collect())
+}
+
 /// The entries of a directory as `(name, path)`; a missing directory is empty. Names that are
 /// not UTF-8 are returned lossily converted (callers that must handle them list the directory
 /// themselves).

@@ -5,25 +5,34 @@ use super::{Daemon, MAX_IDLE};
 use crate::clock::Timestamp;
 use crate::engine;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// When each waitpoint next needs the engine: one entry per waitpoint, earliest first. This is
 /// what keeps idle cost independent of how many waitpoints are armed: nothing is scanned, the
 /// loop sleeps until the first entry.
+///
+/// Both indexes share one allocation of each id: at a million armed waitpoints (every one has
+/// a deadline) the queue is most of the daemon's memory.
 #[derive(Debug, Default)]
 pub(super) struct DueQueue {
-    pub(super) by_time: BTreeSet<(Timestamp, String)>,
-    pub(super) at: HashMap<String, Timestamp>,
+    by_time: BTreeSet<(Timestamp, Arc<str>)>,
+    at: HashMap<Arc<str>, Timestamp>,
 }
 
 impl DueQueue {
     pub(super) fn set(&mut self, id: &str, when: Option<Timestamp>) {
-        if let Some(old) = self.at.remove(id) {
-            self.by_time.remove(&(old, id.to_owned()));
-        }
+        let key = match self.at.remove_entry(id) {
+            Some((key, old)) => {
+                self.by_time.remove(&(old, Arc::clone(&key)));
+                key
+            }
+            None if when.is_some() => Arc::from(id),
+            None => return,
+        };
         if let Some(t) = when {
-            self.by_time.insert((t, id.to_owned()));
-            self.at.insert(id.to_owned(), t);
+            self.by_time.insert((t, Arc::clone(&key)));
+            self.at.insert(key, t);
         }
     }
 
@@ -37,8 +46,8 @@ impl DueQueue {
             return None;
         }
         let (_, id) = self.by_time.pop_first()?;
-        self.at.remove(&id);
-        Some(id)
+        self.at.remove(&*id);
+        Some(id.to_string())
     }
 
     pub(super) fn len(&self) -> usize {
