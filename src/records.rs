@@ -299,6 +299,20 @@ pub struct SignalRecord {
     pub received_at: Timestamp,
 }
 
+/// A signal record for unit tests: `status` ok, no member, message or data, received at 0.
+#[cfg(test)]
+pub(crate) fn test_record(seq: u64, source: &str) -> SignalRecord {
+    SignalRecord {
+        seq,
+        source: source.into(),
+        status: SignalStatus::Ok,
+        member: None,
+        message: None,
+        data: None,
+        received_at: Timestamp::from_millis(0),
+    }
+}
+
 /// Why a wake was sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

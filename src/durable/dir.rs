@@ -329,14 +329,8 @@ impl Dir {
             .map_err(|e| Error::io("cannot fsync directory", &self.path, e.into()))
     }
 
-    /// Writes `name` atomically and durably through the handle, its content from `fill`: a
-    /// temp file made here (never following a link), fsynced, renamed over `name`, and the
-    /// directory fsynced. On any error the temp file is removed and `name` is untouched.
-    pub fn commit_with(
-        &self,
-        name: &str,
-        fill: impl FnOnce(&mut File) -> io::Result<()>,
-    ) -> Result<()> {
+    /// A new temp file for `name` made here (never following a link): its name and the file.
+    fn create_temp(&self, name: &str) -> Result<(String, File)> {
         let tag: u64 = rand::rng().next_u64();
         let temp = format!("{TEMP_PREFIX}{name}.{tag:016x}{TEMP_SUFFIX}");
         let flags =
@@ -348,7 +342,18 @@ impl Dir {
             Mode::from_raw_mode(FILE_MODE),
         )
         .map_err(|e| Error::io("cannot create", self.path.join(&temp), e.into()))?;
-        let mut file = File::from(fd);
+        Ok((temp, File::from(fd)))
+    }
+
+    /// Writes `name` atomically and durably through the handle, its content from `fill`: a
+    /// temp file made here (never following a link), fsynced, renamed over `name`, and the
+    /// directory fsynced. On any error the temp file is removed and `name` is untouched.
+    pub fn commit_with(
+        &self,
+        name: &str,
+        fill: impl FnOnce(&mut File) -> io::Result<()>,
+    ) -> Result<()> {
+        let (temp, mut file) = self.create_temp(name)?;
         let result = fill(&mut file)
             .map_err(|e| Error::io("cannot write", self.path.join(name), e))
             .and_then(|()| {
@@ -376,25 +381,15 @@ impl Dir {
         bytes: &[u8],
         place: impl FnOnce(&Dir, &str) -> Result<()>,
     ) -> Result<()> {
-        let tag: u64 = rand::rng().next_u64();
-        let temp = format!("{TEMP_PREFIX}{name}.{tag:016x}{TEMP_SUFFIX}");
-        let flags =
-            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = rustix::fs::openat(
-            &self.fd,
-            self.plain(OsStr::new(&temp))?,
-            flags,
-            Mode::from_raw_mode(FILE_MODE),
-        )
-        .map_err(|e| Error::io("cannot create", self.path.join(&temp), e.into()))?;
+        let (temp, file) = self.create_temp(name)?;
         let result = (|| {
             crate::failpoint!(
                 crate::failpoint::STORE_WRITE,
                 "cannot write",
                 &self.path.join(&temp)
             );
-            File::from(fd)
-                .write_all(bytes)
+            let mut file = file;
+            file.write_all(bytes)
                 .map_err(|e| Error::io("cannot write", self.path.join(&temp), e))?;
             place(self, &temp)
         })();

@@ -300,7 +300,9 @@ impl Store for Files {
                 });
             }
             drop(tx);
-            let result = rx.iter().try_for_each(|read| read?.into_iter().try_for_each(&mut *f));
+            let result = rx
+                .iter()
+                .try_for_each(|read| read?.into_iter().try_for_each(&mut *f));
             // Stop the readers at once on an error: nothing more is taken from the channel.
             next.store(chunks.len(), std::sync::atomic::Ordering::Relaxed);
             drop(rx);

@@ -169,19 +169,9 @@ pub fn merged(have: Logged, wanted: &[SignalRecord]) -> Mend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Timestamp;
-    use crate::records::SignalStatus;
 
     fn record(seq: u64) -> SignalRecord {
-        SignalRecord {
-            seq,
-            source: format!("spool:{seq}.json"),
-            status: SignalStatus::Ok,
-            member: None,
-            message: None,
-            data: None,
-            received_at: Timestamp::from_millis(0),
-        }
+        crate::records::test_record(seq, &format!("spool:{seq}.json"))
     }
 
     #[test]

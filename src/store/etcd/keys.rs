@@ -200,8 +200,6 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::Timestamp;
-    use crate::records::SignalStatus;
 
     const ID: &str = "wp_0123456789ab";
 
@@ -214,15 +212,7 @@ mod tests {
     }
 
     fn record(seq: u64, source: &str) -> SignalRecord {
-        SignalRecord {
-            seq,
-            source: source.into(),
-            status: SignalStatus::Ok,
-            member: None,
-            message: None,
-            data: None,
-            received_at: Timestamp::from_millis(0),
-        }
+        crate::records::test_record(seq, source)
     }
 
     #[test]
