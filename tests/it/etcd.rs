@@ -559,6 +559,16 @@ fn normalized_tree(waitpoints: &Path) -> std::collections::BTreeMap<String, Valu
             .unwrap()
             .to_string_lossy()
             .into_owned();
+        if rel.ends_with(".jsonl") {
+            // The record log: each line is one record, compared on its own.
+            let text = fs::read_to_string(&path).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                let mut v: Value = serde_json::from_str(line).unwrap();
+                scrub(&mut v);
+                out.insert(format!("{rel} line {}", n + 1), v);
+            }
+            continue;
+        }
         let mut v: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
         scrub(&mut v);
         out.insert(rel, v);
