@@ -145,11 +145,13 @@ impl Daemon {
     /// Leadership of a shared store moved. A new leader forgets what it believed about any
     /// waitpoint (another daemon applied signals meanwhile), schedules every waitpoint's
     /// deadline afresh and applies what was handed over while nobody led.
-    pub(super) fn on_leading(&mut self, on: bool) {
+    pub(super) fn on_leading(&mut self, on: bool, change: u64) {
         if on {
             tracing::info!("leading: applying signals and running deadlines for every host");
-            self.engine.forget_all();
-            self.rescan_waitpoints();
+            if change > self.scanned_after {
+                self.engine.forget_all();
+                self.rescan_waitpoints();
+            }
             self.apply_forwarded();
             self.sweep_spool();
         } else {

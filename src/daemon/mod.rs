@@ -86,7 +86,9 @@ pub enum Event {
     Reload(Settings),
     /// This daemon started (`true`) or stopped leading the shared store's hosts: only the
     /// leader applies signals and runs waitpoints' deadlines (`docs/etcd.md`).
-    Leading(bool),
+    /// The second field numbers the changes, so a change the start-up scan already followed
+    /// needs no second scan.
+    Leading(bool, u64),
     /// Another host handed signals over for the leader to apply.
     Forwarded,
     /// Wakes for this host's inboxes wait in the shared store.
@@ -163,6 +165,10 @@ pub struct Daemon {
     parking: HashSet<String>,
     /// Barriers to answer once this turn of the loop has run what is due.
     barriers: Vec<Sender<()>>,
+    /// How many leadership changes the store has reported, and how many of them the last full
+    /// scan of the waitpoints came after.
+    lead_changes: Arc<std::sync::atomic::AtomicU64>,
+    scanned_after: u64,
     hooks: Option<HookRunner>,
     next_gc: Timestamp,
     /// When to walk the engine's directories for stale temp files (see `gc_engine_temps`).
@@ -292,6 +298,8 @@ impl Daemon {
                 to_park: Default::default(),
                 parking: HashSet::new(),
                 barriers: Vec::new(),
+                lead_changes: Arc::default(),
+                scanned_after: 0,
                 hooks,
                 next_gc,
                 next_temp_walk,
@@ -351,8 +359,10 @@ impl Daemon {
         // On a shared store, the election of the one daemon that applies signals; the home's
         // files need none (this daemon holds the home's lock) and lead at once.
         let leading = Mutex::new(self.tx.clone());
+        let changes = Arc::clone(&self.lead_changes);
         let _campaign = self.engine.store().lead(Box::new(move |on| {
-            let _ = leading.lock_or_recover().send(Event::Leading(on));
+            let n = changes.fetch_add(1, Ordering::SeqCst) + 1;
+            let _ = leading.lock_or_recover().send(Event::Leading(on, n));
         }))?;
         self.deliver_wakes();
         // From here on, what the engine frees goes to the trash, emptied as it fills.
@@ -360,6 +370,9 @@ impl Daemon {
         // What arrived while no daemon ran is collected before any silence is reported: a job
         // that reported during the outage did not go quiet.
         self.engine.hold_silence();
+        // A store of one home leads from the start: the scan below follows that, and the
+        // event it sent needs no second scan of every waitpoint (seconds at a million).
+        self.scanned_after = self.lead_changes.load(Ordering::SeqCst);
         self.rescan_waitpoints();
         let drained = self.drain_backlog() + self.sweep_devices();
         let now = self.engine.now();
@@ -505,7 +518,7 @@ impl Daemon {
                 self.sweep_devices();
             }
             Event::Reload(settings) => self.reload(settings),
-            Event::Leading(on) => self.on_leading(on),
+            Event::Leading(on, n) => self.on_leading(on, n),
             Event::Forwarded => self.apply_forwarded(),
             Event::CallbackChanged(id) => self.after_trigger(&id),
             Event::Wakes => self.deliver_wakes(),

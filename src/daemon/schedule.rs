@@ -90,12 +90,15 @@ impl Daemon {
     /// The scan streams (one waitpoint in memory at a time), so memory grows with the due
     /// queue, not with the size of every waitpoint.
     pub(super) fn rescan_waitpoints(&mut self) {
+        let started = Instant::now();
+        let mut scanned = 0_usize;
         self.due.clear();
         let now = self.engine.now();
         self.silent_devices.clear();
         let due = &mut self.due;
         let silent = &mut self.silent_devices;
-        let scanned = self.engine.for_each_waitpoint(|wp| {
+        let scan = self.engine.for_each_waitpoint(|wp| {
+            scanned += 1;
             super::collect::note_device_watch(silent, &wp);
             let at = engine::next_due(&wp);
             // Finish interrupted deliveries at once; everything else waits its turn in the queue.
@@ -103,8 +106,13 @@ impl Daemon {
             due.set(&wp.id, at);
             Ok(())
         });
-        if let Err(e) = scanned {
-            tracing::error!("cannot scan waitpoints: {e}");
+        match scan {
+            Ok(()) => tracing::info!(
+                waitpoints = scanned,
+                ms = started.elapsed().as_millis() as u64,
+                "scanned every waitpoint"
+            ),
+            Err(e) => tracing::error!("cannot scan waitpoints: {e}"),
         }
         match self.engine.all_timers() {
             Ok(timers) => {

@@ -363,3 +363,23 @@ fn a_removed_waitpoint_leaves_the_index_and_session_delete_uses_it() {
     assert_eq!(markers(&env, "gone"), vec![keep.clone()]);
     assert_eq!(e.delete_session("gone").unwrap().waitpoints, [keep]);
 }
+
+/// Regression: the daemon of a home scanned every waitpoint twice at start, once itself and
+/// once more for the "leading" its store reports at once (seconds at a million armed). The
+/// leadership event is queued before "ready" and handled before a signal dropped after it, so
+/// once that signal is accepted the count of scans is final.
+#[test]
+fn a_daemon_scans_every_waitpoint_once_at_start() {
+    let env = Env::new();
+    let (id, secret) = id_secret(&env.arm("a", &[]));
+    env.arm("b", &[]);
+    let _d = env.daemon();
+    env.drop_file("after-ready", &body(&id, &secret, ""));
+    env.wait_until("the signal applied", || {
+        env.state(&id)["status"] == "resolved"
+    });
+    let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
+    let scans = log.matches("scanned every waitpoint").count();
+    assert_eq!(scans, 1, "{log}");
+    assert!(log.contains("waitpoints=2"), "{log}");
+}
