@@ -29,7 +29,10 @@ mod trash;
 pub use beneath::{confine, set_aside as set_aside_in_home};
 pub use dir::{Dir, Entry};
 pub use lock::{FileLock, LockHolder};
-pub use read::{MAX_RECORD_BYTES, read_json, read_json_or_set_aside, read_record_bytes, set_aside};
+pub use read::{
+    MAX_RECORD_BYTES, NOT_REGULAR, read_capped, read_json, read_json_or_set_aside,
+    read_record_bytes, set_aside,
+};
 pub use trash::{Reaper, Trash};
 
 /// Mode of every directory the engine creates.

@@ -190,6 +190,16 @@ fn open_beneath_root(root: &Path, rel: &Path) -> std::result::Result<std::os::fd
 /// directories is not followed, nor one as the file itself); `None` when it does not exist.
 /// At most [`MAX_RECORD_BYTES`]: a larger file is an error, not read.
 pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
+    read_capped(path, MAX_RECORD_BYTES)
+}
+
+/// What [`read_capped`] says of a file that is not a regular one (a FIFO, a directory).
+pub const NOT_REGULAR: &str = "is not a regular file";
+
+/// The bytes of the regular file at `path` (reached as [`read_bytes_if_exists`] reaches it),
+/// at most `cap` of them: a bigger one, or one that is not a regular file
+/// ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does not exist.
+pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
     let file = match open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -201,17 +211,17 @@ pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
     if !meta.is_file() {
         return Err(Error::Corrupt {
             path: path.to_owned(),
-            message: "is not a regular file".into(),
+            message: NOT_REGULAR.into(),
         });
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(MAX_RECORD_BYTES) as usize);
-    file.take(MAX_RECORD_BYTES + 1)
+    let mut bytes = Vec::with_capacity(meta.len().min(cap) as usize);
+    file.take(cap + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io("cannot read", path, e))?;
-    if bytes.len() as u64 > MAX_RECORD_BYTES {
+    if bytes.len() as u64 > cap {
         return Err(Error::Corrupt {
             path: path.to_owned(),
-            message: format!("is more than {MAX_RECORD_BYTES} bytes"),
+            message: format!("is more than {cap} bytes"),
         });
     }
     Ok(Some(bytes))

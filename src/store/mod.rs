@@ -241,11 +241,7 @@ pub trait Store: Send + Sync {
         f: &mut dyn FnMut(Waitpoint, Vec<SignalRecord>) -> Result<()>,
     ) -> Result<Option<i64>> {
         self.for_each(&mut |wp| {
-            let mut records = Vec::new();
-            for (seq, key) in self.identities(&wp.id)? {
-                records.extend(self.record(&wp.id, seq, &key)?);
-            }
-            records.sort_by_key(|r| r.seq);
+            let records = self.records(&wp.id, 1)?;
             f(wp, records)
         })?;
         Ok(None)

@@ -17,7 +17,6 @@
 //!   before the log): they are read too, and the log wins where both hold a `seq`.
 
 use std::collections::BTreeMap;
-use std::io::{self, Read};
 use std::path::Path;
 
 use crate::durable::{self, MAX_RECORD_BYTES};
@@ -85,35 +84,20 @@ fn read_log(path: &Path) -> Result<Option<Vec<u8>>> {
     // A link, a FIFO or a directory under the log's name is not ours: it is set aside (with a
     // reason, logged) and read as no log, so it costs only itself and the next append makes
     // a real one.
-    let not_ours = || {
-        durable::set_aside_in_home(path, "is not a regular file where the home keeps a log")
-            .map(|()| None)
+    let link = |e: &Error| {
+        matches!(e, Error::Io { source, .. }
+            if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()))
     };
-    let file = match durable::open_read(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
-            return not_ours();
+    match durable::read_capped(path, MAX_LOG_BYTES) {
+        Err(e)
+            if link(&e)
+                || matches!(&e, Error::Corrupt { message, .. } if message == durable::NOT_REGULAR) =>
+        {
+            durable::set_aside_in_home(path, "is not a regular file where the home keeps a log")
+                .map(|()| None)
         }
-        Err(e) => return Err(Error::io("cannot read", path, e)),
-    };
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io("cannot read", path, e))?;
-    if !meta.is_file() {
-        return not_ours();
+        other => other,
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(MAX_LOG_BYTES) as usize);
-    file.take(MAX_LOG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io("cannot read", path, e))?;
-    if bytes.len() as u64 > MAX_LOG_BYTES {
-        return Err(Error::Corrupt {
-            path: path.to_owned(),
-            message: format!("is more than {MAX_LOG_BYTES} bytes"),
-        });
-    }
-    Ok(Some(bytes))
 }
 
 /// The complete lines of a log by `seq`, and whether a cut-short last line was left out.
