@@ -13,6 +13,7 @@ use std::io::{self, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rand::Rng;
 use serde::Serialize;
@@ -99,6 +100,13 @@ fn create_new(path: &Path) -> io::Result<File> {
         OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL,
         FILE_MODE,
     )
+}
+
+/// Makes the empty file `path` (mode 0600; it must not exist), without fsync.
+pub fn create_empty(path: &Path) -> Result<()> {
+    create_new(path)
+        .map(drop)
+        .map_err(|e| Error::io("cannot create", path, e))
 }
 
 /// Opens `path` for reading: a link as the last component is refused (`ELOOP`), a FIFO does
@@ -385,8 +393,12 @@ struct UnsyncedFile {
 enum How {
     /// A new file: a temp file renamed into place.
     New,
-    /// A file that usually exists already (a state): with a trash, its old file goes there.
+    /// A file that usually exists already: with a trash, its old file goes there.
     Replace,
+    /// A file rewritten again and again (a state): its new content goes over its spare in
+    /// place ([`Dir::rewrite_in_place`]) once the spare has rested this long; otherwise as
+    /// `Replace`, and the old file is kept as the spare if there is none.
+    Rewrite(Duration),
     /// Bytes added at the end of the file (made when missing), in one `write`.
     Append,
 }
@@ -406,6 +418,14 @@ impl Unsynced {
     /// goes there, so the replacement frees nothing (see [`Trash`]).
     pub fn replace_json<T: Serialize>(&mut self, target: &Path, value: &T) {
         self.push(target, to_pretty_json(value), How::Replace);
+    }
+
+    /// Adds `value` as pretty JSON for `target`, a file rewritten often (a waitpoint's state):
+    /// written over its spare, [`spare_name`], if that has been out of use for `rest`, and the
+    /// two names swapped, so the rewrite makes and frees no file (see
+    /// [`Dir::rewrite_in_place`]; [`SPARE_REST`] is the engine's `rest`).
+    pub fn rewrite_json<T: Serialize>(&mut self, target: &Path, value: &T, rest: Duration) {
+        self.push(target, to_pretty_json(value), How::Rewrite(rest));
     }
 
     /// Adds `bytes` to put in place of `target`'s content, as [`replace_json`](Self::replace_json).
@@ -462,14 +482,19 @@ impl Unsynced {
             if f.how == How::Append {
                 return dir.append(name, &f.bytes);
             }
-            let trash = trash.filter(|_| f.how == How::Replace);
-            dir.write_unsynced(name, &f.bytes, |dir, temp| match trash {
-                Some(trash) => trash.replace_in(dir, temp, name),
-                None => {
-                    crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", &f.target);
-                    dir.rename_within(temp, name, false)
-                        .map_err(|e| Error::io("cannot rename", &f.target, e))
+            let spare = match f.how {
+                How::Rewrite(rest) => {
+                    let spare = spare_name(name);
+                    if dir.rewrite_in_place(name, &spare, &f.bytes, rest)? {
+                        return Ok(());
+                    }
+                    Some(spare)
                 }
+                _ => None,
+            };
+            let trash = trash.filter(|_| f.how != How::New);
+            dir.write_unsynced(name, &f.bytes, |dir, temp| {
+                put_in_place(dir, temp, name, spare.as_deref(), trash)
             })
         };
         // One signal's few files go inline and in order (its wake first): threads would cost
@@ -479,6 +504,56 @@ impl Unsynced {
         }
         each_concurrently(&work, write)
     }
+}
+
+/// How long a state's spare rests, after the exchange that took it out of use, before it is
+/// written over ([`Unsynced::rewrite_json`]): a reader that opened the state just before and
+/// takes no lock (`jq`) has long finished. A state rewritten sooner is written as a new file.
+pub const SPARE_REST: Duration = Duration::from_secs(1);
+
+/// The name of the spare kept beside `name` for [`Unsynced::rewrite_json`]: hidden, and a temp
+/// name to every listing ([`is_temp_name`]), since what it holds is never read.
+pub fn spare_name(name: &str) -> String {
+    format!("{TEMP_PREFIX}{name}.spare")
+}
+
+/// Puts `temp` in place of `name` (both in `dir`) without freeing the old file when there is
+/// somewhere to keep it: one atomic exchange of the two names (readers see the old file or the
+/// new one), then the old file, now under the temp name, kept as the `spare` if there is none
+/// yet, else moved to the `trash`. Freeing a file waits for the device under `discard` (see
+/// [`Trash`]). The exchange also skips what a rename over an existing file costs on ext4
+/// (`auto_da_alloc` starts writing the new file back at once; the checkpoint's `syncfs` does
+/// that later, once for every change in between). Without an old file, a place to keep it, or
+/// a filesystem that can exchange, it is a plain rename.
+fn put_in_place(
+    dir: &Dir,
+    temp: &str,
+    name: &str,
+    spare: Option<&str>,
+    trash: Option<&Trash>,
+) -> Result<()> {
+    crate::failpoint!(
+        crate::failpoint::STORE_RENAME,
+        "cannot rename",
+        &dir.path().join(name)
+    );
+    if (spare.is_some() || trash.is_some()) && dir.rename_within(temp, name, true).is_ok() {
+        // The new file is in place. What is left, the old one under the temp name, is never
+        // an error: if it can be neither kept nor moved, the stale-temp walk removes it.
+        let kept = spare.is_some_and(|s| dir.keep_as_spare(temp, s).unwrap_or(false));
+        if !kept {
+            let gone = match trash {
+                Some(trash) => trash.take_all_from(dir, &[temp]),
+                None => dir.unlink(temp),
+            };
+            if let Err(e) = gone {
+                tracing::warn!("cannot dispose of a replaced file: {e}");
+            }
+        }
+        return Ok(());
+    }
+    dir.rename_within(temp, name, false)
+        .map_err(|e| Error::io("cannot rename", dir.path().join(name), e))
 }
 
 impl Drop for Batch {
@@ -702,6 +777,49 @@ mod tests {
             assert_eq!(names.len(), 10, "only targets remain in {}", d.display());
             assert!(names.iter().all(|(n, _)| !is_temp_name(n)));
         }
+    }
+
+    #[test]
+    fn a_rewrite_never_writes_over_a_spare_a_reader_holds() {
+        use rustix::fs::{FlockOperation, flock};
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("waitpoint.json");
+        let spare = dir.path().join(spare_name("waitpoint.json"));
+        let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+        commit(&target, b"\"first\"\n").unwrap();
+        create_empty(&spare).unwrap();
+        let (first, spare0) = (ino(&target), ino(&spare));
+        // A reader opened the state and holds it, as every read does while it reads.
+        let reader = File::open(&target).unwrap();
+        flock(&reader, FlockOperation::NonBlockingLockShared).unwrap();
+        let rewrite = |v: &str| {
+            let mut files = Unsynced::new();
+            files.rewrite_json(&target, &v, Duration::ZERO);
+            files.commit(None).unwrap();
+        };
+        // Over the spare, which no one holds: the names swap and the held file is the spare.
+        rewrite("second");
+        assert_eq!((ino(&target), ino(&spare)), (spare0, first));
+        // The spare is the file the reader holds: the next state is a new file, and what the
+        // reader reads is still whole.
+        rewrite("third");
+        let third = ino(&target);
+        assert!(third != first && third != spare0);
+        assert_eq!(ino(&spare), first, "the held spare stays the spare");
+        let mut held = vec![0; 64];
+        let n = reader.read_at(&mut held, 0).unwrap();
+        assert_eq!(
+            &held[..n],
+            b"\"first\"\n",
+            "the reader's file was not written over"
+        );
+        assert_eq!(read_json::<String>(&target).unwrap().unwrap(), "third");
+        // Once the reader is done, the spare is used again.
+        drop(reader);
+        rewrite("fourth");
+        assert_eq!((ino(&target), ino(&spare)), (first, third));
+        assert_eq!(read_json::<String>(&target).unwrap().unwrap(), "fourth");
     }
 
     #[test]

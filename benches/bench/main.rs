@@ -560,8 +560,8 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
         let n = n_wp * per;
         eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
         // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU,
-        // the previous release (NaN without one).
-        let mut runs: Vec<[f64; 8]> = Vec::new();
+        // the previous release and its CPU (NaN without one).
+        let mut runs: Vec<[f64; 9]> = Vec::new();
         for round in 0..rounds {
             let dir = o.base.join(format!("ingest-{shape}-{round}"));
             let setup = ours::ingest_setup(&dir, n_wp, per);
@@ -582,14 +582,14 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 (ingest(), q)
             };
             // The previous release on a second copy of the same files, after both.
-            let prev = o.previous.as_ref().map_or(f64::NAN, |pb| {
+            let prev = o.previous.as_ref().map_or((f64::NAN, f64::NAN), |pb| {
                 let again = ours::ingest_setup(&dir.with_extension("prev"), n_wp, per);
-                let rate = ours::ingest(pb, &again).rate;
+                let run = ours::ingest(pb, &again);
                 if !o.keep {
                     let _ = std::fs::remove_dir_all(dir.with_extension("prev"));
                     let _ = std::fs::remove_dir_all(&again.peer_stage);
                 }
-                rate
+                (run.rate, run.cpu_us)
             });
             let (mut d, mut f, mut f_cpu_us) = (f64::NAN, f64::NAN, f64::NAN);
             if shape == 0 {
@@ -604,14 +604,16 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                  durable floor {d:.0}, no-sync floor {f:.0} ({f_cpu_us:.0} us CPU)",
                 x.rate, x.cpu_us, q.rate, q.cpu_us
             );
-            runs.push([x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev]);
+            runs.push([
+                x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev.0, prev.1,
+            ]);
             if !o.keep {
                 let _ = std::fs::remove_dir_all(&dir);
                 let _ = std::fs::remove_dir_all(dir.with_extension("peer"));
                 let _ = std::fs::remove_dir_all(&setup.peer_stage);
             }
         }
-        let column = |f: &dyn Fn(&[f64; 8]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let column = |f: &dyn Fn(&[f64; 9]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
         // One table row: ours (column `a`) against a baseline (column `b`), both medians, and
         // the median of the rounds' ratios.
         let mut against = |what: &str, a: usize, b: usize, base: &str, target: &str| {
@@ -648,6 +650,15 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             "SQLite peer, in-process",
             "-",
         );
+        if o.previous.is_some() {
+            against(
+                "1. same, CPU per signal against the previous release (us)",
+                2,
+                8,
+                "previous release, same rounds",
+                "-",
+            );
+        }
         if shape == 0 {
             against(
                 "1. same (1000 x 1), against the durable per-file floor",
@@ -669,6 +680,15 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 6,
                 "no-sync floor, CPU per file",
                 "<= 1.5x",
+            );
+            // The bound on any design that makes one file per signal (a wake is one, the
+            // inbox being a maildir): this floor makes that file and nothing else.
+            against(
+                "1. the no-sync floor itself against the SQLite peer (files/s)",
+                5,
+                1,
+                "SQLite peer, same rounds",
+                "-",
             );
         }
         notes.push(format!(

@@ -93,11 +93,12 @@ pub fn arm_fast_with(
         wp.id = format!("wp_{:012x}", 0x0b00_0000_0000u64 + i as u64);
         wp.session = session_of(i);
         wp.channel = wp.session.clone();
-        // The shape `create` leaves: the state and an empty record log.
+        // The shape `create` leaves: the state, its empty spare and an empty record log.
         let dir = home.waitpoint_dir(&wp.id);
         fs::create_dir_all(&dir).unwrap();
         fs::write(home.signal_log(&wp.id), b"").unwrap();
         fs::write(dir.join("waitpoint.json"), durable::to_pretty_json(&wp)).unwrap();
+        fs::write(dir.join(durable::spare_name("waitpoint.json")), b"").unwrap();
         // Its session's index marker, as `create` commits it before the waitpoint appears.
         let index = home.session_index(&wp.session);
         fs::create_dir_all(&index).unwrap();

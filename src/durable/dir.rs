@@ -446,15 +446,123 @@ impl Dir {
             .map_err(|e| Error::io("cannot append to", path(), e))
     }
 
+    /// Rewrites `name` without making or freeing a file: `bytes` go over the file `spare` (in
+    /// this directory) in place, under an exclusive `flock`, and then the two names are
+    /// exchanged (`RENAME_EXCHANGE`), so the old content becomes the next spare. Nothing is
+    /// fsynced (as [`Dir::write_unsynced`]).
+    ///
+    /// Making a file is most of what writing a small one costs on ext4, and more so right after
+    /// files were freed: the allocator steps over every inode freed in the last minute. A state
+    /// rewritten for each signal made one and freed one.
+    ///
+    /// The spare was `name` until the write before, and a reader may still hold it. The
+    /// engine's readers take a shared `flock` (`read::settled`) and the writer never writes
+    /// over a spare one holds. A reader that does not lock (`jq` in a terminal) is kept safe
+    /// by `rest`: a spare is written over only once that long has passed since it stopped
+    /// being `name` (its ctime, which the exchange sets), far longer than reading a state
+    /// takes.
+    ///
+    /// Returns `false`, having changed nothing under `name`, when the spare cannot be used:
+    /// there is none yet, it has not rested, or a reader holds it. A spare that is not a plain
+    /// file of this user with one link (a link, a FIFO, a hard link to a file elsewhere) is set
+    /// aside with a reason first, so nothing outside the home is ever written through it.
+    pub fn rewrite_in_place(
+        &self,
+        name: &str,
+        spare: &str,
+        bytes: &[u8],
+        rest: Duration,
+    ) -> Result<bool> {
+        use rustix::fs::FlockOperation;
+        use std::os::unix::fs::FileExt;
+        let spare_path = || self.path.join(spare);
+        let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+        let file = match rustix::fs::openat(
+            &self.fd,
+            self.plain(OsStr::new(spare))?,
+            flags,
+            Mode::empty(),
+        ) {
+            Ok(fd) => File::from(fd),
+            Err(Errno::NOENT) => return Ok(false),
+            Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => {
+                super::beneath::set_aside(&spare_path(), "is not a regular file")?;
+                return Ok(false);
+            }
+            Err(e) => return Err(Error::io("cannot open", spare_path(), e.into())),
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::io("cannot inspect", spare_path(), e))?;
+        let euid = rustix::process::geteuid().as_raw();
+        if !meta.is_file() || meta.nlink() != 1 || meta.uid() != euid {
+            drop(file);
+            super::beneath::set_aside(
+                &spare_path(),
+                "is not a regular file of this user with one link, as a spare must be",
+            )?;
+            return Ok(false);
+        }
+        let out_of_use = UNIX_EPOCH + Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32);
+        if SystemTime::now()
+            .duration_since(out_of_use)
+            .is_ok_and(|rested| rested < rest)
+        {
+            return Ok(false);
+        }
+        if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Ok(false);
+        }
+        crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &spare_path());
+        // Written over, then cut to length: never cut to nothing first, which would free the
+        // file's block (a wait for the device under `discard`) only to take one again.
+        file.write_all_at(bytes, 0)
+            .and_then(|()| file.set_len(bytes.len() as u64))
+            .map_err(|e| Error::io("cannot write", spare_path(), e))?;
+        // Complete: the lock has done its work (a reader that locks it from now on reads the
+        // new content whole), so it ends before the exchange makes the file visible.
+        drop(file);
+        crate::failpoint!(
+            crate::failpoint::STORE_RENAME,
+            "cannot rename",
+            &self.path.join(name)
+        );
+        match self.rename_within(spare, name, true) {
+            Ok(()) => Ok(true),
+            // No file under `name` (the first write, or one removed): the spare becomes it.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self
+                .rename_within(spare, name, false)
+                .map(|()| true)
+                .map_err(|e| Error::io("cannot rename", self.path.join(name), e)),
+            // A filesystem that cannot exchange names: the caller writes a new file instead.
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => Ok(false),
+            Err(e) => Err(Error::io("cannot rename", self.path.join(name), e)),
+        }
+    }
+
+    /// Moves `temp` (in this directory) to `spare`'s name if no file has it yet; `false` when
+    /// one has (the caller disposes of `temp` otherwise).
+    pub fn keep_as_spare(&self, temp: &str, spare: &str) -> io::Result<bool> {
+        match self.rename_flags(temp, spare, rustix::fs::RenameFlags::NOREPLACE) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Renames `from` to `to` within this directory; `exchange` swaps the two names
     /// atomically instead (`RENAME_EXCHANGE`: both must exist).
     pub fn rename_within(&self, from: &str, to: &str, exchange: bool) -> io::Result<()> {
-        let from = self.plain(OsStr::new(from)).map_err(|_| invalid())?;
-        let to = self.plain(OsStr::new(to)).map_err(|_| invalid())?;
         let flags = match exchange {
             true => rustix::fs::RenameFlags::EXCHANGE,
             false => rustix::fs::RenameFlags::empty(),
         };
+        self.rename_flags(from, to, flags)
+    }
+
+    fn rename_flags(&self, from: &str, to: &str, flags: rustix::fs::RenameFlags) -> io::Result<()> {
+        let from = self.plain(OsStr::new(from)).map_err(|_| invalid())?;
+        let to = self.plain(OsStr::new(to)).map_err(|_| invalid())?;
         Ok(rustix::fs::renameat_with(
             &self.fd, from, &self.fd, to, flags,
         )?)

@@ -109,7 +109,10 @@ pub fn read_record_bytes(
         Ok(Some(_)) => return refuse("is not a regular file".into()),
         Err(e) => return Err(Error::io("cannot inspect", path, e)),
     }
-    let file = match dir.open_read(name) {
+    let file = match dir
+        .open_read(name)
+        .and_then(|f| settled(f, || dir.open_read(name)))
+    {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Ok(None)),
         Err(e) => return Err(Error::io("cannot read", path, e)),
@@ -133,20 +136,20 @@ pub(super) fn read_record_fast(
     rel: &Path,
 ) -> Result<Option<std::result::Result<Option<Vec<u8>>, Refused>>> {
     // Under a registered home, from its held root (no root opened per record).
-    let fd = match super::beneath::open_read_fast(&root.join(rel)) {
-        Some(Ok(fd)) => Some(fd),
-        Some(Err(e)) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(Ok(None))),
-        Some(Err(_)) => return Ok(None),
-        None => None,
+    // `Err(true)`: missing; `Err(false)`: the slow path must say why.
+    let open = || match super::beneath::open_read_fast(&root.join(rel)) {
+        Some(Ok(fd)) => Ok(File::from(fd)),
+        Some(Err(e)) => Err(e.kind() == io::ErrorKind::NotFound),
+        None => open_beneath_root(root, rel).map(File::from),
     };
-    let fd = match fd {
-        Some(fd) => fd,
-        None => match open_beneath_root(root, rel) {
-            Ok(fd) => fd,
-            Err(missing) => return Ok(missing.then_some(Ok(None))),
-        },
+    let reopen = || open().map_err(|_| io::Error::from(io::ErrorKind::NotFound));
+    let file = match open() {
+        Ok(file) => file,
+        Err(missing) => return Ok(missing.then_some(Ok(None))),
     };
-    let file = File::from(fd);
+    let Ok(file) = settled(file, reopen) else {
+        return Ok(None);
+    };
     let meta = match file.metadata() {
         Ok(m) => m,
         Err(_) => return Ok(None),
@@ -193,6 +196,27 @@ pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
     read_capped(path, MAX_RECORD_BYTES)
 }
 
+/// How many times a read opens a file again while the one it opened is being rewritten.
+const SETTLE_TRIES: usize = 4;
+
+/// `file`, just opened for reading, with a shared `flock` on it, so that a writer recycling it
+/// as a spare (`Dir::rewrite_in_place`, which locks it exclusively and never waits) cannot
+/// rewrite it under the read: the read sees one whole version. A file a writer holds is no
+/// longer the one under its name (it was exchanged out and is being written over), so the name
+/// is opened again with `reopen`; the file then under it is whole. A lock that stays held
+/// (something other than a writer of ours), or a filesystem without `flock`, leaves the file
+/// read as it is. The lock goes with the file.
+fn settled(mut file: File, reopen: impl Fn() -> io::Result<File>) -> io::Result<File> {
+    use rustix::fs::FlockOperation;
+    for _ in 0..SETTLE_TRIES {
+        match rustix::fs::flock(&file, FlockOperation::NonBlockingLockShared) {
+            Err(rustix::io::Errno::WOULDBLOCK) => file = reopen()?,
+            _ => return Ok(file),
+        }
+    }
+    Ok(file)
+}
+
 /// What [`read_capped`] says of a file that is not a regular one (a FIFO, a directory).
 pub const NOT_REGULAR: &str = "is not a regular file";
 
@@ -200,7 +224,7 @@ pub const NOT_REGULAR: &str = "is not a regular file";
 /// at most `cap` of them: a bigger one, or one that is not a regular file
 /// ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does not exist.
 pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
-    let file = match open_read(path) {
+    let file = match open_read(path).and_then(|f| settled(f, || open_read(path))) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io("cannot read", path, e)),
@@ -258,4 +282,34 @@ pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> R
     )?;
     rename_durably(path, &target)?;
     Ok(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{FlockOperation, flock};
+
+    #[test]
+    fn a_read_of_a_file_a_writer_holds_reads_the_one_now_under_its_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, now) = (dir.path().join("old"), dir.path().join("now"));
+        fs::write(&old, "being written over").unwrap();
+        fs::write(&now, "whole").unwrap();
+        // A writer holds `old`, the file the reader opened before it became a spare.
+        let writer = File::options().write(true).open(&old).unwrap();
+        flock(&writer, FlockOperation::NonBlockingLockExclusive).unwrap();
+        let mut read = String::new();
+        settled(File::open(&old).unwrap(), || File::open(&now))
+            .unwrap()
+            .read_to_string(&mut read)
+            .unwrap();
+        assert_eq!(read, "whole");
+        // Held by something that never lets go: read as it is, not waited for.
+        let mut read = String::new();
+        settled(File::open(&old).unwrap(), || File::open(&old))
+            .unwrap()
+            .read_to_string(&mut read)
+            .unwrap();
+        assert_eq!(read, "being written over");
+    }
 }

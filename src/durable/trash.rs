@@ -2,7 +2,7 @@
 //! so the hot path renames instead of unlinking, and the reaper thread that empties it.
 
 use super::{Dir, INLINE_UNSYNCED, each_concurrently, remove_all};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sync::{CondvarExt, MutexExt};
 use rand::Rng;
 use std::io;
@@ -18,8 +18,9 @@ use std::time::Duration;
 /// Freeing a file's blocks (removing it, or renaming another file over it) waits for the
 /// device on a filesystem mounted with `discard`: about 150 us a file on the VM the README's
 /// figures come from, two thirds of what a signal cost. The daemon therefore moves a consumed
-/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and a state's old
-/// file, exchanged for the new one (see [`Unsynced::replace_json`]).
+/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and a replaced
+/// file's old one, exchanged for the new one when it cannot be kept as a spare (see
+/// [`Unsynced::replace_json`], [`Unsynced::rewrite_json`]).
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
 /// died left here is removed as soon as the next one starts. A consumed spool file still holds
 /// its job's secret, which is why the reaper removes files as they come rather than in rounds.
@@ -70,33 +71,6 @@ impl Trash {
         if !s.pending {
             s.pending = true;
             self.arrived.notify_one();
-        }
-    }
-
-    /// Puts `temp` in place of `name` (both in `dir`) and `name`'s old file here, freeing nothing: one
-    /// atomic exchange of the two names (readers see the old file or the new one), then the
-    /// old file, now under the temp name, moved here. The exchange also skips what a rename
-    /// over an existing file costs on ext4 (`auto_da_alloc` starts writing the new file back
-    /// at once; the checkpoint's `syncfs` does that later, once for every change in between).
-    /// Without an old file, or where the filesystem cannot exchange, it is a plain rename.
-    pub(super) fn replace_in(&self, dir: &Dir, temp: &str, name: &str) -> Result<()> {
-        crate::failpoint!(
-            crate::failpoint::STORE_RENAME,
-            "cannot rename",
-            &dir.path().join(name)
-        );
-        match dir.rename_within(temp, name, true) {
-            Ok(()) => {
-                self.take_all_from(dir, &[temp]).unwrap_or_else(|e| {
-                    // The new file is in place; only the old one lingers under a temp name,
-                    // which the stale-temp walk removes.
-                    tracing::warn!("cannot move a replaced file to the trash: {e}");
-                });
-                Ok(())
-            }
-            Err(_) => dir
-                .rename_within(temp, name, false)
-                .map_err(|e| Error::io("cannot rename", dir.path().join(name), e)),
         }
     }
 

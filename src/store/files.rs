@@ -131,7 +131,7 @@ impl Files {
             let state = self.home.waitpoint_file(id);
             let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
             if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
-                files.replace_json(&state, &change.state);
+                files.rewrite_json(&state, &change.state, durable::SPARE_REST);
             }
         }
         files.commit(self.trash.get().map(|t| t.as_ref()))
@@ -540,6 +540,13 @@ impl Files {
                 // (index.rs).
                 .and_then(|()| self.index_add(wp))
                 .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
+                // Its spare, empty: each state written for a signal goes over it in place and
+                // makes no file (`Unsynced::rewrite_json`). Not synced: a spare a crash loses is
+                // made again by the next write.
+                .and_then(|()| {
+                    let spare = staging.join(durable::spare_name("waitpoint.json"));
+                    durable::create_empty(&spare)
+                })
                 .and_then(|()| durable::fsync_dir(&staging))
                 .and_then(|()| {
                     durable::rename(&staging, &self.home.waitpoint_dir(&wp.id))

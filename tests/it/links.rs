@@ -165,3 +165,58 @@ fn a_linked_quarantine_or_inbox_moves_nothing_out_of_the_home() {
     dst.expect_code("import of a home with a torn timer", &out, 1);
     quarantine_out.assert_untouched(&env, "import");
 }
+
+#[test]
+fn a_spare_planted_as_a_link_or_a_hard_link_is_set_aside_and_nothing_outside_is_written() {
+    let env = Env::new();
+    let outside = Outside::new(&env, "spare-out");
+    let precious = b"precious\n";
+    let (by_link, by_hard_link) = (outside.0.join("by-link"), outside.0.join("by-hard-link"));
+    fs::write(&by_link, precious).unwrap();
+    fs::write(&by_hard_link, precious).unwrap();
+    let spare = waitpoint::durable::spare_name("waitpoint.json");
+    let spare_of = |id: &str| env.home.join("waitpoints").join(id).join(&spare);
+    let a = id_secret(&env.arm("a", &["--session", "s"]));
+    let b = id_secret(&env.arm("b", &["--session", "s"]));
+    fs::remove_file(spare_of(&a.0)).unwrap();
+    symlink(&by_link, spare_of(&a.0)).unwrap();
+    fs::remove_file(spare_of(&b.0)).unwrap();
+    fs::hard_link(&by_hard_link, spare_of(&b.0)).unwrap();
+    // Rested, so the state's rewrite would go over the spare if it were usable.
+    std::thread::sleep(waitpoint::durable::SPARE_REST);
+
+    let _d = env.daemon();
+    for (name, (id, secret)) in [("a", &a), ("b", &b)] {
+        env.drop_file(name, &body(id, secret, r#","status":"ok""#));
+    }
+    env.wait_until("both signals counted", || {
+        [&a, &b]
+            .iter()
+            .all(|(id, _)| env.state(id)["counters"]["signals"] == 1)
+    });
+
+    for file in [&by_link, &by_hard_link] {
+        assert_eq!(
+            fs::read(file).unwrap(),
+            precious,
+            "{} was written through a spare\n{}",
+            file.display(),
+            env.tree()
+        );
+    }
+    use std::os::unix::fs::MetadataExt;
+    for id in [&a.0, &b.0] {
+        let m = fs::symlink_metadata(spare_of(id)).unwrap();
+        assert!(
+            m.is_file() && m.nlink() == 1,
+            "the old state is the spare now\n{}",
+            env.tree()
+        );
+    }
+    let reasons = quarantined_reasons(&env);
+    assert!(
+        reasons.iter().any(|r| r.contains("is not a regular file"))
+            && reasons.iter().any(|r| r.contains("with one link")),
+        "{reasons:?}"
+    );
+}

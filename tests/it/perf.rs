@@ -383,3 +383,64 @@ fn a_daemon_scans_every_waitpoint_once_at_start() {
     assert_eq!(scans, 1, "{log}");
     assert!(log.contains("waitpoints=2"), "{log}");
 }
+
+/// The inode numbers of a waitpoint's state and of its spare.
+fn state_and_spare(env: &Env, id: &str) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let dir = env.home.join("waitpoints").join(id);
+    let ino = |name: &str| {
+        fs::symlink_metadata(dir.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}\n{}", env.tree()))
+            .ino()
+    };
+    (
+        ino("waitpoint.json"),
+        ino(&waitpoint::durable::spare_name("waitpoint.json")),
+    )
+}
+
+#[test]
+fn a_signal_rewrites_the_state_over_its_rested_spare_and_makes_no_file() {
+    use waitpoint::durable::SPARE_REST;
+    let env = Env::new();
+    let (id, secret) = id_secret(&env.arm("job", &["--session", "s", "--max-signals", "3"]));
+    let (state0, spare0) = state_and_spare(&env, &id);
+    let _d = env.daemon();
+    let signal = |n: u64| {
+        env.drop_file(
+            &format!("n{n}"),
+            &body(&id, &secret, r#","status":"progress""#),
+        );
+        env.wait_until("the signal counted", || {
+            env.state(&id)["counters"]["signals"] == n
+        });
+    };
+    // A spare at rest is written over and the names swapped: the state is the old spare's
+    // file and the spare the old state's, no file made.
+    std::thread::sleep(SPARE_REST);
+    signal(1);
+    assert_eq!(
+        state_and_spare(&env, &id),
+        (spare0, state0),
+        "{}",
+        env.tree()
+    );
+    // At once again: the spare was the state a moment ago and a reader that takes no lock
+    // may still hold it, so the new state is a new file and the spare stays as it is.
+    signal(2);
+    let (state2, spare2) = state_and_spare(&env, &id);
+    assert!(
+        state2 != state0 && state2 != spare0 && spare2 == state0,
+        "a new file for the state, the rested spare kept: {:?}\n{}",
+        (state2, spare2),
+        env.tree()
+    );
+    std::thread::sleep(SPARE_REST);
+    signal(3);
+    assert_eq!(
+        state_and_spare(&env, &id),
+        (state0, state2),
+        "{}",
+        env.tree()
+    );
+}
