@@ -28,7 +28,7 @@ mod read;
 mod trash;
 
 pub use beneath::{confine, set_aside as set_aside_in_home};
-pub use dir::{Dir, Entry};
+pub use dir::{Dir, Entry, Rewrite};
 pub use lock::{FileLock, LockHolder};
 pub use read::{
     MAX_RECORD_BYTES, NOT_REGULAR, read_capped, read_json, read_json_or_set_aside,
@@ -482,13 +482,16 @@ impl Unsynced {
             if f.how == How::Append {
                 return dir.append(name, &f.bytes);
             }
+            // Where the old file is kept when the new one is a new file: as the spare when
+            // there is none, else in the trash.
             let spare = match f.how {
                 How::Rewrite(rest) => {
                     let spare = spare_name(name);
-                    if dir.rewrite_in_place(name, &spare, &f.bytes, rest)? {
-                        return Ok(());
+                    match dir.rewrite_in_place(name, &spare, &f.bytes, rest)? {
+                        Rewrite::Done => return Ok(()),
+                        Rewrite::NoSpare => Some(spare),
+                        Rewrite::SpareBusy => None,
                     }
-                    Some(spare)
                 }
                 _ => None,
             };

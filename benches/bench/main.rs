@@ -478,8 +478,23 @@ fn row_etcd(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>)
         format!("{:.2}x", remote / files.rate),
         "-",
     );
+    t.row(
+        "8. same, dropped on a standby against dropped on the leader (signals/s)",
+        format!("{remote:.0}"),
+        format!("{local:.0} (the leader, same cluster)"),
+        format!("{:.2}x", remote / local),
+        ">= 0.8x",
+    );
     let base = ours::latency(b, &o.base.join("etcd-files-latency"), n_lat);
-    let lat = etcd::latency(b, &o.base.join("etcd-latency"), n_lat);
+    let (lat, puts) = etcd::latency(b, &o.base.join("etcd-latency"), n_lat);
+    let (x, y) = (ours::p(&lat, 50.0), ours::p(&puts, 50.0));
+    t.row(
+        "8. etcd: drop on host b -> wake on host a, p50, against one `etcdctl put` (ms)",
+        format!("{x:.2}"),
+        format!("{y:.2} (etcdctl put, same cluster)"),
+        format!("{:.2}x", x / y),
+        "<= 3x",
+    );
     for q in [50.0, 99.0] {
         let (x, y) = (ours::p(&lat, q), ours::p(&base, q));
         t.row(

@@ -45,6 +45,17 @@ pub fn names_of(fd: &impl AsRawFd, path: &Path) -> Result<Vec<OsString>> {
         .collect()
 }
 
+/// What [`Dir::rewrite_in_place`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rewrite {
+    /// The new content is in place, written over the spare.
+    Done,
+    /// There is no spare (any more): the old file may become it.
+    NoSpare,
+    /// The spare is there but could not be used now (resting, or held by a reader).
+    SpareBusy,
+}
+
 /// What a name in a [`Dir`] is, looked at without following it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -462,8 +473,8 @@ impl Dir {
     /// being `name` (its ctime, which the exchange sets), far longer than reading a state
     /// takes.
     ///
-    /// Returns `false`, having changed nothing under `name`, when the spare cannot be used:
-    /// there is none yet, it has not rested, or a reader holds it. A spare that is not a plain
+    /// Says what it did; when the spare was not used nothing under `name` changed: there is
+    /// no spare yet, or it has not rested, or a reader holds it. A spare that is not a plain
     /// file of this user with one link (a link, a FIFO, a hard link to a file elsewhere) is set
     /// aside with a reason first, so nothing outside the home is ever written through it.
     pub fn rewrite_in_place(
@@ -472,25 +483,40 @@ impl Dir {
         spare: &str,
         bytes: &[u8],
         rest: Duration,
-    ) -> Result<bool> {
+    ) -> Result<Rewrite> {
         use rustix::fs::FlockOperation;
         use std::os::unix::fs::FileExt;
         let spare_path = || self.path.join(spare);
+        let plain = self.plain(OsStr::new(spare))?;
+        let rested = |ctime: i64, nsec: i64| {
+            let out_of_use = UNIX_EPOCH + Duration::new(ctime as u64, nsec as u32);
+            SystemTime::now()
+                .duration_since(out_of_use)
+                .is_ok_and(|r| r >= rest)
+        };
+        // A look first, which costs no open: a waitpoint rewritten batch after batch finds
+        // its spare resting every time.
+        match rustix::fs::statat(&self.fd, plain, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(Errno::NOENT) => return Ok(Rewrite::NoSpare),
+            Ok(st)
+                if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile
+                    && !rested(st.st_ctime, st.st_ctime_nsec as i64) =>
+            {
+                return Ok(Rewrite::SpareBusy);
+            }
+            _ => {}
+        }
         let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        let file = match rustix::fs::openat(
-            &self.fd,
-            self.plain(OsStr::new(spare))?,
-            flags,
-            Mode::empty(),
-        ) {
+        let file = match rustix::fs::openat(&self.fd, plain, flags, Mode::empty()) {
             Ok(fd) => File::from(fd),
-            Err(Errno::NOENT) => return Ok(false),
+            Err(Errno::NOENT) => return Ok(Rewrite::NoSpare),
             Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => {
                 super::beneath::set_aside(&spare_path(), "is not a regular file")?;
-                return Ok(false);
+                return Ok(Rewrite::NoSpare);
             }
             Err(e) => return Err(Error::io("cannot open", spare_path(), e.into())),
         };
+        // What was opened decides, not what was looked at before.
         let meta = file
             .metadata()
             .map_err(|e| Error::io("cannot inspect", spare_path(), e))?;
@@ -501,17 +527,13 @@ impl Dir {
                 &spare_path(),
                 "is not a regular file of this user with one link, as a spare must be",
             )?;
-            return Ok(false);
+            return Ok(Rewrite::NoSpare);
         }
-        let out_of_use = UNIX_EPOCH + Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32);
-        if SystemTime::now()
-            .duration_since(out_of_use)
-            .is_ok_and(|rested| rested < rest)
-        {
-            return Ok(false);
+        if !rested(meta.ctime(), meta.ctime_nsec()) {
+            return Ok(Rewrite::SpareBusy);
         }
         if rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
-            return Ok(false);
+            return Ok(Rewrite::SpareBusy);
         }
         crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &spare_path());
         // Written over, then cut to length: never cut to nothing first, which would free the
@@ -528,14 +550,14 @@ impl Dir {
             &self.path.join(name)
         );
         match self.rename_within(spare, name, true) {
-            Ok(()) => Ok(true),
+            Ok(()) => Ok(Rewrite::Done),
             // No file under `name` (the first write, or one removed): the spare becomes it.
             Err(e) if e.kind() == io::ErrorKind::NotFound => self
                 .rename_within(spare, name, false)
-                .map(|()| true)
+                .map(|()| Rewrite::Done)
                 .map_err(|e| Error::io("cannot rename", self.path.join(name), e)),
             // A filesystem that cannot exchange names: the caller writes a new file instead.
-            Err(e) if e.kind() == io::ErrorKind::InvalidInput => Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::InvalidInput => Ok(Rewrite::SpareBusy),
             Err(e) => Err(Error::io("cannot rename", self.path.join(name), e)),
         }
     }
