@@ -65,7 +65,13 @@ impl Pair {
 /// waitpoints' counts, read through `count`, reach `total`. The same end for either host (a
 /// signal dropped on a standby is applied by the leader), read in-process every 5 ms: an
 /// `etcdctl` started per look would compete with the daemons for these two cores.
-fn ingest_into(into: &Home, armed: &[Armed], per: usize, count: &dyn Fn() -> u64, total: u64) -> f64 {
+fn ingest_into(
+    into: &Home,
+    armed: &[Armed],
+    per: usize,
+    count: &dyn Fn() -> u64,
+    total: u64,
+) -> f64 {
     let stage = into.root().join("tmp/stage");
     let names = ours::stage_signals(&stage, armed, per, "progress");
     let zone = into.drop_zone();
@@ -88,7 +94,14 @@ pub fn ingest(bins: &Bins, dir: &Path, n_wp: usize, per: usize) -> (f64, f64) {
     let (a, b) = (&pair.a, &pair.b);
     let armed = ours::arm(a, n_wp, "bench", 10_000);
     let engine = ours::engine(a);
-    let count = || -> u64 { engine.list().unwrap().iter().map(|w| w.counters.signals).sum() };
+    let count = || -> u64 {
+        engine
+            .list()
+            .unwrap()
+            .iter()
+            .map(|w| w.counters.signals)
+            .sum()
+    };
     let n = (n_wp * per) as u64;
     let local = ingest_into(a, &armed, per, &count, n);
     let remote = ingest_into(b, &armed, per, &count, 2 * n);

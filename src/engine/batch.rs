@@ -133,7 +133,14 @@ impl Engine {
             }
         };
         let mut out = Vec::with_capacity(items.len());
-        for chunk in items.chunks(self.store.max_batch().max(1)) {
+        // Applying a signal writes several keys, and the store says how many signals fit in
+        // one of its transactions. Handing one over writes one key: a standby hands the
+        // whole batch over at once (the store cuts it to what a transaction takes).
+        let size = match self.store.applies_signals() {
+            true => self.store.max_batch(),
+            false => MAX_BATCH,
+        };
+        for chunk in items.chunks(size.max(1)) {
             if self.store.applies_signals() {
                 let offset = out.len();
                 out.extend(self.apply_chunk(chunk, &mut |i, v| durable(offset + i, v)));

@@ -51,6 +51,8 @@ use crate::sync::MutexExt;
 /// The most signals one commit carries: with a record, a state and a wake each, and the
 /// handed-over keys deleted after, a batch stays well under etcd's default 128 operations.
 pub const MAX_BATCH: usize = 30;
+/// How many identity keys [`Etcd`] remembers as forgotten by a commit.
+const SETTLED_KEYS: usize = 4096;
 /// How many of its own commit revisions a store remembers for its watch.
 const OWN_REVISIONS: usize = 1024;
 
@@ -72,6 +74,10 @@ pub struct Etcd {
     /// The revisions of this process's latest commits: the watch leaves their waitpoint
     /// events out, as the files' watch does (changes one makes itself need no hint).
     own: Arc<Mutex<VecDeque<i64>>>,
+    /// Identity keys whose `in/` key a commit of this process deleted with the record it
+    /// wrote, so forgetting them after costs no transaction (`settle_handed_over`). Emptied
+    /// when it grows past [`SETTLED_KEYS`]: a key forgotten here is only deleted once more.
+    settled: Mutex<std::collections::HashSet<String>>,
     /// How to reach a member (TLS, user), for `doctor`, which asks each on its own. Never
     /// printed: its `Debug` shows the password.
     options: ConnectOptions,

@@ -330,6 +330,40 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Every event the cluster has seen under `t/` as `(revision, key, deleted)`: what
+    /// [`history`](Self::history) reads, in `etcdctl`'s `fields` form, which names each
+    /// event's type, key and revision (a deletion's is the revision that deleted it).
+    pub fn events(&self) -> Vec<(i64, String, bool)> {
+        let out = Command::new("timeout")
+            .args(["2", ETCDCTL, "--endpoints", &self.endpoints()])
+            .args(&self.ctl_flags)
+            .args(["watch", "--prefix", "--rev", "1", "t/", "-w", "fields"])
+            .env("ETCDCTL_API", "3")
+            .output()
+            .expect("etcdctl watch");
+        let mut events: Vec<(i64, String, bool)> = Vec::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some((field, value)) = line.split_once(" : ") else {
+                continue;
+            };
+            match field {
+                "\"Type\"" => events.push((0, String::new(), value.trim() == "DELETE")),
+                "\"Key\"" => {
+                    if let Some(e) = events.last_mut() {
+                        e.1 = value.trim().trim_matches('"').to_owned();
+                    }
+                }
+                "\"ModRevision\"" => {
+                    if let Some(e) = events.last_mut() {
+                        e.0 = value.trim().parse().unwrap_or_default();
+                    }
+                }
+                _ => {}
+            }
+        }
+        events
+    }
+
     /// How many keys sit under `t/<rest>` (etcdctl 3.4 has no --count-only).
     pub fn count(&self, rest: &str) -> usize {
         let out = self.ctl(&["get", "--prefix", "--keys-only", &format!("t/{rest}")]);

@@ -26,6 +26,9 @@ use crate::store::etcd::keys::{Keys, prefix_end};
 pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The most operations this store puts in one transaction (etcd's default `--max-txn-ops`).
 pub(super) const MAX_TXN_OPS: usize = 128;
+/// The most bytes of values a transaction of many keys is given, well under etcd's default
+/// request limit (1.5 MiB), which keys and framing share.
+pub(super) const MAX_TXN_BYTES: usize = 1 << 20;
 /// A key's value and modification revision, or `None` when it does not exist.
 pub(super) type Fetched = Option<(Vec<u8>, i64)>;
 
@@ -122,6 +125,7 @@ impl Etcd {
             options: probe,
             fence: Arc::new(Mutex::new(None)),
             own: Arc::new(Mutex::new(std::collections::VecDeque::new())),
+            settled: Mutex::new(Default::default()),
             channels: Mutex::new(HashMap::new()),
         })
     }

@@ -10,7 +10,7 @@ use crate::home::Home;
 use crate::records::Wake;
 use crate::store::Forwarded;
 use crate::store::etcd::Etcd;
-use crate::store::etcd::client::to_json;
+use crate::store::etcd::client::{MAX_TXN_BYTES, MAX_TXN_OPS, to_json};
 use crate::sync::MutexExt;
 
 impl Etcd {
@@ -57,13 +57,29 @@ impl Etcd {
         Ok(n)
     }
 
-    /// Keeps signals for the leader under `in/<identity>`.
+    /// Keeps signals for the leader under `in/<identity>`, in as few transactions as take
+    /// them: at most [`MAX_TXN_OPS`] keys and [`MAX_TXN_BYTES`] of values each (a signal may
+    /// carry 64 KiB, and etcd refuses a request past 1.5 MiB unless told otherwise).
     pub(super) fn hand_over(&self, items: &[Forwarded]) -> Result<()> {
-        let ops = items
-            .iter()
-            .map(|f| TxnOp::put(self.keys.handed_over(&f.key), to_json(f), None))
-            .collect();
-        self.in_chunks("cannot hand signals over", ops)
+        let send = |ops: Vec<TxnOp>| {
+            self.txn("cannot hand signals over", EtcdTxnReq::new().and_then(ops))
+                .map(drop)
+        };
+        let (mut ops, mut bytes) = (Vec::new(), 0);
+        for f in items {
+            let value = to_json(f);
+            if !ops.is_empty() && (ops.len() == MAX_TXN_OPS || bytes + value.len() > MAX_TXN_BYTES)
+            {
+                send(std::mem::take(&mut ops))?;
+                bytes = 0;
+            }
+            bytes += value.len();
+            ops.push(TxnOp::put(self.keys.handed_over(&f.key), value, None));
+        }
+        if !ops.is_empty() {
+            send(ops)?;
+        }
+        Ok(())
     }
 
     /// Up to `max` signals handed over, the oldest first; one that does not parse is set
@@ -85,13 +101,27 @@ impl Etcd {
         Ok(out)
     }
 
-    /// Forgets signals handed over once applied.
+    /// Forgets signals handed over once applied: those whose record's commit deleted their
+    /// key already (see `EtcdTxn::commit`) cost nothing, the others one delete each, in as few
+    /// transactions as fit.
     pub(super) fn settle_handed_over(&self, keys: &[String]) -> Result<()> {
-        let ops = keys
-            .iter()
-            .map(|k| TxnOp::delete(self.keys.handed_over(k), None))
-            .collect();
+        let ops: Vec<TxnOp> = {
+            let mut settled = self.settled.lock_or_recover();
+            keys.iter()
+                .filter(|k| !settled.remove(*k))
+                .map(|k| TxnOp::delete(self.keys.handed_over(k), None))
+                .collect()
+        };
         self.in_chunks("cannot settle handed-over signals", ops)
+    }
+
+    /// Notes the identity keys whose `in/` keys a commit deleted with their records.
+    pub(super) fn settled_by_commit(&self, keys: Vec<String>) {
+        let mut settled = self.settled.lock_or_recover();
+        if settled.len() + keys.len() > super::SETTLED_KEYS {
+            settled.clear();
+        }
+        settled.extend(keys);
     }
 
     /// Delivers a wake here when its channel's host is this one; otherwise keeps it for that

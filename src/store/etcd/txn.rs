@@ -8,8 +8,9 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, TxnOp};
 use crate::error::{Error, Result};
 use crate::names::is_waitpoint_id;
 use crate::records::Waitpoint;
+use crate::request::{identity_key, identity_of};
 use crate::store::etcd::Etcd;
-use crate::store::etcd::client::{Fetched, to_json};
+use crate::store::etcd::client::{Fetched, MAX_TXN_OPS, to_json};
 use crate::store::{Change, Txn, Version};
 
 /// A transaction: the revisions it read, which every write compares.
@@ -140,7 +141,27 @@ impl Txn for EtcdTxn<'_> {
                 ops.push(self.store.wake_op(w)?);
             }
         }
+        // A signal another host handed over is forgotten by the transaction that records it:
+        // applied and forgotten at once, one quorum write instead of two. (For a signal
+        // dropped here the key is not there, and deleting it costs nothing.) Only when the
+        // deletes fit in the transaction; otherwise the daemon's settle deletes them after.
+        let recorded: Vec<String> = changes
+            .iter()
+            .flat_map(|c| &c.change.records)
+            .map(|r| identity_key(&identity_of(&r.source)))
+            .collect();
+        let forgets = ops.len() + recorded.len() <= MAX_TXN_OPS;
+        if forgets {
+            ops.extend(
+                recorded
+                    .iter()
+                    .map(|k| TxnOp::delete(self.store.keys.handed_over(k), None)),
+            );
+        }
         let rev = self.store.guarded("cannot commit signals", compares, ops)?;
+        if forgets {
+            self.store.settled_by_commit(recorded);
+        }
         for c in changes {
             self.read.insert(c.change.state.id.clone(), rev);
         }

@@ -59,6 +59,10 @@ impl Etcd {
                             }
                             break;
                         }
+                        // One hint for every signal handed over in this response: the
+                        // leader reads them all at once, and a hint per key would send it to
+                        // find nothing left after the first.
+                        let mut handed_over = false;
                         for ev in resp.events() {
                             let Some(kv) = ev.kv() else { continue };
                             next = next.max(kv.mod_revision() + 1);
@@ -72,10 +76,13 @@ impl Etcd {
                                 }
                                 Some(Watched::Timer(id)) => hint(Hint::Timer(id)),
                                 Some(Watched::Callback(id)) => hint(Hint::Callback(id)),
-                                Some(Watched::HandedOver) if put => hint(Hint::Forwarded),
+                                Some(Watched::HandedOver) if put => handed_over = true,
                                 Some(Watched::WakeHere) if put => hint(Hint::Wakes),
                                 _ => {}
                             }
+                        }
+                        if handed_over {
+                            hint(Hint::Forwarded);
                         }
                     }
                     if failed {
