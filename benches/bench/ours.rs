@@ -236,11 +236,14 @@ pub struct IngestSetup {
     pub names: Vec<String>,
     /// The same files, for the peer.
     pub peer_stage: PathBuf,
+    /// When the last waitpoint was armed.
+    pub armed_at: Instant,
 }
 
 pub fn ingest_setup(dir: &Path, n_wp: usize, per_wp: usize) -> IngestSetup {
     let home = new_home(dir, r#"{"waitpointSweepMs": 30000}"#);
     let armed = arm(&home, n_wp, "bench", 10_000);
+    let armed_at = Instant::now();
     let stage = home.root().join("tmp").join("stage");
     let names = stage_signals(&stage, &armed, per_wp, "ok");
     let peer_stage = dir.with_extension("peer-stage");
@@ -255,6 +258,7 @@ pub fn ingest_setup(dir: &Path, n_wp: usize, per_wp: usize) -> IngestSetup {
         stage,
         names,
         peer_stage,
+        armed_at,
     }
 }
 
@@ -262,6 +266,10 @@ pub fn ingest_setup(dir: &Path, n_wp: usize, per_wp: usize) -> IngestSetup {
 /// into the drop zone at once while the daemon runs.
 pub fn ingest(bins: &Bins, setup: &IngestSetup) -> Ingest {
     let (home, stage, names) = (&setup.home, &setup.stage, &setup.names);
+    // A job reports long after its waitpoint was armed; in the first second a state's spare
+    // is still resting (`durable::SPARE_REST`) and its rewrite makes a new file. The signals
+    // arrive once that second is over, as a job's would.
+    std::thread::sleep(durable::SPARE_REST.saturating_sub(setup.armed_at.elapsed()));
     let daemon = Daemon::start(bins, home);
     daemon.wait_ready();
     let drop_zone = home.drop_zone();

@@ -246,6 +246,40 @@ impl Daemon {
         }
     }
 
+    /// Reads a waitpoint that appeared or changed elsewhere (another process, another host's
+    /// commit) together with every other one already waiting on the channel, in one read of
+    /// the store: a shared store's leader commits up to a batch of waitpoints at a time, and
+    /// a standby reading each on its own, one round trip after another, held up its own
+    /// hand-overs behind them.
+    pub(super) fn load_appeared(&mut self, id: String) {
+        let mut ids = vec![id];
+        self.gather(|event, n| match event {
+            Event::WaitpointAppeared(id) => {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+                *n = ids.len();
+                None
+            }
+            other => Some(other),
+        });
+        let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+        match self.engine.store().get_many(&refs) {
+            Ok(read) => {
+                for wp in read.into_iter().flatten() {
+                    self.note_device_watch(&wp);
+                    self.due.set(&wp.id, engine::next_due(&wp));
+                }
+            }
+            Err(e) => {
+                tracing::error!(
+                    waitpoints = ids.len(),
+                    "cannot read changed waitpoints: {e}"
+                )
+            }
+        }
+    }
+
     /// Applies an HTTP signal together with every other one already waiting on the channel
     /// (up to a batch), so concurrent clients share one journal commit; each answer is sent
     /// the moment the batch is durable (its journal line fdatasynced), not after its files are

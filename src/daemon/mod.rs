@@ -482,14 +482,7 @@ impl Daemon {
     fn handle(&mut self, event: Event) {
         match event {
             Event::SpoolFile(name) => self.collect_hinted(name),
-            Event::WaitpointAppeared(id) => match self.engine.load(&id) {
-                Ok(Some(wp)) => {
-                    self.note_device_watch(&wp);
-                    self.due.set(&wp.id, engine::next_due(&wp));
-                }
-                Ok(None) => {}
-                Err(e) => tracing::error!(waitpoint = %id, "cannot read new waitpoint: {e}"),
-            },
+            Event::WaitpointAppeared(id) => self.load_appeared(id),
             Event::TimerChanged(id) => self.reschedule_timer(&id),
             Event::HookDone {
                 owner: waitpoint,

@@ -560,7 +560,10 @@ fn normalized_tree(waitpoints: &Path) -> std::collections::BTreeMap<String, Valu
             .to_string_lossy()
             .into_owned();
         // A state's spare is not a record (the previous state, or empty).
-        if path.file_name().is_some_and(|n| n.to_string_lossy().starts_with('.')) {
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        {
             continue;
         }
         if rel.ends_with(".jsonl") {
