@@ -190,6 +190,12 @@ impl Owner {
     }
 }
 
+/// The identity key of a recorded signal (its record's `source` through [`identity_of`] and
+/// [`identity_key`]): what names it in a log, a record key and a handed-over key.
+pub fn record_key(record: &crate::records::SignalRecord) -> String {
+    identity_key(&identity_of(&record.source))
+}
+
 /// The identity as it appears in a signal file's name: bytes outside a safe set are
 /// percent-encoded, and a very long identity is cut and suffixed with its hash so the name
 /// stays under the filesystem's limit while staying unique.

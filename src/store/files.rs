@@ -24,6 +24,7 @@ use crate::names::is_waitpoint_id;
 use crate::records::{
     Callback, JOURNAL_FORMAT, JournalChange, JournalEntry, SignalRecord, Timer, Waitpoint,
 };
+use crate::request::record_key;
 
 use super::signal_log::{self, Mend};
 use super::{Change, Doc, DocTxn, Docs, Hint, Store, Txn, Version};
@@ -237,7 +238,7 @@ impl Store for Files {
         Ok(signal_log::read(&self.home, id)?
             .records
             .iter()
-            .map(|r| (r.seq, signal_log::key_of(r)))
+            .map(|r| (r.seq, record_key(r)))
             .collect())
     }
 
@@ -245,7 +246,7 @@ impl Store for Files {
         Ok(signal_log::read(&self.home, id)?
             .records
             .into_iter()
-            .find(|r| r.seq == seq && signal_log::key_of(r) == key))
+            .find(|r| r.seq == seq && record_key(r) == key))
     }
 
     /// One read of the log for all of them.

@@ -23,7 +23,6 @@ use crate::durable::{self, MAX_RECORD_BYTES};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::records::SignalRecord;
-use crate::request::{identity_key, identity_of};
 
 use super::files::parse_signal_file_name;
 
@@ -37,11 +36,6 @@ pub const MAX_LOG_BYTES: u64 = 4 * MAX_RECORD_BYTES;
 pub struct Logged {
     pub records: Vec<SignalRecord>,
     pub torn: bool,
-}
-
-/// The identity key a record is known by (the name its file had in the older form).
-pub fn key_of(record: &SignalRecord) -> String {
-    identity_key(&identity_of(&record.source))
 }
 
 /// `records` as log lines: compact JSON, each ending in a newline.

@@ -17,7 +17,7 @@
 //! `names` rules before they are looked up.
 
 use crate::records::SignalRecord;
-use crate::request::{identity_key, identity_of};
+use crate::request::{identity_key, record_key};
 use crate::store::DocKind;
 use crate::store::files::parse_signal_file_name;
 use crate::store::signal_file_name;
@@ -85,7 +85,7 @@ impl Keys {
     }
     /// The key of record `r` of waitpoint `id`, named by its source's identity.
     pub(super) fn record_of(&self, id: &str, r: &SignalRecord) -> Vec<u8> {
-        self.record(id, r.seq, &identity_key(&identity_of(&r.source)))
+        self.record(id, r.seq, &record_key(r))
     }
     /// The waitpoint id a key under [`records`](Self::records) belongs to.
     pub(super) fn record_owner(&self, key: &[u8]) -> Option<String> {
@@ -260,7 +260,7 @@ mod tests {
     fn a_record_key_is_named_as_its_file_on_the_files_store() {
         let k = keys();
         let r = record(3, "spool:done.json@b");
-        let name = signal_file_name(3, &identity_key(&identity_of(&r.source)));
+        let name = signal_file_name(3, &record_key(&r));
         assert_eq!(text(k.record_of(ID, &r)), format!("team/a/rec/{ID}/{name}"));
         // A cortex-signal key is the same signal on every host: named by the key alone.
         let sent = record(4, "http:cs-0123456789abcdef0123456789abcdef");

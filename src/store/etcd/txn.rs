@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, TxnOp};
 use crate::error::{Error, Result};
 use crate::names::is_waitpoint_id;
 use crate::records::Waitpoint;
-use crate::request::{identity_key, identity_of};
+use crate::request::record_key;
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::{Fetched, MAX_TXN_OPS, to_json};
 use crate::store::{Change, Txn, Version};
@@ -148,7 +148,7 @@ impl Txn for EtcdTxn<'_> {
         let recorded: Vec<String> = changes
             .iter()
             .flat_map(|c| &c.change.records)
-            .map(|r| identity_key(&identity_of(&r.source)))
+            .map(record_key)
             .collect();
         let forgets = ops.len() + recorded.len() <= MAX_TXN_OPS;
         if forgets {
