@@ -298,18 +298,17 @@ mod tests {
         // A writer holds `old`, the file the reader opened before it became a spare.
         let writer = File::options().write(true).open(&old).unwrap();
         flock(&writer, FlockOperation::NonBlockingLockExclusive).unwrap();
-        let mut read = String::new();
-        settled(File::open(&old).unwrap(), || File::open(&now))
-            .unwrap()
-            .read_to_string(&mut read)
-            .unwrap();
-        assert_eq!(read, "whole");
+        // What a read that opened `old` first reads, `reopen` naming what is there now.
+        let read_opening_old = |reopen: &Path| {
+            let mut read = String::new();
+            settled(File::open(&old).unwrap(), || File::open(reopen))
+                .unwrap()
+                .read_to_string(&mut read)
+                .unwrap();
+            read
+        };
+        assert_eq!(read_opening_old(&now), "whole");
         // Held by something that never lets go: read as it is, not waited for.
-        let mut read = String::new();
-        settled(File::open(&old).unwrap(), || File::open(&old))
-            .unwrap()
-            .read_to_string(&mut read)
-            .unwrap();
-        assert_eq!(read, "being written over");
+        assert_eq!(read_opening_old(&old), "being written over");
     }
 }
