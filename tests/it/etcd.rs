@@ -3,6 +3,7 @@
 //! hosts. After each run the cluster is exported into an ordinary home (with every host's
 //! inboxes beside it) and held to the file store's invariants (`invariants.rs`).
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -1002,41 +1003,52 @@ fn a_member_killed_and_left_down_mid_storm_costs_nothing_and_a_lost_quorum_keeps
     assert_eq!(findings.wakes, 1, "{findings:?}");
 }
 
-#[test]
-fn a_burst_a_standby_hands_over_takes_one_transaction_and_is_forgotten_as_it_is_applied() {
+/// `per` progress signals with the fields `extra` to each of `n` waitpoints armed on leader
+/// `a`, dropped on standby `b` before its daemon starts (so its first sweep finds them all at
+/// once). Returns, once every one is applied and nothing is left handed over, the cluster's
+/// history (`Cluster::events`).
+fn standby_burst(n: usize, per: usize, extra: &str) -> Vec<(i64, String, bool)> {
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
     let b = host(&cluster, "b", "");
     let _da = a.daemon();
     wait_leading(&a);
-    // More signals than one application takes (30), dropped before the standby starts, so
-    // its first sweep finds them all at once.
-    let armed: Vec<(String, String)> = (0..40)
-        .map(|i| id_secret(&a.arm(&format!("job{i}"), &["--session", "s"])))
+    let armed: Vec<(String, String)> = (0..n)
+        .map(|i| {
+            let flags = ["--session", "s", "--max-signals", "1000"];
+            id_secret(&a.arm(&format!("job{i}"), &flags))
+        })
         .collect();
-    for (i, (id, secret)) in armed.iter().enumerate() {
-        b.drop_file(
-            &format!("p{i:02}"),
-            &body(id, secret, r#","status":"progress""#),
-        );
+    let fields = format!(r#","status":"progress"{extra}"#);
+    for k in 0..per {
+        for (i, (id, secret)) in armed.iter().enumerate() {
+            b.drop_file(&format!("p{k:02}-{i:02}"), &body(id, secret, &fields));
+        }
     }
     let _db = b.daemon();
     a.wait_until("every signal applied and nothing left handed over", || {
-        b.spooled().is_empty() && cluster.count("rec/") == 40 && cluster.count("in/") == 0
+        b.spooled().is_empty() && cluster.count("rec/") == n * per && cluster.count("in/") == 0
     });
+    cluster.events()
+}
 
-    let events = cluster.events();
-    let revisions = |prefix: &str, deleted: bool| -> std::collections::BTreeSet<i64> {
-        events
-            .iter()
-            .filter(|(_, k, d)| k.starts_with(prefix) && *d == deleted)
-            .map(|(r, _, _)| *r)
-            .collect()
-    };
+/// The revisions at which keys under `prefix` were put (`deleted` false) or deleted.
+fn revisions(events: &[(i64, String, bool)], prefix: &str, deleted: bool) -> BTreeSet<i64> {
+    events
+        .iter()
+        .filter(|(_, k, d)| k.starts_with(prefix) && *d == deleted)
+        .map(|(r, _, _)| *r)
+        .collect()
+}
+
+#[test]
+fn a_burst_a_standby_hands_over_takes_one_transaction_and_is_forgotten_as_it_is_applied() {
+    // More signals than one application takes (30).
+    let events = standby_burst(40, 1, "");
     let (handed, forgotten, recorded) = (
-        revisions("t/in/", false),
-        revisions("t/in/", true),
-        revisions("t/rec/", false),
+        revisions(&events, "t/in/", false),
+        revisions(&events, "t/in/", true),
+        revisions(&events, "t/rec/", false),
     );
     assert_eq!(
         handed.len(),
@@ -1055,5 +1067,18 @@ fn a_burst_a_standby_hands_over_takes_one_transaction_and_is_forgotten_as_it_is_
             .count(),
         40,
         "every key handed over is forgotten once"
+    );
+}
+
+#[test]
+fn a_burst_bigger_than_one_etcd_request_is_handed_over_in_several() {
+    // 110 signals of 15 KB (a signal's data may be 16,000 characters), 1.7 MB in all: more
+    // than etcd takes in one request (1.5 MiB), while each application of 30 stays under it.
+    let blob = "x".repeat(15_000);
+    let events = standby_burst(11, 10, &format!(r#","data":{{"blob":"{blob}"}}"#));
+    let handed = revisions(&events, "t/in/", false);
+    assert!(
+        handed.len() >= 2,
+        "the burst is cut into transactions etcd takes (handed over at {handed:?})"
     );
 }
