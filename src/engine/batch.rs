@@ -135,13 +135,17 @@ impl Engine {
         let mut out = Vec::with_capacity(items.len());
         // Applying a signal writes several keys, and the store says how many signals fit in
         // one of its transactions. Handing one over writes one key: a standby hands the
-        // whole batch over at once (the store cuts it to what a transaction takes).
-        let size = match self.store.applies_signals() {
+        // whole batch over at once (the store cuts it to what a transaction takes). Decided
+        // once for the batch, so a leadership that changes meanwhile never has a leader apply
+        // a chunk cut for handing over (a standby that became the leader hands over to itself,
+        // which is harmless).
+        let applies = self.store.applies_signals();
+        let size = match applies {
             true => self.store.max_batch(),
             false => MAX_BATCH,
         };
         for chunk in items.chunks(size.max(1)) {
-            if self.store.applies_signals() {
+            if applies {
                 let offset = out.len();
                 out.extend(self.apply_chunk(chunk, &mut |i, v| durable(offset + i, v)));
             } else {
