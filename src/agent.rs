@@ -295,7 +295,7 @@ pub fn check_rows(engine: &Engine, items: &[Waitpoint]) -> Result<Vec<render::Ch
             if wp.counters.progress == 0 {
                 Ok(None)
             } else {
-                engine.latest_signal(&wp.id, |s| s.status == SignalStatus::Progress)
+                engine.latest_signal(wp, |s| s.status == SignalStatus::Progress)
             }
         })
         .collect::<Result<Vec<_>>>()?;

@@ -29,15 +29,17 @@ struct Group {
     version: Version,
     /// Whether `recover` and the outbox flush have run (once, before the first signal counts).
     ready: bool,
-    /// Records decided in this batch, not yet on disk, with their identity keys.
-    fresh: Vec<(SignalRecord, String)>,
+    /// Records decided in this batch that the log keeps whole, not yet on disk.
+    kept: Vec<SignalRecord>,
+    /// The identity keys of every signal decided in this batch, kept or folded.
+    keys: Vec<String>,
     failed: Option<String>,
 }
 
 impl Group {
     /// Whether the batch commits anything for this waitpoint: signals decided, none failed.
     fn is_live(&self) -> bool {
-        !self.fresh.is_empty() && self.failed.is_none()
+        !self.keys.is_empty() && self.failed.is_none()
     }
 }
 
@@ -187,10 +189,15 @@ impl Engine {
                     let key = identity_key(&source.identity());
                     match self.store.identities(&wp.id) {
                         Err(e) => Err(e),
-                        Ok(ids) if ids.iter().any(|(_, k)| *k == key) => Ok(Verdict::Duplicate {
-                            id: wp.id,
-                            next_due: None,
-                        }),
+                        Ok(ids)
+                            if rules::is_folded(&wp, &key)
+                                || ids.iter().any(|(_, k)| *k == key) =>
+                        {
+                            Ok(Verdict::Duplicate {
+                                id: wp.id,
+                                next_due: None,
+                            })
+                        }
                         Ok(_) => Ok(Verdict::Closed {
                             id: wp.id,
                             status: wp.status,
@@ -283,7 +290,7 @@ impl Engine {
             let message = e.to_string();
             for (id, g) in &by_id {
                 if let Some(g) = g
-                    && !groups[*g].fresh.is_empty()
+                    && !groups[*g].keys.is_empty()
                 {
                     groups[*g].failed.get_or_insert_with(|| message.clone());
                     // Records may be on disk without the state: the next attempt must recover.
@@ -319,7 +326,8 @@ impl Engine {
             wp,
             version,
             ready: false,
-            fresh: Vec::new(),
+            kept: Vec::new(),
+            keys: Vec::new(),
             failed: None,
         }))
     }
@@ -373,7 +381,10 @@ impl Engine {
             }));
         }
         let key = identity_key(&source.identity());
-        if self.seen_contains(&wp.id, &key) || group.fresh.iter().any(|(_, k)| *k == key) {
+        if self.seen_contains(&wp.id, &key)
+            || group.keys.contains(&key)
+            || rules::is_folded(wp, &key)
+        {
             return Slot::Done(Ok(Verdict::Duplicate {
                 id: wp.id.clone(),
                 next_due: next_due(wp),
@@ -384,15 +395,22 @@ impl Engine {
         }
         let record = next_record(wp, req, source.origin(), now);
         let seq = record.seq;
-        group.fresh.push((record.clone(), key));
-        let fresh: Vec<SignalRecord> = group.fresh.iter().map(|(r, _)| r.clone()).collect();
-        match self.step_with(&mut group.wp, &record, &fresh) {
-            Ok(wake) => Slot::Accepted {
-                group: g,
-                seq,
-                wake,
-                status: group.wp.status,
-            },
+        // In the batch's kept records while it is decided; taken out again if folded.
+        group.kept.push(record.clone());
+        let stepped = self.step_with(&mut group.wp, &record, &key, &group.kept);
+        group.keys.push(key);
+        match stepped {
+            Ok((wake, keep)) => {
+                if !keep {
+                    group.kept.pop();
+                }
+                Slot::Accepted {
+                    group: g,
+                    seq,
+                    wake,
+                    status: group.wp.status,
+                }
+            }
             Err(e) => {
                 group.failed = Some(e.to_string());
                 Slot::Done(Err(e))
@@ -417,7 +435,7 @@ impl Engine {
                 expect: g.version,
                 change: JournalChange {
                     state: g.wp.clone(),
-                    records: g.fresh.iter().map(|(r, _)| r.clone()).collect(),
+                    records: g.kept.clone(),
                     wakes,
                 },
             });
@@ -428,7 +446,7 @@ impl Engine {
         let groups: &[Group] = groups;
         txn.commit_notify(&changes, &mut || durable(groups))?;
         for g in groups.iter().filter(|g| g.is_live()) {
-            for (_, key) in &g.fresh {
+            for key in &g.keys {
                 self.seen_insert(&g.wp.id, key.clone());
             }
             if g.wp.status != Status::Armed && g.wp.pending_wake.is_none() {

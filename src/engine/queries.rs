@@ -32,18 +32,29 @@ impl Engine {
         self.store.records(id, first_seq)
     }
 
-    /// The newest recorded signal of a waitpoint that `pick` accepts, read newest first so a
-    /// long-lived monitor costs one read when its latest report matches.
+    /// Every signal of `wp` at hand, in order: those its log kept whole and the newest folded
+    /// ones its state holds (without their data).
+    pub fn known_signals(&self, wp: &Waitpoint) -> Result<Vec<SignalRecord>> {
+        Ok(self.carried(wp, 1, &[])?.records)
+    }
+
+    /// The newest recorded signal of `wp` that `pick` accepts: among the folded ones its state
+    /// holds (newer than any the log kept since the log began folding), then in the log.
     pub fn latest_signal(
         &self,
-        id: &str,
+        wp: &Waitpoint,
         pick: impl Fn(&SignalRecord) -> bool,
     ) -> Result<Option<SignalRecord>> {
-        Ok(self
-            .read_signals(id, 1)?
+        let folded = wp.log.recent.iter().rev().find(|r| pick(r)).cloned();
+        let kept = self
+            .read_signals(&wp.id, 1)?
             .into_iter()
             .rev()
-            .find(|r| pick(r)))
+            .find(|r| pick(r));
+        Ok(match (folded, kept) {
+            (Some(f), Some(k)) => Some(if f.seq > k.seq { f } else { k }),
+            (f, k) => f.or(k),
+        })
     }
 
     /// Every waitpoint in the home, oldest first (a full scan).

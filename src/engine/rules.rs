@@ -6,7 +6,7 @@ use crate::clock::{Timestamp, human_duration};
 use crate::records::{
     DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, HoldReason,
     Outcome, PendingWake, ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake,
-    WakeKind, WakeSubject,
+    WakeDigest, WakeKind, WakeSubject,
 };
 
 /// Why a well-formed signal was not accepted.
@@ -71,6 +71,145 @@ pub fn check_member(wp: &Waitpoint, member: Option<&str>) -> Result<(), Refusal>
 pub const GRACE_MS: i64 = 3_000;
 /// The window of the wake cap.
 pub const HOUR_MS: i64 = 3_600_000;
+
+/// The log keeps the first this many heartbeats of a waitpoint whole; later ones are folded
+/// into counts (`LogSummary`), the newest few kept in the state.
+pub const LOG_KEEP_HEARTBEATS: u64 = 16;
+/// The records, and the bytes of their lines, that the log keeps whole in all. Past either, a
+/// signal is folded unless a wake must carry it (a report that counts toward a wake not
+/// already held), so the final report is never lost, and the log stays small enough to read.
+pub const LOG_KEEP_RECORDS: u64 = 1_000;
+pub const LOG_KEEP_BYTES: u64 = 4 * 1024 * 1024;
+/// Folded signals the state keeps with their message, newest last.
+pub const LOG_RECENT: usize = 3;
+/// Folded identities the state remembers for de-duplication: more than a batch holds, so a
+/// signal a crash brings back with its batch is a duplicate.
+pub const LOG_KEYS: usize = 2 * super::MAX_BATCH;
+/// The most reports (terminal signals) and heartbeats one wake carries; the rest are counted
+/// and `waitpoint show` lists what the log kept.
+pub const WAKE_REPORTS: usize = 24;
+pub const WAKE_HEARTBEATS: usize = 3;
+
+/// Where a waitpoint stood before a signal was applied, as [`keep_whole`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Before {
+    terminal: u32,
+    rounds: u64,
+    held: bool,
+}
+
+impl Before {
+    pub fn of(wp: &Waitpoint) -> Self {
+        Before {
+            terminal: wp.round.terminal,
+            rounds: wp.counters.rounds,
+            held: wp.pending_wake.is_some(),
+        }
+    }
+}
+
+/// What a folded signal's identity key is remembered as: a short digest, so the state stays
+/// small whatever the keys are.
+pub fn folded_key(key: &str) -> String {
+    crate::secret::hash(key)[..16].to_owned()
+}
+
+/// Whether `key` is the identity of a signal the log folded (among the newest remembered).
+pub fn is_folded(wp: &Waitpoint, key: &str) -> bool {
+    !wp.log.keys.is_empty() && wp.log.keys.contains(&folded_key(key))
+}
+
+/// Decides whether `rec`, just applied to `wp` (which stood at `before`), is written whole to
+/// the log, and notes it in `wp.log` either way. `line_bytes` is the size of its log line and
+/// `key` its identity key.
+///
+/// Kept whole: the first [`LOG_KEEP_HEARTBEATS`] heartbeats and any report while the log is
+/// under [`LOG_KEEP_RECORDS`] and [`LOG_KEEP_BYTES`]; past that, a report only when it counted
+/// toward a wake that is not already held (the bound is then the wakes themselves). Anything
+/// else is folded: counted, its identity remembered, the newest [`LOG_RECENT`] kept without
+/// their data.
+pub fn keep_whole(
+    wp: &mut Waitpoint,
+    before: Before,
+    rec: &SignalRecord,
+    line_bytes: u64,
+    key: &str,
+) -> bool {
+    let counted = wp.counters.rounds > before.rounds || wp.round.terminal > before.terminal;
+    let log = &wp.log;
+    let carried = rec.status.is_terminal() && counted && !before.held;
+    let room = log.kept < LOG_KEEP_RECORDS
+        && log.kept_bytes.saturating_add(line_bytes) <= LOG_KEEP_BYTES
+        && (rec.status.is_terminal() || log.kept_progress < LOG_KEEP_HEARTBEATS);
+    if carried || room {
+        note_kept(wp, rec, line_bytes);
+        return true;
+    }
+    let log = &mut wp.log;
+    match rec.status {
+        SignalStatus::Ok => log.folded_ok += 1,
+        SignalStatus::Fail => log.folded_fail += 1,
+        SignalStatus::Progress => log.folded_progress += 1,
+    }
+    if log.first_folded.is_none() {
+        log.first_folded = Some(fact(rec));
+    }
+    log.recent.push(SignalRecord {
+        data: None,
+        ..rec.clone()
+    });
+    if log.recent.len() > LOG_RECENT {
+        log.recent.remove(0);
+    }
+    log.keys.push(folded_key(key));
+    if log.keys.len() > LOG_KEYS {
+        log.keys.remove(0);
+    }
+    false
+}
+
+/// Counts `rec` among the records the log keeps whole (its line is `line_bytes` long).
+pub fn note_kept(wp: &mut Waitpoint, rec: &SignalRecord, line_bytes: u64) {
+    let log = &mut wp.log;
+    log.kept += 1;
+    log.kept_bytes = log.kept_bytes.saturating_add(line_bytes);
+    if !rec.status.is_terminal() {
+        log.kept_progress += 1;
+    }
+}
+
+/// The signals a wake is about: every one from `first_seq` on (`seq` counts folded ones too),
+/// of which `records` are at hand, in `seq` order: those the log kept and the folded ones the
+/// state still holds.
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    pub first_seq: u64,
+    pub records: Vec<SignalRecord>,
+}
+
+impl Carried {
+    /// How many signals arrived from `first_seq` up to `wp`'s newest.
+    pub fn count(&self, wp: &Waitpoint) -> u64 {
+        (wp.counters.signals + 1).saturating_sub(self.first_seq.max(1))
+    }
+
+    /// What one wake shows of them: the newest [`WAKE_REPORTS`] reports and the newest
+    /// [`WAKE_HEARTBEATS`] heartbeats, in `seq` order.
+    pub fn shown(&self) -> Vec<&SignalRecord> {
+        let newest = |terminal: bool, n: usize| {
+            self.records
+                .iter()
+                .rev()
+                .filter(move |s| s.status.is_terminal() == terminal)
+                .take(n)
+        };
+        let mut out: Vec<&SignalRecord> = newest(true, WAKE_REPORTS)
+            .chain(newest(false, WAKE_HEARTBEATS))
+            .collect();
+        out.sort_by_key(|s| s.seq);
+        out
+    }
+}
 
 /// A round that a signal completed: the signals from `first_seq` on go into its wake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,9 +349,11 @@ pub fn release_pending(wp: &mut Waitpoint, now: Timestamp, cap: u32) -> Option<P
 }
 
 /// Expires an armed waitpoint whose deadline has passed. `pending` are the signals no wake has
-/// carried yet (a report held back by the cap included). Returns the deadline notice for the
+/// carried yet (a report held back by the cap included), folded ones counted. Returns the deadline notice for the
 /// wake.
-pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> DeadlineNotice {
+pub fn expire(wp: &mut Waitpoint, pending: &Carried, now: Timestamp) -> DeadlineNotice {
+    let arrived = pending.count(wp);
+    let pending = &pending.records;
     let terminal: Vec<&SignalRecord> = pending.iter().filter(|s| s.status.is_terminal()).collect();
     let last_heartbeat = pending
         .iter()
@@ -235,7 +376,7 @@ pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> D
         .collect();
     let case = if wp.max_signals > 1 {
         DeadlineCase::MonitorEnded
-    } else if pending.is_empty() {
+    } else if arrived == 0 {
         DeadlineCase::NobodyReported
     } else if terminal.is_empty() {
         DeadlineCase::OnlyHeartbeats
@@ -274,17 +415,21 @@ fn who(s: &SignalRecord) -> String {
     }
 }
 
-/// Builds the next wake (counting it in `counters.wakes` and the cap's window), carrying
-/// `signals`. `rounds` is how many reports it carries (more than one when the cap folded them).
+/// Builds the next wake (counting it in `counters.wakes` and the cap's window), carrying a
+/// bounded digest of `carried` ([`Carried::shown`], and how many arrived in all). `rounds` is
+/// how many reports it carries (more than one when the cap folded them).
 pub fn compose_wake(
     wp: &mut Waitpoint,
     kind: WakeKind,
     outcome: Option<Outcome>,
-    signals: &[SignalRecord],
+    carried: &Carried,
     deadline: Option<DeadlineNotice>,
     rounds: u64,
     now: Timestamp,
 ) -> Wake {
+    let arrived = carried.count(wp);
+    let signals: Vec<SignalRecord> = carried.shown().into_iter().cloned().collect();
+    let signals = &signals[..];
     wp.counters.wakes += 1;
     wp.recent_wakes.push(now);
     let wp = &*wp;
@@ -308,7 +453,7 @@ window folded {rounds} reports into it",
             "wake {} of {} ({outcome_word}) after {waited}",
             wp.counters.wakes, wp.max_signals
         ),
-        (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, signals.len(), &waited),
+        (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, arrived, &waited),
         (WakeKind::Deadline, None) => format!("deadline passed after {waited}"),
         (WakeKind::Recheck, _) => format!(
             "recheck: nothing terminal has arrived after {waited}; it is still armed \
@@ -346,6 +491,18 @@ window folded {rounds} reports into it",
         text.push_str(&lines.join("; "));
         text.push('\n');
     }
+    let digest = (arrived > signals.len() as u64).then(|| WakeDigest {
+        signals: arrived,
+        shown: signals.len() as u64,
+    });
+    if let Some(d) = &digest {
+        text.push_str(&format!(
+            "Signals: {} arrived for this wake; shown here are the newest {} (at most {WAKE_REPORTS} \
+reports and {WAKE_HEARTBEATS} heartbeats); the rest are counted, and `waitpoint show {}` lists \
+every one the log kept.\n",
+            d.signals, d.shown, wp.id
+        ));
+    }
     push_intent_and_payload(&mut text, wp, &external);
     Wake {
         wake_id: wp.wake_id(wp.counters.wakes),
@@ -367,6 +524,7 @@ window folded {rounds} reports into it",
         reports,
         deadline,
         external_payload: external,
+        digest,
         text,
     }
 }
@@ -411,7 +569,7 @@ pub(super) fn push_intent_and_payload(
     }
 }
 
-fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: usize, waited: &str) -> String {
+fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: u64, waited: &str) -> String {
     match n.case {
         DeadlineCase::NobodyReported => format!("deadline passed after {waited}; nobody reported"),
         DeadlineCase::OnlyHeartbeats => format!(
