@@ -595,3 +595,140 @@ fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: u64, waited: &
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::test_record;
+
+    /// A one-shot waitpoint, armed, with no signal yet (the layouts' example, reset).
+    fn armed(max_signals: u32) -> Waitpoint {
+        let mut wp: Waitpoint =
+            serde_json::from_str(include_str!("../../layouts/waitpoint.example.json")).unwrap();
+        wp.members.clear();
+        wp.quorum = 1;
+        wp.max_signals = max_signals;
+        wp.status = Status::Armed;
+        wp.outcome = None;
+        wp.resolved_at = None;
+        wp.counters = Default::default();
+        wp.round = Round {
+            start_seq: 1,
+            ..Round::default()
+        };
+        wp.pending_wake = None;
+        wp.recent_wakes.clear();
+        wp.log = Default::default();
+        wp
+    }
+
+    fn signal(seq: u64, status: SignalStatus) -> SignalRecord {
+        SignalRecord {
+            status,
+            message: Some(format!("report {seq}")),
+            data: Some(serde_json::json!({ "step": seq })),
+            ..test_record(seq, &format!("spool:{seq}.json"))
+        }
+    }
+
+    /// Applies `rec` as the engine does and says whether the log keeps it whole.
+    fn apply(wp: &mut Waitpoint, rec: &SignalRecord, bytes: u64) -> bool {
+        let before = Before::of(wp);
+        apply_signal(wp, rec);
+        keep_whole(wp, before, rec, bytes, &rec.source)
+    }
+
+    #[test]
+    fn the_first_heartbeats_are_kept_whole_and_the_rest_folded_into_counts() {
+        let mut wp = armed(1);
+        let kept: Vec<bool> = (1..=40)
+            .map(|seq| apply(&mut wp, &signal(seq, SignalStatus::Progress), 100))
+            .collect();
+        assert!(kept[..LOG_KEEP_HEARTBEATS as usize].iter().all(|k| *k));
+        assert!(kept[LOG_KEEP_HEARTBEATS as usize..].iter().all(|k| !*k));
+        assert_eq!(wp.counters.progress, 40);
+        assert_eq!(wp.log.kept_progress, LOG_KEEP_HEARTBEATS);
+        assert_eq!(wp.log.folded_progress, 40 - LOG_KEEP_HEARTBEATS);
+        assert_eq!(
+            wp.log.first_folded.as_ref().map(|f| f.seq),
+            Some(LOG_KEEP_HEARTBEATS + 1)
+        );
+        let recent: Vec<u64> = wp.log.recent.iter().map(|r| r.seq).collect();
+        assert_eq!(recent, [38, 39, 40]);
+        assert!(wp.log.recent.iter().all(|r| r.data.is_none()));
+        assert!(is_folded(&wp, "spool:40.json"));
+        assert!(
+            !is_folded(&wp, "spool:3.json"),
+            "a kept one is found in the log"
+        );
+    }
+
+    #[test]
+    fn past_the_logs_bounds_a_report_a_wake_must_carry_is_kept_and_one_folded_into_a_held_wake_is_not()
+     {
+        let mut wp = armed(100);
+        // The byte budget spent by one report.
+        assert!(apply(&mut wp, &signal(1, SignalStatus::Ok), LOG_KEEP_BYTES));
+        // The next completes a round that starts a wake of its own: carried, so kept.
+        assert!(apply(&mut wp, &signal(2, SignalStatus::Ok), 100));
+        // With a wake held (the hourly cap), a round folds into it: folded.
+        wp.pending_wake = Some(PendingWake {
+            reason: HoldReason::WakeLimit,
+            due_at: Timestamp::from_millis(0),
+            kind: WakeKind::Report,
+            outcome: Outcome::Ok,
+            first_seq: 3,
+            rounds: 1,
+        });
+        assert!(!apply(&mut wp, &signal(3, SignalStatus::Ok), 100));
+        assert_eq!(wp.log.folded_ok, 1);
+        assert_eq!(wp.counters.ok, 3);
+    }
+
+    #[test]
+    fn a_wake_shows_the_newest_reports_and_heartbeats_and_counts_the_rest() {
+        let mut wp = armed(1);
+        let records: Vec<SignalRecord> = (1..=200)
+            .map(|seq| {
+                let status = match seq % 2 {
+                    0 => SignalStatus::Ok,
+                    _ => SignalStatus::Progress,
+                };
+                signal(seq, status)
+            })
+            .collect();
+        wp.counters.signals = 250;
+        let carried = Carried {
+            first_seq: 1,
+            records,
+        };
+        let shown = carried.shown();
+        assert_eq!(carried.count(&wp), 250);
+        let heartbeats: Vec<u64> = shown
+            .iter()
+            .filter(|s| !s.status.is_terminal())
+            .map(|s| s.seq)
+            .collect();
+        assert_eq!(heartbeats, [195, 197, 199]);
+        let reports = shown.iter().filter(|s| s.status.is_terminal()).count();
+        assert_eq!(reports, WAKE_REPORTS);
+        assert!(shown.windows(2).all(|w| w[0].seq < w[1].seq));
+        let wake = compose_wake(
+            &mut wp,
+            WakeKind::Resolved,
+            Some(Outcome::Ok),
+            &carried,
+            None,
+            1,
+            Timestamp::from_millis(0),
+        );
+        assert_eq!(
+            wake.digest,
+            Some(WakeDigest {
+                signals: 250,
+                shown: (WAKE_REPORTS + WAKE_HEARTBEATS) as u64
+            })
+        );
+        assert_eq!(wake.reports.len(), WAKE_REPORTS + WAKE_HEARTBEATS);
+    }
+}

@@ -36,7 +36,7 @@ fn only_wake(env: &Env) -> Value {
 fn a_flood_of_heartbeats_is_folded_and_the_final_report_wakes_with_a_bounded_digest() {
     const FLOOD: u64 = 300;
     let env = Env::new();
-    let _daemon = env.daemon();
+    let daemon = env.daemon();
     let (id, secret) = id_secret(&env.arm("train", &[]));
     for n in 1..=FLOOD {
         env.drop_file(&format!("hb{n:04}"), &big_heartbeat(&id, &secret, n));
@@ -63,7 +63,10 @@ fn a_flood_of_heartbeats_is_folded_and_the_final_report_wakes_with_a_bounded_dig
         "a folded heartbeat keeps no data in the state"
     );
 
-    // A retry of a folded heartbeat (its file again, by the same name) is a duplicate.
+    // A retry of a folded heartbeat (its file again, by the same name) is a duplicate, also
+    // for a daemon started since, which knows it only from the state.
+    daemon.terminate();
+    let _daemon = env.daemon();
     env.drop_file(
         &format!("hb{FLOOD:04}"),
         &big_heartbeat(&id, &secret, FLOOD),
