@@ -342,6 +342,10 @@ pub struct SignalRecord {
     pub message: Option<String>,
     pub data: Option<Value>,
     pub received_at: Timestamp,
+    /// Whether the sender's `data` was left out to keep the log bounded
+    /// (`engine::rules::keep_whole`); absent when the record is whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub data_dropped: bool,
 }
 
 /// A signal record for unit tests: `status` ok, no member, message or data, received at 0.
@@ -355,6 +359,7 @@ pub(crate) fn test_record(seq: u64, source: &str) -> SignalRecord {
         message: None,
         data: None,
         received_at: Timestamp::from_millis(0),
+        data_dropped: false,
     }
 }
 

@@ -395,22 +395,18 @@ impl Engine {
         }
         let record = next_record(wp, req, source.origin(), now);
         let seq = record.seq;
-        // In the batch's kept records while it is decided; taken out again if folded.
-        group.kept.push(record.clone());
-        let stepped = self.step_with(&mut group.wp, &record, &key, &group.kept);
+        // Among the batch's records for the log while it is decided; the step leaves it as
+        // the log keeps it (whole, without its data, or taken out again when folded).
+        group.kept.push(record);
+        let stepped = self.step_with(&mut group.wp, &key, &mut group.kept);
         group.keys.push(key);
         match stepped {
-            Ok((wake, keep)) => {
-                if !keep {
-                    group.kept.pop();
-                }
-                Slot::Accepted {
-                    group: g,
-                    seq,
-                    wake,
-                    status: group.wp.status,
-                }
-            }
+            Ok(wake) => Slot::Accepted {
+                group: g,
+                seq,
+                wake,
+                status: group.wp.status,
+            },
             Err(e) => {
                 group.failed = Some(e.to_string());
                 Slot::Done(Err(e))

@@ -252,28 +252,34 @@ impl Engine {
         }
     }
 
-    /// [`step`](Self::step) for a record decided now, not yet on disk: decides whether the log
-    /// keeps it whole ([`rules::keep_whole`]; `key` is its identity key) and returns that with
-    /// the wake's kind. `fresh` holds the batch's records the log will keep (this one last).
+    /// [`step`](Self::step) for a record decided now, not yet on disk: decides how the log
+    /// keeps it ([`rules::keep_whole`]; `key` is its identity key) and leaves `kept` (the
+    /// batch's records for the log, this one pushed last) as the log will have it. Returns the
+    /// wake's kind.
     fn step_with(
         &self,
         wp: &mut Waitpoint,
-        record: &SignalRecord,
         key: &str,
-        fresh: &[SignalRecord],
-    ) -> Result<(Option<WakeKind>, bool)> {
+        kept: &mut Vec<SignalRecord>,
+    ) -> Result<Option<WakeKind>> {
+        let record = kept.last().expect("the record being decided").clone();
         let before = rules::Before::of(wp);
-        let done = rules::apply_signal(wp, record);
-        let keep = rules::keep_whole(wp, before, record, line_bytes(record), key);
-        let Some(done) = done else {
-            return Ok((None, keep));
-        };
-        // A folded record reaches the wake through the state's recent ones, not the log.
-        let fresh = match keep {
-            true => fresh,
-            false => &fresh[..fresh.len().saturating_sub(1)],
-        };
-        Ok((self.schedule(wp, done, fresh)?, keep))
+        let done = rules::apply_signal(wp, &record);
+        let slim = || line_bytes(&rules::without_data(&record));
+        match rules::keep_whole(wp, before, &record, (line_bytes(&record), slim), key) {
+            rules::Keep::Whole => {}
+            rules::Keep::WithoutData => {
+                *kept.last_mut().expect("the record being decided") = rules::without_data(&record)
+            }
+            // A folded record reaches a wake through the state's recent ones, not the log.
+            rules::Keep::Folded => {
+                kept.pop();
+            }
+        }
+        match done {
+            Some(done) => self.schedule(wp, done, kept),
+            None => Ok(None),
+        }
     }
 
     /// Sends or holds the wake of a completed round.
@@ -511,6 +517,7 @@ fn next_record(
         message: req.message.clone(),
         data: req.data.clone(),
         received_at: now,
+        data_dropped: false,
     }
 }
 

@@ -72,12 +72,12 @@ pub const GRACE_MS: i64 = 3_000;
 /// The window of the wake cap.
 pub const HOUR_MS: i64 = 3_600_000;
 
-/// The log keeps the first this many heartbeats of a waitpoint whole; later ones are folded
-/// into counts (`LogSummary`), the newest few kept in the state.
+/// The log keeps the first this many heartbeats of a waitpoint whole; later ones lose their
+/// data, and past the log's bounds are folded into counts (`LogSummary`).
 pub const LOG_KEEP_HEARTBEATS: u64 = 16;
-/// The records, and the bytes of their lines, that the log keeps whole in all. Past either, a
-/// signal is folded unless a wake must carry it (a report that counts toward a wake not
-/// already held), so the final report is never lost, and the log stays small enough to read.
+/// The records, and the bytes of their lines, that the log keeps in all. Past either, a signal
+/// is folded unless a wake must carry it (a report that counts toward a wake not already
+/// held), so the final report is never lost, and the log stays small enough to read.
 pub const LOG_KEEP_RECORDS: u64 = 1_000;
 pub const LOG_KEEP_BYTES: u64 = 4 * 1024 * 1024;
 /// Folded signals the state keeps with their message, newest last.
@@ -119,31 +119,49 @@ pub fn is_folded(wp: &Waitpoint, key: &str) -> bool {
     !wp.log.keys.is_empty() && wp.log.keys.contains(&folded_key(key))
 }
 
-/// Decides whether `rec`, just applied to `wp` (which stood at `before`), is written whole to
-/// the log, and notes it in `wp.log` either way. `line_bytes` is the size of its log line and
-/// `key` its identity key.
+/// How the log keeps a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Its line, whole.
+    Whole,
+    /// Its line without the sender's `data` (`data_dropped`).
+    WithoutData,
+    /// No line: counted and summed up in the state's `log`.
+    Folded,
+}
+
+/// Decides how the log keeps `rec`, just applied to `wp` (which stood at `before`), and notes
+/// it in `wp.log`. `line_bytes` is the size of its whole line, `slim_bytes` of its line without
+/// data; `key` is its identity key.
 ///
-/// Kept whole: the first [`LOG_KEEP_HEARTBEATS`] heartbeats and any report while the log is
-/// under [`LOG_KEEP_RECORDS`] and [`LOG_KEEP_BYTES`]; past that, a report only when it counted
-/// toward a wake that is not already held (the bound is then the wakes themselves). Anything
-/// else is folded: counted, its identity remembered, the newest [`LOG_RECENT`] kept without
-/// their data.
+/// Whole: the first [`LOG_KEEP_HEARTBEATS`] heartbeats and any report while the log is under
+/// [`LOG_KEEP_RECORDS`] and [`LOG_KEEP_BYTES`], and past them a report that counted toward a
+/// wake not already held (the bound is then the wakes themselves). Without its data: anything
+/// else while the log is under its bounds. Folded: the rest, counted, its identity remembered,
+/// the newest [`LOG_RECENT`] kept in the state without their data.
 pub fn keep_whole(
     wp: &mut Waitpoint,
     before: Before,
     rec: &SignalRecord,
-    line_bytes: u64,
+    (line_bytes, slim_bytes): (u64, impl FnOnce() -> u64),
     key: &str,
-) -> bool {
+) -> Keep {
     let counted = wp.counters.rounds > before.rounds || wp.round.terminal > before.terminal;
     let log = &wp.log;
     let carried = rec.status.is_terminal() && counted && !before.held;
-    let room = log.kept < LOG_KEEP_RECORDS
-        && log.kept_bytes.saturating_add(line_bytes) <= LOG_KEEP_BYTES
-        && (rec.status.is_terminal() || log.kept_progress < LOG_KEEP_HEARTBEATS);
-    if carried || room {
+    let room = log.kept < LOG_KEEP_RECORDS;
+    let fits = |bytes: u64| log.kept_bytes.saturating_add(bytes) <= LOG_KEEP_BYTES;
+    let whole = rec.status.is_terminal() || log.kept_progress < LOG_KEEP_HEARTBEATS;
+    if carried || (room && whole && fits(line_bytes)) {
         note_kept(wp, rec, line_bytes);
-        return true;
+        return Keep::Whole;
+    }
+    if room {
+        let slim = slim_bytes();
+        if fits(slim) {
+            note_kept(wp, rec, slim);
+            return Keep::WithoutData;
+        }
     }
     let log = &mut wp.log;
     match rec.status {
@@ -154,10 +172,7 @@ pub fn keep_whole(
     if log.first_folded.is_none() {
         log.first_folded = Some(fact(rec));
     }
-    log.recent.push(SignalRecord {
-        data: None,
-        ..rec.clone()
-    });
+    log.recent.push(without_data(rec));
     if log.recent.len() > LOG_RECENT {
         log.recent.remove(0);
     }
@@ -165,7 +180,16 @@ pub fn keep_whole(
     if log.keys.len() > LOG_KEYS {
         log.keys.remove(0);
     }
-    false
+    Keep::Folded
+}
+
+/// `rec` as the log keeps it past its bounds: without the sender's data, and saying so.
+pub fn without_data(rec: &SignalRecord) -> SignalRecord {
+    SignalRecord {
+        data_dropped: rec.data.is_some(),
+        data: None,
+        ..rec.clone()
+    }
 }
 
 /// Counts `rec` among the records the log keeps whole (its line is `line_bytes` long).
@@ -631,35 +655,66 @@ mod tests {
         }
     }
 
-    /// Applies `rec` as the engine does and says whether the log keeps it whole.
-    fn apply(wp: &mut Waitpoint, rec: &SignalRecord, bytes: u64) -> bool {
+    /// Applies `rec` as the engine does and says how the log keeps it.
+    fn apply(wp: &mut Waitpoint, rec: &SignalRecord, bytes: u64) -> Keep {
         let before = Before::of(wp);
         apply_signal(wp, rec);
-        keep_whole(wp, before, rec, bytes, &rec.source)
+        keep_whole(wp, before, rec, (bytes, || bytes / 2), &rec.source)
     }
 
     #[test]
-    fn the_first_heartbeats_are_kept_whole_and_the_rest_folded_into_counts() {
+    fn the_first_heartbeats_are_kept_whole_then_without_data_then_folded_into_counts() {
         let mut wp = armed(1);
-        let kept: Vec<bool> = (1..=40)
+        let n = LOG_KEEP_RECORDS + 40;
+        let kept: Vec<Keep> = (1..=n)
             .map(|seq| apply(&mut wp, &signal(seq, SignalStatus::Progress), 100))
             .collect();
-        assert!(kept[..LOG_KEEP_HEARTBEATS as usize].iter().all(|k| *k));
-        assert!(kept[LOG_KEEP_HEARTBEATS as usize..].iter().all(|k| !*k));
-        assert_eq!(wp.counters.progress, 40);
-        assert_eq!(wp.log.kept_progress, LOG_KEEP_HEARTBEATS);
-        assert_eq!(wp.log.folded_progress, 40 - LOG_KEEP_HEARTBEATS);
+        let whole = LOG_KEEP_HEARTBEATS as usize;
+        let limit = LOG_KEEP_RECORDS as usize;
+        assert!(kept[..whole].iter().all(|k| *k == Keep::Whole));
+        assert!(kept[whole..limit].iter().all(|k| *k == Keep::WithoutData));
+        assert!(kept[limit..].iter().all(|k| *k == Keep::Folded));
+        assert_eq!(wp.counters.progress, n);
+        assert_eq!(wp.log.kept, LOG_KEEP_RECORDS);
+        assert_eq!(wp.log.folded_progress, 40);
         assert_eq!(
             wp.log.first_folded.as_ref().map(|f| f.seq),
-            Some(LOG_KEEP_HEARTBEATS + 1)
+            Some(LOG_KEEP_RECORDS + 1)
         );
         let recent: Vec<u64> = wp.log.recent.iter().map(|r| r.seq).collect();
-        assert_eq!(recent, [38, 39, 40]);
-        assert!(wp.log.recent.iter().all(|r| r.data.is_none()));
-        assert!(is_folded(&wp, "spool:40.json"));
+        assert_eq!(recent, [n - 2, n - 1, n]);
+        assert!(
+            wp.log
+                .recent
+                .iter()
+                .all(|r| r.data.is_none() && r.data_dropped)
+        );
+        assert!(is_folded(&wp, &format!("spool:{n}.json")));
         assert!(
             !is_folded(&wp, "spool:3.json"),
             "a kept one is found in the log"
+        );
+    }
+
+    #[test]
+    fn the_logs_byte_bound_drops_data_before_it_folds() {
+        let mut wp = armed(1);
+        assert_eq!(
+            apply(
+                &mut wp,
+                &signal(1, SignalStatus::Progress),
+                LOG_KEEP_BYTES - 60
+            ),
+            Keep::Whole
+        );
+        // 100 bytes whole do not fit; 50 without data do.
+        assert_eq!(
+            apply(&mut wp, &signal(2, SignalStatus::Progress), 100),
+            Keep::WithoutData
+        );
+        assert_eq!(
+            apply(&mut wp, &signal(3, SignalStatus::Progress), 100),
+            Keep::Folded
         );
     }
 
@@ -668,9 +723,15 @@ mod tests {
      {
         let mut wp = armed(100);
         // The byte budget spent by one report.
-        assert!(apply(&mut wp, &signal(1, SignalStatus::Ok), LOG_KEEP_BYTES));
-        // The next completes a round that starts a wake of its own: carried, so kept.
-        assert!(apply(&mut wp, &signal(2, SignalStatus::Ok), 100));
+        assert_eq!(
+            apply(&mut wp, &signal(1, SignalStatus::Ok), LOG_KEEP_BYTES),
+            Keep::Whole
+        );
+        // The next completes a round that starts a wake of its own: carried, so kept whole.
+        assert_eq!(
+            apply(&mut wp, &signal(2, SignalStatus::Ok), 100),
+            Keep::Whole
+        );
         // With a wake held (the hourly cap), a round folds into it: folded.
         wp.pending_wake = Some(PendingWake {
             reason: HoldReason::WakeLimit,
@@ -680,7 +741,10 @@ mod tests {
             first_seq: 3,
             rounds: 1,
         });
-        assert!(!apply(&mut wp, &signal(3, SignalStatus::Ok), 100));
+        assert_eq!(
+            apply(&mut wp, &signal(3, SignalStatus::Ok), 100),
+            Keep::Folded
+        );
         assert_eq!(wp.log.folded_ok, 1);
         assert_eq!(wp.counters.ok, 3);
     }

@@ -6,8 +6,10 @@ use std::fs;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use waitpoint::engine::rules::{LOG_KEEP_HEARTBEATS, WAKE_HEARTBEATS};
-use waitpoint::request::{MAX_BODY_BYTES, MAX_DATA_CHARS};
+use waitpoint::engine::rules::{
+    LOG_KEEP_BYTES, LOG_KEEP_HEARTBEATS, LOG_KEEP_RECORDS, WAKE_HEARTBEATS,
+};
+use waitpoint::request::MAX_DATA_CHARS;
 use waitpoint::store::signal_log::MAX_LOG_READ;
 
 use crate::helpers::*;
@@ -34,7 +36,7 @@ fn only_wake(env: &Env) -> Value {
 
 #[test]
 fn a_flood_of_heartbeats_is_folded_and_the_final_report_wakes_with_a_bounded_digest() {
-    const FLOOD: u64 = 300;
+    const FLOOD: u64 = 1_200;
     let env = Env::new();
     let daemon = env.daemon();
     let (id, secret) = id_secret(&env.arm("train", &[]));
@@ -45,17 +47,27 @@ fn a_flood_of_heartbeats_is_folded_and_the_final_report_wakes_with_a_bounded_dig
         env.state(&id)["counters"]["progress"] == FLOOD
     });
 
-    // The log kept the first heartbeats whole and folded the rest into counts.
+    // The log kept the first heartbeats whole, the next ones without their data, and folded
+    // the rest into counts.
     let log_len = fs::metadata(log_path(&env, &id)).unwrap().len();
     assert!(
-        log_len <= LOG_KEEP_HEARTBEATS * MAX_BODY_BYTES as u64,
+        log_len <= LOG_KEEP_BYTES,
         "the log holds {log_len} bytes after {FLOOD} heartbeats\n{}",
         env.tree()
     );
+    let logged = crate::invariants::records_of(&env.home, &id);
+    assert_eq!(logged.len() as u64, LOG_KEEP_RECORDS);
+    let whole = logged.iter().filter(|r| !r["data"].is_null()).count();
+    assert_eq!(whole as u64, LOG_KEEP_HEARTBEATS);
+    assert!(
+        logged[whole..]
+            .iter()
+            .all(|r| r["data_dropped"] == true && r["message"].is_string())
+    );
     let state = env.state(&id);
-    assert_eq!(state["log"]["kept_progress"], LOG_KEEP_HEARTBEATS);
-    assert_eq!(state["log"]["folded_progress"], FLOOD - LOG_KEEP_HEARTBEATS);
-    assert_eq!(state["log"]["first_folded"]["seq"], LOG_KEEP_HEARTBEATS + 1);
+    assert_eq!(state["log"]["kept"], LOG_KEEP_RECORDS);
+    assert_eq!(state["log"]["folded_progress"], FLOOD - LOG_KEEP_RECORDS);
+    assert_eq!(state["log"]["first_folded"]["seq"], LOG_KEEP_RECORDS + 1);
     let recent = state["log"]["recent"].as_array().unwrap();
     assert_eq!(recent.last().unwrap()["message"], format!("step {FLOOD}"));
     assert!(
@@ -106,7 +118,7 @@ fn a_flood_of_heartbeats_is_folded_and_the_final_report_wakes_with_a_bounded_dig
     assert!(
         shown.contains(&format!(
             "folded    {} not kept whole",
-            FLOOD - LOG_KEEP_HEARTBEATS
+            FLOOD - LOG_KEEP_RECORDS
         )),
         "{shown}"
     );
