@@ -609,9 +609,25 @@ fn check_devices(home: &Home) -> Check {
 /// Segments a running daemon checkpoints within a few seconds; left without one, they hold
 /// committed signals whose files may be incomplete until a daemon replays them.
 fn check_journal(home: &Home) -> Check {
-    let segments = crate::journal::list_segments(&home.journal_dir())
-        .unwrap_or_default()
-        .len();
+    let numbers = crate::journal::list_segments(&home.journal_dir()).unwrap_or_default();
+    let segments = numbers.len();
+    for seg in crate::journal::list_segment_paths(&home.journal_dir(), &numbers) {
+        if let Err(e) = crate::journal::read_segment(&seg) {
+            return bad(
+                "journal",
+                Level::Fail,
+                format!("{e}"),
+                format!(
+                    "the daemon decides nothing while it is there. Look at the line (sed -n \
+'<line>p' {seg}), keep a copy, then move the segment out of journal/ (mv {seg} {}/) and start \
+the daemon: its lines are not replayed, so a batch in it whose files a crash lost stays lost \
+(`waitpoint show` tells what each waitpoint has)",
+                    home.quarantine_dir().display(),
+                    seg = seg.display()
+                ),
+            );
+        }
+    }
     if segments == 0 {
         return ok("journal", "empty (every committed batch is checkpointed)");
     }

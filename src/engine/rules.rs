@@ -515,7 +515,7 @@ window folded {rounds} reports into it",
         text.push_str(&lines.join("; "));
         text.push('\n');
     }
-    let digest = (arrived > signals.len() as u64).then(|| WakeDigest {
+    let digest = (arrived > signals.len() as u64).then_some(WakeDigest {
         signals: arrived,
         shown: signals.len() as u64,
     });

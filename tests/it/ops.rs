@@ -349,7 +349,11 @@ fn sigterm_during_a_busy_drain_loses_nothing_and_exits_zero() {
             env.state(&id)["counters"]["signals"].as_u64().unwrap() as usize,
             recorded.len() + folded
         );
-        assert_eq!(recorded.len() + folded + spooled.len(), FILES, "lost or doubled");
+        assert_eq!(
+            recorded.len() + folded + spooled.len(),
+            FILES,
+            "lost or doubled"
+        );
         if expect_all_recorded {
             assert_eq!(recorded.len() + folded, FILES);
             assert!(spooled.is_empty());
