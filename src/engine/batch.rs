@@ -8,7 +8,6 @@
 //! goes. See `ARCHITECTURE.md`, "Commit order".
 
 use std::collections::HashMap;
-use std::io;
 
 use crate::error::{Error, Result};
 use crate::records::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
@@ -33,7 +32,9 @@ struct Group {
     kept: Vec<SignalRecord>,
     /// The identity keys of every signal decided in this batch, kept or folded.
     keys: Vec<String>,
-    failed: Option<String>,
+    /// Why the batch failed for this waitpoint, kept as the error it was (a lost lease stays
+    /// one), for every item of the group.
+    failed: Option<Error>,
 }
 
 impl Group {
@@ -55,9 +56,15 @@ enum Slot {
     },
 }
 
+/// The same failure for each of `n` items (nothing was decided for any of them), of the kind
+/// it was: a lost lease is answered as one (exit 75, HTTP 503 with `Retry-After`).
+fn fail_all(n: usize, e: &Error) -> Vec<Result<Verdict>> {
+    (0..n).map(|_| Err(e.replicate())).collect()
+}
+
 /// The verdict of an accepted slot, given what became of its group; `None` for a slot decided
 /// without one.
-fn verdict_of(slot: &Slot, groups: &[Group], home: &crate::home::Home) -> Option<Result<Verdict>> {
+fn verdict_of(slot: &Slot, groups: &[Group]) -> Option<Result<Verdict>> {
     let Slot::Accepted {
         group,
         seq,
@@ -69,11 +76,7 @@ fn verdict_of(slot: &Slot, groups: &[Group], home: &crate::home::Home) -> Option
     };
     let g = &groups[*group];
     Some(match &g.failed {
-        Some(m) => Err(Error::io(
-            "cannot apply a batch of signals to",
-            home.waitpoint_dir(&g.wp.id),
-            io::Error::other(m.clone()),
-        )),
+        Some(e) => Err(e.replicate()),
         // Every item of a waitpoint carries its final next due time: the daemon applies them
         // in order, so the last one is what counts.
         None => Ok(Verdict::Accepted {
@@ -174,7 +177,7 @@ impl Engine {
         let ids: Vec<&str> = items.iter().map(|(r, _)| r.id.as_str()).collect();
         let read = match self.store.get_many(&ids) {
             Ok(read) => read,
-            Err(e) => return self.fail_all(items.len(), "cannot hand signals over:", &e),
+            Err(e) => return fail_all(items.len(), &e),
         };
         let mut verdicts = Vec::with_capacity(items.len());
         let mut handed = Vec::new();
@@ -216,10 +219,9 @@ impl Engine {
             verdicts.push(verdict);
         }
         if let Err(e) = self.store.forward(&handed) {
-            let message = format!("cannot hand signals over: {e}");
             for v in &mut verdicts {
                 if matches!(v, Ok(Verdict::Queued { .. })) {
-                    *v = Err(Error::Conflict(message.clone()));
+                    *v = Err(e.replicate());
                 }
             }
         }
@@ -233,7 +235,7 @@ impl Engine {
     ) -> Vec<Result<Verdict>> {
         let mut txn = match self.store.begin_batch() {
             Ok(t) => t,
-            Err(e) => return self.fail_all(items.len(), "cannot apply signals:", &e),
+            Err(e) => return fail_all(items.len(), &e),
         };
         if txn.replayed() {
             // What this process believed about any waitpoint may predate the replayed records.
@@ -244,7 +246,7 @@ impl Engine {
         ids.sort_unstable();
         ids.dedup();
         if let Err(e) = txn.prefetch(&ids) {
-            return self.fail_all(items.len(), "cannot apply signals:", &e);
+            return fail_all(items.len(), &e);
         }
         let mut groups: Vec<Group> = Vec::new();
         // `None`: no such waitpoint (every item naming it is refused).
@@ -279,7 +281,7 @@ impl Engine {
                     Slot::Done(Ok(v)) => durable(i, v),
                     Slot::Done(Err(_)) => {}
                     accepted => {
-                        if let Some(Ok(v)) = verdict_of(accepted, groups, &self.home) {
+                        if let Some(Ok(v)) = verdict_of(accepted, groups) {
                             durable(i, &v);
                         }
                     }
@@ -287,12 +289,11 @@ impl Engine {
             }
         };
         if let Err(e) = self.commit_groups(txn, &mut groups, told) {
-            let message = e.to_string();
             for (id, g) in &by_id {
                 if let Some(g) = g
                     && !groups[*g].keys.is_empty()
                 {
-                    groups[*g].failed.get_or_insert_with(|| message.clone());
+                    groups[*g].failed.get_or_insert_with(|| e.replicate());
                     // Records may be on disk without the state: the next attempt must recover.
                     self.forget(id);
                 }
@@ -302,21 +303,7 @@ impl Engine {
             .into_iter()
             .map(|slot| match slot {
                 Slot::Done(r) => r,
-                accepted => verdict_of(&accepted, &groups, &self.home).expect("an accepted slot"),
-            })
-            .collect()
-    }
-
-    /// The same failure for each of `n` items (nothing was decided for any of them).
-    fn fail_all(&self, n: usize, why: &'static str, e: &Error) -> Vec<Result<Verdict>> {
-        let message = e.to_string();
-        (0..n)
-            .map(|_| {
-                Err(Error::io(
-                    why,
-                    self.home.journal_dir(),
-                    io::Error::other(message.clone()),
-                ))
+                accepted => verdict_of(&accepted, &groups).expect("an accepted slot"),
             })
             .collect()
     }
@@ -341,12 +328,8 @@ impl Engine {
         req: &SignalRequest,
         source: &Source,
     ) -> Slot {
-        if let Some(m) = &group.failed {
-            return Slot::Done(Err(Error::io(
-                "cannot apply a signal to",
-                self.home.waitpoint_dir(&group.wp.id),
-                io::Error::other(m.clone()),
-            )));
+        if let Some(e) = &group.failed {
+            return Slot::Done(Err(e.replicate()));
         }
         if !req.secret.verify(&group.wp.secret_sha256) {
             return Slot::Done(Ok(Verdict::Refused(Refusal::Unauthorized)));
@@ -356,7 +339,7 @@ impl Engine {
                 .recover(txn, &mut group.wp)
                 .and_then(|()| self.flush_outbox(txn, &mut group.wp));
             if let Err(e) = prepared {
-                group.failed = Some(e.to_string());
+                group.failed = Some(e.replicate());
                 return Slot::Done(Err(e));
             }
             // Recovery and the flush may have written the state; the commit is checked against
@@ -365,7 +348,7 @@ impl Engine {
                 Some(version) => group.version = version,
                 None => {
                     let e = Error::not_found("waitpoint", &group.wp.id);
-                    group.failed = Some(e.to_string());
+                    group.failed = Some(e.replicate());
                     return Slot::Done(Err(e));
                 }
             }
@@ -408,7 +391,7 @@ impl Engine {
                 status: group.wp.status,
             },
             Err(e) => {
-                group.failed = Some(e.to_string());
+                group.failed = Some(e.replicate());
                 Slot::Done(Err(e))
             }
         }
