@@ -177,6 +177,10 @@ pub struct LogSummary {
     pub folded_ok: u64,
     pub folded_fail: u64,
     pub folded_progress: u64,
+    /// The newest heartbeat, kept or folded, without its data: what `check` and `wait_check`
+    /// show without reading the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<SignalRecord>,
     /// The first signal folded, as a wake reports one (no sender text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_folded: Option<ReportFact>,

@@ -4,8 +4,8 @@
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::records::SignalRecord;
 use crate::records::Waitpoint;
+use crate::records::{SignalRecord, SignalStatus};
 
 impl Engine {
     /// Reads a waitpoint; `None` when there is no such id.
@@ -38,23 +38,20 @@ impl Engine {
         Ok(self.carried(wp, 1, &[])?.records)
     }
 
-    /// The newest recorded signal of `wp` that `pick` accepts: among the folded ones its state
-    /// holds (newer than any the log kept since the log began folding), then in the log.
-    pub fn latest_signal(
-        &self,
-        wp: &Waitpoint,
-        pick: impl Fn(&SignalRecord) -> bool,
-    ) -> Result<Option<SignalRecord>> {
-        let folded = wp.log.recent.iter().rev().find(|r| pick(r)).cloned();
-        let kept = self
+    /// The newest heartbeat of `wp`, without its data: from its state, or, for a state
+    /// written before the state kept it, from the log.
+    pub fn latest_heartbeat(&self, wp: &Waitpoint) -> Result<Option<SignalRecord>> {
+        if wp.counters.progress == 0 {
+            return Ok(None);
+        }
+        if let Some(h) = &wp.log.last_heartbeat {
+            return Ok(Some(h.clone()));
+        }
+        Ok(self
             .read_signals(&wp.id, 1)?
             .into_iter()
             .rev()
-            .find(|r| pick(r));
-        Ok(match (folded, kept) {
-            (Some(f), Some(k)) => Some(if f.seq > k.seq { f } else { k }),
-            (f, k) => f.or(k),
-        })
+            .find(|r| r.status == SignalStatus::Progress))
     }
 
     /// Every waitpoint in the home, oldest first (a full scan).

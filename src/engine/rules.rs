@@ -147,6 +147,9 @@ pub fn keep_whole(
     key: &str,
 ) -> Keep {
     let counted = wp.counters.rounds > before.rounds || wp.round.terminal > before.terminal;
+    if rec.status == SignalStatus::Progress {
+        wp.log.last_heartbeat = Some(without_data(rec));
+    }
     let log = &wp.log;
     let carried = rec.status.is_terminal() && counted && !before.held;
     let room = log.kept < LOG_KEEP_RECORDS;

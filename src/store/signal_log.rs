@@ -59,15 +59,7 @@ pub fn read(home: &Home, id: &str) -> Result<Logged> {
     let path = home.signal_log(id);
     let mut logged = match read_log(&path)? {
         Some((bytes, head_unread)) => {
-            // Read from the middle: the first line may be a piece of one, and is not a record.
-            let from = match head_unread {
-                true => bytes
-                    .iter()
-                    .position(|b| *b == b'\n')
-                    .map_or(bytes.len(), |i| i + 1),
-                false => 0,
-            };
-            let parsed = parse(&bytes[from..]);
+            let parsed = parse_tail(&bytes, head_unread);
             for (line, why) in &parsed.damaged {
                 tracing::warn!(waitpoint = %id, path = %path.display(), line, "a line of the signal log does not parse and is skipped: {why}");
             }
@@ -99,10 +91,47 @@ pub fn read(home: &Home, id: &str) -> Result<Logged> {
     Ok(logged)
 }
 
+/// The records of waitpoint `id` from `first_seq` on, read from the log's end: a monitor's or
+/// a heartbeat sender's wake costs the log's newest lines, not the whole log.
+pub fn read_from(home: &Home, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
+    if first_seq <= 1 || home.signals_dir(id).exists() {
+        let mut all = read(home, id)?.records;
+        all.retain(|r| r.seq >= first_seq);
+        return Ok(all);
+    }
+    let path = home.signal_log(id);
+    let mut window = TAIL_FIRST_READ;
+    loop {
+        let Some((bytes, head_unread)) = read_log_tail(&path, window)? else {
+            return Ok(Vec::new());
+        };
+        let parsed = parse_tail(&bytes, head_unread);
+        // Enough once a record before the range was read (every one after it is in hand), or
+        // the whole log, or as much as any reader reads.
+        let before_range = parsed.records.keys().next().is_some_and(|s| *s < first_seq);
+        if before_range || !head_unread || window >= MAX_LOG_READ {
+            return Ok(parsed
+                .records
+                .into_values()
+                .filter(|r| r.seq >= first_seq)
+                .collect());
+        }
+        window = (window * 4).min(MAX_LOG_READ);
+    }
+}
+
+/// How much of a log's end [`read_from`] reads first.
+const TAIL_FIRST_READ: u64 = 64 * 1024;
+
 /// The log's newest bytes (at most [`MAX_LOG_READ`]) and whether older ones were left unread,
 /// or `None` when there is none; only a regular file is read (a FIFO does not block, a link is
 /// not followed).
 fn read_log(path: &Path) -> Result<Option<(Vec<u8>, bool)>> {
+    read_log_tail(path, MAX_LOG_READ)
+}
+
+/// [`read_log`] to at most `cap` bytes from the end.
+fn read_log_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
     // A link, a FIFO or a directory under the log's name is not ours: it is set aside (with a
     // reason, logged) and read as no log, so it costs only itself and the next append makes
     // a real one.
@@ -110,7 +139,7 @@ fn read_log(path: &Path) -> Result<Option<(Vec<u8>, bool)>> {
         matches!(e, Error::Io { source, .. }
             if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()))
     };
-    match durable::read_tail(path, MAX_LOG_READ) {
+    match durable::read_tail(path, cap) {
         Err(e)
             if link(&e)
                 || matches!(&e, Error::Corrupt { message, .. } if message == durable::NOT_REGULAR) =>
@@ -120,6 +149,19 @@ fn read_log(path: &Path) -> Result<Option<(Vec<u8>, bool)>> {
         }
         other => other,
     }
+}
+
+/// [`parse`] of a log's end: read from the middle (`head_unread`), the first line may be a
+/// piece of one, and is not a record.
+fn parse_tail(bytes: &[u8], head_unread: bool) -> Parsed {
+    let from = match head_unread {
+        true => bytes
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(bytes.len(), |i| i + 1),
+        false => 0,
+    };
+    parse(&bytes[from..])
 }
 
 /// A log's lines, parsed.
@@ -262,5 +304,36 @@ mod tests {
             read.damaged[0].0, 2,
             "the damaged line is named by its number"
         );
+    }
+
+    #[test]
+    fn a_read_from_a_seq_reads_back_from_the_end_until_it_has_the_whole_range() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path());
+        let id = "wp_0123456789ab";
+        std::fs::create_dir_all(home.waitpoint_dir(id)).unwrap();
+        // 3,000 records of about 1 KB, every tenth seq folded (not in the log).
+        let records: Vec<SignalRecord> = (1..=3_000u64)
+            .filter(|seq| seq % 10 != 0)
+            .map(|seq| SignalRecord {
+                message: Some("m".repeat(1_000)),
+                ..record(seq)
+            })
+            .collect();
+        std::fs::write(home.signal_log(id), lines(&records)).unwrap();
+        for first in [2_995, 2_990, 2_000, 11, 2] {
+            let got: Vec<u64> = read_from(&home, id, first)
+                .unwrap()
+                .iter()
+                .map(|r| r.seq)
+                .collect();
+            let want: Vec<u64> = records
+                .iter()
+                .map(|r| r.seq)
+                .filter(|s| *s >= first)
+                .collect();
+            assert_eq!(got, want, "from {first}");
+        }
+        assert!(read_from(&home, "wp_000000000000", 5).unwrap().is_empty());
     }
 }

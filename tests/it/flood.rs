@@ -85,6 +85,13 @@ fn a_flood_of_heartbeats_is_folded_and_the_final_report_wakes_with_a_bounded_dig
     );
     env.wait_until("the retry collected", || env.spooled().is_empty());
     assert_eq!(env.state(&id)["counters"]["signals"], FLOOD);
+    // The newest heartbeat is told from the state, folded as it is.
+    assert_eq!(
+        env.state(&id)["log"]["last_heartbeat"]["message"],
+        format!("step {FLOOD}")
+    );
+    let check = env.ok("check", &env.waitpoint(&["check", "--session", "default"]));
+    assert!(check.contains(&format!("step {FLOOD}")), "{check}");
 
     // The job's final report is processed and wakes the session once, with a digest.
     let out = env
@@ -180,7 +187,8 @@ fn a_log_bigger_than_any_reader_reads_still_lets_the_final_report_and_the_deadli
     // The views answer from the log's newest part.
     let shown = env.ok("show", &env.waitpoint(&["show", &finishing]));
     assert!(shown.contains(&format!("step {N}")), "{shown}");
-    env.ok("check", &env.waitpoint(&["check", "--session", "default"]));
+    let check = env.ok("check", &env.waitpoint(&["check", "--session", "default"]));
+    assert!(check.contains(&format!("step {N}")), "{check}");
 
     let live = Live::start(&env, T0);
     // The final report resolves its waitpoint and wakes the session.
