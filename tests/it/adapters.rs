@@ -260,7 +260,10 @@ fn claude_resume_runs_claude_p_resume_with_the_wake_on_stdin_and_marks_it_read()
         wake["wake_id"].as_str().unwrap()
     )));
     for secret in waitpoint::secret::SECRET_ENVS {
-        assert!(!recorded_env.contains(secret), "{secret} reached the harness");
+        assert!(
+            !recorded_env.contains(secret),
+            "{secret} reached the harness"
+        );
     }
     env.wait_until("the hook to be recorded delivered", || {
         env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
@@ -464,44 +467,60 @@ fn a_new_waiter_replaces_the_old_and_session_end_ends_the_last() {
 }
 
 #[test]
-fn a_waiter_leaves_when_the_harness_that_started_it_exits() {
+fn a_waiter_leaves_when_the_harness_that_started_it_exits_through_any_wrapper() {
     let env = Env::new();
-    // A stand-in harness: a process (not a shell) that runs the hook as its child and lives on.
-    let mut harness = env
-        .command("perl")
-        .args([
+    let lock = env.home.join("../hook.lock");
+    let lock = lock.to_str().unwrap();
+    // The hook run directly, through a shell, and wrapped in programs that wait for it (the
+    // wrapper outlives the harness for as long as the hook does).
+    let wrappers: [&[&str]; 4] = [
+        &[],
+        &["sh", "-c", "\"$@\"; :", "sh"],
+        &["flock", lock],
+        &["flock", lock, "nice", "-n", "1", "timeout", "600"],
+    ];
+    for (n, wrapper) in wrappers.into_iter().enumerate() {
+        let session = format!("w{n}");
+        // A stand-in harness: a process (not a shell) that runs the hook as its child and
+        // lives on.
+        let mut args = vec![
             "-e",
             "my $p = fork; if (!$p) { exec @ARGV } sleep 300",
             "--",
-            WAITPOINT,
-            "adapter",
-            "claude-hook",
-            "--timeout",
-            "300",
-        ])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = harness.stdin.take().unwrap();
-        let input = claude_event("s2", "Stop", &env.home);
-        stdin.write_all(input.to_string().as_bytes()).unwrap();
+        ];
+        args.extend_from_slice(wrapper);
+        args.extend([WAITPOINT, "adapter", "claude-hook", "--timeout", "300"]);
+        let mut harness = env
+            .command("perl")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = harness.stdin.take().unwrap();
+            let input = claude_event(&session, "Stop", &env.home);
+            stdin.write_all(input.to_string().as_bytes()).unwrap();
+        }
+        let mut pid = None;
+        let record = format!("claude-{session}");
+        env.wait_until("the waiter", || {
+            pid = waiter_pid(&env, &record);
+            pid.is_some()
+        });
+        let waiter = pid.unwrap() as i32;
+        harness.kill().unwrap();
+        harness.wait().unwrap();
+        env.wait_until(
+            &format!("the orphaned waiter to leave ({wrapper:?})"),
+            || {
+                // SAFETY: signal 0 only asks whether the pid exists.
+                let gone = unsafe { libc::kill(waiter, 0) } != 0;
+                gone || fs::read_to_string(format!("/proc/{waiter}/stat"))
+                    .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+            },
+        );
     }
-    let mut pid = None;
-    env.wait_until("the waiter", || {
-        pid = waiter_pid(&env, "claude-s2");
-        pid.is_some()
-    });
-    let waiter = pid.unwrap() as i32;
-    harness.kill().unwrap();
-    harness.wait().unwrap();
-    env.wait_until("the orphaned waiter to leave", || {
-        // SAFETY: signal 0 only asks whether the pid exists.
-        let gone = unsafe { libc::kill(waiter, 0) } != 0;
-        gone || fs::read_to_string(format!("/proc/{waiter}/stat"))
-            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
-    });
 }
 
 #[test]
