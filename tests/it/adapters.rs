@@ -738,3 +738,51 @@ fn a_name_that_would_read_as_an_option_is_refused_everywhere() {
     assert_eq!(code, 0);
     assert!(!env.home.join("sessions/claude--rf").exists());
 }
+
+#[test]
+fn a_shell_inside_a_harness_session_marks_read_only_its_own_sessions_wakes() {
+    let env = Env::new();
+    let _daemon = env.daemon();
+    env.timer_now("other", "for another session");
+    env.wait_until("the wake", || env.inbox("other", "new").len() == 1);
+    let wake_id = env.inbox("other", "new")[0]["wake_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ack = |vars: &[(&str, &str)]| {
+        env.command(WAITPOINT)
+            .args(["ack", "--channel", "other", &wake_id])
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap()
+    };
+    // An agent's shell (its harness's session in the environment) is refused, and says how.
+    let out = ack(&[("CLAUDE_CODE_SESSION_ID", "sess-1")]);
+    env.expect_code("ack from another session", &out, 2);
+    let said = crate::helpers::stderr_of(&out);
+    assert!(
+        said.contains("claude-sess-1") && said.contains("outside any harness session"),
+        "{said}"
+    );
+    assert_eq!(env.inbox("other", "new").len(), 1, "still unread");
+    // An onWake command run inside one may mark the wake it was handed.
+    let out = ack(&[
+        ("CLAUDE_CODE_SESSION_ID", "sess-1"),
+        ("WAITPOINT_CHANNEL", "other"),
+        ("WAITPOINT_WAKE_ID", &wake_id),
+    ]);
+    env.ok("ack of the wake handed over", &out);
+    assert_eq!(env.inbox("other", "cur").len(), 1);
+    // The operator's shell, outside any harness, may mark any session's.
+    env.timer_now("other", "a second one");
+    env.wait_until("the second wake", || env.inbox("other", "new").len() == 1);
+    let second = env.inbox("other", "new")[0]["wake_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    env.ok(
+        "ack from the operator's shell",
+        &env.waitpoint(&["ack", "--channel", "other", &second]),
+    );
+    assert!(env.inbox("other", "new").is_empty());
+}
