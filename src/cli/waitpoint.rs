@@ -680,7 +680,7 @@ pub(super) fn ack(engine: &Engine, a: AckArgs, out: &mut impl Write) -> anyhow::
     // hide it from the agent it was for. This guards against a mistake, not an attacker (any
     // process of the user can move the files); the operator's shell, outside any harness, may,
     // and so may an onWake command for the wake it was handed.
-    let env = super::environment::env_var;
+    let env = super::env_var;
     let handed = env("WAITPOINT_CHANNEL").as_deref() == Some(channel.as_str())
         && env("WAITPOINT_WAKE_ID").as_deref() == Some(a.wake_id.as_str());
     if channel != own

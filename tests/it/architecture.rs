@@ -23,7 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("records", &["clock", "names"]),
     ("request", &["error", "names", "records", "secret"]),
     ("howto", &["records"]),
-    ("process", &["request"]),
+    ("process", &["request", "secret"]),
     // Durable files: atomic commits, the home's layout, the journal, the inboxes, settings.
     (
         "durable",
