@@ -7,11 +7,16 @@
 //! (other servers, other hooks, a status line of the user's own, comments in TOML) and owns only
 //! entries that run `waitpoint`: running it twice changes nothing.
 
+mod disk;
+mod json;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
 use crate::harness::Harness;
+
+pub use disk::{Access, Found, MAX_FILE_BYTES, Written, read};
 
 /// Where a harness's configuration goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +30,8 @@ pub enum Scope {
 /// What a plan depends on.
 #[derive(Debug, Clone)]
 pub struct Context {
-    /// How the harness runs us: `waitpoint` when that is on `PATH`, else the binary's path.
+    /// How the harness, its hooks and the daemon's `onWake` run us: an absolute path (the
+    /// daemon's `PATH` is not the shell's), written the same everywhere.
     pub program: String,
     /// The home, when it is not the one found without being told (`~/.cortex`): the MCP
     /// server and every hook are given it explicitly, since a harness passes hooks its own
@@ -89,12 +95,27 @@ impl Edit {
     }
 }
 
-/// A file refused for a reason (it does not parse): named with the reason, left alone.
+/// A file refused for a reason (it does not parse, holds something of an unexpected shape, is a
+/// link or not a regular file): named with the reason and the fix, left alone.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {reason}; fix or move it, then run setup again", path.display())]
+#[error("{}: {reason}; {fix}", path.display())]
 pub struct Unmergeable {
     pub path: PathBuf,
     pub reason: String,
+    pub fix: String,
+}
+
+/// What to do about a file whose content setup cannot merge.
+const FIX_CONTENT: &str = "fix or move it, then run setup again";
+
+impl Unmergeable {
+    fn content(path: &Path, reason: String) -> Unmergeable {
+        Unmergeable {
+            path: path.to_owned(),
+            reason,
+            fix: FIX_CONTENT.into(),
+        }
+    }
 }
 
 /// What a file of the plan is for.
@@ -114,6 +135,16 @@ enum Role {
     CodexHooks,
     /// The home's `settings.json`: `onWake`.
     Home,
+}
+
+/// A file of the plan, with the directory it is reached from and how.
+#[derive(Debug, Clone)]
+pub struct Place {
+    pub path: PathBuf,
+    /// The directory the user named or owns (the project, the user's home directory, the
+    /// waitpoint home): opened as it is, a link there being the user's own choice.
+    pub root: PathBuf,
+    pub access: Access,
 }
 
 fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
@@ -144,9 +175,27 @@ fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
     files
 }
 
-/// The files `setup` reads, in the order the plan edits them.
-pub fn files(h: Harness, scope: Scope, ctx: &Context) -> Vec<PathBuf> {
-    roles(h, scope, ctx).into_iter().map(|(_, p)| p).collect()
+/// The files `setup` reads, in the order the plan edits them: the project's (`--project`) are
+/// never reached through a link, the user's only through a link to the user's own regular file.
+pub fn files(h: Harness, scope: Scope, ctx: &Context) -> Vec<Place> {
+    roles(h, scope, ctx)
+        .into_iter()
+        .map(|(role, path)| {
+            let (root, access) = match (role, scope) {
+                (Role::Home, _) => (home_root(ctx), Access::Home),
+                (_, Scope::User) => (ctx.user_dir.clone(), Access::User),
+                (_, Scope::Project) => (ctx.project_dir.clone(), Access::Project),
+            };
+            Place { path, root, access }
+        })
+        .collect()
+}
+
+fn home_root(ctx: &Context) -> PathBuf {
+    ctx.home_settings
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_default()
 }
 
 /// The plan: for each of [`files`] (given with its text, `None` when absent, in that order),
@@ -157,72 +206,115 @@ pub fn plan(
     ctx: &Context,
     current: &[(PathBuf, Option<String>)],
 ) -> Result<Vec<Edit>, Unmergeable> {
-    let mut edits = Vec::new();
-    for ((role, _), (path, before)) in roles(h, scope, ctx).into_iter().zip(current) {
-        let mut changes = Vec::new();
-        let after = match role {
-            Role::Home => merge_json(path, before, |v| home_settings(v, &mut changes))?,
-            Role::ClaudeMcp => merge_json(path, before, |v| {
-                claude_mcp(v, ctx, scope, &mut changes);
-            })?,
-            Role::ClaudeSettings => merge_json(path, before, |v| {
-                claude_settings(v, ctx, &mut changes);
-            })?,
-            Role::ClaudeApproval => merge_json(path, before, |v| {
-                claude_approval(v, &mut changes);
-            })?,
-            Role::CodexConfig => codex_config(path, before, ctx, &mut changes)?,
-            Role::CodexHooks => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
-        };
-        edits.push(Edit {
-            path: path.clone(),
-            before: before.clone(),
-            after,
-            changes,
-        });
-    }
-    Ok(edits)
+    current
+        .iter()
+        .enumerate()
+        .map(|(i, (_, before))| plan_file(h, scope, ctx, i, before.as_deref()))
+        .collect()
 }
 
+/// The plan for the `index`th of [`files`] alone, over its text `before` (`None`: absent):
+/// each file's merge depends on that file only, so one that changed under us is planned again
+/// by itself.
+pub fn plan_file(
+    h: Harness,
+    scope: Scope,
+    ctx: &Context,
+    index: usize,
+    before: Option<&str>,
+) -> Result<Edit, Unmergeable> {
+    let (role, path) = roles(h, scope, ctx)
+        .into_iter()
+        .nth(index)
+        .expect("an index of files()");
+    let mut changes = Vec::new();
+    let path = &path;
+    let after = match role {
+        Role::Home => merge_json(path, before, |v| home_settings(v, ctx, &mut changes))?,
+        Role::ClaudeMcp => merge_json(path, before, |v| claude_mcp(v, ctx, scope, &mut changes))?,
+        Role::ClaudeSettings => {
+            merge_json(path, before, |v| claude_settings(v, ctx, &mut changes))?
+        }
+        Role::ClaudeApproval => merge_json(path, before, |v| claude_approval(v, &mut changes))?,
+        Role::CodexConfig => codex_config(path, before, ctx, &mut changes)?,
+        Role::CodexHooks => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
+    };
+    Ok(Edit {
+        path: path.clone(),
+        before: before.map(str::to_owned),
+        after,
+        changes,
+    })
+}
+
+/// Merges with `f`, which refuses (with the reason) a value of ours in a place of another
+/// shape: changing its shape would lose what the user has there.
 fn merge_json(
     path: &Path,
-    before: &Option<String>,
-    f: impl FnOnce(&mut Map<String, Value>),
+    before: Option<&str>,
+    f: impl FnOnce(&mut Map<String, Value>) -> Result<(), String>,
 ) -> Result<String, Unmergeable> {
-    let refuse = |reason: String| Unmergeable {
-        path: path.to_owned(),
-        reason,
+    let refuse = |reason: String| Unmergeable::content(path, reason);
+    let text = before.filter(|t| !t.trim().is_empty());
+    let old = match text {
+        None => json!({}),
+        Some(text) => json::parse(text).map_err(refuse)?,
     };
-    let mut v: Value = match before.as_deref().map(str::trim) {
-        None | Some("") => json!({}),
-        Some(text) => {
-            serde_json::from_str(text).map_err(|e| refuse(format!("is not JSON ({e})")))?
-        }
-    };
+    let mut v = old.clone();
     let obj = v
         .as_object_mut()
         .ok_or_else(|| refuse("is not a JSON object".into()))?;
-    f(obj);
-    if before.is_some()
-        && Some(&v)
-            == before
-                .as_deref()
-                .and_then(|b| serde_json::from_str(b).ok())
-                .as_ref()
-    {
-        // Nothing to change: keep the file byte for byte.
-        return Ok(before.clone().unwrap_or_default());
+    f(obj).map_err(refuse)?;
+    match text {
+        // Nothing to change: the file stays byte for byte.
+        Some(text) if v == old => Ok(before.unwrap_or(text).to_owned()),
+        // What is not ours stays as it is written, not as a parse and print would write it.
+        Some(text) => json::edit(text, &old, &v).map_err(refuse),
+        None => Ok(serde_json::to_string_pretty(&v).expect("JSON values print") + "\n"),
     }
-    Ok(serde_json::to_string_pretty(&v).expect("JSON values print") + "\n")
 }
 
-/// The object at `key`, made when missing (or not an object).
-fn object_at<'a>(v: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+/// The object at `key` (`where_` names `v` in a refusal), made when missing; `Err` when it is
+/// there but not an object.
+fn object_at<'a>(
+    v: &'a mut Map<String, Value>,
+    key: &str,
+    where_: &str,
+) -> Result<&'a mut Map<String, Value>, String> {
     let slot = v.entry(key.to_owned()).or_insert_with(|| json!({}));
-    if !slot.is_object() {
-        *slot = json!({});
+    let kind = kind_of(slot);
+    slot.as_object_mut()
+        .ok_or_else(|| not_shaped(&format!("{where_}{key}"), kind, "an object"))
+}
+
+/// The array at `key`, made when missing; `Err` when it is there but not an array.
+fn array_at<'a>(
+    v: &'a mut Map<String, Value>,
+    key: &str,
+    where_: &str,
+) -> Result<&'a mut Vec<Value>, String> {
+    let slot = v.entry(key.to_owned()).or_insert_with(|| json!([]));
+    let kind = kind_of(slot);
+    slot.as_array_mut()
+        .ok_or_else(|| not_shaped(&format!("{where_}{key}"), kind, "an array"))
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
-    slot.as_object_mut().expect("made an object")
+}
+
+fn not_shaped(key: &str, is: &str, want: &str) -> String {
+    format!(
+        "{key} is {is}, not {want} as the harness expects; setup would have to replace it and \
+         lose what it holds"
+    )
 }
 
 /// Sets `map[key]` to `value`, noting `what` when that changed it.
@@ -246,12 +338,13 @@ fn is_ours(command: &str) -> bool {
 
 /// Puts `hook` (a command hook object) under `hooks[event]`: replacing the entry of ours there,
 /// else adding a group of its own after the user's.
-fn put_hook(hooks: &mut Map<String, Value>, event: &str, hook: Value, changes: &mut Vec<String>) {
-    let groups = hooks.entry(event.to_owned()).or_insert_with(|| json!([]));
-    if !groups.is_array() {
-        *groups = json!([]);
-    }
-    let groups = groups.as_array_mut().expect("made an array");
+fn put_hook(
+    hooks: &mut Map<String, Value>,
+    event: &str,
+    hook: Value,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
+    let groups = array_at(hooks, event, "hooks.")?;
     for group in groups.iter_mut() {
         let Some(list) = group["hooks"].as_array_mut() else {
             continue;
@@ -262,12 +355,13 @@ fn put_hook(hooks: &mut Map<String, Value>, event: &str, hook: Value, changes: &
                     *h = hook;
                     changes.push(format!("updated the {event} hook"));
                 }
-                return;
+                return Ok(());
             }
         }
     }
     groups.push(json!({ "hooks": [hook] }));
     changes.push(format!("added a {event} hook: {}", hook_command(groups)));
+    Ok(())
 }
 
 fn hook_command(groups: &[Value]) -> String {
@@ -292,8 +386,13 @@ fn mcp_entry(ctx: &Context, extra: Map<String, Value>) -> Value {
 
 /// Claude Code's MCP server: `mcpServers.waitpoint` in `~/.claude.json` or the project's
 /// `.mcp.json`.
-fn claude_mcp(v: &mut Map<String, Value>, ctx: &Context, scope: Scope, changes: &mut Vec<String>) {
-    let servers = object_at(v, "mcpServers");
+fn claude_mcp(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    scope: Scope,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
+    let servers = object_at(v, "mcpServers", "")?;
     let mut extra = Map::new();
     if scope == Scope::User {
         extra.insert("type".into(), json!("stdio"));
@@ -305,6 +404,7 @@ fn claude_mcp(v: &mut Map<String, Value>, ctx: &Context, scope: Scope, changes: 
         "set the MCP server waitpoint (waitpoint mcp)".into(),
         changes,
     );
+    Ok(())
 }
 
 /// How long Claude Code lets a hook run, and how long our waiter waits inside that.
@@ -313,7 +413,11 @@ const CLAUDE_WAIT_S: u64 = 86_000;
 
 /// Claude Code's settings: the hooks that wake a live session, the status line, the tools
 /// allowed without asking, and the project's `.mcp.json` server enabled.
-fn claude_settings(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<String>) {
+fn claude_settings(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
     let waiter = json!({
         "type": "command",
         "asyncRewake": true,
@@ -321,11 +425,11 @@ fn claude_settings(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<
         "command": ctx.command(&format!("adapter claude-hook --timeout {CLAUDE_WAIT_S}")),
     });
     let end = json!({ "type": "command", "command": ctx.command("adapter claude-hook") });
-    let hooks = object_at(v, "hooks");
+    let hooks = object_at(v, "hooks", "")?;
     for event in ["SessionStart", "Stop"] {
-        put_hook(hooks, event, waiter.clone(), changes);
+        put_hook(hooks, event, waiter.clone(), changes)?;
     }
-    put_hook(hooks, "SessionEnd", end, changes);
+    put_hook(hooks, "SessionEnd", end, changes)?;
     let status = json!({ "type": "command", "command": ctx.command("adapter claude-statusline") });
     match v.get("statusLine") {
         Some(s) if !s["command"].as_str().is_some_and(is_ours) => changes.push(
@@ -341,28 +445,22 @@ fn claude_settings(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<
             changes,
         ),
     }
-    let allow = object_at(v, "permissions")
-        .entry("allow")
-        .or_insert_with(|| json!([]));
-    if let Some(list) = allow.as_array_mut()
-        && !list.contains(&json!("mcp__waitpoint"))
-    {
-        list.push(json!("mcp__waitpoint"));
+    let allow = array_at(object_at(v, "permissions", "")?, "allow", "permissions.")?;
+    if !allow.contains(&json!("mcp__waitpoint")) {
+        allow.push(json!("mcp__waitpoint"));
         changes.push("allowed the waitpoint tools (mcp__waitpoint)".into());
     }
+    Ok(())
 }
 
 /// The user's approval of the project's MCP server `waitpoint`.
-fn claude_approval(v: &mut Map<String, Value>, changes: &mut Vec<String>) {
-    let enabled = v
-        .entry("enabledMcpjsonServers")
-        .or_insert_with(|| json!([]));
-    if let Some(list) = enabled.as_array_mut()
-        && !list.contains(&json!("waitpoint"))
-    {
+fn claude_approval(v: &mut Map<String, Value>, changes: &mut Vec<String>) -> Result<(), String> {
+    let list = array_at(v, "enabledMcpjsonServers", "")?;
+    if !list.contains(&json!("waitpoint")) {
         list.push(json!("waitpoint"));
         changes.push("approved the project's MCP server waitpoint for you".into());
     }
+    Ok(())
 }
 
 /// How long Codex lets the Stop hook run, and how long our waiter waits inside that.
@@ -370,13 +468,17 @@ const CODEX_HOOK_TIMEOUT_S: u64 = 600;
 const CODEX_WAIT_S: u64 = 590;
 
 /// Codex's hooks file: the Stop hook that continues a turn with a wake.
-fn codex_hooks(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<String>) {
+fn codex_hooks(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
     let stop = json!({
         "type": "command",
         "timeout": CODEX_HOOK_TIMEOUT_S,
         "command": ctx.command(&format!("adapter codex-stop-hook --timeout {CODEX_WAIT_S}")),
     });
-    put_hook(object_at(v, "hooks"), "Stop", stop, changes);
+    put_hook(object_at(v, "hooks", "")?, "Stop", stop, changes)
 }
 
 /// Codex's `config.toml`: `[mcp_servers.waitpoint]`, comments and the rest kept as they are.
@@ -384,16 +486,15 @@ fn codex_hooks(v: &mut Map<String, Value>, ctx: &Context, changes: &mut Vec<Stri
 /// is deprecated there), so none is written.
 fn codex_config(
     path: &Path,
-    before: &Option<String>,
+    before: Option<&str>,
     ctx: &Context,
     changes: &mut Vec<String>,
 ) -> Result<String, Unmergeable> {
     use toml_edit::{DocumentMut, Item, Table, value};
-    let text = before.clone().unwrap_or_default();
-    let mut doc: DocumentMut = text.parse().map_err(|e| Unmergeable {
-        path: path.to_owned(),
-        reason: format!("is not TOML ({e})"),
-    })?;
+    let text = before.unwrap_or_default().to_owned();
+    let mut doc: DocumentMut = text
+        .parse()
+        .map_err(|e| Unmergeable::content(path, format!("is not TOML ({e})")))?;
     let servers = doc
         .entry("mcp_servers")
         .or_insert_with(|| {
@@ -402,10 +503,7 @@ fn codex_config(
             Item::Table(t)
         })
         .as_table_mut()
-        .ok_or_else(|| Unmergeable {
-            path: path.to_owned(),
-            reason: "mcp_servers is not a table".into(),
-        })?;
+        .ok_or_else(|| Unmergeable::content(path, "mcp_servers is not a table".into()))?;
     let mut want = Table::new();
     want["command"] = value(ctx.program.as_str());
     let mut args = toml_edit::Array::new();
@@ -435,24 +533,53 @@ fn codex_config(
     Ok(doc.to_string())
 }
 
-/// The home's settings: `onWake` resumes a closed session in whichever harness armed it.
-fn home_settings(v: &mut Map<String, Value>, changes: &mut Vec<String>) {
-    let want = json!(["waitpoint", "adapter", "resume"]);
+/// The home's settings: `onWake` resumes a closed session in whichever harness armed it. The
+/// daemon runs it with its own `PATH`, so it names the program as the hooks do; an `onWake`
+/// of ours written with another path (an older setup's bare `waitpoint`, a moved binary) is
+/// brought up to date.
+fn home_settings(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
+    let want = json!([ctx.program, "adapter", "resume"]);
+    let ours = |w: &Value| {
+        w.as_array().is_some_and(|a| {
+            a.len() == 3
+                && a[0].as_str().is_some_and(|p| {
+                    Path::new(p).file_name() == Some(std::ffi::OsStr::new("waitpoint"))
+                })
+                && a[1] == "adapter"
+                && a[2] == "resume"
+        })
+    };
     match v.get("onWake") {
         None | Some(Value::Null) => set(
             v,
             "onWake",
             want,
-            "set onWake to resume a closed session (waitpoint adapter resume)".into(),
+            format!(
+                "set onWake to resume a closed session ({} adapter resume)",
+                ctx.program
+            ),
             changes,
         ),
         Some(w) if *w == want => {}
-        Some(_) => changes.push(
-            "left onWake as it is (yours); [\"waitpoint\", \"adapter\", \"resume\"] resumes a \
-             closed session"
-                .into(),
+        Some(w) if ours(w) => set(
+            v,
+            "onWake",
+            want,
+            format!(
+                "updated onWake to run {} (the daemon does not search the shell's PATH)",
+                ctx.program
+            ),
+            changes,
         ),
+        Some(_) => changes.push(format!(
+            "left onWake as it is (yours); {want} resumes a closed session"
+        )),
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -473,7 +600,7 @@ mod tests {
         let current: Vec<_> = files(h, scope, ctx)
             .into_iter()
             .zip(texts)
-            .map(|(p, t)| (p, t.map(str::to_owned)))
+            .map(|(p, t)| (p.path, t.map(str::to_owned)))
             .collect();
         plan(h, scope, ctx, &current).unwrap()
     }
@@ -558,7 +685,7 @@ mod tests {
         let c = ctx(None);
         let current: Vec<_> = files(Harness::Claude, Scope::User, &c)
             .into_iter()
-            .map(|p| (p, Some("{not json".to_owned())))
+            .map(|p| (p.path, Some("{not json".to_owned())))
             .collect();
         let e = plan(Harness::Claude, Scope::User, &c, &current).unwrap_err();
         assert!(

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use crate::error::{Error, exit};
+use crate::error::exit;
 use crate::harness::Harness;
 use crate::home::Home;
-use crate::setup::{self, Context, Scope};
+use crate::setup::{self, Context, Edit, Place, Scope, Written};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum HarnessName {
@@ -60,30 +60,17 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
         user_dir: super::home_dir(),
         project_dir: std::path::absolute(project_dir)?,
     };
-    let mut current = Vec::new();
-    for path in setup::files(harness, scope, &ctx) {
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => Some(t),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io("cannot read", &path, e).into()),
-        };
-        current.push((path, text));
-    }
-    let edits = setup::plan(harness, scope, &ctx, &current)?;
     let mut changed = 0;
-    for e in &edits {
-        for c in &e.changes {
-            writeln!(out, "{}: {c}", e.path.display())?;
+    for (index, place) in setup::files(harness, scope, &ctx).iter().enumerate() {
+        let (edit, note) = settle(harness, scope, &ctx, index, place, a.dry_run)?;
+        if let Some(note) = note {
+            writeln!(out, "{note}")?;
         }
-        if !e.changes_anything() {
-            continue;
+        for c in &edit.changes {
+            writeln!(out, "{}: {c}", edit.path.display())?;
         }
-        changed += 1;
-        if !a.dry_run {
-            if let Some(dir) = e.path.parent() {
-                std::fs::create_dir_all(dir).map_err(|err| Error::io("cannot create", dir, err))?;
-            }
-            crate::durable::commit(&e.path, e.after.as_bytes())?;
+        if edit.changes_anything() {
+            changed += 1;
         }
     }
     let verdict = match (changed, a.dry_run) {
@@ -102,18 +89,59 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
     Ok(exit::OK)
 }
 
-/// How a harness should run us: `waitpoint` when that name on `PATH` is this binary, else this
-/// binary's full path.
+/// How many times a file that changes under us is read, merged and written again before setup
+/// gives up (a harness rewriting it many times a second).
+const ATTEMPTS: usize = 10;
+
+/// Merges one file and, unless `dry_run`, writes it: again over the new text when it changed
+/// between the read and the write, and read back afterwards, so a change is reported only
+/// once it is on disk. The plan and the note on how the file was reached come back.
+fn settle(
+    harness: Harness,
+    scope: Scope,
+    ctx: &Context,
+    index: usize,
+    place: &Place,
+    dry_run: bool,
+) -> anyhow::Result<(Edit, Option<String>)> {
+    for _ in 0..ATTEMPTS {
+        let found = setup::read(place)?;
+        let edit = setup::plan_file(harness, scope, ctx, index, found.text.as_deref())?;
+        if dry_run || !edit.changes_anything() {
+            return Ok((edit, found.note));
+        }
+        if found.replace(&edit.after)? == Written::Changed {
+            continue;
+        }
+        // Another writer may have replaced it right after us, from a text without our entries.
+        let back = setup::read(place)?;
+        if !setup::plan_file(harness, scope, ctx, index, back.text.as_deref())?.changes_anything() {
+            return Ok((edit, found.note));
+        }
+    }
+    anyhow::bail!(
+        "{}: changed every time setup wrote it ({ATTEMPTS} times): another program (the harness \
+         itself?) keeps rewriting it; quit it, then run setup again",
+        place.path.display()
+    )
+}
+
+/// How a harness, its hooks and the daemon's `onWake` run us: the absolute path of `waitpoint`
+/// on `PATH` when that is this binary (a path that survives an upgrade in place), else this
+/// binary's own path. Never the bare name: the daemon's `PATH` is not the shell's.
 fn program() -> String {
     let me = std::env::current_exe().and_then(std::fs::canonicalize).ok();
     let on_path = std::env::var_os("PATH").and_then(|p| {
         std::env::split_paths(&p)
+            .filter(|d| d.is_absolute())
             .map(|d| d.join("waitpoint"))
             .find(|c| c.is_file())
-            .and_then(|c| std::fs::canonicalize(c).ok())
     });
-    match me {
-        Some(me) if on_path.as_ref() != Some(&me) => me.to_string_lossy().into_owned(),
-        _ => "waitpoint".to_owned(),
+    match (me, on_path) {
+        (Some(me), Some(p)) if std::fs::canonicalize(&p).ok().as_ref() == Some(&me) => {
+            p.to_string_lossy().into_owned()
+        }
+        (Some(me), _) => me.to_string_lossy().into_owned(),
+        (None, _) => "waitpoint".to_owned(),
     }
 }
