@@ -65,6 +65,9 @@ pub struct Inputs<'a> {
     /// How the shared store the settings name is ([`crate::store::Store::health`]), or why
     /// it could not be asked; `None` for the home's own files.
     pub store: Option<Result<Vec<Check>, Error>>,
+    /// The `PATH` a daemon started from here would search for `onWake`'s program (the caller's
+    /// own); a running daemon's own `PATH` is read from `/proc` instead when it can be.
+    pub path: Option<std::ffi::OsString>,
 }
 
 /// Tries to get (and at once gives back) an inotify instance, as a daemon starting now would.
@@ -101,6 +104,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     checks.push(check_drop_zone(home));
     checks.push(check_inotify(&inputs.inotify_dir, &inputs.inotify_instance));
     checks.push(check_daemon(home));
+    checks.push(check_on_wake(home, inputs.settings, inputs.path.as_deref()));
     checks.push(check_shim(home));
     checks.push(check_devices(home));
     checks.push(check_journal(home));
@@ -503,6 +507,124 @@ scripts/waitpoint.service";
     }
 }
 
+/// Whether the daemon can start `onWake`'s program: an absolute path must be an executable
+/// file; a bare name is looked up on the `PATH` the daemon has (the running daemon's, read from
+/// `/proc`, else the caller's); a relative path would be resolved against the daemon's
+/// directory, whatever that is.
+fn check_on_wake(
+    home: &Home,
+    settings: &Result<Settings, Error>,
+    path: Option<&std::ffi::OsStr>,
+) -> Check {
+    const NAME: &str = "on-wake";
+    let Ok(settings) = settings else {
+        return ok(NAME, "not checked: the settings do not resolve (above)");
+    };
+    let Some(program) = settings.on_wake.as_ref().and_then(|argv| argv.first()) else {
+        return ok(
+            NAME,
+            "not set: a wake waits in its session's inbox until it is read",
+        );
+    };
+    let setup_fix = "run `waitpoint setup claude-code` (or `codex`) again, which writes the full \
+                     path, or make onWake's first item an absolute path (`command -v NAME`)";
+    let fix = |name: &str| setup_fix.replace("NAME", name);
+    let file = home.settings_file();
+    let program_path = Path::new(program);
+    if program.contains('/') {
+        if !program_path.is_absolute() {
+            return bad(
+                NAME,
+                Level::Fail,
+                format!(
+                    "onWake runs {program:?}, a relative path, which the daemon resolves \
+                     against its own working directory ({})",
+                    file.display()
+                ),
+                fix(program_path
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_str()
+                    .unwrap_or("")),
+            );
+        }
+        return match executable(program_path) {
+            Ok(()) => ok(NAME, format!("onWake runs {program}")),
+            Err(why) => bad(
+                NAME,
+                Level::Fail,
+                format!("onWake runs {program}, which {why}: the daemon cannot start it"),
+                fix(program_path
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_str()
+                    .unwrap_or("")),
+            ),
+        };
+    }
+    let (search, whose) = match daemon_path(home) {
+        Some(p) => (Some(p), "the running daemon's PATH"),
+        None => (
+            path.map(ToOwned::to_owned),
+            "this shell's PATH (a daemon started elsewhere, by systemd say, has its own)",
+        ),
+    };
+    let found = search.as_ref().and_then(|p| {
+        std::env::split_paths(p)
+            .filter(|d| d.is_absolute())
+            .map(|d| d.join(program))
+            .find(|c| executable(c).is_ok())
+    });
+    match found {
+        Some(at) => ok(
+            NAME,
+            format!(
+                "onWake runs {program:?}, found on {whose} at {}",
+                at.display()
+            ),
+        ),
+        None => bad(
+            NAME,
+            Level::Fail,
+            format!(
+                "onWake runs {program:?}, which is not on {whose}: the daemon cannot start it \
+                 and every wake's delivery fails"
+            ),
+            fix(program),
+        ),
+    }
+}
+
+/// `Ok` when `path` is a file this user may execute; else what it is.
+fn executable(path: &Path) -> Result<(), &'static str> {
+    match fs::metadata(path) {
+        Err(_) => Err("does not exist"),
+        Ok(m) if !m.is_file() => Err("is not a file"),
+        Ok(_) => {
+            rustix::fs::access(path, rustix::fs::Access::EXEC_OK).map_err(|_| "is not executable")
+        }
+    }
+}
+
+/// The `PATH` of the daemon running for `home`, if one runs and its environment can be read.
+fn daemon_path(home: &Home) -> Option<std::ffi::OsString> {
+    use std::os::unix::ffi::OsStrExt;
+    let crate::durable::LockHolder::Held { pid } = FileLock::holder(&home.daemon_lock()) else {
+        return None;
+    };
+    use std::io::Read;
+    let mut environ = Vec::new();
+    fs::File::open(format!("/proc/{pid}/environ"))
+        .ok()?
+        .take(1 << 20)
+        .read_to_end(&mut environ)
+        .ok()?;
+    environ
+        .split(|&b| b == 0)
+        .find_map(|kv| kv.strip_prefix(b"PATH="))
+        .map(|v| std::ffi::OsStr::from_bytes(v).to_owned())
+}
+
 fn check_shim(home: &Home) -> Check {
     let path = home.webhook_address_file();
     // Read as its owner writes it (`records::WebhookAddress`), not guessed at.
@@ -759,6 +881,7 @@ mod tests {
             inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
             inotify_instance: Ok(()),
             store: None,
+            path: None,
         })
     }
 

@@ -36,6 +36,7 @@ pub fn run(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Result<u
         inotify_dir: PathBuf::from("/proc/sys/fs/inotify"),
         inotify_instance: doctor::probe_inotify(home),
         store,
+        path: std::env::var_os("PATH"),
     });
     let mut out = io::stdout().lock();
     for check in &checks {

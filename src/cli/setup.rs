@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use crate::error::exit;
 use crate::harness::Harness;
 use crate::home::Home;
-use crate::setup::{self, Context, Edit, Place, Scope, Written};
+use crate::setup::{self, Context, Edit, Found, Place, Scope, Written};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum HarnessName {
@@ -60,12 +60,24 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
         user_dir: super::home_dir(),
         project_dir: std::path::absolute(project_dir)?,
     };
+    // Every file is read and merged before any is written: one refused leaves all as they were.
+    let places = setup::files(harness, scope, &ctx);
+    let mut planned = Vec::new();
+    for (index, place) in places.iter().enumerate() {
+        let found = setup::read(place)?;
+        let edit = setup::plan_file(harness, scope, &ctx, index, found.text.as_deref())?;
+        planned.push((found, edit));
+    }
     let mut changed = 0;
-    for (index, place) in setup::files(harness, scope, &ctx).iter().enumerate() {
-        let (edit, note) = settle(harness, scope, &ctx, index, place, a.dry_run)?;
-        if let Some(note) = note {
+    for (index, (found, edit)) in planned.into_iter().enumerate() {
+        if let Some(note) = &found.note {
             writeln!(out, "{note}")?;
         }
+        let edit = if a.dry_run || !edit.changes_anything() {
+            edit
+        } else {
+            settle(harness, scope, &ctx, index, &places[index], found, edit)?
+        };
         for c in &edit.changes {
             writeln!(out, "{}: {c}", edit.path.display())?;
         }
@@ -91,32 +103,33 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
 
 /// How many times a file that changes under us is read, merged and written again before setup
 /// gives up (a harness rewriting it many times a second).
-const ATTEMPTS: usize = 10;
+const ATTEMPTS: usize = 25;
 
-/// Merges one file and, unless `dry_run`, writes it: again over the new text when it changed
-/// between the read and the write, and read back afterwards, so a change is reported only
-/// once it is on disk. The plan and the note on how the file was reached come back.
+/// Writes `edit`, planned over `found`: again over the new text when the file changed between
+/// the read and the write, and read back afterwards, so a change is reported only once it is on
+/// disk. The edit that was written comes back.
 fn settle(
     harness: Harness,
     scope: Scope,
     ctx: &Context,
     index: usize,
     place: &Place,
-    dry_run: bool,
-) -> anyhow::Result<(Edit, Option<String>)> {
+    mut found: Found,
+    mut edit: Edit,
+) -> anyhow::Result<Edit> {
     for _ in 0..ATTEMPTS {
-        let found = setup::read(place)?;
-        let edit = setup::plan_file(harness, scope, ctx, index, found.text.as_deref())?;
-        if dry_run || !edit.changes_anything() {
-            return Ok((edit, found.note));
+        if found.replace(&edit.after)? == Written::Done {
+            // Another writer may have replaced it right after us, from a text without ours.
+            let back = setup::read(place)?;
+            let again = setup::plan_file(harness, scope, ctx, index, back.text.as_deref())?;
+            if !again.changes_anything() {
+                return Ok(edit);
+            }
         }
-        if found.replace(&edit.after)? == Written::Changed {
-            continue;
-        }
-        // Another writer may have replaced it right after us, from a text without our entries.
-        let back = setup::read(place)?;
-        if !setup::plan_file(harness, scope, ctx, index, back.text.as_deref())?.changes_anything() {
-            return Ok((edit, found.note));
+        found = setup::read(place)?;
+        edit = setup::plan_file(harness, scope, ctx, index, found.text.as_deref())?;
+        if !edit.changes_anything() {
+            return Ok(edit);
         }
     }
     anyhow::bail!(
