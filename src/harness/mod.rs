@@ -67,8 +67,25 @@ impl Harness {
 pub struct Caller {
     pub harness: Harness,
     pub session_id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Absolute: a record edited by hand (or written by an older version) with a relative one
+    /// does not parse, and is set aside, since the resume would run wherever the daemon runs.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "absolute_dir"
+    )]
     pub project_dir: Option<PathBuf>,
+}
+
+fn absolute_dir<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PathBuf>, D::Error> {
+    let dir = Option::<PathBuf>::deserialize(d)?;
+    match dir {
+        Some(p) if !p.is_absolute() => Err(serde::de::Error::custom(format!(
+            "project_dir must be an absolute path, not {p:?}: a resume would run in the \
+             daemon's own directory"
+        ))),
+        dir => Ok(dir),
+    }
 }
 
 impl Caller {
@@ -308,5 +325,35 @@ mod tests {
         // A hand-edited id that could reach an argv as an option or a path is ignored.
         std::fs::write(&file, r#"{"harness":"codex","session_id":"../x"}"#).unwrap();
         assert_eq!(recall(&home, "codex-t9").unwrap(), None);
+    }
+
+    #[test]
+    fn a_record_with_a_relative_project_dir_is_set_aside_not_resumed_in_the_daemons_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path());
+        let c = from_hook_input(Harness::Codex, &json!({"session_id": "t9", "cwd": "/p"})).unwrap();
+        remember(&home, "codex-t9", &c).unwrap();
+        let file = record_file(&home, "codex-t9");
+        // A relative project directory would be the daemon's: the record is set aside, and the
+        // next call of the harness writes a whole one.
+        std::fs::write(
+            &file,
+            r#"{"harness":"codex","session_id":"t9","project_dir":"proj"}"#,
+        )
+        .unwrap();
+        assert_eq!(recall(&home, "codex-t9").unwrap(), None);
+        assert!(!file.exists());
+        // Set aside with the reason, as every record that does not parse.
+        let said: String = std::fs::read_dir(home.quarantine_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+            .collect();
+        assert!(
+            said.contains("project_dir must be an absolute path, not \"proj\""),
+            "{said}"
+        );
+        remember(&home, "codex-t9", &c).unwrap();
+        assert_eq!(recall(&home, "codex-t9").unwrap(), Some(c.clone()));
     }
 }
