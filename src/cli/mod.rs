@@ -297,9 +297,16 @@ pub enum Command {
     /// --project) the MCP server entry (`waitpoint mcp`), the hooks that wake a live session
     /// (Claude Code: SessionStart, Stop and SessionEnd; Codex: Stop), Claude Code's status line
     /// (the capsule), and into the home's settings the onWake that resumes a closed session
-    /// (`waitpoint adapter resume`). What is there is kept: other servers and hooks, a status
-    /// line or onWake of your own (said, not replaced), TOML comments. Running it again changes
-    /// nothing. Prints each change; --dry-run writes nothing.
+    /// (`waitpoint adapter resume`), each running waitpoint by its full path (the daemon's PATH
+    /// is not the shell's). What is there is kept byte for byte: other servers and hooks, a
+    /// status line or onWake of your own (said, not replaced), numbers as written, TOML
+    /// comments, each file's mode. A file it cannot merge without losing something (a key twice,
+    /// hooks of another shape) is refused with the reason, and then nothing is written. In a
+    /// project and in the home no link is followed and only regular files are opened; in the
+    /// user's files a link is followed, and said, only to the user's own regular file. A file
+    /// that changes while setup writes it (a running harness) is merged again; a change is
+    /// printed once it is read back from disk. Running it again changes nothing; --dry-run
+    /// writes nothing.
     Setup(setup::SetupArgs),
     /// Wake adapters: hand a session's wakes to an agent harness (hooks, onWake resumes)
     ///
@@ -329,8 +336,9 @@ pub enum Command {
     /// Check the home, the daemon and the machine, one line per check with how to fix it
     ///
     /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
-    /// limits, whether a daemon holds the lock (and whether a dead one left it stale), the HTTP
-    /// shim's address file, each device's reachability, stale *.tmp files and parked refused
+    /// limits, whether a daemon holds the lock (and whether a dead one left it stale), whether
+    /// the daemon can start onWake's program (an executable absolute path, or a name on the
+    /// running daemon's PATH, else on this shell's), the HTTP shim's address file, each device's reachability, stale *.tmp files and parked refused
     /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
     /// when any check FAILs. A FAIL of the modes is what the daemon refuses to start on (a home
     /// or settings.json other users can write); modes merely looser than private are a WARN.

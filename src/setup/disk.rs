@@ -399,9 +399,7 @@ impl Found {
     /// read with; [`Written::Changed`] (nothing written) otherwise.
     pub fn replace(&self, after: &str) -> Result<Written, Unmergeable> {
         let dir = self.make_dirs()?;
-        let at = self
-            .dir_path
-            .join(&self.missing.iter().collect::<PathBuf>());
+        let at = self.dir_path.join(self.missing.iter().collect::<PathBuf>());
         let target = at.join(&self.name);
         let tag: u64 = rand::rng().next_u64();
         let mut temp = OsString::from(".");
