@@ -186,7 +186,7 @@ fn missing_symbols(doc: &Path, text: &str) -> Vec<String> {
             (files, 0)
         } else {
             match module_files(&segments) {
-                (_, 0) if test_module.is_file() => (vec![test_module], 1),
+                (_, 0) if test_module.is_file() => (vec![test_module.clone()], 1),
                 found => found,
             }
         };
@@ -198,10 +198,14 @@ fn missing_symbols(doc: &Path, text: &str) -> Vec<String> {
             }
             continue;
         }
-        let texts: Vec<String> = files
+        let mut texts: Vec<String> = files
             .iter()
             .map(|f| fs::read_to_string(f).unwrap())
             .collect();
+        // A test module may share its name with the module it tests (`setup::a_test_name`).
+        if used == 1 && test_module.is_file() && files.first() != Some(&test_module) {
+            texts.push(fs::read_to_string(&test_module).unwrap());
+        }
         for name in &segments[used..] {
             if !texts.iter().any(|t| declares(t, name)) {
                 out.push(format!(
