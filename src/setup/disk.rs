@@ -539,3 +539,46 @@ impl Found {
         Ok(dir)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(root: &Path, rel: &str, access: Access) -> Place {
+        Place {
+            path: root.join(rel),
+            root: root.to_owned(),
+            access,
+        }
+    }
+
+    #[test]
+    fn a_file_changed_since_it_was_read_is_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = place(dir.path(), "sub/config.json", Access::Project);
+        std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+        std::fs::write(&p.path, "{\"a\": 1}").unwrap();
+        let found = read(&p).unwrap();
+        assert_eq!(found.text.as_deref(), Some("{\"a\": 1}"));
+        // Another writer gets in between the read and the write.
+        std::fs::write(&p.path, "{\"a\": 2}").unwrap();
+        assert_eq!(found.replace("{\"ours\": 1}").unwrap(), Written::Changed);
+        assert_eq!(std::fs::read_to_string(&p.path).unwrap(), "{\"a\": 2}");
+        // Made meanwhile where there was nothing: not replaced either.
+        let q = place(dir.path(), "sub/new.json", Access::Project);
+        let absent = read(&q).unwrap();
+        std::fs::write(&q.path, "{}").unwrap();
+        assert_eq!(absent.replace("{\"ours\": 1}").unwrap(), Written::Changed);
+        assert_eq!(std::fs::read_to_string(&q.path).unwrap(), "{}");
+        // Unchanged: replaced, and no temp file is left.
+        let found = read(&p).unwrap();
+        assert_eq!(found.replace("{\"ours\": 1}").unwrap(), Written::Done);
+        assert_eq!(std::fs::read_to_string(&p.path).unwrap(), "{\"ours\": 1}");
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("sub"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+}

@@ -506,6 +506,18 @@ fn doctor_fails_an_on_wake_program_the_daemon_cannot_start_and_says_how_to_fix_i
     let said = doctor(&format!("{}:/usr/bin", bin.display()));
     let row = said.lines().find(|l| l.contains("on-wake")).unwrap();
     assert!(row.contains("OK") && row.contains(WAITPOINT), "{said}");
+    // A relative path, which the daemon would resolve against its own directory.
+    fs::write(
+        env.home.join("settings.json"),
+        r#"{"onWake": ["bin/waitpoint", "adapter", "resume"]}"#,
+    )
+    .unwrap();
+    let said = doctor(&format!("{}:/usr/bin", bin.display()));
+    let row = said.lines().find(|l| l.contains("on-wake")).unwrap();
+    assert!(
+        row.contains("FAIL") && row.contains("a relative path"),
+        "{said}"
+    );
     // An absolute path that is not executable.
     let notes = env.home.join("notes.txt");
     fs::write(&notes, "not a program").unwrap();
