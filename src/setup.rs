@@ -5,7 +5,10 @@
 //! Planning is pure: each file's text before goes in, its text after and a line per change come
 //! out, so the merge rules are tested without a disk. A merge keeps everything it does not own
 //! (other servers, other hooks, a status line of the user's own, comments in TOML) and owns only
-//! entries that run `waitpoint`: running it twice changes nothing.
+//! entries that run `waitpoint`: running it twice changes nothing. What it does not own stays
+//! byte for byte (`json.rs` rewrites only the values that change), and a merge that could only
+//! be made by losing something (a key twice, our entry's place holding another shape) is
+//! refused with the reason. How the files are reached and replaced is `disk.rs`.
 
 mod disk;
 mod json;
