@@ -76,7 +76,17 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
         let edit = if a.dry_run || !edit.changes_anything() {
             edit
         } else {
-            settle(harness, scope, &ctx, index, &places[index], found, edit)?
+            let (edit, attempts) =
+                settle(harness, scope, &ctx, index, &places[index], found, edit)?;
+            if attempts > 1 {
+                writeln!(
+                    out,
+                    "{}: changed while setup wrote it (another program writes it too); merged \
+                     again over its new text ({attempts} attempts)",
+                    edit.path.display()
+                )?;
+            }
+            edit
         };
         for c in &edit.changes {
             writeln!(out, "{}: {c}", edit.path.display())?;
@@ -107,7 +117,7 @@ const ATTEMPTS: usize = 25;
 
 /// Writes `edit`, planned over `found`: again over the new text when the file changed between
 /// the read and the write, and read back afterwards, so a change is reported only once it is on
-/// disk. The edit that was written comes back.
+/// disk. The edit that was written comes back, with how many attempts it took.
 fn settle(
     harness: Harness,
     scope: Scope,
@@ -116,20 +126,20 @@ fn settle(
     place: &Place,
     mut found: Found,
     mut edit: Edit,
-) -> anyhow::Result<Edit> {
-    for _ in 0..ATTEMPTS {
+) -> anyhow::Result<(Edit, usize)> {
+    for attempt in 1..=ATTEMPTS {
         if found.replace(&edit.after)? == Written::Done {
             // Another writer may have replaced it right after us, from a text without ours.
             let back = setup::read(place)?;
             let again = setup::plan_file(harness, scope, ctx, index, back.text.as_deref())?;
             if !again.changes_anything() {
-                return Ok(edit);
+                return Ok((edit, attempt));
             }
         }
         found = setup::read(place)?;
         edit = setup::plan_file(harness, scope, ctx, index, found.text.as_deref())?;
         if !edit.changes_anything() {
-            return Ok(edit);
+            return Ok((edit, attempt));
         }
     }
     anyhow::bail!(
