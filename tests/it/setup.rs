@@ -408,7 +408,7 @@ fn setup_racing_a_harness_that_rewrites_claude_json_loses_none_of_its_writes() {
     let env = Env::new();
     let config = env.user_home.join(".claude.json");
     let stop = env.home.join("../stop");
-    let (mut lost, mut merged_again, mut most) = (Vec::new(), 0, 1);
+    let (mut lost, mut merged_again, mut most, mut ours_gone) = (Vec::new(), 0, 1, 0);
     for trial in 0..30 {
         fs::write(&config, r#"{"seen": []}"#).unwrap();
         let _ = fs::remove_file(&stop);
@@ -435,6 +435,10 @@ fn setup_racing_a_harness_that_rewrites_claude_json_loses_none_of_its_writes() {
             most = most.max(n);
         }
         let seen = json_at(&config)["seen"].clone();
+        // Not asserted: a rewrite begun before setup's write and ended after its read-back
+        // drops the entry after setup saw it on disk, which no writer without a lock can
+        // prevent.
+        ours_gone += usize::from(json_at(&config)["mcpServers"]["waitpoint"].is_null());
         if seen != serde_json::json!((0..rewrites).collect::<Vec<_>>()) {
             lost.push((trial, said));
         }
@@ -442,7 +446,7 @@ fn setup_racing_a_harness_that_rewrites_claude_json_loses_none_of_its_writes() {
     // The race was run, not dodged: some setups had to merge again.
     eprintln!(
         "{merged_again} of 30 setups merged again over the harness's write, in {most} attempts \
-         at most"
+         at most; the entry set, then dropped by a rewrite that read before it, in {ours_gone}"
     );
     assert!(lost.is_empty(), "the harness's writes lost in {lost:#?}");
 }
