@@ -348,6 +348,8 @@ fn setup_keeps_what_is_not_ours_byte_for_byte_and_the_modes_or_refuses_saying_wh
             why,
         );
         assert_eq!(fs::read_to_string(&settings).unwrap(), text);
+        // One file refused, none written: not the project's .mcp.json planned before it.
+        assert!(!project.join(".mcp.json").exists());
     }
 
     // Numbers as written, the file's own layout, its mode: all kept.
