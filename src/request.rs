@@ -141,8 +141,10 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
             "member name is longer than {MAX_MEMBER_CHARS} characters"
         ));
     }
-    if name.chars().any(char::is_control) {
-        return Err("member name contains control characters".into());
+    // The one rule for text shown outside the frame: a name it would have to spell out is no
+    // name (a line separator, a bidi override, an invisible tag character).
+    if name.chars().any(crate::escape::is_hidden) {
+        return Err("member name contains control or invisible characters".into());
     }
     Ok(())
 }

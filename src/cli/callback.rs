@@ -94,7 +94,7 @@ fn callback_line(cb: &Callback) -> String {
         cb.mode.as_str(),
         status,
         cb.trigger_count,
-        cb.label.as_deref().unwrap_or("")
+        crate::render::visible(cb.label.as_deref().unwrap_or(""))
     )
 }
 
