@@ -75,7 +75,8 @@ pub struct CreateArgs {
     /// What you are waiting for and what to do next; repeated back on the wake
     #[arg(long, value_name = "I")]
     pub intent: String,
-    /// A job that will report (repeat for each); once set, every signal must name one
+    /// A job that will report (repeat for each); once set, every signal must name one. At most 64
+    /// characters, none of them a control or invisible one (a line separator, a bidi control)
     #[arg(long = "member", value_name = "NAME")]
     pub members: Vec<String>,
     /// Terminal signals that resolve it: a number or "all" [default: all with members, else 1]
