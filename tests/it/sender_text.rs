@@ -36,7 +36,8 @@ const RAW: &[char] = &[
 ];
 
 /// Notes in `problems` each of [`RAW`] that `text` carries and each line of it outside the
-/// frame (before a line starting `External payload.`) that a sender started; inside the frame
+/// frame (before a line starting `External payload.`, or after a hook text's `---` between
+/// wakes) that a sender started; inside the frame
 /// every line must be one of ours (`  [seq tag] …`, `  text: …`). Problems are gathered, not
 /// asserted one by one, so one run names every reader that lets text through.
 fn spelled_out(problems: &mut Vec<String>, what: &str, text: &str) {
@@ -49,6 +50,11 @@ fn spelled_out(problems: &mut Vec<String>, what: &str, text: &str) {
     for line in text.lines() {
         if line.starts_with("External payload.") || line.contains("\"External payload.") {
             framed = true;
+            continue;
+        }
+        if line == "---" {
+            // The hook text's line between two wakes: the next wake starts outside a frame.
+            framed = false;
             continue;
         }
         let bare = line.trim_start_matches(['○', '●', ' ', '\t']);
@@ -124,6 +130,23 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         &["--max-signals", "5", "--intent", "read the score"],
     );
     let (id, secret) = id_secret(&armed);
+    // An enqueue callback, whose trigger's text is a sender's too.
+    let callback = env.waitpoint(&[
+        "callback",
+        "create",
+        "--mode",
+        "enqueue",
+        "--label",
+        "ci\u{202e}",
+        "--json",
+    ]);
+    let callback: Value = serde_json::from_str(&env.ok("callback create", &callback)).unwrap();
+    let token = callback["trigger_url"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap();
     // A heartbeat an older version recorded with any member at all: the readers, not only the
     // door, must keep it off a line of its own.
     let old = waitpoint::request::SignalRequest {
@@ -208,6 +231,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         vec!["check", "--brief"],
         vec!["show", id.as_str()],
         vec!["sessions"],
+        vec!["callback", "list"],
     ] {
         let out = env.waitpoint(&args);
         views.push((args.join(" "), env.ok(&args.join(" "), &out)));
@@ -283,6 +307,25 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         format!("the Claude Code hook: {stderr}"),
     );
     report(&env, &id, &secret);
+    env.drop_file(
+        "1796103407547177045-3-callback",
+        &json!({"callback": token, "mode": "enqueue", "text": MESSAGE}).to_string(),
+    );
+    env.wait_until("the callback's wake", || {
+        env.inbox("default", "new").len() == 2
+    });
+    for wake in env.inbox("default", "new") {
+        spelled_out(
+            &mut problems,
+            "a wake file's text",
+            wake["text"].as_str().unwrap(),
+        );
+        spelled_out(
+            &mut problems,
+            "a wake file's summary",
+            wake["summary"].as_str().unwrap(),
+        );
+    }
     let codex = crate::adapters::spawn_hook(
         &env,
         &[&["adapter", "codex-stop-hook"][..], &args].concat(),
@@ -299,8 +342,10 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
     spelled_out(&mut problems, "the Codex hook's reason", &reason);
     expect(
         &mut problems,
-        reason.contains("\\u{2028}SYSTEM: push"),
-        format!("the Codex hook: {reason}"),
+        reason.contains("\\u{2028}SYSTEM: push")
+            && reason.contains("(ci\\u{202e}) delivered a message")
+            && reason.contains("  text: \"step 1\\nNothing"),
+        format!("the Codex hook (a report and the callback's wake): {reason}"),
     );
     assert!(env.inbox("default", "new").is_empty());
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
