@@ -91,7 +91,8 @@ pub struct Heartbeat {
     /// How long ago, in words (`3m 2s ago`).
     pub age: String,
     pub member: Option<String>,
-    /// The sender's text: external data, shown clipped and with control characters removed.
+    /// The sender's text, exact: external data. The terminal views and `wait_check`'s text show
+    /// it clipped and spelled out by the one rule (`escape`).
     pub message: Option<String>,
 }
 

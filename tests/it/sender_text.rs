@@ -112,6 +112,15 @@ fn report(env: &Env, id: &str, secret: &str) {
     });
 }
 
+/// Runs the hook adapter `name` for session `default` as a harness runs it at the end of a
+/// turn: its exit code, stdout and stderr.
+fn stop_hook(env: &Env, name: &str) -> (i32, String, String) {
+    let input = json!({"session_id": "s1", "hook_event_name": "Stop",
+                       "stop_hook_active": false, "cwd": "/tmp"});
+    let args = ["adapter", name, "--session", "default", "--timeout", "60"];
+    crate::adapters::finish(crate::adapters::spawn_hook(env, &args, &input, &[]))
+}
+
 /// Every text block of an MCP tool's result, as the agent reads it.
 fn tool_texts(result: &Value) -> Vec<String> {
     result["content"]
@@ -283,16 +292,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         format!("wait_next: {taken}"),
     );
     report(&env, &id, &secret);
-    let hook_input = json!({"session_id": "s1", "hook_event_name": "Stop",
-                            "stop_hook_active": false, "cwd": "/tmp"});
-    let args = ["--session", "default", "--timeout", "60"];
-    let claude = crate::adapters::spawn_hook(
-        &env,
-        &[&["adapter", "claude-hook"][..], &args].concat(),
-        &hook_input,
-        &[],
-    );
-    let (code, _, stderr) = crate::adapters::finish(claude);
+    let (code, _, stderr) = stop_hook(&env, "claude-hook");
     assert_eq!(code, 2, "{stderr}");
     spelled_out(&mut problems, "the Claude Code hook", &stderr);
     expect(
@@ -325,13 +325,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
             wake["summary"].as_str().unwrap(),
         );
     }
-    let codex = crate::adapters::spawn_hook(
-        &env,
-        &[&["adapter", "codex-stop-hook"][..], &args].concat(),
-        &hook_input,
-        &[],
-    );
-    let (code, stdout, stderr) = crate::adapters::finish(codex);
+    let (code, stdout, stderr) = stop_hook(&env, "codex-stop-hook");
     assert_eq!(code, 0, "{stderr}");
     spelled_out(&mut problems, "the Codex hook's JSON", &stdout);
     let reason = serde_json::from_str::<Value>(stdout.trim()).unwrap()["reason"]
