@@ -1,9 +1,10 @@
 //! Text a sender controls, walked through every reader. Hostile values planted in every field a
-//! sender sets (a free member name, a message, data; a record an older version wrote with any
-//! member at all) must reach an agent or an operator only inside the external payload's frame or
-//! spelled out by the one rule (`escape`): no raw line separator, bidi override, terminal escape
-//! or invisible tag character anywhere, no line that a sender started, and every value still
-//! recognisable.
+//! sender sets (a free member name, a message, data, a callback trigger's text; a record and a
+//! wake an older version wrote with anything at all in them) and in the texts an agent may have
+//! copied from a job (a label, a timer's summary) must reach an agent or an operator only inside
+//! the external payload's frame or spelled out by the one rule (`escape`): no raw line
+//! separator, bidi override, terminal escape or invisible tag character anywhere, no line that a
+//! sender started, and every value still recognisable.
 
 use std::process::Output;
 
@@ -110,6 +111,23 @@ fn report(env: &Env, id: &str, secret: &str) {
     env.wait_until("the report's wake", || {
         env.inbox("default", "new").len() == 1
     });
+}
+
+/// Puts a wake into session `default`'s inbox as an older version may have written it, its
+/// text and summary holding raw characters, shaped after `template` (a wake of this version):
+/// the readers of a wake, not only its composition, must spell them out. Named `n`.
+fn plant_old_wake(env: &Env, template: &Value, n: u32) {
+    let mut wake = template.clone();
+    let id = format!("wk_01d000000000_{n:04}");
+    wake["wake_id"] = json!(id);
+    wake["summary"] = json!(format!("legacy: {OLD_MEMBER} ok"));
+    wake["text"] = json!(format!(
+        "Waitpoint wp_01d000000000 \"legacy\": resolved.\nReported: {OLD_MEMBER} ok {DATA}\n"
+    ));
+    let dir = env.home.join("sessions/default/wakes/new");
+    let tmp = env.home.join(format!("sessions/default/wakes/.{id}.tmp"));
+    std::fs::write(&tmp, wake.to_string()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{id}.json"))).unwrap();
 }
 
 /// Runs the hook adapter `name` for session `default` as a harness runs it at the end of a
@@ -226,6 +244,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
             "the wake's text lost a value (free member quoted, old member, label, data spelled out): {text}"
         ),
     );
+    plant_old_wake(&env, &wake, 1);
 
     // The terminal views and the status line, which take nothing.
     let mut views = Vec::new();
@@ -263,9 +282,14 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         format!("show's signals: {show}"),
     );
 
-    // MCP: wait_check's texts, with one wake unread.
-    let mut mcp = Raw::start_with(&env, &["--session", "default"]);
+    // MCP: Claude Code's channel rings for each unread wake; wait_check's texts, with two.
+    let mut mcp = Raw::start_with(&env, &["--session", "default", "--claude-channel"]);
     mcp.initialize();
+    for _ in 0..2 {
+        let ring = mcp.notification("notifications/claude/channel");
+        let content = ring["params"]["content"].as_str().unwrap();
+        spelled_out(&mut problems, "the Claude channel", content);
+    }
     let check = mcp.call(2, "wait_check", json!({}), json!({}));
     for t in tool_texts(&check) {
         spelled_out(&mut problems, "wait_check", &t);
@@ -278,8 +302,10 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
     );
 
     // Every reader that takes a wake: `next`, MCP wait_next, the Claude Code and Codex hooks.
-    let next = env.waitpoint(&["next", "--timeout", "10"]);
-    spelled_out(&mut problems, "next", &env.ok("next", &next));
+    for _ in 0..2 {
+        let next = env.waitpoint(&["next", "--timeout", "10"]);
+        spelled_out(&mut problems, "next", &env.ok("next", &next));
+    }
     report(&env, &id, &secret);
     let taken = mcp.call(3, "wait_next", json!({"timeout_s": 10}), json!({}));
     assert!(taken["structuredContent"]["wake"].is_object(), "{taken}");
@@ -313,7 +339,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
     env.wait_until("the timer's wake", || {
         env.inbox("default", "new").len() == 3
     });
-    for wake in env.inbox("default", "new") {
+    for wake in env.inbox("default", "new").iter() {
         spelled_out(
             &mut problems,
             "a wake file's text",
@@ -325,6 +351,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
             wake["summary"].as_str().unwrap(),
         );
     }
+    plant_old_wake(&env, &wake, 2);
     let (code, stdout, stderr) = stop_hook(&env, "codex-stop-hook");
     assert_eq!(code, 0, "{stderr}");
     spelled_out(&mut problems, "the Codex hook's JSON", &stdout);
