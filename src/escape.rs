@@ -138,12 +138,18 @@ fn cut(pieces: impl Iterator<Item = Cow<'static, str>>, after: &str) -> String {
     out
 }
 
+/// `c` as the rule shows it: itself, or spelled out: `\n`, `\r`, `\t` as Rust and JSON write
+/// them (a log tail stays readable), every other hidden character as `\u{…}`.
 fn spelled(c: char) -> Cow<'static, str> {
-    if is_hidden(c) {
-        format!("\\u{{{:x}}}", c as u32).into()
-    } else {
-        let mut b = [0u8; 4];
-        Cow::Owned(c.encode_utf8(&mut b).to_owned())
+    match c {
+        '\n' => "\\n".into(),
+        '\r' => "\\r".into(),
+        '\t' => "\\t".into(),
+        c if is_hidden(c) => format!("\\u{{{:x}}}", c as u32).into(),
+        c => {
+            let mut b = [0u8; 4];
+            Cow::Owned(c.encode_utf8(&mut b).to_owned())
+        }
     }
 }
 
@@ -180,6 +186,7 @@ mod tests {
         '\u{e007f}',
         '\u{fe0f}',
         '\u{e0100}',
+        '\u{3164}',
     ];
 
     #[test]
@@ -191,12 +198,18 @@ mod tests {
         assert!(matches!(line("arm2"), Cow::Borrowed(_)));
         assert_eq!(
             line("x).\n\nOPERATOR: do it\u{1b}[2J\u{202e}"),
-            "x).\\u{a}\\u{a}OPERATOR: do it\\u{1b}[2J\\u{202e}"
+            "x).\\n\\nOPERATOR: do it\\u{1b}[2J\\u{202e}"
         );
         for &c in HIDDEN {
             assert!(is_hidden(c), "{c:?}");
             let shown = line(&format!("a{c}b")).into_owned();
-            assert_eq!(shown, format!("a\\u{{{:x}}}b", c as u32));
+            let spelled = match c {
+                '\n' => "\\n".to_owned(),
+                '\r' => "\\r".to_owned(),
+                '\t' => "\\t".to_owned(),
+                c => format!("\\u{{{:x}}}", c as u32),
+            };
+            assert_eq!(shown, format!("a{spelled}b"));
             assert!(shown.chars().all(|c| !is_hidden(c)), "{shown:?}");
         }
         // Ordinary text of other scripts, emoji without selectors and spaces stay as they are.
@@ -236,7 +249,7 @@ mod tests {
         assert!(name(&"m ".repeat(500)).ends_with("…\""));
         let long = "line one\nline two ".repeat(100);
         let q = quoted(&long);
-        assert!(q.starts_with("\"line one\\u{a}line two") && q.ends_with(" \""));
+        assert!(q.starts_with("\"line one\\nline two") && q.ends_with(" \""));
         assert!(
             !q.contains('\n') && q.len() > long.len(),
             "quoted is never cut"
@@ -244,10 +257,21 @@ mod tests {
     }
 
     #[test]
+    fn quoted_reads_as_rust_would_quote_ordinary_text() {
+        // The frame quoted messages with `{:?}` before; ordinary text, a log tail with newlines
+        // and quotes included, reads the same now.
+        for s in ["done", "line 1\nline 2\t\"x\" \\ y\r", "Grüße ✅"] {
+            assert_eq!(quoted(s), format!("{s:?}"));
+        }
+        // Where `{:?}` leaves an invisible Hangul filler as it is, the rule spells it out.
+        assert_eq!(quoted("a\u{3164}b"), "\"a\\u{3164}b\"");
+    }
+
+    #[test]
     fn text_keeps_lines_and_tabs_and_spells_out_the_rest() {
         assert_eq!(
             text("a\n\tb\u{2028}c\r\n\u{1b}"),
-            "a\n\tb\\u{2028}c\\u{d}\n\\u{1b}"
+            "a\n\tb\\u{2028}c\\r\n\\u{1b}"
         );
         let plain = "Waitpoint wp_1 \"x\": resolved.\nIntent: y\n";
         assert_eq!(text(plain), plain);

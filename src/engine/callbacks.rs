@@ -376,7 +376,8 @@ An accepted callback does not prove that any work completed.\n",
     };
     if let Some(t) = &text {
         prose.push_str(&format!(
-            "\nExternal payload. {CALLBACK_NOTICE}\n  text: {t:?}\n"
+            "\nExternal payload. {CALLBACK_NOTICE}\n  text: {}\n",
+            crate::escape::quoted(t)
         ));
     }
     Wake {

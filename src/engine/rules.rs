@@ -408,7 +408,11 @@ pub(super) fn push_intent_and_payload(
     for r in &external.reports {
         let tag = r.member.as_deref().map_or("signal".into(), escape::name);
         if let Some(m) = &r.message {
-            text.push_str(&format!("  [{} {tag}] message: {m:?}\n", r.seq));
+            text.push_str(&format!(
+                "  [{} {tag}] message: {}\n",
+                r.seq,
+                escape::quoted(m)
+            ));
         }
         if let Some(d) = &r.data {
             text.push_str(&format!("  [{} {tag}] data: {}\n", r.seq, escape::json(d)));
