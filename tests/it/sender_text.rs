@@ -189,6 +189,37 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
     let source = waitpoint::request::Source::Spool("1796103407547177045-1-old".into());
     env.engine().apply_signal(&old, &source).unwrap();
     let _daemon = env.daemon();
+    // Another session's waitpoint that goes quiet after one heartbeat and then reaches its
+    // deadline (14 s, room for a slow machine to apply the heartbeat first): a silence wake and
+    // a deadline wake, each carrying the heartbeat.
+    let quiet = env.arm(
+        "quiet\u{202e}",
+        &[
+            "--session",
+            "other",
+            "--heartbeat-within",
+            "1s",
+            "--expires-in-hours",
+            "0.004",
+        ],
+    );
+    let (quiet_id, quiet_secret) = id_secret(&quiet);
+    let beat = signal(
+        &env,
+        &quiet_id,
+        &quiet_secret,
+        &[
+            "--status",
+            "progress",
+            "--member",
+            FREE_MEMBER,
+            "--message",
+            MESSAGE,
+            "--data",
+            DATA,
+        ],
+    );
+    env.ok("cortex-signal (a heartbeat, then silence)", &beat);
 
     let mut problems = Vec::new();
 
@@ -371,5 +402,33 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         format!("the Codex hook (a report, the callback's and the timer's wakes): {reason}"),
     );
     assert!(env.inbox("default", "new").is_empty());
+
+    // The silence and deadline wakes, as files and through `next`.
+    env.wait_until("the silence and deadline wakes", || {
+        env.state(&quiet_id)["status"] == "expired" && env.inbox("other", "new").len() == 2
+    });
+    let mut kinds = Vec::new();
+    for wake in env.inbox("other", "new") {
+        kinds.push(wake["kind"].as_str().unwrap().to_owned());
+        let text = wake["text"].as_str().unwrap();
+        spelled_out(&mut problems, "a silence or deadline wake's text", text);
+        let summary = wake["summary"].as_str().unwrap();
+        spelled_out(
+            &mut problems,
+            "a silence or deadline wake's summary",
+            summary,
+        );
+        expect(
+            &mut problems,
+            text.contains("\"quiet\\u{202e}\"") && text.contains("step 1\\nNothing"),
+            format!("a silence or deadline wake lost a value: {text}"),
+        );
+    }
+    kinds.sort();
+    assert_eq!(kinds, ["deadline", "went_quiet"]);
+    for _ in 0..2 {
+        let next = env.waitpoint(&["next", "--session", "other", "--timeout", "10"]);
+        spelled_out(&mut problems, "next (other)", &env.ok("next", &next));
+    }
     assert!(problems.is_empty(), "{}", problems.join("\n\n"));
 }
