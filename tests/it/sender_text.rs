@@ -40,9 +40,9 @@ const RAW: &[char] = &[
 
 /// Notes in `problems` each of [`RAW`] that `text` carries and each line of it outside the
 /// frame (before a line starting `External payload.`, or after a hook text's `---` between
-/// wakes) that a sender started; inside the frame
-/// every line must be one of ours (`  [seq tag] …`, `  text: …`). Problems are gathered, not
-/// asserted one by one, so one run names every reader that lets text through.
+/// wakes) that a sender started; inside the frame every line must be one of ours (`  [seq tag]
+/// …`, `  text: …`). Problems are gathered, not asserted one by one, so one run names every
+/// reader that lets text through.
 fn spelled_out(problems: &mut Vec<String>, what: &str, text: &str) {
     for c in RAW {
         if text.contains(*c) {
