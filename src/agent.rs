@@ -17,7 +17,7 @@ use crate::engine::{self, Created, Engine};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::howto::{self, HowToSignal};
-use crate::records::{SignalStatus, Status, Waitpoint, Wake};
+use crate::records::{Status, Waitpoint, Wake};
 use crate::render;
 use crate::sync::MutexExt;
 
@@ -291,13 +291,7 @@ pub fn add_refusals(
 pub fn check_rows(engine: &Engine, items: &[Waitpoint]) -> Result<Vec<render::CheckItem>> {
     let heartbeats = items
         .iter()
-        .map(|wp| {
-            if wp.counters.progress == 0 {
-                Ok(None)
-            } else {
-                engine.latest_signal(&wp.id, |s| s.status == SignalStatus::Progress)
-            }
-        })
+        .map(|wp| engine.latest_heartbeat(wp))
         .collect::<Result<Vec<_>>>()?;
     Ok(render::check_items(
         engine.home(),

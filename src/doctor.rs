@@ -13,10 +13,11 @@ use std::time::{Duration, SystemTime};
 
 use crate::durable::{self, FileLock};
 use crate::error::Error;
-use crate::home::Home;
+use crate::home::{Home, SIGNAL_LOG};
 use crate::ingress::device;
 use crate::records::WebhookAddress;
 use crate::settings::Settings;
+use crate::store::signal_log;
 // The report's lines are the store's findings: one type, which the store (the lower layer)
 // owns, so a store's health needs no translation into doctor's.
 pub use crate::store::{Check, Level};
@@ -104,6 +105,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
     checks.push(check_devices(home));
     checks.push(check_journal(home));
     checks.push(check_temps(&walk));
+    checks.push(check_logs(&walk));
     checks.push(check_bad(home));
     checks.push(check_quarantine(home));
     checks
@@ -174,6 +176,8 @@ struct Walk {
     too_open: Vec<(PathBuf, u32, bool)>,
     not_ours: Vec<PathBuf>,
     stale_temps: Vec<PathBuf>,
+    /// Signal logs bigger than a reader reads (`signal_log::MAX_LOG_READ`), with their size.
+    big_logs: Vec<(PathBuf, u64)>,
     truncated: bool,
 }
 
@@ -182,6 +186,7 @@ fn walk_home(root: &Path) -> Walk {
         too_open: Vec::new(),
         not_ours: Vec::new(),
         stale_temps: Vec::new(),
+        big_logs: Vec::new(),
         truncated: false,
     };
     let uid = euid();
@@ -217,6 +222,9 @@ fn walk_home(root: &Path) -> Walk {
                 .is_some_and(|age| age > STALE_TEMP)
         {
             walk.stale_temps.push(path.clone());
+        }
+        if meta.is_file() && name == SIGNAL_LOG && meta.len() > signal_log::MAX_LOG_READ {
+            walk.big_logs.push((path.clone(), meta.len()));
         }
         if meta.is_dir()
             && let Ok(entries) = durable::list_dir(&path)
@@ -601,9 +609,25 @@ fn check_devices(home: &Home) -> Check {
 /// Segments a running daemon checkpoints within a few seconds; left without one, they hold
 /// committed signals whose files may be incomplete until a daemon replays them.
 fn check_journal(home: &Home) -> Check {
-    let segments = crate::journal::list_segments(&home.journal_dir())
-        .unwrap_or_default()
-        .len();
+    let numbers = crate::journal::list_segments(&home.journal_dir()).unwrap_or_default();
+    let segments = numbers.len();
+    for seg in crate::journal::list_segment_paths(&home.journal_dir(), &numbers) {
+        if let Err(e) = crate::journal::read_segment(&seg) {
+            return bad(
+                "journal",
+                Level::Fail,
+                format!("{e}"),
+                format!(
+                    "the daemon decides nothing while it is there. Look at the line (sed -n \
+'<line>p' {seg}), keep a copy, then move the segment out of journal/ (mv {seg} {}/) and start \
+the daemon: its lines are not replayed, so a batch in it whose files a crash lost stays lost \
+(`waitpoint show` tells what each waitpoint has)",
+                    home.quarantine_dir().display(),
+                    seg = seg.display()
+                ),
+            );
+        }
+    }
     if segments == 0 {
         return ok("journal", "empty (every committed batch is checkpointed)");
     }
@@ -638,6 +662,32 @@ fn check_temps(walk: &Walk) -> Check {
         ),
         "they were never part of any state and are safe to delete \
 (find HOME -name '*.tmp' -mmin +60 -delete); the daemon removes drop-zone ones after a day",
+    )
+}
+
+fn check_logs(walk: &Walk) -> Check {
+    if walk.big_logs.is_empty() {
+        return ok("logs", "every signal log is within what a reader reads");
+    }
+    let n = walk.big_logs.len();
+    let list = walk
+        .big_logs
+        .iter()
+        .take(5)
+        .map(|(p, len)| format!("{} ({len} bytes)", p.display()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    bad(
+        "logs",
+        Level::Warn,
+        format!(
+            "{n} signal log(s) bigger than {} bytes, of which only the newest part is read \
+(written before logs were bounded, or grown by hand): {list}",
+            signal_log::MAX_LOG_READ
+        ),
+        "the waitpoints still work; `waitpoint show ID` lists the records read. To keep the \
+older records, copy the log elsewhere; to reclaim the space, stop the daemon and cut the log \
+to its newest lines (whole lines only)",
     )
 }
 

@@ -32,7 +32,7 @@ pub use dir::{Dir, Entry, Rewrite};
 pub use lock::{FileLock, LockHolder};
 pub use read::{
     MAX_RECORD_BYTES, NOT_REGULAR, read_capped, read_json, read_json_or_set_aside,
-    read_record_bytes, set_aside,
+    read_record_bytes, read_tail, set_aside,
 };
 pub use trash::{Reaper, Trash};
 

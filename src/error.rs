@@ -147,6 +147,60 @@ impl Error {
         }
     }
 
+    /// The same error again, for each of several items one failure decided (the signals of a
+    /// batch that could not commit): the variant, and so the kind, the exit code and the HTTP
+    /// status, is kept; an I/O error keeps its kind and text.
+    pub fn replicate(&self) -> Error {
+        match self {
+            Error::Usage(m) => Error::Usage(m.clone()),
+            Error::Invalid { field, reason } => Error::Invalid {
+                field,
+                reason: reason.clone(),
+            },
+            Error::Settings { path, message } => Error::Settings {
+                path: path.clone(),
+                message: message.clone(),
+            },
+            Error::NotFound { what, id, scoped } => Error::NotFound {
+                what,
+                id: id.clone(),
+                scoped: *scoped,
+            },
+            Error::Conflict(m) => Error::Conflict(m.clone()),
+            Error::LeaseLost { retry_after_s } => Error::LeaseLost {
+                retry_after_s: *retry_after_s,
+            },
+            Error::Locked { path, pid } => Error::Locked {
+                path: path.clone(),
+                pid: pid.clone(),
+            },
+            Error::Io {
+                context,
+                path,
+                source,
+            } => Error::Io {
+                context,
+                path: path.clone(),
+                source: match source.raw_os_error() {
+                    Some(code) => std::io::Error::from_raw_os_error(code),
+                    None => std::io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            Error::Corrupt { path, message } => Error::Corrupt {
+                path: path.clone(),
+                message: message.clone(),
+            },
+            Error::Store { store, message } => Error::Store {
+                store: store.clone(),
+                message: message.clone(),
+            },
+            Error::Insecure { path, message } => Error::Insecure {
+                path: path.clone(),
+                message: message.clone(),
+            },
+        }
+    }
+
     /// A request field out of bounds: `invalid("max_signals", "must be 1-10000")`.
     pub fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Error::Invalid {
@@ -258,5 +312,32 @@ mod tests {
             text.contains("no longer leads") && text.contains("retry in 5 s"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_replicated_error_keeps_its_kind_its_retry_and_its_text() {
+        let all = [
+            Error::Usage("u".into()),
+            Error::invalid("max_signals", "must be 1-10000"),
+            Error::not_found("waitpoint", "wp_1"),
+            Error::Conflict("moved".into()),
+            Error::LeaseLost { retry_after_s: 5 },
+            Error::io("cannot write", "/x", std::io::Error::from_raw_os_error(28)),
+            Error::io("cannot read", "/y", std::io::Error::other("odd")),
+            Error::Corrupt {
+                path: "/z".into(),
+                message: "line 2".into(),
+            },
+            Error::Store {
+                store: "etcd".into(),
+                message: "down".into(),
+            },
+        ];
+        for e in &all {
+            let again = e.replicate();
+            assert_eq!(again.kind(), e.kind(), "{e}");
+            assert_eq!(again.retry_after_s(), e.retry_after_s(), "{e}");
+            assert_eq!(again.to_string(), e.to_string());
+        }
     }
 }

@@ -30,6 +30,9 @@ use std::path::{Path, PathBuf};
 use crate::durable::{Dir, create_dir_private};
 use crate::error::{Error, Result};
 
+/// The file name of a waitpoint's signal log, in its directory.
+pub const SIGNAL_LOG: &str = "signals.jsonl";
+
 /// A home directory and its layout.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Home {
@@ -189,7 +192,7 @@ impl Home {
 
     /// The waitpoint's recorded signals, one JSON line each (`store/signal_log.rs`).
     pub fn signal_log(&self, id: &str) -> PathBuf {
-        self.waitpoint_dir(id).join("signals.jsonl")
+        self.waitpoint_dir(id).join(SIGNAL_LOG)
     }
 
     pub fn sessions_dir(&self) -> PathBuf {

@@ -107,33 +107,13 @@ impl Journal {
         self.needs_replay = value;
     }
 
-    /// Every entry of every segment, oldest first. A line that does not parse as JSON is
-    /// skipped with a warning: only the last line of a segment can be torn (an append cut by a
-    /// crash, never fsynced, so none of its files were written), and after a failed append
-    /// that could not be rolled back the segment is closed, so nothing follows a bad line.
+    /// Every entry of every segment, oldest first ([`read_segment`]).
     pub fn entries(&self) -> Result<Vec<Entry>> {
         let mut numbers = self.closed.clone();
         numbers.extend(self.active.as_ref().map(|s| s.number));
         let mut entries = Vec::new();
         for number in numbers {
-            let path = self.dir.join(segment_name(number));
-            let file = match File::open(&path) {
-                Ok(f) => f,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(Error::io("cannot open", &path, e)),
-            };
-            for (i, line) in BufReader::new(file).split(b'\n').enumerate() {
-                let bytes = line.map_err(|e| Error::io("cannot read", &path, e))?;
-                if serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_err() {
-                    tracing::warn!(segment = %path.display(), line = i + 1, "skipping a torn journal line (an append a crash cut short)");
-                    continue;
-                }
-                entries.push(Entry {
-                    segment: path.clone(),
-                    line: i + 1,
-                    bytes,
-                });
-            }
+            entries.extend(read_segment(&self.dir.join(segment_name(number)))?);
         }
         Ok(entries)
     }
@@ -269,6 +249,57 @@ pub fn has_segments(dir: &Path) -> bool {
 }
 
 /// The numbers of the segments in `dir`, in order; a missing directory has none.
+/// The entries of one segment (none when it is gone).
+///
+/// Only a last line without its newline is torn: an append a crash cut short, never fsynced,
+/// so none of its files were written; it is skipped with a warning. Any other line that does
+/// not parse may be a batch already answered as committed, so it is an error naming the
+/// segment and the line: nothing is decided until the operator has looked at it and set the
+/// segment aside (`waitpoint doctor` says how).
+pub fn read_segment(path: &Path) -> Result<Vec<Entry>> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("cannot open", path, e)),
+    };
+    let mut reader = BufReader::new(file);
+    let mut entries = Vec::new();
+    for line in 1.. {
+        let mut bytes = Vec::new();
+        let n = reader
+            .read_until(b'\n', &mut bytes)
+            .map_err(|e| Error::io("cannot read", path, e))?;
+        if n == 0 {
+            break;
+        }
+        let Some(complete) = bytes.strip_suffix(b"\n") else {
+            tracing::warn!(segment = %path.display(), line, "skipping a torn journal line (an append a crash cut short)");
+            break;
+        };
+        if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(complete) {
+            return Err(Error::Corrupt {
+                path: path.to_owned(),
+                message: format!(
+                    "line {line} is damaged ({e}); it may hold a committed batch, so nothing \
+is decided until the segment is set aside (see `waitpoint doctor`)"
+                ),
+            });
+        }
+        bytes.pop();
+        entries.push(Entry {
+            segment: path.to_owned(),
+            line,
+            bytes,
+        });
+    }
+    Ok(entries)
+}
+
+/// The paths of segments `numbers` in `dir`.
+pub fn list_segment_paths(dir: &Path, numbers: &[u64]) -> Vec<PathBuf> {
+    numbers.iter().map(|n| dir.join(segment_name(*n))).collect()
+}
+
 pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
     let mut numbers: Vec<u64> = durable::list_dir(dir)?
         .iter()
@@ -391,6 +422,24 @@ mod tests {
         assert!(j.needs_replay(), "segments left behind must be replayed");
         let lines: Vec<Vec<u8>> = j.entries().unwrap().into_iter().map(|e| e.bytes).collect();
         assert_eq!(lines, vec![br#"{"n":1}"#.to_vec(), br#"{"n":2}"#.to_vec()]);
+    }
+
+    #[test]
+    fn a_damaged_line_that_is_not_the_torn_tail_stops_the_replay_naming_segment_and_line() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut j = open(tmp.path());
+        j.append(br#"{"n":1}"#).unwrap();
+        let path = j.dir.join(segment_name(1));
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"n\":2, \"cu\x00\x00t\n").unwrap();
+        drop(f);
+        j.append(br#"{"n":3}"#).unwrap();
+        drop(j);
+        let e = open(tmp.path()).entries().unwrap_err().to_string();
+        assert!(
+            e.contains(&segment_name(1)) && e.contains("line 2 is damaged"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -162,7 +162,7 @@ pub fn run_command(
     // the job's environment (and so of every process the job starts).
     let spawned = Command::new(program)
         .args(args)
-        .env_remove("CORTEX_SIGNAL_SECRET")
+        .env_remove(crate::secret::SIGNAL_SECRET_ENV)
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

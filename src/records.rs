@@ -153,6 +153,55 @@ pub struct Waitpoint {
     /// The silence watches armed with it and where they stand (all off by default).
     #[serde(default, skip_serializing_if = "Silence::is_off")]
     pub silence: Silence,
+    /// What the signal log keeps whole and what it folded into counts instead (absent until
+    /// the first signal).
+    #[serde(default, skip_serializing_if = "LogSummary::is_empty")]
+    pub log: LogSummary,
+}
+
+/// A waitpoint's signal log, summed up in its state.
+///
+/// One sender can send without end, so the log keeps a bounded share of the signals whole
+/// (the first heartbeats, and reports up to a count and a size) and folds the rest into the
+/// counts here: its status is counted in `counters` as always, the newest few are kept here
+/// without their data, and their identities are remembered so a retry stays a duplicate.
+/// `engine::rules::keep_whole` decides; the bounds are `engine::rules::LOG_*`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogSummary {
+    /// Records written whole to the log, the bytes of their lines, and the heartbeats among
+    /// them.
+    pub kept: u64,
+    pub kept_bytes: u64,
+    pub kept_progress: u64,
+    /// Signals counted but not written to the log, by status.
+    pub folded_ok: u64,
+    pub folded_fail: u64,
+    pub folded_progress: u64,
+    /// The newest heartbeat, kept or folded, without its data: what `check` and `wait_check`
+    /// show without reading the log.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<SignalRecord>,
+    /// The first signal folded, as a wake reports one (no sender text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_folded: Option<ReportFact>,
+    /// The newest folded signals, oldest first, with their message but not their data.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<SignalRecord>,
+    /// Digests of the newest folded signals' identity keys (`engine::rules::folded_key`), so a
+    /// retry of one is a duplicate as it would be for a kept one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keys: Vec<String>,
+}
+
+impl LogSummary {
+    pub fn is_empty(&self) -> bool {
+        self == &LogSummary::default()
+    }
+
+    /// Signals counted but not kept whole.
+    pub fn folded(&self) -> u64 {
+        self.folded_ok + self.folded_fail + self.folded_progress
+    }
 }
 
 /// `started_within` and `heartbeat_within`: an early wake when a job never reports, or stops
@@ -297,6 +346,10 @@ pub struct SignalRecord {
     pub message: Option<String>,
     pub data: Option<Value>,
     pub received_at: Timestamp,
+    /// Whether the sender's `data` was left out to keep the log bounded
+    /// (`engine::rules::keep_whole`); absent when the record is whole.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub data_dropped: bool,
 }
 
 /// A signal record for unit tests: `status` ok, no member, message or data, received at 0.
@@ -310,6 +363,7 @@ pub(crate) fn test_record(seq: u64, source: &str) -> SignalRecord {
         message: None,
         data: None,
         received_at: Timestamp::from_millis(0),
+        data_dropped: false,
     }
 }
 
@@ -587,8 +641,19 @@ pub struct Wake {
     pub reports: Vec<ReportFact>,
     pub deadline: Option<DeadlineNotice>,
     pub external_payload: ExternalPayload,
+    /// Present when more signals arrived for this wake than it shows: `reports` and the
+    /// payload carry the newest `shown` of `signals` (`engine::rules::Carried::shown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<WakeDigest>,
     /// The whole wake as prose, ready to show a reader.
     pub text: String,
+}
+
+/// How much of what arrived a wake shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeDigest {
+    pub signals: u64,
+    pub shown: u64,
 }
 
 /// The journal format this build writes and reads.

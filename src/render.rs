@@ -519,6 +519,22 @@ pub fn show_text(
         "  signals   {} ({} ok, {} fail, {} progress) · wakes {}",
         c.signals, c.ok, c.fail, c.progress, c.wakes
     ));
+    let log = &wp.log;
+    if log.folded() > 0 {
+        line(format!(
+            "  folded    {} not kept whole in the log ({} ok, {} fail, {} progress){}; the newest \
+{} are listed without their data",
+            log.folded(),
+            log.folded_ok,
+            log.folded_fail,
+            log.folded_progress,
+            log.first_folded
+                .as_ref()
+                .map(|f| format!(" from #{} on", f.seq))
+                .unwrap_or_default(),
+            log.recent.len()
+        ));
+    }
     for s in signals {
         let msg = s
             .message

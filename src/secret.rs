@@ -9,6 +9,14 @@ use sha2::{Digest, Sha256};
 /// daemon runs.
 pub const OPERATOR_TOKEN_ENV: &str = "CORTEX_WEBHOOK_TOKEN";
 
+/// The environment variable `cortex-signal` takes a waitpoint's secret from.
+pub const SIGNAL_SECRET_ENV: &str = "CORTEX_SIGNAL_SECRET";
+
+/// Every environment variable that can hold one of our secrets: a process the daemon or a
+/// wrapper starts for someone else (an `onWake` command, a resumed harness, a job) gets none of
+/// them.
+pub const SECRET_ENVS: [&str; 2] = [OPERATOR_TOKEN_ENV, SIGNAL_SECRET_ENV];
+
 /// A plaintext secret in hand: a sender's, on its way to being checked. It cannot be printed
 /// (no `Display`, and `Debug` says `<redacted>`) nor serialised (no `Serialize`), so it cannot
 /// reach a log line, a file or an error text by accident; it can only be checked against a

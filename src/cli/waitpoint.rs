@@ -512,7 +512,7 @@ fn terminal_style() -> render::Style {
 
 pub(super) fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let wp = engine.load_visible(&a.id, None)?;
-    let signals = engine.read_signals(&wp.id, 1)?;
+    let signals = engine.known_signals(&wp)?;
     let now = engine.now();
     let badges = render::badges(
         engine.home(),

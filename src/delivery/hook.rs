@@ -42,11 +42,14 @@ pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String>
     if let Some(dir) = &h.cwd {
         command.current_dir(dir);
     }
+    // The operator token grants control over every agent of the home, and a signal secret
+    // resolves a waitpoint; a hook (and the harness it resumes) is a program the daemon runs
+    // for the agent, not the operator nor a job, so it is given neither.
+    for name in crate::secret::SECRET_ENVS {
+        command.env_remove(name);
+    }
     let mut child = command
         .args(args)
-        // The operator token grants control over every agent of the home; a hook is a
-        // program the daemon runs, not the operator.
-        .env_remove(crate::secret::OPERATOR_TOKEN_ENV)
         .envs(h.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(if capture_stdout {

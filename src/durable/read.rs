@@ -251,6 +251,37 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
     Ok(Some(bytes))
 }
 
+/// The last `cap` bytes at most of the regular file at `path` (reached as [`read_capped`]
+/// reaches it), and whether bytes before them were left unread; `None` when it does not
+/// exist. A file that is not regular is `Error::Corrupt` ([`NOT_REGULAR`]).
+pub fn read_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
+    let mut file = match open_read(path).and_then(|f| settled(f, || open_read(path))) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("cannot read", path, e)),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if !meta.is_file() {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            message: NOT_REGULAR.into(),
+        });
+    }
+    let skip = meta.len().saturating_sub(cap);
+    if skip > 0 {
+        io::Seek::seek(&mut file, io::SeekFrom::Start(skip))
+            .map_err(|e| Error::io("cannot read", path, e))?;
+    }
+    let mut bytes = Vec::with_capacity(meta.len().min(cap) as usize);
+    // A file that grew since the look above is read to the cap alone.
+    file.take(cap)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    Ok(Some((bytes, skip > 0)))
+}
+
 /// The name a file set aside goes by in the quarantine: its place under the root, `/` (and
 /// any control character) as `%`.
 fn aside_name(rel: &Path) -> String {

@@ -8,7 +8,6 @@
 //! goes. See `ARCHITECTURE.md`, "Commit order".
 
 use std::collections::HashMap;
-use std::io;
 
 use crate::error::{Error, Result};
 use crate::records::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
@@ -29,15 +28,19 @@ struct Group {
     version: Version,
     /// Whether `recover` and the outbox flush have run (once, before the first signal counts).
     ready: bool,
-    /// Records decided in this batch, not yet on disk, with their identity keys.
-    fresh: Vec<(SignalRecord, String)>,
-    failed: Option<String>,
+    /// Records decided in this batch that the log keeps whole, not yet on disk.
+    kept: Vec<SignalRecord>,
+    /// The identity keys of every signal decided in this batch, kept or folded.
+    keys: Vec<String>,
+    /// Why the batch failed for this waitpoint, kept as the error it was (a lost lease stays
+    /// one), for every item of the group.
+    failed: Option<Error>,
 }
 
 impl Group {
     /// Whether the batch commits anything for this waitpoint: signals decided, none failed.
     fn is_live(&self) -> bool {
-        !self.fresh.is_empty() && self.failed.is_none()
+        !self.keys.is_empty() && self.failed.is_none()
     }
 }
 
@@ -53,9 +56,15 @@ enum Slot {
     },
 }
 
+/// The same failure for each of `n` items (nothing was decided for any of them), of the kind
+/// it was: a lost lease is answered as one (exit 75, HTTP 503 with `Retry-After`).
+fn fail_all(n: usize, e: &Error) -> Vec<Result<Verdict>> {
+    (0..n).map(|_| Err(e.replicate())).collect()
+}
+
 /// The verdict of an accepted slot, given what became of its group; `None` for a slot decided
 /// without one.
-fn verdict_of(slot: &Slot, groups: &[Group], home: &crate::home::Home) -> Option<Result<Verdict>> {
+fn verdict_of(slot: &Slot, groups: &[Group]) -> Option<Result<Verdict>> {
     let Slot::Accepted {
         group,
         seq,
@@ -67,11 +76,7 @@ fn verdict_of(slot: &Slot, groups: &[Group], home: &crate::home::Home) -> Option
     };
     let g = &groups[*group];
     Some(match &g.failed {
-        Some(m) => Err(Error::io(
-            "cannot apply a batch of signals to",
-            home.waitpoint_dir(&g.wp.id),
-            io::Error::other(m.clone()),
-        )),
+        Some(e) => Err(e.replicate()),
         // Every item of a waitpoint carries its final next due time: the daemon applies them
         // in order, so the last one is what counts.
         None => Ok(Verdict::Accepted {
@@ -172,7 +177,7 @@ impl Engine {
         let ids: Vec<&str> = items.iter().map(|(r, _)| r.id.as_str()).collect();
         let read = match self.store.get_many(&ids) {
             Ok(read) => read,
-            Err(e) => return self.fail_all(items.len(), "cannot hand signals over:", &e),
+            Err(e) => return fail_all(items.len(), &e),
         };
         let mut verdicts = Vec::with_capacity(items.len());
         let mut handed = Vec::new();
@@ -187,10 +192,15 @@ impl Engine {
                     let key = identity_key(&source.identity());
                     match self.store.identities(&wp.id) {
                         Err(e) => Err(e),
-                        Ok(ids) if ids.iter().any(|(_, k)| *k == key) => Ok(Verdict::Duplicate {
-                            id: wp.id,
-                            next_due: None,
-                        }),
+                        Ok(ids)
+                            if rules::is_folded(&wp, &key)
+                                || ids.iter().any(|(_, k)| *k == key) =>
+                        {
+                            Ok(Verdict::Duplicate {
+                                id: wp.id,
+                                next_due: None,
+                            })
+                        }
                         Ok(_) => Ok(Verdict::Closed {
                             id: wp.id,
                             status: wp.status,
@@ -209,10 +219,9 @@ impl Engine {
             verdicts.push(verdict);
         }
         if let Err(e) = self.store.forward(&handed) {
-            let message = format!("cannot hand signals over: {e}");
             for v in &mut verdicts {
                 if matches!(v, Ok(Verdict::Queued { .. })) {
-                    *v = Err(Error::Conflict(message.clone()));
+                    *v = Err(e.replicate());
                 }
             }
         }
@@ -226,7 +235,7 @@ impl Engine {
     ) -> Vec<Result<Verdict>> {
         let mut txn = match self.store.begin_batch() {
             Ok(t) => t,
-            Err(e) => return self.fail_all(items.len(), "cannot apply signals:", &e),
+            Err(e) => return fail_all(items.len(), &e),
         };
         if txn.replayed() {
             // What this process believed about any waitpoint may predate the replayed records.
@@ -237,7 +246,7 @@ impl Engine {
         ids.sort_unstable();
         ids.dedup();
         if let Err(e) = txn.prefetch(&ids) {
-            return self.fail_all(items.len(), "cannot apply signals:", &e);
+            return fail_all(items.len(), &e);
         }
         let mut groups: Vec<Group> = Vec::new();
         // `None`: no such waitpoint (every item naming it is refused).
@@ -272,7 +281,7 @@ impl Engine {
                     Slot::Done(Ok(v)) => durable(i, v),
                     Slot::Done(Err(_)) => {}
                     accepted => {
-                        if let Some(Ok(v)) = verdict_of(accepted, groups, &self.home) {
+                        if let Some(Ok(v)) = verdict_of(accepted, groups) {
                             durable(i, &v);
                         }
                     }
@@ -280,12 +289,11 @@ impl Engine {
             }
         };
         if let Err(e) = self.commit_groups(txn, &mut groups, told) {
-            let message = e.to_string();
             for (id, g) in &by_id {
                 if let Some(g) = g
-                    && !groups[*g].fresh.is_empty()
+                    && !groups[*g].keys.is_empty()
                 {
-                    groups[*g].failed.get_or_insert_with(|| message.clone());
+                    groups[*g].failed.get_or_insert_with(|| e.replicate());
                     // Records may be on disk without the state: the next attempt must recover.
                     self.forget(id);
                 }
@@ -295,21 +303,7 @@ impl Engine {
             .into_iter()
             .map(|slot| match slot {
                 Slot::Done(r) => r,
-                accepted => verdict_of(&accepted, &groups, &self.home).expect("an accepted slot"),
-            })
-            .collect()
-    }
-
-    /// The same failure for each of `n` items (nothing was decided for any of them).
-    fn fail_all(&self, n: usize, why: &'static str, e: &Error) -> Vec<Result<Verdict>> {
-        let message = e.to_string();
-        (0..n)
-            .map(|_| {
-                Err(Error::io(
-                    why,
-                    self.home.journal_dir(),
-                    io::Error::other(message.clone()),
-                ))
+                accepted => verdict_of(&accepted, &groups).expect("an accepted slot"),
             })
             .collect()
     }
@@ -319,7 +313,8 @@ impl Engine {
             wp,
             version,
             ready: false,
-            fresh: Vec::new(),
+            kept: Vec::new(),
+            keys: Vec::new(),
             failed: None,
         }))
     }
@@ -333,12 +328,8 @@ impl Engine {
         req: &SignalRequest,
         source: &Source,
     ) -> Slot {
-        if let Some(m) = &group.failed {
-            return Slot::Done(Err(Error::io(
-                "cannot apply a signal to",
-                self.home.waitpoint_dir(&group.wp.id),
-                io::Error::other(m.clone()),
-            )));
+        if let Some(e) = &group.failed {
+            return Slot::Done(Err(e.replicate()));
         }
         if !req.secret.verify(&group.wp.secret_sha256) {
             return Slot::Done(Ok(Verdict::Refused(Refusal::Unauthorized)));
@@ -348,7 +339,7 @@ impl Engine {
                 .recover(txn, &mut group.wp)
                 .and_then(|()| self.flush_outbox(txn, &mut group.wp));
             if let Err(e) = prepared {
-                group.failed = Some(e.to_string());
+                group.failed = Some(e.replicate());
                 return Slot::Done(Err(e));
             }
             // Recovery and the flush may have written the state; the commit is checked against
@@ -357,7 +348,7 @@ impl Engine {
                 Some(version) => group.version = version,
                 None => {
                     let e = Error::not_found("waitpoint", &group.wp.id);
-                    group.failed = Some(e.to_string());
+                    group.failed = Some(e.replicate());
                     return Slot::Done(Err(e));
                 }
             }
@@ -373,7 +364,10 @@ impl Engine {
             }));
         }
         let key = identity_key(&source.identity());
-        if self.seen_contains(&wp.id, &key) || group.fresh.iter().any(|(_, k)| *k == key) {
+        if self.seen_contains(&wp.id, &key)
+            || group.keys.contains(&key)
+            || rules::is_folded(wp, &key)
+        {
             return Slot::Done(Ok(Verdict::Duplicate {
                 id: wp.id.clone(),
                 next_due: next_due(wp),
@@ -384,9 +378,12 @@ impl Engine {
         }
         let record = next_record(wp, req, source.origin(), now);
         let seq = record.seq;
-        group.fresh.push((record.clone(), key));
-        let fresh: Vec<SignalRecord> = group.fresh.iter().map(|(r, _)| r.clone()).collect();
-        match self.step_with(&mut group.wp, &record, &fresh) {
+        // Among the batch's records for the log while it is decided; the step leaves it as
+        // the log keeps it (whole, without its data, or taken out again when folded).
+        group.kept.push(record);
+        let stepped = self.step_with(&mut group.wp, &key, &mut group.kept);
+        group.keys.push(key);
+        match stepped {
             Ok(wake) => Slot::Accepted {
                 group: g,
                 seq,
@@ -394,7 +391,7 @@ impl Engine {
                 status: group.wp.status,
             },
             Err(e) => {
-                group.failed = Some(e.to_string());
+                group.failed = Some(e.replicate());
                 Slot::Done(Err(e))
             }
         }
@@ -417,7 +414,7 @@ impl Engine {
                 expect: g.version,
                 change: JournalChange {
                     state: g.wp.clone(),
-                    records: g.fresh.iter().map(|(r, _)| r.clone()).collect(),
+                    records: g.kept.clone(),
                     wakes,
                 },
             });
@@ -428,7 +425,7 @@ impl Engine {
         let groups: &[Group] = groups;
         txn.commit_notify(&changes, &mut || durable(groups))?;
         for g in groups.iter().filter(|g| g.is_live()) {
-            for (_, key) in &g.fresh {
+            for key in &g.keys {
                 self.seen_insert(&g.wp.id, key.clone());
             }
             if g.wp.status != Status::Armed && g.wp.pending_wake.is_none() {

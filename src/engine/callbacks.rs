@@ -401,6 +401,7 @@ An accepted callback does not prove that any work completed.\n",
             notice: CALLBACK_NOTICE.to_owned(),
             reports,
         },
+        digest: None,
         text: prose,
     }
 }

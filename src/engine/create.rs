@@ -212,6 +212,7 @@ impl Engine {
                 heartbeat_within_ms: req.heartbeat_within_ms,
                 ..Default::default()
             },
+            log: crate::records::LogSummary::default(),
         };
         self.store.create(&waitpoint)?;
         Ok(Created { waitpoint, secret })

@@ -241,21 +241,54 @@ impl Engine {
 
     /// Applies a recorded signal to the in-memory state. A completed round's wake goes into the
     /// outbox now, or waits as the pending wake (grace window, hourly cap). Returns the kind of
-    /// wake the signal completed, if any.
+    /// wake the signal completed, if any. The record is one the log holds already (recovery).
     fn step(&self, wp: &mut Waitpoint, record: &SignalRecord) -> Result<Option<WakeKind>> {
-        self.step_with(wp, record, &[])
+        let done = rules::apply_signal(wp, record);
+        // Recovery replays records the log kept, so they count as kept whatever the bounds.
+        rules::note_kept(wp, record, line_bytes(record));
+        match done {
+            Some(done) => self.schedule(wp, done, &[]),
+            None => Ok(None),
+        }
     }
 
-    /// [`step`](Self::step) where `fresh` holds records decided but not yet on disk (a batch).
+    /// [`step`](Self::step) for a record decided now, not yet on disk: decides how the log
+    /// keeps it ([`rules::keep_whole`]; `key` is its identity key) and leaves `kept` (the
+    /// batch's records for the log, this one pushed last) as the log will have it. Returns the
+    /// wake's kind.
     fn step_with(
         &self,
         wp: &mut Waitpoint,
-        record: &SignalRecord,
+        key: &str,
+        kept: &mut Vec<SignalRecord>,
+    ) -> Result<Option<WakeKind>> {
+        let record = kept.last().expect("the record being decided").clone();
+        let before = rules::Before::of(wp);
+        let done = rules::apply_signal(wp, &record);
+        let slim = || line_bytes(&rules::without_data(&record));
+        match rules::keep_whole(wp, before, &record, (line_bytes(&record), slim), key) {
+            rules::Keep::Whole => {}
+            rules::Keep::WithoutData => {
+                *kept.last_mut().expect("the record being decided") = rules::without_data(&record)
+            }
+            // A folded record reaches a wake through the state's recent ones, not the log.
+            rules::Keep::Folded => {
+                kept.pop();
+            }
+        }
+        match done {
+            Some(done) => self.schedule(wp, done, kept),
+            None => Ok(None),
+        }
+    }
+
+    /// Sends or holds the wake of a completed round.
+    fn schedule(
+        &self,
+        wp: &mut Waitpoint,
+        done: rules::CompletedRound,
         fresh: &[SignalRecord],
     ) -> Result<Option<WakeKind>> {
-        let Some(done) = rules::apply_signal(wp, record) else {
-            return Ok(None);
-        };
         let cap = self.settings.max_wakes_per_hour;
         if let Some(now_round) = rules::schedule_wake(wp, done, self.clock.now(), cap) {
             self.emit_with(
@@ -269,31 +302,38 @@ impl Engine {
         Ok(Some(done.kind))
     }
 
-    /// The recorded signals from `first_seq` on, with `fresh` (not yet on disk) appended.
-    fn signals_with(
+    /// What a wake about `wp`'s signals from `first_seq` on carries: the log's records, then
+    /// `fresh` (kept, not yet on disk), then the folded ones the state holds.
+    fn carried(
         &self,
-        id: &str,
+        wp: &Waitpoint,
         first_seq: u64,
         fresh: &[SignalRecord],
-    ) -> Result<Vec<SignalRecord>> {
-        // A batch's records are consecutive from the first one it decided: when that one is
-        // at or before `first_seq`, every signal wanted is in hand and none is read from disk.
-        if fresh.first().is_some_and(|r| r.seq <= first_seq) {
-            return Ok(fresh
+    ) -> Result<rules::Carried> {
+        // A batch's records are in `seq` order from the first one it decided: when that one is
+        // at or before `first_seq`, every kept signal wanted is in hand and none is read from
+        // disk.
+        let mut records = if fresh.first().is_some_and(|r| r.seq <= first_seq) {
+            fresh
                 .iter()
                 .filter(|r| r.seq >= first_seq)
                 .cloned()
-                .collect());
-        }
-        let mut signals = self.read_signals(id, first_seq)?;
-        let on_disk = signals.last().map_or(0, |s| s.seq);
-        signals.extend(
-            fresh
-                .iter()
-                .filter(|r| r.seq >= first_seq && r.seq > on_disk)
-                .cloned(),
-        );
-        Ok(signals)
+                .collect()
+        } else {
+            let mut signals = self.read_signals(&wp.id, first_seq)?;
+            let on_disk = signals.last().map_or(0, |s| s.seq);
+            signals.extend(
+                fresh
+                    .iter()
+                    .filter(|r| r.seq >= first_seq && r.seq > on_disk)
+                    .cloned(),
+            );
+            signals
+        };
+        records.extend(wp.log.recent.iter().filter(|r| r.seq >= first_seq).cloned());
+        records.sort_by_key(|r| r.seq);
+        records.dedup_by_key(|r| r.seq);
+        Ok(rules::Carried { first_seq, records })
     }
 
     /// Composes a wake carrying every signal from `first_seq` on and puts it in the outbox.
@@ -317,9 +357,9 @@ impl Engine {
         rounds: u64,
         fresh: &[SignalRecord],
     ) -> Result<()> {
-        let signals = self.signals_with(&wp.id, first_seq, fresh)?;
+        let carried = self.carried(wp, first_seq, fresh)?;
         let now = self.clock.now();
-        let wake = rules::compose_wake(wp, kind, Some(outcome), &signals, None, rounds, now);
+        let wake = rules::compose_wake(wp, kind, Some(outcome), &carried, None, rounds, now);
         wp.outbox.push(wake);
         Ok(())
     }
@@ -477,7 +517,25 @@ fn next_record(
         message: req.message.clone(),
         data: req.data.clone(),
         received_at: now,
+        data_dropped: false,
     }
+}
+
+/// The size of `record`'s line in the log, counted without building it.
+fn line_bytes(record: &SignalRecord) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(1);
+    serde_json::to_writer(&mut n, record).expect("our records always serialise");
+    n.0
 }
 
 /// Reads a waitpoint for update that `session` may see.

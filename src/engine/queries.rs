@@ -4,8 +4,8 @@
 
 use super::Engine;
 use crate::error::{Error, Result};
-use crate::records::SignalRecord;
 use crate::records::Waitpoint;
+use crate::records::{SignalRecord, SignalStatus};
 
 impl Engine {
     /// Reads a waitpoint; `None` when there is no such id.
@@ -32,18 +32,26 @@ impl Engine {
         self.store.records(id, first_seq)
     }
 
-    /// The newest recorded signal of a waitpoint that `pick` accepts, read newest first so a
-    /// long-lived monitor costs one read when its latest report matches.
-    pub fn latest_signal(
-        &self,
-        id: &str,
-        pick: impl Fn(&SignalRecord) -> bool,
-    ) -> Result<Option<SignalRecord>> {
+    /// Every signal of `wp` at hand, in order: those its log kept whole and the newest folded
+    /// ones its state holds (without their data).
+    pub fn known_signals(&self, wp: &Waitpoint) -> Result<Vec<SignalRecord>> {
+        Ok(self.carried(wp, 1, &[])?.records)
+    }
+
+    /// The newest heartbeat of `wp`, without its data: from its state, or, for a state
+    /// written before the state kept it, from the log.
+    pub fn latest_heartbeat(&self, wp: &Waitpoint) -> Result<Option<SignalRecord>> {
+        if wp.counters.progress == 0 {
+            return Ok(None);
+        }
+        if let Some(h) = &wp.log.last_heartbeat {
+            return Ok(Some(h.clone()));
+        }
         Ok(self
-            .read_signals(id, 1)?
+            .read_signals(&wp.id, 1)?
             .into_iter()
             .rev()
-            .find(|r| pick(r)))
+            .find(|r| r.status == SignalStatus::Progress))
     }
 
     /// Every waitpoint in the home, oldest first (a full scan).

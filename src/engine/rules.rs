@@ -7,7 +7,7 @@ use crate::escape;
 use crate::records::{
     DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, HoldReason,
     Outcome, PendingWake, ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake,
-    WakeKind, WakeSubject,
+    WakeDigest, WakeKind, WakeSubject,
 };
 
 /// Why a well-formed signal was not accepted.
@@ -72,6 +72,172 @@ pub fn check_member(wp: &Waitpoint, member: Option<&str>) -> Result<(), Refusal>
 pub const GRACE_MS: i64 = 3_000;
 /// The window of the wake cap.
 pub const HOUR_MS: i64 = 3_600_000;
+
+/// The log keeps the first this many heartbeats of a waitpoint whole; later ones lose their
+/// data, and past the log's bounds are folded into counts (`LogSummary`).
+pub const LOG_KEEP_HEARTBEATS: u64 = 16;
+/// The records, and the bytes of their lines, that the log keeps in all. Past either, a signal
+/// is folded unless a wake must carry it (a report that counts toward a wake not already
+/// held), so the final report is never lost, and the log stays small enough to read.
+pub const LOG_KEEP_RECORDS: u64 = 1_000;
+pub const LOG_KEEP_BYTES: u64 = 4 * 1024 * 1024;
+/// Folded signals the state keeps with their message, newest last.
+pub const LOG_RECENT: usize = 3;
+/// Folded identities the state remembers for de-duplication: more than a batch holds, so a
+/// signal a crash brings back with its batch is a duplicate.
+pub const LOG_KEYS: usize = 2 * super::MAX_BATCH;
+/// The most reports (terminal signals) and heartbeats one wake carries; the rest are counted
+/// and `waitpoint show` lists what the log kept.
+pub const WAKE_REPORTS: usize = 24;
+pub const WAKE_HEARTBEATS: usize = 3;
+
+/// Where a waitpoint stood before a signal was applied, as [`keep_whole`] needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Before {
+    terminal: u32,
+    rounds: u64,
+    held: bool,
+}
+
+impl Before {
+    pub fn of(wp: &Waitpoint) -> Self {
+        Before {
+            terminal: wp.round.terminal,
+            rounds: wp.counters.rounds,
+            held: wp.pending_wake.is_some(),
+        }
+    }
+}
+
+/// What a folded signal's identity key is remembered as: a short digest, so the state stays
+/// small whatever the keys are.
+pub fn folded_key(key: &str) -> String {
+    crate::secret::hash(key)[..16].to_owned()
+}
+
+/// Whether `key` is the identity of a signal the log folded (among the newest remembered).
+pub fn is_folded(wp: &Waitpoint, key: &str) -> bool {
+    !wp.log.keys.is_empty() && wp.log.keys.contains(&folded_key(key))
+}
+
+/// How the log keeps a signal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Keep {
+    /// Its line, whole.
+    Whole,
+    /// Its line without the sender's `data` (`data_dropped`).
+    WithoutData,
+    /// No line: counted and summed up in the state's `log`.
+    Folded,
+}
+
+/// Decides how the log keeps `rec`, just applied to `wp` (which stood at `before`), and notes
+/// it in `wp.log`. `line_bytes` is the size of its whole line, `slim_bytes` of its line without
+/// data; `key` is its identity key.
+///
+/// Whole: the first [`LOG_KEEP_HEARTBEATS`] heartbeats and any report while the log is under
+/// [`LOG_KEEP_RECORDS`] and [`LOG_KEEP_BYTES`], and past them a report that counted toward a
+/// wake not already held (the bound is then the wakes themselves). Without its data: anything
+/// else while the log is under its bounds. Folded: the rest, counted, its identity remembered,
+/// the newest [`LOG_RECENT`] kept in the state without their data.
+pub fn keep_whole(
+    wp: &mut Waitpoint,
+    before: Before,
+    rec: &SignalRecord,
+    (line_bytes, slim_bytes): (u64, impl FnOnce() -> u64),
+    key: &str,
+) -> Keep {
+    let counted = wp.counters.rounds > before.rounds || wp.round.terminal > before.terminal;
+    if rec.status == SignalStatus::Progress {
+        wp.log.last_heartbeat = Some(without_data(rec));
+    }
+    let log = &wp.log;
+    let carried = rec.status.is_terminal() && counted && !before.held;
+    let room = log.kept < LOG_KEEP_RECORDS;
+    let fits = |bytes: u64| log.kept_bytes.saturating_add(bytes) <= LOG_KEEP_BYTES;
+    let whole = rec.status.is_terminal() || log.kept_progress < LOG_KEEP_HEARTBEATS;
+    if carried || (room && whole && fits(line_bytes)) {
+        note_kept(wp, rec, line_bytes);
+        return Keep::Whole;
+    }
+    if room {
+        let slim = slim_bytes();
+        if fits(slim) {
+            note_kept(wp, rec, slim);
+            return Keep::WithoutData;
+        }
+    }
+    let log = &mut wp.log;
+    match rec.status {
+        SignalStatus::Ok => log.folded_ok += 1,
+        SignalStatus::Fail => log.folded_fail += 1,
+        SignalStatus::Progress => log.folded_progress += 1,
+    }
+    if log.first_folded.is_none() {
+        log.first_folded = Some(fact(rec));
+    }
+    log.recent.push(without_data(rec));
+    if log.recent.len() > LOG_RECENT {
+        log.recent.remove(0);
+    }
+    log.keys.push(folded_key(key));
+    if log.keys.len() > LOG_KEYS {
+        log.keys.remove(0);
+    }
+    Keep::Folded
+}
+
+/// `rec` as the log keeps it past its bounds: without the sender's data, and saying so.
+pub fn without_data(rec: &SignalRecord) -> SignalRecord {
+    SignalRecord {
+        data_dropped: rec.data.is_some(),
+        data: None,
+        ..rec.clone()
+    }
+}
+
+/// Counts `rec` among the records the log keeps whole (its line is `line_bytes` long).
+pub fn note_kept(wp: &mut Waitpoint, rec: &SignalRecord, line_bytes: u64) {
+    let log = &mut wp.log;
+    log.kept += 1;
+    log.kept_bytes = log.kept_bytes.saturating_add(line_bytes);
+    if !rec.status.is_terminal() {
+        log.kept_progress += 1;
+    }
+}
+
+/// The signals a wake is about: every one from `first_seq` on (`seq` counts folded ones too),
+/// of which `records` are at hand, in `seq` order: those the log kept and the folded ones the
+/// state still holds.
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    pub first_seq: u64,
+    pub records: Vec<SignalRecord>,
+}
+
+impl Carried {
+    /// How many signals arrived from `first_seq` up to `wp`'s newest.
+    pub fn count(&self, wp: &Waitpoint) -> u64 {
+        (wp.counters.signals + 1).saturating_sub(self.first_seq.max(1))
+    }
+
+    /// What one wake shows of them: the newest [`WAKE_REPORTS`] reports and the newest
+    /// [`WAKE_HEARTBEATS`] heartbeats, in `seq` order.
+    pub fn shown(&self) -> Vec<&SignalRecord> {
+        let newest = |terminal: bool, n: usize| {
+            self.records
+                .iter()
+                .rev()
+                .filter(move |s| s.status.is_terminal() == terminal)
+                .take(n)
+        };
+        let mut out: Vec<&SignalRecord> = newest(true, WAKE_REPORTS)
+            .chain(newest(false, WAKE_HEARTBEATS))
+            .collect();
+        out.sort_by_key(|s| s.seq);
+        out
+    }
+}
 
 /// A round that a signal completed: the signals from `first_seq` on go into its wake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,9 +377,11 @@ pub fn release_pending(wp: &mut Waitpoint, now: Timestamp, cap: u32) -> Option<P
 }
 
 /// Expires an armed waitpoint whose deadline has passed. `pending` are the signals no wake has
-/// carried yet (a report held back by the cap included). Returns the deadline notice for the
+/// carried yet (a report held back by the cap included), folded ones counted. Returns the deadline notice for the
 /// wake.
-pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> DeadlineNotice {
+pub fn expire(wp: &mut Waitpoint, pending: &Carried, now: Timestamp) -> DeadlineNotice {
+    let arrived = pending.count(wp);
+    let pending = &pending.records;
     let terminal: Vec<&SignalRecord> = pending.iter().filter(|s| s.status.is_terminal()).collect();
     let last_heartbeat = pending
         .iter()
@@ -236,7 +404,7 @@ pub fn expire(wp: &mut Waitpoint, pending: &[SignalRecord], now: Timestamp) -> D
         .collect();
     let case = if wp.max_signals > 1 {
         DeadlineCase::MonitorEnded
-    } else if pending.is_empty() {
+    } else if arrived == 0 {
         DeadlineCase::NobodyReported
     } else if terminal.is_empty() {
         DeadlineCase::OnlyHeartbeats
@@ -275,17 +443,21 @@ fn who(s: &SignalRecord) -> String {
     }
 }
 
-/// Builds the next wake (counting it in `counters.wakes` and the cap's window), carrying
-/// `signals`. `rounds` is how many reports it carries (more than one when the cap folded them).
+/// Builds the next wake (counting it in `counters.wakes` and the cap's window), carrying a
+/// bounded digest of `carried` ([`Carried::shown`], and how many arrived in all). `rounds` is
+/// how many reports it carries (more than one when the cap folded them).
 pub fn compose_wake(
     wp: &mut Waitpoint,
     kind: WakeKind,
     outcome: Option<Outcome>,
-    signals: &[SignalRecord],
+    carried: &Carried,
     deadline: Option<DeadlineNotice>,
     rounds: u64,
     now: Timestamp,
 ) -> Wake {
+    let arrived = carried.count(wp);
+    let signals: Vec<SignalRecord> = carried.shown().into_iter().cloned().collect();
+    let signals = &signals[..];
     wp.counters.wakes += 1;
     wp.recent_wakes.push(now);
     let wp = &*wp;
@@ -309,7 +481,7 @@ window folded {rounds} reports into it",
             "wake {} of {} ({outcome_word}) after {waited}",
             wp.counters.wakes, wp.max_signals
         ),
-        (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, signals.len(), &waited),
+        (WakeKind::Deadline, Some(n)) => deadline_headline(wp, n, arrived, &waited),
         (WakeKind::Deadline, None) => format!("deadline passed after {waited}"),
         (WakeKind::Recheck, _) => format!(
             "recheck: nothing terminal has arrived after {waited}; it is still armed \
@@ -348,6 +520,18 @@ window folded {rounds} reports into it",
         text.push_str(&lines.join("; "));
         text.push('\n');
     }
+    let digest = (arrived > signals.len() as u64).then_some(WakeDigest {
+        signals: arrived,
+        shown: signals.len() as u64,
+    });
+    if let Some(d) = &digest {
+        text.push_str(&format!(
+            "Signals: {} arrived for this wake; shown here are the newest {} (at most {WAKE_REPORTS} \
+reports and {WAKE_HEARTBEATS} heartbeats); the rest are counted, and `waitpoint show {}` lists \
+every one the log kept.\n",
+            d.signals, d.shown, wp.id
+        ));
+    }
     push_intent_and_payload(&mut text, wp, &external);
     Wake {
         wake_id: wp.wake_id(wp.counters.wakes),
@@ -369,6 +553,7 @@ window folded {rounds} reports into it",
         reports,
         deadline,
         external_payload: external,
+        digest,
         text,
     }
 }
@@ -429,7 +614,7 @@ fn names(members: &[String]) -> String {
         .join(", ")
 }
 
-fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: usize, waited: &str) -> String {
+fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: u64, waited: &str) -> String {
     match n.case {
         DeadlineCase::NobodyReported => format!("deadline passed after {waited}; nobody reported"),
         DeadlineCase::OnlyHeartbeats => format!(
@@ -453,5 +638,182 @@ fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: usize, waited:
                 String::new()
             }
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::test_record;
+
+    /// A one-shot waitpoint, armed, with no signal yet (the layouts' example, reset).
+    fn armed(max_signals: u32) -> Waitpoint {
+        let mut wp: Waitpoint =
+            serde_json::from_str(include_str!("../../layouts/waitpoint.example.json")).unwrap();
+        wp.members.clear();
+        wp.quorum = 1;
+        wp.max_signals = max_signals;
+        wp.status = Status::Armed;
+        wp.outcome = None;
+        wp.resolved_at = None;
+        wp.counters = Default::default();
+        wp.round = Round {
+            start_seq: 1,
+            ..Round::default()
+        };
+        wp.pending_wake = None;
+        wp.recent_wakes.clear();
+        wp.log = Default::default();
+        wp
+    }
+
+    fn signal(seq: u64, status: SignalStatus) -> SignalRecord {
+        SignalRecord {
+            status,
+            message: Some(format!("report {seq}")),
+            data: Some(serde_json::json!({ "step": seq })),
+            ..test_record(seq, &format!("spool:{seq}.json"))
+        }
+    }
+
+    /// Applies `rec` as the engine does and says how the log keeps it.
+    fn apply(wp: &mut Waitpoint, rec: &SignalRecord, bytes: u64) -> Keep {
+        let before = Before::of(wp);
+        apply_signal(wp, rec);
+        keep_whole(wp, before, rec, (bytes, || bytes / 2), &rec.source)
+    }
+
+    #[test]
+    fn the_first_heartbeats_are_kept_whole_then_without_data_then_folded_into_counts() {
+        let mut wp = armed(1);
+        let n = LOG_KEEP_RECORDS + 40;
+        let kept: Vec<Keep> = (1..=n)
+            .map(|seq| apply(&mut wp, &signal(seq, SignalStatus::Progress), 100))
+            .collect();
+        let whole = LOG_KEEP_HEARTBEATS as usize;
+        let limit = LOG_KEEP_RECORDS as usize;
+        assert!(kept[..whole].iter().all(|k| *k == Keep::Whole));
+        assert!(kept[whole..limit].iter().all(|k| *k == Keep::WithoutData));
+        assert!(kept[limit..].iter().all(|k| *k == Keep::Folded));
+        assert_eq!(wp.counters.progress, n);
+        assert_eq!(wp.log.kept, LOG_KEEP_RECORDS);
+        assert_eq!(wp.log.folded_progress, 40);
+        assert_eq!(
+            wp.log.first_folded.as_ref().map(|f| f.seq),
+            Some(LOG_KEEP_RECORDS + 1)
+        );
+        let recent: Vec<u64> = wp.log.recent.iter().map(|r| r.seq).collect();
+        assert_eq!(recent, [n - 2, n - 1, n]);
+        assert!(
+            wp.log
+                .recent
+                .iter()
+                .all(|r| r.data.is_none() && r.data_dropped)
+        );
+        assert!(is_folded(&wp, &format!("spool:{n}.json")));
+        assert!(
+            !is_folded(&wp, "spool:3.json"),
+            "a kept one is found in the log"
+        );
+    }
+
+    #[test]
+    fn the_logs_byte_bound_drops_data_before_it_folds() {
+        let mut wp = armed(1);
+        assert_eq!(
+            apply(
+                &mut wp,
+                &signal(1, SignalStatus::Progress),
+                LOG_KEEP_BYTES - 60
+            ),
+            Keep::Whole
+        );
+        // 100 bytes whole do not fit; 50 without data do.
+        assert_eq!(
+            apply(&mut wp, &signal(2, SignalStatus::Progress), 100),
+            Keep::WithoutData
+        );
+        assert_eq!(
+            apply(&mut wp, &signal(3, SignalStatus::Progress), 100),
+            Keep::Folded
+        );
+    }
+
+    #[test]
+    fn past_the_logs_bounds_a_report_a_wake_must_carry_is_kept_and_one_folded_into_a_held_wake_is_not()
+     {
+        let mut wp = armed(100);
+        // The byte budget spent by one report.
+        assert_eq!(
+            apply(&mut wp, &signal(1, SignalStatus::Ok), LOG_KEEP_BYTES),
+            Keep::Whole
+        );
+        // The next completes a round that starts a wake of its own: carried, so kept whole.
+        assert_eq!(
+            apply(&mut wp, &signal(2, SignalStatus::Ok), 100),
+            Keep::Whole
+        );
+        // With a wake held (the hourly cap), a round folds into it: folded.
+        wp.pending_wake = Some(PendingWake {
+            reason: HoldReason::WakeLimit,
+            due_at: Timestamp::from_millis(0),
+            kind: WakeKind::Report,
+            outcome: Outcome::Ok,
+            first_seq: 3,
+            rounds: 1,
+        });
+        assert_eq!(
+            apply(&mut wp, &signal(3, SignalStatus::Ok), 100),
+            Keep::Folded
+        );
+        assert_eq!(wp.log.folded_ok, 1);
+        assert_eq!(wp.counters.ok, 3);
+    }
+
+    #[test]
+    fn a_wake_shows_the_newest_reports_and_heartbeats_and_counts_the_rest() {
+        let mut wp = armed(1);
+        let records: Vec<SignalRecord> = (1..=200)
+            .map(|seq| {
+                let status = match seq % 2 {
+                    0 => SignalStatus::Ok,
+                    _ => SignalStatus::Progress,
+                };
+                signal(seq, status)
+            })
+            .collect();
+        wp.counters.signals = 250;
+        let carried = Carried {
+            first_seq: 1,
+            records,
+        };
+        let shown = carried.shown();
+        assert_eq!(carried.count(&wp), 250);
+        let heartbeats: Vec<u64> = shown
+            .iter()
+            .filter(|s| !s.status.is_terminal())
+            .map(|s| s.seq)
+            .collect();
+        assert_eq!(heartbeats, [195, 197, 199]);
+        let reports = shown.iter().filter(|s| s.status.is_terminal()).count();
+        assert_eq!(reports, WAKE_REPORTS);
+        assert!(shown.windows(2).all(|w| w[0].seq < w[1].seq));
+        let wake = compose_wake(
+            &mut wp,
+            WakeKind::Resolved,
+            Some(Outcome::Ok),
+            &carried,
+            None,
+            1,
+            Timestamp::from_millis(0),
+        );
+        assert_eq!(
+            wake.digest,
+            Some(WakeDigest {
+                signals: 250,
+                shown: (WAKE_REPORTS + WAKE_HEARTBEATS) as u64
+            })
+        );
+        assert_eq!(wake.reports.len(), WAKE_REPORTS + WAKE_HEARTBEATS);
     }
 }

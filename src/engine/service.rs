@@ -36,7 +36,7 @@ impl Engine {
         {
             wp.recheck_sent = true;
             if wp.counters.ok + wp.counters.fail == 0 {
-                let pending = self.read_signals(&wp.id, wp.round.start_seq.max(1))?;
+                let pending = self.carried(&wp, wp.round.start_seq.max(1), &[])?;
                 let wake =
                     rules::compose_wake(&mut wp, WakeKind::Recheck, None, &pending, None, 1, now);
                 tracing::info!(waitpoint = %wp.id, "recheck time reached with nothing terminal; recheck wake sent");
@@ -50,7 +50,7 @@ impl Engine {
                 .as_ref()
                 .map_or(wp.round.start_seq, |p| p.first_seq)
                 .max(1);
-            let pending = self.read_signals(&wp.id, first)?;
+            let pending = self.carried(&wp, first, &[])?;
             let notice = rules::expire(&mut wp, &pending, now);
             let wake = rules::compose_wake(
                 &mut wp,

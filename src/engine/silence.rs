@@ -158,7 +158,8 @@ impl Engine {
                     wp.silence.outage_noticed = h.unreachable_since;
                 }
                 let record = self
-                    .read_signals(&wp.id, last.seq)?
+                    .carried(wp, last.seq, &[])?
+                    .records
                     .into_iter()
                     .find(|r| r.seq == last.seq);
                 let lines = went_quiet(wp, &last, device.as_ref().map(|(h, _)| h), now);
@@ -365,6 +366,7 @@ fn compose(
         reports: signals.iter().map(rules::fact).collect(),
         deadline: None,
         external_payload: external,
+        digest: None,
         text,
     }
 }

@@ -294,6 +294,7 @@ fn timer_wake(t: &Timer, due: Timestamp, now: Timestamp) -> Wake {
             notice: EXTERNAL_NOTICE.to_owned(),
             reports: Vec::new(),
         },
+        digest: None,
         text,
     }
 }

@@ -249,11 +249,9 @@ impl Store for Files {
             .find(|r| r.seq == seq && record_key(r) == key))
     }
 
-    /// One read of the log for all of them.
+    /// One read of the log's end for all of them.
     fn records(&self, id: &str, first_seq: u64) -> Result<Vec<SignalRecord>> {
-        let mut records = signal_log::read(&self.home, id)?.records;
-        records.retain(|r| r.seq >= first_seq);
-        Ok(records)
+        signal_log::read_from(&self.home, id, first_seq)
     }
 
     /// Streams the waitpoints directory, so a scan of a large home holds one waitpoint in

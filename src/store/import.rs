@@ -146,8 +146,11 @@ fn read_waitpoint(
     let log = format!("waitpoints/{id}/signals.jsonl");
     match durable::read_record_bytes(root, &root.join(&log)) {
         Ok(Ok(Some(bytes))) => {
-            let (logged, _torn) =
-                super::signal_log::parse(Path::new(&log), &bytes).map_err(|e| e.to_string())?;
+            let parsed = super::signal_log::parse(&bytes);
+            if let Some((line, why)) = parsed.damaged.first() {
+                return Err(format!("{log}: line {line}: {why}"));
+            }
+            let logged = parsed.records;
             records.retain(|r| !logged.contains_key(&r.seq));
             records.extend(logged.into_values());
         }

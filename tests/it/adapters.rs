@@ -222,7 +222,12 @@ fn claude_resume_runs_claude_p_resume_with_the_wake_on_stdin_and_marks_it_read()
         "sess-123",
     ]));
     let claude = StandIn::new(&env, "claude", CLAUDE_OK, CLAUDE_ERR);
-    let _daemon = daemon_with_adapter(&claude, &env);
+    // A daemon started from a shell that holds secrets passes none of them to what it resumes.
+    let _daemon = env.daemon_with_env(&[
+        ("PATH", &claude.path()),
+        ("CORTEX_SIGNAL_SECRET", "a-secret-of-the-daemons-shell"),
+        ("CORTEX_WEBHOOK_TOKEN", "an-operator-token-of-the-daemons"),
+    ]);
     let reply = env.arm(
         "eval",
         &[
@@ -254,7 +259,12 @@ fn claude_resume_runs_claude_p_resume_with_the_wake_on_stdin_and_marks_it_read()
         "WAITPOINT_WAKE_ID={}",
         wake["wake_id"].as_str().unwrap()
     )));
-    assert!(!recorded_env.contains("CORTEX_SIGNAL_SECRET"));
+    for secret in waitpoint::secret::SECRET_ENVS {
+        assert!(
+            !recorded_env.contains(secret),
+            "{secret} reached the harness"
+        );
+    }
     env.wait_until("the hook to be recorded delivered", || {
         env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
     });

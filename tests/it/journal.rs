@@ -270,3 +270,41 @@ fn a_command_after_a_daemon_died_replays_the_journal_first_so_neither_change_is_
         "the command replayed and checkpointed"
     );
 }
+
+#[test]
+fn a_damaged_line_inside_a_segment_stops_the_daemon_until_the_segment_is_set_aside() {
+    let env = Env::new();
+    let (home, e, id, secret) = monitor(&env.home);
+    signal(&e, &id, &secret, "a.json");
+    signal(&e, &id, &secret, "b.json");
+    drop(e);
+    // The first of the two committed lines damaged in place (a bad sector, a stray write):
+    // not a torn tail, and it may be a batch already answered as committed.
+    let seg = segments(&home).pop().unwrap();
+    let mut bytes = fs::read(&seg).unwrap();
+    bytes[10] = 0;
+    fs::write(&seg, &bytes).unwrap();
+    let name = seg.file_name().unwrap().to_string_lossy().into_owned();
+
+    // Bounded: a daemon that started despite the damage would otherwise run on.
+    let out = env.run("timeout", &["30", WAITPOINT, "daemon"]);
+    let said = stderr_of(&out);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains(&name) && said.contains("line 1 is damaged"),
+        "{said}"
+    );
+    let out = env.waitpoint(&["doctor"]);
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        report.contains("FAIL journal") && report.contains("line 1 is damaged"),
+        "{report}"
+    );
+    assert_ne!(out.status.code(), Some(0));
+
+    // Set aside as doctor says, the daemon starts and the waitpoint answers from its files.
+    fs::create_dir_all(home.quarantine_dir()).unwrap();
+    fs::rename(&seg, home.quarantine_dir().join(&name)).unwrap();
+    let _d = env.daemon();
+    env.ok("show", &env.waitpoint(&["show", &id]));
+}

@@ -19,6 +19,7 @@ mod etcd_security;
 mod events;
 #[cfg(feature = "failpoints")]
 mod faults;
+mod flood;
 mod foundation;
 mod fuzz;
 mod harness;

@@ -162,7 +162,11 @@ fn a_silence_that_would_end_after_the_deadline_is_left_to_the_deadline_notice() 
     live.advance_ms(2 * MIN);
     report(&env, &id, &secret, "progress", "alive", 1);
     live.advance_ms(5 * MIN);
-    env.wait_until("the deadline", || env.state(&id)["status"] == "expired");
+    // The state is written with the wake in its outbox before the wake reaches the inbox:
+    // wait for the wake itself.
+    env.wait_until("the deadline wake", || {
+        env.state(&id)["status"] == "expired" && !wakes(&env).is_empty()
+    });
     assert_eq!(kinds(&env), ["deadline"]);
 }
 

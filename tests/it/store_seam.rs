@@ -38,6 +38,35 @@ struct Memory {
     /// One writer at a time, as a leader would be; readers are not blocked by it.
     writer: Mutex<()>,
     commits: Mutex<usize>,
+    /// Where this store says its leadership lease is gone (a shared store's refusal).
+    lease_lost: Mutex<Option<LeaseLostAt>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum LeaseLostAt {
+    Begin,
+    Commit,
+}
+
+fn lease_lost() -> Error {
+    Error::LeaseLost { retry_after_s: 7 }
+}
+
+impl Memory {
+    fn new(home: &Home) -> Memory {
+        Memory {
+            home: home.clone(),
+            timers: waitpoint::store::Files::new(
+                home.clone(),
+                Arc::new(SystemClock),
+                Default::default(),
+            ),
+            entries: Mutex::new(BTreeMap::new()),
+            writer: Mutex::new(()),
+            commits: Mutex::new(0),
+            lease_lost: Mutex::new(None),
+        }
+    }
 }
 
 struct MemoryTxn<'a> {
@@ -55,6 +84,9 @@ impl Store for Memory {
         }))
     }
     fn begin_batch(&self) -> Result<Box<dyn Txn + '_>> {
+        if let Some(LeaseLostAt::Begin) = *self.lease_lost.lock().unwrap() {
+            return Err(lease_lost());
+        }
         Ok(Box::new(MemoryTxn {
             store: self,
             _writer: self.writer.lock().unwrap(),
@@ -166,6 +198,9 @@ impl Txn for MemoryTxn<'_> {
     }
     fn commit(&mut self, changes: &[Change]) -> Result<()> {
         assert!(self.batch, "only a batch transaction commits");
+        if let Some(LeaseLostAt::Commit) = *self.store.lease_lost.lock().unwrap() {
+            return Err(lease_lost());
+        }
         let mut entries = self.store.entries.lock().unwrap();
         // All or nothing: every guard is checked before anything is written.
         for c in changes {
@@ -281,17 +316,7 @@ fn a_second_store_behind_the_seam_counts_each_identity_once_and_the_home_holds_n
     assert_eq!((expected.signals, expected.records), (3, 3));
 
     let home = Home::new(memory_env.home.clone());
-    let memory = Arc::new(Memory {
-        home: home.clone(),
-        timers: waitpoint::store::Files::new(
-            home.clone(),
-            Arc::new(SystemClock),
-            Default::default(),
-        ),
-        entries: Mutex::new(BTreeMap::new()),
-        writer: Mutex::new(()),
-        commits: Mutex::new(0),
-    });
+    let memory = Arc::new(Memory::new(&home));
     let engine = Engine::with_store(
         home.clone(),
         Settings::default(),
@@ -331,4 +356,43 @@ fn a_commit_against_a_version_it_did_not_read_is_refused_by_the_file_store() {
     let mut other = store.begin().unwrap();
     let err = other.put(&wp).unwrap_err();
     assert!(matches!(err, Error::Conflict(_)), "{err}");
+}
+
+#[test]
+fn a_lost_lease_stays_a_lost_lease_for_every_signal_of_the_batch() {
+    use waitpoint::error::ErrorKind;
+    let env = Env::new();
+    let home = Home::new(env.home.clone());
+    let memory = Arc::new(Memory::new(&home));
+    let engine = Engine::with_store(
+        home.clone(),
+        Settings::default(),
+        Arc::new(SystemClock),
+        memory.clone(),
+    );
+    let created = engine
+        .create(CreateRequest {
+            max_signals: 10,
+            ..CreateRequest::new("lease", "i", "default")
+        })
+        .unwrap();
+    let (id, secret) = (created.waitpoint.id, created.secret);
+    for (at, files) in [
+        (LeaseLostAt::Begin, ["a.json", "b.json"]),
+        (LeaseLostAt::Commit, ["c.json", "d.json"]),
+    ] {
+        *memory.lease_lost.lock().unwrap() = Some(at);
+        let batch: Vec<_> = files.iter().map(|f| item(&id, &secret, f)).collect();
+        for verdict in engine.apply_batch(&batch) {
+            let e = verdict.expect_err("nothing commits without the lease");
+            assert_eq!(e.kind(), ErrorKind::Unavailable, "{at:?}: {e}");
+            assert_eq!(e.retry_after_s(), Some(7), "{at:?}: {e}");
+        }
+    }
+    *memory.lease_lost.lock().unwrap() = None;
+    let (req, source) = item(&id, &secret, "c.json");
+    assert!(matches!(
+        engine.apply_signal(&req, &source).unwrap(),
+        Verdict::Accepted { seq: 1, .. }
+    ));
 }
