@@ -334,22 +334,32 @@ pub fn process_exists(pid: libc::pid_t) -> bool {
     }
 }
 
-/// The nearest ancestor of this process that is not a shell: the program that started us
-/// through `sh -c` (as harnesses run a hook's command line), or directly. `None` when there is
-/// none but init, i.e. our starter is gone already.
+/// The nearest ancestor of this process that is not a shell or a wrapper: the program that
+/// started us through `sh -c` (as harnesses run a hook's command line), through programs that
+/// only run their argument and wait for it (`flock`, `nice`, `timeout`, ...), or directly.
+/// `None` when there is none but init, i.e. our starter is gone already.
+///
+/// A wrapper lives exactly as long as what it runs, so watching one would keep a waiter alive
+/// after its harness exited (until its own timeout, a day later).
 pub fn starter_pid() -> Option<libc::pid_t> {
-    const SHELLS: [&str; 6] = ["sh", "dash", "bash", "zsh", "env", "timeout"];
     let mut pid = rustix::process::getppid()?.as_raw_nonzero().get();
-    // A few levels at most: `sh -c` inside `env` inside `timeout` is already unusual.
-    for _ in 0..6 {
+    // A few levels at most: `sh -c` inside `flock` inside `nice` is already unusual.
+    for _ in 0..8 {
         let (comm, parent) = comm_and_parent(pid)?;
-        if !SHELLS.contains(&comm.as_str()) {
+        if !PASS_THROUGH.contains(&comm.as_str()) {
             break;
         }
         pid = parent;
     }
     (pid > 1).then_some(pid)
 }
+
+/// Programs that run a command line and wait for it without being the harness: shells, and the
+/// wrappers people put in front of a hook's command (by their `comm`, at most 15 bytes).
+const PASS_THROUGH: [&str; 21] = [
+    "sh", "dash", "bash", "zsh", "fish", "ksh", "env", "timeout", "flock", "nice", "ionice",
+    "nohup", "stdbuf", "setsid", "chrt", "taskset", "time", "setpriv", "unshare", "sudo", "doas",
+];
 
 /// A process's command name and parent, from `/proc/PID/stat`.
 fn comm_and_parent(pid: libc::pid_t) -> Option<(String, libc::pid_t)> {

@@ -192,7 +192,9 @@ pub struct AckArgs {
     #[arg(value_name = "WAKE_ID", env = "WAITPOINT_WAKE_ID", hide_env = true)]
     pub wake_id: String,
     /// The session (channel) whose inbox holds it [default: $WAITPOINT_CHANNEL, else the
-    /// session]
+    /// session]. Inside a harness session, only that session's own wakes (and the wake an
+    /// onWake command was handed) can be marked read; another session's only from a shell
+    /// outside any harness
     #[arg(long, value_name = "C", env = "WAITPOINT_CHANNEL", hide_env = true)]
     pub channel: Option<String>,
     #[command(flatten)]
@@ -672,8 +674,29 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
 }
 
 pub(super) fn ack(engine: &Engine, a: AckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
-    let channel = a.channel.unwrap_or(a.session.session);
+    let own = a.session.session;
+    let channel = a.channel.unwrap_or_else(|| own.clone());
     crate::request::check_name("channel", &channel)?;
+    // An agent's shell acts for its own session: marking another session's wake read would
+    // hide it from the agent it was for. This guards against a mistake, not an attacker (any
+    // process of the user can move the files); the operator's shell, outside any harness, may,
+    // and so may an onWake command for the wake it was handed.
+    let env = super::env_var;
+    let handed = env("WAITPOINT_CHANNEL").as_deref() == Some(channel.as_str())
+        && env("WAITPOINT_WAKE_ID").as_deref() == Some(a.wake_id.as_str());
+    if channel != own
+        && !handed
+        && let Some(caller) = crate::harness::from_env(&env)
+    {
+        return Err(Error::Usage(format!(
+            "this shell runs inside the harness session {}, acting for session {own}: it marks \
+read only {own}'s wakes, not {channel}'s; run `waitpoint ack --channel {channel} {}` from a \
+shell outside any harness session",
+            caller.session(),
+            a.wake_id
+        ))
+        .into());
+    }
     let home = engine.home();
     if crate::delivery::mark_read(home, &channel, &a.wake_id)? {
         writeln!(out, "{} marked read", a.wake_id)?;

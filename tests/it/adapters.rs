@@ -467,44 +467,60 @@ fn a_new_waiter_replaces_the_old_and_session_end_ends_the_last() {
 }
 
 #[test]
-fn a_waiter_leaves_when_the_harness_that_started_it_exits() {
+fn a_waiter_leaves_when_the_harness_that_started_it_exits_through_any_wrapper() {
     let env = Env::new();
-    // A stand-in harness: a process (not a shell) that runs the hook as its child and lives on.
-    let mut harness = env
-        .command("perl")
-        .args([
+    let lock = env.home.join("../hook.lock");
+    let lock = lock.to_str().unwrap();
+    // The hook run directly, through a shell, and wrapped in programs that wait for it (the
+    // wrapper outlives the harness for as long as the hook does).
+    let wrappers: [&[&str]; 4] = [
+        &[],
+        &["sh", "-c", "\"$@\"; :", "sh"],
+        &["flock", lock],
+        &["flock", lock, "nice", "-n", "1", "timeout", "600"],
+    ];
+    for (n, wrapper) in wrappers.into_iter().enumerate() {
+        let session = format!("w{n}");
+        // A stand-in harness: a process (not a shell) that runs the hook as its child and
+        // lives on.
+        let mut args = vec![
             "-e",
             "my $p = fork; if (!$p) { exec @ARGV } sleep 300",
             "--",
-            WAITPOINT,
-            "adapter",
-            "claude-hook",
-            "--timeout",
-            "300",
-        ])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        let mut stdin = harness.stdin.take().unwrap();
-        let input = claude_event("s2", "Stop", &env.home);
-        stdin.write_all(input.to_string().as_bytes()).unwrap();
+        ];
+        args.extend_from_slice(wrapper);
+        args.extend([WAITPOINT, "adapter", "claude-hook", "--timeout", "300"]);
+        let mut harness = env
+            .command("perl")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = harness.stdin.take().unwrap();
+            let input = claude_event(&session, "Stop", &env.home);
+            stdin.write_all(input.to_string().as_bytes()).unwrap();
+        }
+        let mut pid = None;
+        let record = format!("claude-{session}");
+        env.wait_until("the waiter", || {
+            pid = waiter_pid(&env, &record);
+            pid.is_some()
+        });
+        let waiter = pid.unwrap() as i32;
+        harness.kill().unwrap();
+        harness.wait().unwrap();
+        env.wait_until(
+            &format!("the orphaned waiter to leave ({wrapper:?})"),
+            || {
+                // SAFETY: signal 0 only asks whether the pid exists.
+                let gone = unsafe { libc::kill(waiter, 0) } != 0;
+                gone || fs::read_to_string(format!("/proc/{waiter}/stat"))
+                    .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
+            },
+        );
     }
-    let mut pid = None;
-    env.wait_until("the waiter", || {
-        pid = waiter_pid(&env, "claude-s2");
-        pid.is_some()
-    });
-    let waiter = pid.unwrap() as i32;
-    harness.kill().unwrap();
-    harness.wait().unwrap();
-    env.wait_until("the orphaned waiter to leave", || {
-        // SAFETY: signal 0 only asks whether the pid exists.
-        let gone = unsafe { libc::kill(waiter, 0) } != 0;
-        gone || fs::read_to_string(format!("/proc/{waiter}/stat"))
-            .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
-    });
 }
 
 #[test]
@@ -721,4 +737,52 @@ fn a_name_that_would_read_as_an_option_is_refused_everywhere() {
     let (code, _, _) = finish(spawn_hook(&env, &["adapter", "claude-hook"], &input, &[]));
     assert_eq!(code, 0);
     assert!(!env.home.join("sessions/claude--rf").exists());
+}
+
+#[test]
+fn a_shell_inside_a_harness_session_marks_read_only_its_own_sessions_wakes() {
+    let env = Env::new();
+    let _daemon = env.daemon();
+    env.timer_now("other", "for another session");
+    env.wait_until("the wake", || env.inbox("other", "new").len() == 1);
+    let wake_id = env.inbox("other", "new")[0]["wake_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ack = |vars: &[(&str, &str)]| {
+        env.command(WAITPOINT)
+            .args(["ack", "--channel", "other", &wake_id])
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap()
+    };
+    // An agent's shell (its harness's session in the environment) is refused, and says how.
+    let out = ack(&[("CLAUDE_CODE_SESSION_ID", "sess-1")]);
+    env.expect_code("ack from another session", &out, 2);
+    let said = crate::helpers::stderr_of(&out);
+    assert!(
+        said.contains("claude-sess-1") && said.contains("outside any harness session"),
+        "{said}"
+    );
+    assert_eq!(env.inbox("other", "new").len(), 1, "still unread");
+    // An onWake command run inside one may mark the wake it was handed.
+    let out = ack(&[
+        ("CLAUDE_CODE_SESSION_ID", "sess-1"),
+        ("WAITPOINT_CHANNEL", "other"),
+        ("WAITPOINT_WAKE_ID", &wake_id),
+    ]);
+    env.ok("ack of the wake handed over", &out);
+    assert_eq!(env.inbox("other", "cur").len(), 1);
+    // The operator's shell, outside any harness, may mark any session's.
+    env.timer_now("other", "a second one");
+    env.wait_until("the second wake", || env.inbox("other", "new").len() == 1);
+    let second = env.inbox("other", "new")[0]["wake_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    env.ok(
+        "ack from the operator's shell",
+        &env.waitpoint(&["ack", "--channel", "other", &second]),
+    );
+    assert!(env.inbox("other", "new").is_empty());
 }
