@@ -96,22 +96,27 @@ fn signal(env: &Env, id: &str, secret: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// A signal of `status` from the free member with the message and data, through `cortex-signal`.
+fn hostile_signal(env: &Env, id: &str, secret: &str, status: &str) {
+    let args = [
+        "--status",
+        status,
+        "--member",
+        FREE_MEMBER,
+        "--message",
+        MESSAGE,
+        "--data",
+        DATA,
+    ];
+    env.ok(
+        &format!("cortex-signal ({status})"),
+        &signal(env, id, secret, &args),
+    );
+}
+
 /// A report that wakes the session: terminal, from the free member, with the message and data.
 fn report(env: &Env, id: &str, secret: &str) {
-    let out = signal(
-        env,
-        id,
-        secret,
-        &[
-            "--member",
-            FREE_MEMBER,
-            "--message",
-            MESSAGE,
-            "--data",
-            DATA,
-        ],
-    );
-    env.ok("cortex-signal (report)", &out);
+    hostile_signal(env, id, secret, "ok");
     env.wait_until("the report's wake", || {
         env.inbox("default", "new").len() == 1
     });
@@ -207,22 +212,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         ],
     );
     let (quiet_id, quiet_secret) = id_secret(&quiet);
-    let beat = signal(
-        &env,
-        &quiet_id,
-        &quiet_secret,
-        &[
-            "--status",
-            "progress",
-            "--member",
-            FREE_MEMBER,
-            "--message",
-            MESSAGE,
-            "--data",
-            DATA,
-        ],
-    );
-    env.ok("cortex-signal (a heartbeat, then silence)", &beat);
+    hostile_signal(&env, &quiet_id, &quiet_secret, "progress");
 
     let mut problems = Vec::new();
 
@@ -251,20 +241,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
     assert_eq!(code, 202, "{reply}");
     // A heartbeat through the real sender, then the first report.
     let before = signals();
-    let beat = signal(
-        &env,
-        &id,
-        &secret,
-        &[
-            "--status",
-            "progress",
-            "--member",
-            FREE_MEMBER,
-            "--message",
-            MESSAGE,
-        ],
-    );
-    env.ok("cortex-signal (heartbeat)", &beat);
+    hostile_signal(&env, &id, &secret, "progress");
     env.wait_until("the heartbeat", || signals() == before + 1);
     report(&env, &id, &secret);
 
