@@ -102,13 +102,21 @@ pub fn text(s: &str) -> String {
 /// (JSON escapes the C0 controls itself; this adds the rest), so the text is one line that reads
 /// back as exactly `v`.
 pub fn json(v: &Value) -> String {
-    let raw = v.to_string();
-    if !raw.chars().any(is_hidden) {
-        return raw;
+    json_text(&v.to_string()).into_owned()
+}
+
+/// JSON text as `serde_json` writes it (compact or pretty) with every [`is_hidden`] character
+/// inside its strings spelled as a `\uXXXX` escape: what a program reads back is unchanged, and
+/// a terminal or a prompt shows no raw separator or override. Newlines, tabs and returns are
+/// left as they are: `serde_json` escapes them inside strings, so outside they are layout.
+pub fn json_text(raw: &str) -> Cow<'_, str> {
+    let spelled = |c: char| is_hidden(c) && !matches!(c, '\n' | '\r' | '\t');
+    if !raw.chars().any(spelled) {
+        return raw.into();
     }
     let mut out = String::with_capacity(raw.len());
     for c in raw.chars() {
-        if is_hidden(c) {
+        if spelled(c) {
             let mut units = [0u16; 2];
             for u in c.encode_utf16(&mut units) {
                 out.push_str(&format!("\\u{u:04x}"));
@@ -117,7 +125,7 @@ pub fn json(v: &Value) -> String {
             out.push(c);
         }
     }
-    out
+    out.into()
 }
 
 /// The pieces joined, cut with `…` so that they and `after` fit [`MAX_LINE_CHARS`]; never
@@ -292,5 +300,13 @@ mod tests {
         assert_eq!(serde_json::from_str::<Value>(&shown).unwrap(), v);
         let plain = serde_json::json!({"a": "b"});
         assert_eq!(json(&plain), plain.to_string());
+        // Pretty JSON keeps its layout.
+        let pretty = serde_json::to_string_pretty(&v).unwrap();
+        let shown = json_text(&pretty);
+        assert!(
+            shown.contains('\n') && !shown.contains('\u{2028}'),
+            "{shown}"
+        );
+        assert_eq!(serde_json::from_str::<Value>(&shown).unwrap(), v);
     }
 }

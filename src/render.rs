@@ -123,7 +123,8 @@ impl Heartbeat {
 /// screen, write the clipboard (OSC 52) or reorder the text is shown as `\u{…}`, so text from
 /// outside (labels, intents, sources, messages, file names, hook errors) reads as what it is.
 /// Every terminal view passes such text through here or [`visible_text`] (the one rule,
-/// [`escape`]), once; JSON output is never escaped.
+/// [`escape`]), once; JSON output keeps exact values (its text spells them as JSON escapes,
+/// `escape::json_text`).
 pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
     escape::line(s)
 }

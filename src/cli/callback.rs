@@ -113,8 +113,7 @@ pub fn run_callback(
         let cb = &i.callback;
         if json_out {
             let v = i.view(&url);
-            serde_json::to_writer_pretty(&mut *out, &v)?;
-            writeln!(out)?;
+            super::print_json(out, &v)?;
         } else {
             writeln!(
                 out,

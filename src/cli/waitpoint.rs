@@ -485,7 +485,8 @@ pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyh
         }
         let rows = agent::check_rows(engine, &items)?;
         let text = if a.json {
-            format!("{}\n", json!({ "session": session, "waiting": rows }))
+            let v = json!({ "session": session, "waiting": rows });
+            format!("{}\n", crate::escape::json(&v))
         } else {
             render::check_table(&session, &rows, style)
         };
@@ -618,8 +619,8 @@ fn deadline_of(timeout: Option<f64>) -> anyhow::Result<Option<Instant>> {
 
 fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> anyhow::Result<()> {
     if json && compact {
-        serde_json::to_writer(&mut *out, wake)?;
-        writeln!(out)?;
+        let text = serde_json::to_string(wake)?;
+        writeln!(out, "{}", crate::escape::json_text(&text))?;
     } else if json {
         print_json(out, wake)?;
     } else {

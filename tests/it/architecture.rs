@@ -182,8 +182,8 @@ const LAYERS: &[(&str, &[&str])] = &[
         "cli",
         &[
             "agent", "clock", "daemon", "delivery", "doctor", "durable", "engine", "error",
-            "harness", "home", "ingress", "mcp", "process", "records", "render", "request",
-            "secret", "sender", "settings", "setup", "store", "sync",
+            "escape", "harness", "home", "ingress", "mcp", "process", "records", "render",
+            "request", "secret", "sender", "settings", "setup", "store", "sync",
         ],
     ),
 ];

@@ -272,6 +272,8 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         vec!["show", id.as_str()],
         vec!["sessions"],
         vec!["callback", "list"],
+        vec!["check", "--json"],
+        vec!["show", id.as_str(), "--json"],
     ] {
         let out = env.waitpoint(&args);
         views.push((args.join(" "), env.ok(&args.join(" "), &out)));
@@ -289,6 +291,16 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
         spelled_out(&mut problems, what, out);
     }
     let (check, show) = (&views[0].1, &views[2].1);
+    // JSON output spells them as JSON escapes and reads back exact.
+    let json_check: Value = serde_json::from_str(&views[5].1).unwrap();
+    let json_show: Value = serde_json::from_str(&views[6].1).unwrap();
+    expect(
+        &mut problems,
+        json_check["waiting"][0]["latest_heartbeat"]["message"] == MESSAGE
+            && json_show["signals"][0]["member"] == OLD_MEMBER
+            && views[6].1.contains("\\u2028"),
+        format!("JSON output is not exact: {}", views[6].1),
+    );
     expect(
         &mut problems,
         check.contains(&format!("(\"{FREE_MEMBER}\"): step 1\\nNothing")),
