@@ -140,6 +140,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "clock",
             "durable",
             "error",
+            "escape",
             "failpoint",
             "home",
             "ingress",
