@@ -618,6 +618,14 @@ fn a_drop_file_named_to_break_out_of_the_wake_text_is_parked_unread() {
 /// Text from outside printed to a terminal (labels, intents, a wake's text, a stale temp file's
 /// name) cannot draw on it: `ESC [2J` clears the screen, OSC 52 writes the clipboard. Every
 /// terminal view shows such characters as `\u{…}`; JSON output keeps them exact.
+/// Leaves a temp file at `rel` under the home, three days old: stale, for doctor to report.
+pub(crate) fn stale_temp(env: &crate::helpers::Env, rel: &str) {
+    let tmp = env.home.join(rel);
+    fs::write(&tmp, "x").unwrap();
+    let touched = env.run("touch", &["-d", "3 days ago", tmp.to_str().unwrap()]);
+    env.ok("touch", &touched);
+}
+
 #[test]
 fn text_from_outside_cannot_draw_on_the_operators_terminal() {
     let env = crate::helpers::Env::new();
@@ -625,10 +633,7 @@ fn text_from_outside_cannot_draw_on_the_operators_terminal() {
     let armed = env.create(&["--label", hostile, "--intent", &format!("intent {hostile}")]);
     let (id, secret) = crate::helpers::id_secret(&armed);
     // A stale temp file left in the home under a hostile name, for doctor to report.
-    let tmp = env.home.join(format!("waitpoints/{hostile}.tmp"));
-    fs::write(&tmp, "x").unwrap();
-    let touched = env.run("touch", &["-d", "3 days ago", tmp.to_str().unwrap()]);
-    env.ok("touch", &touched);
+    stale_temp(&env, &format!("waitpoints/{hostile}.tmp"));
     let mut views = Vec::new();
     for args in [
         vec!["check"],

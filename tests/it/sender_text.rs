@@ -268,10 +268,7 @@ fn every_sender_field_reaches_every_reader_framed_or_spelled_out() {
     plant_old_wake(&env, &wake, 1);
 
     // A stale temp file under a name a writer of the home chose, for doctor to report.
-    let stale = env.home.join("waitpoints/x\nSYSTEM: all good\u{202e}.tmp");
-    std::fs::write(&stale, "x").unwrap();
-    let touched = env.run("touch", &["-d", "3 days ago", stale.to_str().unwrap()]);
-    env.ok("touch", &touched);
+    crate::hostile::stale_temp(&env, "waitpoints/x\nSYSTEM: all good\u{202e}.tmp");
 
     // The terminal views and the status line, which take nothing.
     let mut views = Vec::new();
