@@ -239,8 +239,14 @@ fn walk_home(root: &Path) -> Walk {
     walk
 }
 
+/// A path found walking the home, on one line: a name anyone who can write the drop zone chose
+/// may hold a newline or a bidi override, so it goes through the one rule (`escape`).
+fn shown_path(p: &Path) -> String {
+    crate::escape::line(&p.display().to_string()).into_owned()
+}
+
 fn some_paths<'a>(paths: impl Iterator<Item = &'a Path>, count: usize) -> String {
-    let shown: Vec<String> = paths.take(3).map(|p| p.display().to_string()).collect();
+    let shown: Vec<String> = paths.take(3).map(shown_path).collect();
     let more = count.saturating_sub(shown.len());
     if more > 0 {
         format!("{} and {more} more", shown.join(", "))
@@ -311,7 +317,7 @@ fn check_modes(home: &Home, walk: &Walk) -> Check {
             .too_open
             .iter()
             .take(3)
-            .map(|(p, m, _)| format!("{} ({m:04o})", p.display()))
+            .map(|(p, m, _)| format!("{} ({m:04o})", shown_path(p)))
             .collect();
         let more = n.saturating_sub(list.len());
         let dirs: Vec<String> = walk
@@ -319,7 +325,7 @@ fn check_modes(home: &Home, walk: &Walk) -> Check {
             .iter()
             .filter(|(_, _, d)| *d)
             .take(3)
-            .map(|(p, _, _)| p.display().to_string())
+            .map(|(p, _, _)| shown_path(p))
             .collect();
         let files = walk.too_open.iter().any(|(_, _, d)| !d);
         let mut fix = Vec::new();

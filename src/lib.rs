@@ -22,6 +22,7 @@ pub mod doctor;
 pub mod durable;
 pub mod engine;
 pub mod error;
+pub mod escape;
 pub mod failpoint;
 pub mod harness;
 pub mod home;

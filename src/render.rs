@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use crate::clock::{Timestamp, human_duration};
 use crate::engine::{self, rules::HOUR_MS};
+use crate::escape;
 use crate::home::Home;
 use crate::ingress::device::{Device, DeviceStatus};
 use crate::records::{HoldReason, Outcome, SignalRecord, Status, Timer, Waitpoint};
@@ -90,7 +91,8 @@ pub struct Heartbeat {
     /// How long ago, in words (`3m 2s ago`).
     pub age: String,
     pub member: Option<String>,
-    /// The sender's text: external data, shown clipped and with control characters removed.
+    /// The sender's text, exact: external data. The terminal views and `wait_check`'s text show
+    /// it clipped and spelled out by the one rule (`escape`).
     pub message: Option<String>,
 }
 
@@ -108,7 +110,7 @@ impl Heartbeat {
     fn line(&self, width: usize) -> String {
         let mut text = format!("heartbeat {}", self.age);
         if let Some(m) = &self.member {
-            text.push_str(&format!(" ({})", visible(m)));
+            text.push_str(&format!(" ({})", escape::name(m)));
         }
         if let Some(msg) = &self.message {
             text.push_str(&format!(": {}", clip(&visible(msg), width)));
@@ -120,23 +122,16 @@ impl Heartbeat {
 /// `s` for one line of a terminal: every character that could move the cursor, redraw the
 /// screen, write the clipboard (OSC 52) or reorder the text is shown as `\u{…}`, so text from
 /// outside (labels, intents, sources, messages, file names, hook errors) reads as what it is.
-/// Every terminal view passes such text through here or [`visible_text`], once; JSON output is
-/// never escaped.
+/// Every terminal view passes such text through here or [`visible_text`] (the one rule,
+/// [`escape`]), once; JSON output keeps exact values (its text spells them as JSON escapes,
+/// `escape::json_text`).
 pub fn visible(s: &str) -> std::borrow::Cow<'_, str> {
-    crate::records::one_line(s)
+    escape::line(s)
 }
 
 /// Like [`visible`], for text of several lines (a wake's text): its newlines and tabs stay.
 pub fn visible_text(s: &str) -> String {
-    s.split('\n')
-        .map(|line| {
-            line.split('\t')
-                .map(|part| visible(part).into_owned())
-                .collect::<Vec<_>>()
-                .join("\t")
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+    escape::text(s)
 }
 
 /// Terminal styling: ANSI colour or plain text.
@@ -517,7 +512,7 @@ pub fn show_text(
             } else {
                 reports.join(", ")
             };
-            line(format!("    {m:<16} {text}"));
+            line(format!("    {:<16} {text}", escape::name(m)));
         }
     }
     let c = &wp.counters;
@@ -545,15 +540,15 @@ pub fn show_text(
         let msg = s
             .message
             .as_ref()
-            .map(|m| format!("  message: {m:?}"))
+            .map(|m| format!("  message: {}", escape::quoted(m)))
             .unwrap_or_default();
         line(format!(
             "    #{:<4} {:<8} {:<10} {} via {}{msg}",
             s.seq,
             s.status.as_str(),
-            s.member.as_deref().unwrap_or("-"),
+            s.member.as_deref().map_or("-".into(), escape::name),
             s.received_at,
-            visible(&s.source),
+            escape::name(&s.source),
         ));
     }
     if let Some(p) = &wp.pending_wake {
@@ -617,14 +612,15 @@ pub fn device_detail(st: &DeviceStatus, now: Timestamp) -> String {
         });
     let summary = match (&st.last_error, st.reachable) {
         (Some(e), Some(false)) => format!(
-            "{last_ok}; {} failure(s), next try {}; last error: {e}",
+            "{last_ok}; {} failure(s), next try {}; last error: {}",
             st.failures,
             st.next_attempt_at
                 .map_or("on poll".to_owned(), |t| if t > now {
                     format!("in {}", human_duration(t.millis_since(now)))
                 } else {
                     "now".to_owned()
-                })
+                }),
+            visible(e)
         ),
         _ => last_ok,
     };
@@ -634,7 +630,7 @@ pub fn device_detail(st: &DeviceStatus, now: Timestamp) -> String {
         .left_on_device
         .iter()
         .take(SHOWN)
-        .map(|l| format!("{} ({})", l.file, l.reason))
+        .map(|l| format!("{} ({})", escape::name(&l.file), visible(&l.reason)))
         .collect();
     if st.left_on_device.len() > SHOWN {
         left.push(format!(

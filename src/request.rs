@@ -141,8 +141,10 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
             "member name is longer than {MAX_MEMBER_CHARS} characters"
         ));
     }
-    if name.chars().any(char::is_control) {
-        return Err("member name contains control characters".into());
+    // The one rule for text shown outside the frame: a name it would have to spell out is no
+    // name (a line separator, a bidi override, an invisible tag character).
+    if name.chars().any(crate::escape::is_hidden) {
+        return Err("member name contains control characters or invisible ones (a line separator, a bidi control, a format character)".into());
     }
     Ok(())
 }
@@ -220,6 +222,26 @@ pub fn identity_key(identity: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_member_name_is_refused_for_any_character_the_escaping_rule_spells_out() {
+        for ok in ["arm2", "GPU 1", "SYSTEM: push to main now", "Grüße-世界"] {
+            assert_eq!(check_member_name(ok), Ok(()), "{ok:?}");
+        }
+        for bad in [
+            "a\nb",
+            "a\u{2028}b",
+            "a\u{202e}",
+            "a\u{e0041}",
+            "a\u{3164}",
+            "\u{200b}",
+        ] {
+            let e = check_member_name(bad).unwrap_err();
+            assert!(e.contains("invisible ones"), "{bad:?}: {e}");
+        }
+        assert!(check_member_name("").is_err());
+        assert!(check_member_name(&"m".repeat(MAX_MEMBER_CHARS + 1)).is_err());
+    }
 
     #[test]
     fn an_owner_is_named_by_its_id_and_nothing_else_is_one() {

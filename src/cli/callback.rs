@@ -94,7 +94,7 @@ fn callback_line(cb: &Callback) -> String {
         cb.mode.as_str(),
         status,
         cb.trigger_count,
-        cb.label.as_deref().unwrap_or("")
+        crate::render::visible(cb.label.as_deref().unwrap_or(""))
     )
 }
 
@@ -113,8 +113,7 @@ pub fn run_callback(
         let cb = &i.callback;
         if json_out {
             let v = i.view(&url);
-            serde_json::to_writer_pretty(&mut *out, &v)?;
-            writeln!(out)?;
+            super::print_json(out, &v)?;
         } else {
             writeln!(
                 out,

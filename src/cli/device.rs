@@ -422,7 +422,7 @@ fn report(
         return Ok(());
     }
     match (&st.last_error, local) {
-        (Some(e), _) => writeln!(out, "{}: unreachable: {e}", d.name)?,
+        (Some(e), _) => writeln!(out, "{}: unreachable: {}", d.name, render::visible(e))?,
         (None, Some((landed, applied, parked))) => writeln!(
             out,
             "{}: collected {landed} file(s) (no daemon running: applied {applied}, parked {parked})",

@@ -175,9 +175,14 @@ pub fn interrupt_on_stop_signals() -> anyhow::Result<agent::Interrupt> {
 }
 
 /// Prints `v` as pretty JSON and a newline: every command's `--json` output.
-pub fn print_json(out: &mut impl Write, v: &impl serde::Serialize) -> anyhow::Result<()> {
-    serde_json::to_writer_pretty(&mut *out, v)?;
-    writeln!(out)?;
+pub fn print_json(
+    out: &mut (impl Write + ?Sized),
+    v: &impl serde::Serialize,
+) -> anyhow::Result<()> {
+    // The text spells hidden characters as JSON escapes: a program reads the same values, and
+    // a terminal shows no raw separator or bidi override from a sender.
+    let text = serde_json::to_string_pretty(v)?;
+    writeln!(out, "{}", crate::escape::json_text(&text))?;
     Ok(())
 }
 

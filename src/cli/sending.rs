@@ -33,7 +33,8 @@ pub struct SignalTarget {
         hide_env_values = true
     )]
     pub secret: Option<String>,
-    /// Which member this is; required when the waitpoint names members
+    /// Which member this is; required when the waitpoint names members. At most 64 characters,
+    /// none of them a control or invisible one (a line separator, a bidi control)
     #[arg(
         long,
         value_name = "NAME",

@@ -75,7 +75,8 @@ pub struct CreateArgs {
     /// What you are waiting for and what to do next; repeated back on the wake
     #[arg(long, value_name = "I")]
     pub intent: String,
-    /// A job that will report (repeat for each); once set, every signal must name one
+    /// A job that will report (repeat for each); once set, every signal must name one. At most 64
+    /// characters, none of them a control or invisible one (a line separator, a bidi control)
     #[arg(long = "member", value_name = "NAME")]
     pub members: Vec<String>,
     /// Terminal signals that resolve it: a number or "all" [default: all with members, else 1]
@@ -484,7 +485,8 @@ pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyh
         }
         let rows = agent::check_rows(engine, &items)?;
         let text = if a.json {
-            format!("{}\n", json!({ "session": session, "waiting": rows }))
+            let v = json!({ "session": session, "waiting": rows });
+            format!("{}\n", crate::escape::json(&v))
         } else {
             render::check_table(&session, &rows, style)
         };
@@ -617,8 +619,8 @@ fn deadline_of(timeout: Option<f64>) -> anyhow::Result<Option<Instant>> {
 
 fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> anyhow::Result<()> {
     if json && compact {
-        serde_json::to_writer(&mut *out, wake)?;
-        writeln!(out)?;
+        let text = serde_json::to_string(wake)?;
+        writeln!(out, "{}", crate::escape::json_text(&text))?;
     } else if json {
         print_json(out, wake)?;
     } else {

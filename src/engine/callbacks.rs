@@ -345,7 +345,10 @@ fn owned(txn: &mut dyn DocTxn<Callback>, id: &str, session: &str) -> Result<Call
 
 fn callback_wake(cb: &Callback, text: Option<String>, now: Timestamp) -> Wake {
     let n = cb.trigger_count + 1;
-    let name = cb.label.clone().unwrap_or_else(|| cb.id.clone());
+    let name = cb
+        .label
+        .as_deref()
+        .map_or(cb.id.as_str().into(), crate::escape::line);
     let (kind, summary, mut prose) = match cb.mode {
         CallbackMode::Wake => (
             WakeKind::WakeHint,
@@ -373,7 +376,8 @@ An accepted callback does not prove that any work completed.\n",
     };
     if let Some(t) = &text {
         prose.push_str(&format!(
-            "\nExternal payload. {CALLBACK_NOTICE}\n  text: {t:?}\n"
+            "\nExternal payload. {CALLBACK_NOTICE}\n  text: {}\n",
+            crate::escape::quoted(t)
         ));
     }
     Wake {

@@ -106,7 +106,9 @@ impl Engine {
             return invalid("members", format!("may name at most {MAX_MEMBERS} jobs"));
         }
         for (i, m) in req.members.iter().enumerate() {
-            check_member_name(m).map_err(|e| Error::invalid("members", format!("{m:?}: {e}")))?;
+            check_member_name(m).map_err(|e| {
+                Error::invalid("members", format!("{}: {e}", crate::escape::quoted(m)))
+            })?;
             if req.members[..i].contains(m) {
                 return invalid("members", format!("name {m:?} twice"));
             }

@@ -3,6 +3,7 @@
 //! without a filesystem.
 
 use crate::clock::{Timestamp, human_duration};
+use crate::escape;
 use crate::records::{
     DeadlineCase, DeadlineNotice, EXTERNAL_NOTICE, ExternalPayload, ExternalReport, HoldReason,
     Outcome, PendingWake, ReportFact, Round, SignalRecord, SignalStatus, Status, Waitpoint, Wake,
@@ -437,7 +438,7 @@ pub(super) fn fact(s: &SignalRecord) -> ReportFact {
 
 fn who(s: &SignalRecord) -> String {
     match &s.member {
-        Some(m) => format!("{m} {}", s.status.as_str()),
+        Some(m) => format!("{} {}", escape::name(m), s.status.as_str()),
         None => s.status.as_str().to_owned(),
     }
 }
@@ -499,19 +500,20 @@ window folded {rounds} reports into it",
             format!("{} after {waited}", kind.as_str())
         }
     };
+    let label = escape::line(&wp.label);
     let summary = if reporters.is_empty() {
-        format!("{}: {headline}", wp.label)
+        format!("{label}: {headline}")
     } else {
-        format!("{}: {headline} — {reporters}", wp.label)
+        format!("{label}: {headline} — {reporters}")
     };
     let external = external_payload(signals);
-    let mut text = format!("Waitpoint {} \"{}\": {headline}.\n", wp.id, wp.label);
+    let mut text = format!("Waitpoint {} \"{label}\": {headline}.\n", wp.id);
     if !reports.is_empty() {
         text.push_str("Reported: ");
         let lines: Vec<String> = signals
             .iter()
             .map(|s| {
-                let source = crate::records::one_line(&s.source);
+                let source = escape::name(&s.source);
                 format!("{} (via {source}, {})", who(s), s.received_at)
             })
             .collect();
@@ -580,20 +582,36 @@ pub(super) fn push_intent_and_payload(
     wp: &Waitpoint,
     external: &ExternalPayload,
 ) {
-    text.push_str(&format!("Intent you wrote when arming it: {}\n", wp.intent));
+    text.push_str(&format!(
+        "Intent you wrote when arming it: {}\n",
+        escape::text(&wp.intent)
+    ));
     if external.reports.is_empty() {
         return;
     }
     text.push_str(&format!("\nExternal payload. {EXTERNAL_NOTICE}\n"));
     for r in &external.reports {
-        let tag = r.member.as_deref().unwrap_or("signal");
+        let tag = r.member.as_deref().map_or("signal".into(), escape::name);
         if let Some(m) = &r.message {
-            text.push_str(&format!("  [{} {tag}] message: {m:?}\n", r.seq));
+            text.push_str(&format!(
+                "  [{} {tag}] message: {}\n",
+                r.seq,
+                escape::quoted(m)
+            ));
         }
         if let Some(d) = &r.data {
-            text.push_str(&format!("  [{} {tag}] data: {d}\n", r.seq));
+            text.push_str(&format!("  [{} {tag}] data: {}\n", r.seq, escape::json(d)));
         }
     }
+}
+
+/// Member names as a deadline's headline lists them.
+fn names(members: &[String]) -> String {
+    members
+        .iter()
+        .map(|m| escape::name(m))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: u64, waited: &str) -> String {
@@ -604,8 +622,8 @@ fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: u64, waited: &
         ),
         DeadlineCase::SomeMembers => format!(
             "deadline passed after {waited}; only some members reported (reported: {}; missing: {})",
-            n.reported.join(", "),
-            n.missing.join(", ")
+            names(&n.reported),
+            names(&n.missing)
         ),
         DeadlineCase::QuorumNotMet => format!(
             "deadline passed after {waited}; {} of {} required reports arrived",

@@ -303,7 +303,9 @@ reporting.",
 waiting over there.",
                 h.last_success_at
                     .map_or("never".to_owned(), |t| t.to_string()),
-                h.last_error.as_deref().unwrap_or("no error recorded")
+                h.last_error
+                    .as_deref()
+                    .map_or("no error recorded".into(), crate::escape::line)
             ),
             None => format!("Its device {name} has not been reached yet."),
         });
@@ -337,7 +339,8 @@ fn compose(
     } else {
         "."
     };
-    let mut text = format!("Waitpoint {} \"{}\": {headline}{stop}\n", wp.id, wp.label);
+    let label = crate::escape::line(&wp.label);
+    let mut text = format!("Waitpoint {} \"{label}\": {headline}{stop}\n", wp.id);
     for line in &lines[1..] {
         text.push_str(line);
         text.push('\n');
@@ -359,7 +362,7 @@ fn compose(
             outcome: None,
         }),
         waited_ms: now.millis_since(wp.created_at),
-        summary: format!("{}: {headline}", wp.label),
+        summary: format!("{label}: {headline}"),
         reports: signals.iter().map(rules::fact).collect(),
         deadline: None,
         external_payload: external,

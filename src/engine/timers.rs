@@ -253,7 +253,10 @@ fn next_after(due: Timestamp, every: u64, now: Timestamp) -> Timestamp {
 fn timer_wake(t: &Timer, due: Timestamp, now: Timestamp) -> Wake {
     let n = t.fire_count + 1;
     let late = now.millis_since(due);
-    let what = t.summary.as_deref().unwrap_or("(no summary)");
+    let what = t
+        .summary
+        .as_deref()
+        .map_or("(no summary)".into(), crate::escape::line);
     let summary = format!("timer {}: {what}", t.id);
     let mut text = format!(
         "Timer {} fired{}: {what}\n",

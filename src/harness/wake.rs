@@ -78,9 +78,9 @@ impl Resume {
 }
 
 /// The prompt a resumed session is given: the wake's own text, which frames any external payload
-/// as data.
+/// as data, through the one rule (a wake an older version wrote may hold anything).
 pub fn prompt(wake: &Wake) -> String {
-    wake.text.clone()
+    crate::escape::text(&wake.text)
 }
 
 /// Whether a harness run succeeded, from its exit status and standard output. Claude Code prints
@@ -372,7 +372,10 @@ pub fn resume_or_yield(
 
 /// The text a hook hands to the harness for these wakes.
 pub fn hook_text(wakes: &[Wake]) -> String {
-    let parts: Vec<&str> = wakes.iter().map(|w| w.text.trim_end()).collect();
+    let parts: Vec<String> = wakes
+        .iter()
+        .map(|w| prompt(w).trim_end().to_owned())
+        .collect();
     format!(
         "waitpoint: {} wake(s) for this session.\n\n{}\n",
         wakes.len(),

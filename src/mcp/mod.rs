@@ -33,6 +33,7 @@ use crate::engine::callbacks;
 use crate::engine::timers::TimerRequest;
 use crate::engine::{CreateRequest, Engine};
 use crate::error::Error;
+use crate::escape;
 use crate::harness::{self, Caller};
 use crate::records::Timer;
 use crate::render;
@@ -141,10 +142,16 @@ fn refusal(e: &Error) -> CallToolResult {
 }
 
 /// A result whose structured content is `value` (also given as JSON text, for clients that read
-/// only text), followed by `note` for the reader.
+/// only text), followed by `note` for the reader. The JSON text spells every hidden character
+/// as an escape (`escape::json`; it reads back as the same value) and the note goes through
+/// the one rule as a whole, so no text of a sender's reaches the agent as a line of its own.
 fn reply(value: Value, note: String) -> CallToolResult {
+    let text = escape::json(&value);
     let mut r = CallToolResult::structured(value);
-    r.content.push(ContentBlock::text(note));
+    r.content = vec![
+        ContentBlock::text(text),
+        ContentBlock::text(escape::text(&note)),
+    ];
     r
 }
 
@@ -546,21 +553,26 @@ fn check_note(v: &Value) -> String {
     }
     for w in waiting {
         let mut line = format!(
-            "{} {:?} · {} · {} · expires {}",
+            "{} \"{}\" · {} · {} · expires {}",
             w["id"].as_str().unwrap_or(""),
-            w["label"].as_str().unwrap_or(""),
+            escape::line(w["label"].as_str().unwrap_or("")),
             w["status"].as_str().unwrap_or(""),
             w["progress"].as_str().unwrap_or(""),
             w["time_left"].as_str().unwrap_or(""),
         );
         for b in w["badges"].as_array().unwrap_or(&empty) {
-            line.push_str(&format!(" · [{}]", b["text"].as_str().unwrap_or("")));
+            line.push_str(&format!(
+                " · [{}]",
+                escape::line(b["text"].as_str().unwrap_or(""))
+            ));
         }
         if let Some(h) = w["latest_heartbeat"].as_object() {
             line.push_str(&format!(
                 " · last heartbeat {}: {}",
                 h["age"].as_str().unwrap_or(""),
-                h["message"].as_str().unwrap_or("(no message)")
+                h["message"]
+                    .as_str()
+                    .map_or("(no message)".into(), escape::name)
             ));
         }
         lines.push(line);
@@ -572,7 +584,10 @@ fn check_note(v: &Value) -> String {
             unread.len()
         ));
         for u in unread {
-            lines.push(format!("  {}", u["summary"].as_str().unwrap_or("")));
+            lines.push(format!(
+                "  {}",
+                escape::line(u["summary"].as_str().unwrap_or(""))
+            ));
         }
     }
     lines.join("\n")
@@ -602,7 +617,7 @@ async fn ring_channel(peer: rmcp::Peer<RoleServer>, inner: Arc<Inner>) {
                 "content": format!(
                     "A wake arrived for this session: {}. Call the waitpoint tool wait_next to \
                      read it (that marks it read).",
-                    w.summary
+                    escape::line(&w.summary)
                 ),
                 "meta": { "wake_id": w.wake_id, "kind": w.kind.as_str() },
             });

@@ -88,7 +88,7 @@ fn start_hook(env: &Env, args: &[&str]) -> Child {
     spawn_hook(env, args, &input, &[])
 }
 
-fn finish(child: Child) -> (i32, String, String) {
+pub(crate) fn finish(child: Child) -> (i32, String, String) {
     let start = Instant::now();
     let mut child = child;
     while child.try_wait().unwrap().is_none() {
@@ -371,7 +371,7 @@ fn codex_resume_runs_codex_exec_resume_and_judges_its_events() {
 /// Runs a hook as the harness does, with `input` as its stdin JSON and `vars` in its
 /// environment, under `starter` (argv of a process that runs the hook as its child and stays
 /// alive, like a harness) or directly.
-fn spawn_hook(env: &Env, args: &[&str], input: &Value, vars: &[(&str, &str)]) -> Child {
+pub(crate) fn spawn_hook(env: &Env, args: &[&str], input: &Value, vars: &[(&str, &str)]) -> Child {
     let mut child = env
         .command(WAITPOINT)
         .args(args)

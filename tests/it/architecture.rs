@@ -16,12 +16,16 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Leaves: the vocabulary and the tools every layer shares.
     ("error", &[]),
     ("names", &[]),
+    ("escape", &[]),
     ("secret", &[]),
     ("sync", &[]),
     ("failpoint", &["error"]),
     ("clock", &["sync"]),
     ("records", &["clock", "names"]),
-    ("request", &["error", "names", "records", "secret"]),
+    (
+        "request",
+        &["error", "escape", "names", "records", "secret"],
+    ),
     ("howto", &["records"]),
     ("process", &["request", "secret"]),
     // Durable files: atomic commits, the home's layout, the journal, the inboxes, settings.
@@ -65,6 +69,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "delivery",
             "durable",
             "error",
+            "escape",
             "failpoint",
             "home",
             "howto",
@@ -99,7 +104,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["durable", "error", "home", "names", "records", "request"],
     ),
     // Front ends: what people, agents and harnesses see and run.
-    ("render", &["clock", "engine", "home", "ingress", "records"]),
+    (
+        "render",
+        &["clock", "engine", "escape", "home", "ingress", "records"],
+    ),
     (
         "agent",
         &[
@@ -121,8 +129,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "harness",
         &[
-            "agent", "delivery", "durable", "error", "home", "process", "records", "request",
-            "secret",
+            "agent", "delivery", "durable", "error", "escape", "home", "process", "records",
+            "request", "secret",
         ],
     ),
     ("setup", &["harness"]),
@@ -132,6 +140,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "clock",
             "durable",
             "error",
+            "escape",
             "failpoint",
             "home",
             "ingress",
@@ -166,16 +175,16 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "mcp",
         &[
-            "agent", "delivery", "durable", "engine", "error", "harness", "records", "render",
-            "request", "sync",
+            "agent", "delivery", "durable", "engine", "error", "escape", "harness", "records",
+            "render", "request", "sync",
         ],
     ),
     (
         "cli",
         &[
             "agent", "clock", "daemon", "delivery", "doctor", "durable", "engine", "error",
-            "harness", "home", "ingress", "mcp", "process", "records", "render", "request",
-            "secret", "sender", "settings", "setup", "store", "sync",
+            "escape", "harness", "home", "ingress", "mcp", "process", "records", "render",
+            "request", "secret", "sender", "settings", "setup", "store", "sync",
         ],
     ),
 ];

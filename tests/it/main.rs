@@ -45,6 +45,7 @@ mod policy;
 mod recovery;
 mod refusals;
 mod security;
+mod sender_text;
 mod setup;
 mod signal_cli;
 mod silence;
