@@ -172,8 +172,15 @@ fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
         parked(&env).len() == 2 && env.spooled().is_empty()
     });
     env.wait_drained();
-
-    let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
+    // The warning is logged as the file is parked: wait for the line, not only the file.
+    let daemon_log = || fs::read_to_string(env.home.join("log/daemon.log")).unwrap_or_default();
+    env.wait_until("both warnings logged", || {
+        let log = daemon_log();
+        [id.as_str(), unknown]
+            .iter()
+            .all(|miss| log.lines().any(|l| l.contains("WARN") && l.contains(miss)))
+    });
+    let log = daemon_log();
     for miss in [id.as_str(), unknown] {
         let warned: Vec<&str> = log
             .lines()
@@ -204,9 +211,11 @@ fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
             .any(|b| b["kind"] == "refused"),
         "{badges}"
     );
+    // A consumed file may leave the trash while the home is read.
     for path in env.files() {
+        let Ok(bytes) = fs::read(&path) else { continue };
         assert!(
-            !String::from_utf8_lossy(&fs::read(&path).unwrap()).contains(wrong),
+            !String::from_utf8_lossy(&bytes).contains(wrong),
             "{} holds the secret",
             path.display()
         );
