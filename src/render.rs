@@ -271,7 +271,7 @@ pub fn refused_badge(n: usize) -> Badge {
     Badge {
         kind: "refused",
         text: format!(
-            "{n} signal{} refused (unknown id or wrong secret) — see tmp/signals/bad/",
+            "{n} signal{} refused — see tmp/signals/bad/ (each file's .reason says why)",
             if n == 1 { "" } else { "s" }
         ),
         detail: None,

@@ -199,7 +199,7 @@ fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
     // JSON (the same rows); once, as the daemon counted it.
     let table = env.ok("check", &env.waitpoint(&["check"]));
     assert!(
-        table.contains("1 signal refused (unknown id or wrong secret) — see tmp/signals/bad/"),
+        table.contains("1 signal refused — see tmp/signals/bad/ (each file's .reason says why)"),
         "{table}"
     );
     let badges = env.waitpoint_json("check", &["check", "--json"])["waiting"][0]["badges"].clone();
@@ -220,4 +220,19 @@ fn a_miss_judged_by_the_sender_is_logged_by_the_daemon_and_counted_once() {
             path.display()
         );
     }
+}
+
+#[test]
+fn the_refused_badge_claims_no_reason_a_refusal_did_not_have() {
+    let env = Env::new();
+    let _d = env.daemon();
+    let (id, secret) = id_secret(&env.arm("barrier", &["--member", "a", "--member", "b"]));
+    env.drop_file("stray", &body(&id, &secret, r#","member":"zz""#));
+    env.wait_until("the stray member parked", || parked(&env).len() == 1);
+    let table = env.ok("check", &env.waitpoint(&["check"]));
+    assert!(table.contains("1 signal refused"), "{table}");
+    assert!(
+        !table.contains("wrong secret"),
+        "a member refusal is not a wrong secret:\n{table}"
+    );
 }
