@@ -245,6 +245,9 @@ pub struct CompletedRound {
     pub kind: WakeKind,
     pub first_seq: u64,
     pub outcome: Outcome,
+    /// Completed by a failure with `fail_fast` on: its wake goes out at once, with no grace
+    /// window ("the first failure wakes you immediately").
+    pub failed_fast: bool,
 }
 
 /// Applies an accepted signal (whose `seq` is the next one).
@@ -309,6 +312,7 @@ pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedR
         kind,
         first_seq,
         outcome,
+        failed_fast: wp.fail_fast && failed_now,
     })
 }
 
@@ -349,7 +353,7 @@ pub fn schedule_wake(
         first_seq: done.first_seq,
         rounds: 1,
     };
-    if wp.quorum > 1 {
+    if wp.quorum > 1 && !done.failed_fast {
         wp.pending_wake = Some(hold(HoldReason::Grace, now.plus_ms(GRACE_MS)));
         return None;
     }

@@ -201,6 +201,30 @@ fn fail_fast_on_wakes_on_the_first_failure() {
 }
 
 #[test]
+fn a_fail_fast_failure_wakes_at_once_without_the_grace_window() {
+    let env = Env::new();
+    let live = Live::start(&env, T0);
+    let (id, secret) = Arming::new("barrier")
+        .members(&["a", "b", "c"])
+        .on(&live.engine);
+    env.drop_file(
+        "a-fails",
+        &body(&id, &secret, r#","status":"fail","member":"a""#),
+    );
+    // The clock stands still: a wake held for the three-second grace would never go out.
+    env.wait_until("the wake", || env.inbox("default", "new").len() == 1);
+    let state = env.state(&id);
+    assert_eq!(state["status"], "resolved");
+    assert!(state["pending_wake"].is_null(), "{state:#}");
+    assert_eq!(env.inbox("default", "new")[0]["kind"], "resolved");
+    // A later arm is answered "already resolved", not carried.
+    env.drop_file("b-ok", &body(&id, &secret, r#","member":"b""#));
+    live.settle();
+    env.wait_until("the late one collected", || env.spooled().is_empty());
+    assert_eq!(env.state(&id)["counters"]["signals"], 1);
+}
+
+#[test]
 fn fail_fast_off_waits_for_the_quorum_even_after_a_failure() {
     let env = Env::new();
     let _d = env.daemon();

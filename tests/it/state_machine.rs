@@ -131,13 +131,13 @@ impl MWp {
         self.m.status == "resolved" && self.pending.is_some_and(|(due, grace)| grace && now < due)
     }
 
-    /// A completed round's wake: folded into a held one, held for the grace window or the
-    /// cap, or sent now.
-    fn schedule(&mut self, now: i64) {
+    /// A completed round's wake: folded into a held one, held for the grace window (not after a
+    /// fail-fast failure) or the cap, or sent now.
+    fn schedule(&mut self, now: i64, failed_fast: bool) {
         if self.pending.is_some() {
             return;
         }
-        if self.rules.quorum > 1 {
+        if self.rules.quorum > 1 && !failed_fast {
             self.pending = Some((now + GRACE_MS, true));
         } else if let Some(at) = self.cap_frees_at(now) {
             self.pending = Some((at, false));
@@ -300,7 +300,8 @@ fn run_case(specs: &[Spec], ops: &[Op]) -> Result<(), TestCaseError> {
                     if let Step::Round(_) =
                         w.m.apply(&rules, status.as_str(), member_name.as_deref(), folds)
                     {
-                        w.schedule(t);
+                        // The spec: "the first failure wakes you immediately (fail_fast)".
+                        w.schedule(t, rules.fail_fast && status.as_str() == "fail");
                     }
                 }
             }
