@@ -171,7 +171,8 @@ pub struct CreateTimer {
     /// Delay before the first firing, in milliseconds (positive, at most ten years).
     #[schemars(range(min = 1, max = crate::engine::timers::MAX_TIMER_MS))]
     pub duration_ms: u64,
-    /// Repeat every this many milliseconds after that (at least a second, at most ten years);
+    /// Repeat every this many milliseconds after that (positive, at most ten years; fires past
+    /// the agent's hourly wake budget wait for room);
     /// omit for a one-shot timer.
     #[schemars(range(
         min = crate::engine::timers::MIN_INTERVAL_MS,
