@@ -125,6 +125,55 @@ fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or("").chars().take(300).collect()
 }
 
+/// The line of a failed run's standard error that says why: the last one that reads like an
+/// error message and is not a frame of a stack trace, else the last that is not a frame. A
+/// harness that dies with a backtrace ends its stderr with frames (`9: <unknown>`), and the
+/// cause ("thread ... already has an active writer") comes before them.
+fn cause_line(stderr: &str) -> Option<&str> {
+    let lines: Vec<&str> = stderr
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let is_frame = |l: &str| {
+        let numbered = l
+            .split_once(':')
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        numbered
+            || l.starts_with("at ")
+            || l.starts_with("stack backtrace")
+            || l.starts_with("note: ")
+            || l.starts_with("0x")
+    };
+    const WHY: [&str; 13] = [
+        "error",
+        "fail",
+        "cannot",
+        "can't",
+        "unable",
+        "refused",
+        "denied",
+        "already",
+        "not found",
+        "no such",
+        "panicked",
+        "invalid",
+        "timed out",
+    ];
+    let says_why = |l: &str| {
+        let low = l.to_lowercase();
+        WHY.iter().any(|w| low.contains(w))
+    };
+    let mut candidates = lines.iter().rev().filter(|l| !is_frame(l));
+    lines
+        .iter()
+        .rev()
+        .find(|l| !is_frame(l) && says_why(l))
+        .or_else(|| candidates.next())
+        .or(lines.last())
+        .copied()
+}
+
 /// Runs the harness with the wake as the prompt; on success marks the wake read. `Err` is the
 /// reason, for the `onWake` runner's record; the wake stays unread.
 pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result<(), String> {
@@ -146,7 +195,7 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
     );
     judge(r.harness, status.success(), &exit, &out).map_err(|why| {
         let err = String::from_utf8_lossy(&done.stderr);
-        match err.trim().lines().last() {
+        match cause_line(&err) {
             Some(line) => format!("{why} (stderr: {})", first_line(line)),
             None => why,
         }
@@ -400,6 +449,20 @@ pub fn give_back(home: &Home, wakes: &[Wake]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_resume_is_logged_with_the_line_that_says_why_not_the_last_frame() {
+        let codex = "Error: thread 019a already has an active writer\n\nStack backtrace:\n   \
+0: std::backtrace::Backtrace::capture\n   8: main\n   9: <unknown>\n";
+        assert_eq!(
+            cause_line(codex),
+            Some("Error: thread 019a already has an active writer")
+        );
+        let node = "file:///x/cli.js:12\n    throw e;\nTypeError: cannot read x\n    at f (cli.js:1:2)\n    at g (cli.js:3:4)\n";
+        assert_eq!(cause_line(node), Some("TypeError: cannot read x"));
+        assert_eq!(cause_line("just one line\n"), Some("just one line"));
+        assert_eq!(cause_line("  \n"), None);
+    }
 
     #[test]
     fn claude_resumes_with_json_output_and_codex_reads_the_prompt_from_stdin() {
