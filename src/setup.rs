@@ -44,6 +44,9 @@ pub struct Context {
     pub home_settings: PathBuf,
     /// The user's home directory.
     pub user_dir: PathBuf,
+    /// Where Codex keeps the user's `config.toml` and `hooks.json` when `$CODEX_HOME` says
+    /// (`None`: `~/.codex`). A project's `.codex/` is where it is whatever this says.
+    pub codex_home: Option<PathBuf>,
     /// The project directory.
     pub project_dir: PathBuf,
 }
@@ -165,10 +168,16 @@ fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
                 project.join(".claude/settings.local.json"),
             ),
         ],
-        (Harness::Codex, Scope::User) => vec![
-            (Role::CodexConfig, user.join(".codex/config.toml")),
-            (Role::CodexHooks, user.join(".codex/hooks.json")),
-        ],
+        (Harness::Codex, Scope::User) => {
+            let dir = ctx
+                .codex_home
+                .clone()
+                .unwrap_or_else(|| user.join(".codex"));
+            vec![
+                (Role::CodexConfig, dir.join("config.toml")),
+                (Role::CodexHooks, dir.join("hooks.json")),
+            ]
+        }
         (Harness::Codex, Scope::Project) => vec![
             (Role::CodexConfig, project.join(".codex/config.toml")),
             (Role::CodexHooks, project.join(".codex/hooks.json")),
@@ -186,6 +195,12 @@ pub fn files(h: Harness, scope: Scope, ctx: &Context) -> Vec<Place> {
         .map(|(role, path)| {
             let (root, access) = match (role, scope) {
                 (Role::Home, _) => (home_root(ctx), Access::Home),
+                // The directory `$CODEX_HOME` names is the user's own choice, opened as it is.
+                (Role::CodexConfig | Role::CodexHooks, Scope::User)
+                    if let Some(dir) = &ctx.codex_home =>
+                {
+                    (dir.clone(), Access::User)
+                }
                 (_, Scope::User) => (ctx.user_dir.clone(), Access::User),
                 (_, Scope::Project) => (ctx.project_dir.clone(), Access::Project),
             };
@@ -595,6 +610,7 @@ mod tests {
             home: home.map(PathBuf::from),
             home_settings: "/h/settings.json".into(),
             user_dir: "/u".into(),
+            codex_home: None,
             project_dir: "/p".into(),
         }
     }

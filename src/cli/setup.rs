@@ -58,6 +58,10 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
         home: (!super::is_implicit_default(home)).then(|| home.root().to_owned()),
         home_settings: home.settings_file(),
         user_dir: super::home_dir(),
+        // Codex's own variable, read as Codex reads it (relative to where it runs).
+        codex_home: super::env_var("CODEX_HOME")
+            .map(std::path::absolute)
+            .transpose()?,
         project_dir: std::path::absolute(project_dir)?,
     };
     // Every file is read and merged before any is written: one refused leaves all as they were.
@@ -106,6 +110,22 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
             out,
             "Codex asks you to trust new hooks: accept the waitpoint Stop hook when it asks \
              (`codex exec` runs need --dangerously-bypass-hook-trust)."
+        )?;
+    }
+    if harness == Harness::Codex && scope == Scope::Project {
+        // Codex reads a project's .codex/ only once the project is trusted; untrusted, it
+        // offers the model no waitpoint tools and runs no hook, and says nothing of why.
+        let codex_home = ctx
+            .codex_home
+            .clone()
+            .unwrap_or_else(|| ctx.user_dir.join(".codex"));
+        writeln!(
+            out,
+            "Codex reads {} only in a trusted project: trust it when Codex asks on its first run \
+             there, or add to {}:\n  [projects.\"{}\"]\n  trust_level = \"trusted\"",
+            ctx.project_dir.join(".codex").display(),
+            codex_home.join("config.toml").display(),
+            ctx.project_dir.display()
         )?;
     }
     Ok(exit::OK)

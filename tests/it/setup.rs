@@ -550,3 +550,43 @@ fn doctor_fails_an_on_wake_program_the_daemon_cannot_start_and_says_how_to_fix_i
         "{said}"
     );
 }
+
+#[test]
+fn codex_setup_writes_where_codex_home_says_and_tells_a_project_it_must_be_trusted() {
+    let env = Env::new();
+    let codex_home = env.user_home.join("elsewhere/codex");
+    fs::create_dir_all(&codex_home).unwrap();
+    let out = env
+        .command(WAITPOINT)
+        .args(["setup", "codex"])
+        .env("CODEX_HOME", &codex_home)
+        .output()
+        .unwrap();
+    env.ok("setup codex", &out);
+    let toml = fs::read_to_string(codex_home.join("config.toml")).unwrap();
+    assert!(toml.contains("[mcp_servers.waitpoint]"), "{toml}");
+    let hooks = json_at(&codex_home.join("hooks.json"));
+    assert!(hooks["hooks"]["Stop"][0]["hooks"][0]["command"].is_string());
+    assert!(
+        !env.user_home.join(".codex").exists(),
+        "~/.codex written though CODEX_HOME names another place"
+    );
+
+    let project = env.user_home.join("proj");
+    fs::create_dir_all(&project).unwrap();
+    let out = env
+        .command(WAITPOINT)
+        .args(["setup", "codex", "--project"])
+        .env("CODEX_HOME", &codex_home)
+        .current_dir(&project)
+        .output()
+        .unwrap();
+    let said = env.ok("setup codex --project", &out);
+    let table = format!("[projects.\"{}\"]", project.display());
+    assert!(
+        said.contains("only in a trusted project")
+            && said.contains(&table)
+            && said.contains(&codex_home.join("config.toml").display().to_string()),
+        "{said}"
+    );
+}
