@@ -244,10 +244,12 @@ pub fn run_command(
 /// pipes still hold arrives at once; a grandchild keeping them open is not waited for.
 pub const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
-/// Waits for `child` to end, at most `timeout`: `Ok(None)` when it ran past it (it is then
-/// killed and reaped). A thread blocks in `wait(2)` for it, so nothing polls; the pid stays ours
-/// until that wait returns, so the kill can never reach another process.
-pub fn wait_with_timeout(child: Child, timeout: Duration) -> io::Result<Option<ExitStatus>> {
+/// Waits for `child`, which leads a process group of its own, at most `timeout`: past it the
+/// whole group is killed (so nothing it started outlives it) and `None` is returned.
+pub fn wait_with_timeout_killing_group(
+    child: Child,
+    timeout: Duration,
+) -> io::Result<Option<ExitStatus>> {
     let pid = child.id() as libc::pid_t;
     let (tx, rx) = mpsc::channel();
     let mut child = child;
@@ -260,9 +262,11 @@ pub fn wait_with_timeout(child: Child, timeout: Duration) -> io::Result<Option<E
             status.map(Some)
         }
         Err(_) => {
-            // Our child, which the waiter has not reaped (it is still in wait(2), which
-            // returns only after this kill), so the pid cannot have been reused.
-            send_signal(pid, rustix::process::Signal::KILL);
+            // The leader is not reaped yet (the waiter is still in wait(2)), so its group id
+            // cannot have been reused.
+            if let Some(group) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            }
             let _ = waiter.join();
             Ok(None)
         }

@@ -48,6 +48,10 @@ pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String>
     for name in crate::secret::SECRET_ENVS {
         command.env_remove(name);
     }
+    // A process group of its own, so a run past its timeout is killed with everything it
+    // started: a harness's launcher (Codex's npm wrapper) killed alone leaves the real
+    // program running under init, still holding the session.
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
         .args(args)
         .envs(h.env.iter().map(|(k, v)| (k, v)))
@@ -73,7 +77,7 @@ pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String>
     let err = process::drain(child.stderr.take(), 64 * 1024);
     // No polling, and no unbounded wait on the pipes: a hook whose grandchild keeps stderr
     // open would otherwise hold this thread (and every later wake's hook) for ever.
-    let status = match process::wait_with_timeout(child, h.timeout) {
+    let status = match process::wait_with_timeout_killing_group(child, h.timeout) {
         Ok(Some(status)) => status,
         Ok(None) => {
             return Err(format!(
@@ -116,4 +120,45 @@ pub fn run(h: &HookRun) -> Result<(), String> {
     } else {
         format!("{code}: {}", tail.replace('\n', " / "))
     })
+}
+
+#[cfg(test)]
+mod group_tests {
+    use super::*;
+
+    #[test]
+    fn a_run_past_its_timeout_is_killed_with_everything_it_started() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pid_file = tmp.path().join("grandchild");
+        let script = format!("sleep 300 & echo $! > {}; wait", pid_file.display());
+        let run = HookRun {
+            argv: vec!["sh".into(), "-c".into(), script],
+            stdin: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+            timeout: Duration::from_millis(500),
+        };
+        let e = run_to_end(&run, false).unwrap_err();
+        assert!(e.contains("timed out"), "{e}");
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // Killed with its group: gone, or a zombie waiting for init to reap it.
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        };
+        let start = std::time::Instant::now();
+        while !gone() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(gone(), "the hook's own child outlived the killed run");
+    }
 }
