@@ -1,4 +1,5 @@
-// The operator page's script: polls /ui/api/view every half second with the last ETag (an
+// The operator page's script: polls api/view (relative: the page lives at its login's place,
+// /ui/s/PLACE/, and so does everything it asks for) every half second with the last ETag (an
 // unchanged view costs a 304), draws the session list and the open panel, and sends cancels
 // with the login's CSRF token, as does logging out. Every text in the view came from outside (labels, intents,
 // messages, member names, sources) and is set with textContent, never parsed as HTML.
@@ -31,7 +32,7 @@
   async function poll() {
     try {
       const headers = etag ? { 'If-None-Match': etag } : {};
-      const r = await fetch('/ui/api/view', { headers, cache: 'no-store' });
+      const r = await fetch('api/view', { headers, cache: 'no-store' });
       if (r.status === 200 || r.status === 304) {
         if (trouble) status('');
       }
@@ -193,7 +194,7 @@
     if (!p) return;
     status('Cancelling…');
     try {
-      const r = await fetch('/ui/api/cancel', {
+      const r = await fetch('api/cancel', {
         method: 'POST',
         headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrf },
         body: JSON.stringify({ id: p.id, session: p.session }),
@@ -208,7 +209,7 @@
 
   async function logout() {
     try {
-      await fetch('/ui/logout', { method: 'POST', headers: { 'X-CSRF-Token': csrf } });
+      await fetch('logout', { method: 'POST', headers: { 'X-CSRF-Token': csrf } });
     } catch (e) {
       // Logged out or not, the page leaves: the next visit needs a new address.
     }
