@@ -614,3 +614,229 @@ fn another_ports_cookies_of_the_same_name_neither_open_nor_end_a_login() {
     assert_eq!(a.code, 401, "{}", a.body);
     assert_eq!(view(&me.cookie).code, 200, "the login is whole");
 }
+
+/// A daemon with the shim in this process, on a manual clock: what the page's list costs is
+/// then a function of what changed, not of when the test ran.
+struct InProcess {
+    clock: std::sync::Arc<waitpoint::clock::ManualClock>,
+    control: waitpoint::daemon::DaemonControl,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl InProcess {
+    fn start(env: &Env) -> InProcess {
+        use waitpoint::daemon::{Daemon, DaemonConfig};
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let clock = std::sync::Arc::new(waitpoint::clock::ManualClock::new(
+            waitpoint::clock::Timestamp::from_millis(now),
+        ));
+        let home = waitpoint::home::Home::new(&env.home);
+        let settings =
+            waitpoint::settings::Settings::load(&home.settings_file(), |_| None).unwrap();
+        let http = waitpoint::ingress::http::HttpConfig::new("127.0.0.1", 0).unwrap();
+        let (daemon, control) = Daemon::new(
+            DaemonConfig {
+                home,
+                settings,
+                http: Some(http),
+            },
+            clock.clone(),
+        )
+        .unwrap();
+        let thread = std::thread::spawn(move || daemon.run().unwrap());
+        env.webhook_port();
+        InProcess {
+            clock,
+            control,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        self.control.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// How many times the daemon had built the list when it answered `a`.
+fn builds(a: &Answer) -> u64 {
+    a.header(waitpoint::ingress::http::ui::BUILDS_HEADER)
+        .and_then(|b| b.parse().ok())
+        .unwrap_or_else(|| panic!("no builds header: {:?}", a.headers))
+}
+
+#[test]
+fn a_304_builds_nothing_and_the_list_carries_no_signal_a_waitpoints_picture_does() {
+    let env = Env::new();
+    let daemon = InProcess::start(&env);
+    let (id, secret) = id_secret(&env.arm("listed", &["--session", "s1", "--max-signals", "10"]));
+    for message in ["older-report-1", "older-report-2", "the-newest-report"] {
+        env.ok(
+            "signal",
+            &env.signal(&[
+                "--id",
+                &id,
+                "--secret",
+                &secret,
+                "--status",
+                "progress",
+                "--message",
+                message,
+            ]),
+        );
+    }
+    let me = log_in(&env);
+    let view_url = format!("{}api/view", me.page);
+    let first = curl(&env, "GET", &view_url, &[&me.cookie], None);
+    assert_eq!(first.code, 200, "{}", first.body);
+    let built = builds(&first);
+    let etag = first.header("etag").unwrap().to_owned();
+    // The row says what the capsule says (the newest heartbeat); no signal is in the list.
+    assert!(first.body.contains("the-newest-report"), "{}", first.body);
+    for never in [
+        "older-report-1",
+        "older-report-2",
+        "received_at",
+        "\"signals\"",
+    ] {
+        assert!(
+            !first.body.contains(never),
+            "{never} in the list: {}",
+            first.body
+        );
+    }
+    // Polls with the list's ETag: 304, and nothing is built for them.
+    let poll = |tag: &str| {
+        curl(
+            &env,
+            "GET",
+            &view_url,
+            &[&me.cookie, &format!("If-None-Match: {tag}")],
+            None,
+        )
+    };
+    for _ in 0..5 {
+        let a = poll(&etag);
+        assert_eq!(a.code, 304, "{}", a.body);
+        assert_eq!(builds(&a), built, "a 304 built the list again");
+    }
+    // A signal changes it: the next poll builds it once and sends it.
+    env.ok(
+        "signal",
+        &env.signal(&[
+            "--id",
+            &id,
+            "--secret",
+            &secret,
+            "--status",
+            "progress",
+            "--message",
+            "later",
+        ]),
+    );
+    let changed = poll(&etag);
+    assert_eq!(changed.code, 200, "{}", changed.body);
+    assert_eq!(builds(&changed), built + 1);
+    assert!(changed.body.contains("later"), "{}", changed.body);
+    let etag = changed.header("etag").unwrap().to_owned();
+    assert_eq!(builds(&poll(&etag)), built + 1);
+    // Relative times age, and another process's `cancel` or `next` tells the loop nothing:
+    // a list this old is built again.
+    daemon
+        .clock
+        .advance_ms(waitpoint::daemon::UI_LIST_MAX_AGE_MS);
+    assert_eq!(builds(&poll(&etag)), built + 2);
+
+    // A waitpoint's picture, asked for by the page when it is opened: its signals.
+    let picture = curl(
+        &env,
+        "GET",
+        &format!("{}api/waitpoint?id={id}", me.page),
+        &[&me.cookie],
+        None,
+    );
+    assert_eq!(picture.code, 200, "{}", picture.body);
+    let p: Value = serde_json::from_str(&picture.body).unwrap();
+    let messages: Vec<&str> = p["signals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["message"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "older-report-1",
+            "older-report-2",
+            "the-newest-report",
+            "later"
+        ]
+    );
+    assert_eq!(p["signals_not_shown"], 0);
+    assert!(!picture.body.contains(&state_file_hash(&env, &id)));
+    for (query, code) in [
+        ("id=wp_000000000000", 404),
+        ("id=../../etc", 400),
+        ("", 400),
+    ] {
+        let url = format!("{}api/waitpoint?{query}", me.page);
+        let a = curl(&env, "GET", &url, &[&me.cookie], None);
+        assert_eq!(a.code, code, "{query}: {}", a.body);
+    }
+    let url = format!("{}api/waitpoint?id={id}", me.page);
+    assert_eq!(curl(&env, "GET", &url, &[], None).code, 401);
+}
+
+#[test]
+fn the_list_is_bounded_and_says_how_many_it_leaves_out() {
+    use waitpoint::daemon::{UI_MAX_ROWS_PER_SESSION, UI_MAX_SESSIONS_SHOWN};
+    let env = Env::new();
+    let _d = daemon(&env);
+    // One session with a row too many, and sessions enough for one too many.
+    let script = format!(
+        "set -e; i=0; while [ $i -le {rows} ]; do waitpoint create --label big-$i --intent i \
+--session aaa-big >/dev/null; i=$((i+1)); done; i=1; while [ $i -le {sessions} ]; do \
+waitpoint create --label one --intent i --session s-$(printf %04d $i) >/dev/null; \
+i=$((i+1)); done",
+        rows = UI_MAX_ROWS_PER_SESSION,
+        sessions = UI_MAX_SESSIONS_SHOWN,
+    );
+    env.ok("arm them", &env.sh(&script));
+    let me = log_in(&env);
+    let view = curl(
+        &env,
+        "GET",
+        &format!("{}api/view", me.page),
+        &[&me.cookie],
+        None,
+    );
+    assert_eq!(view.code, 200, "{}", view.body);
+    let v: Value = serde_json::from_str(&view.body).unwrap();
+    let sessions = v["view"]["sessions"].as_array().unwrap();
+    assert_eq!(sessions.len(), UI_MAX_SESSIONS_SHOWN);
+    assert_eq!(
+        v["view"]["sessions_not_shown"], 1,
+        "s-{:04} is left out",
+        UI_MAX_SESSIONS_SHOWN
+    );
+    let big = &sessions[0];
+    assert_eq!(big["line"]["session"], "aaa-big");
+    assert_eq!(
+        big["line"]["armed"],
+        UI_MAX_ROWS_PER_SESSION + 1,
+        "the line counts them all"
+    );
+    assert_eq!(
+        big["check"]["waiting"].as_array().unwrap().len(),
+        UI_MAX_ROWS_PER_SESSION
+    );
+    assert_eq!(big["not_shown"], 1);
+    assert_eq!(v["view"]["waitpoints_not_shown"], 1);
+}

@@ -70,6 +70,18 @@ def click_capsule(driver, session):
     )
 
 
+def open_details(driver):
+    """Opens every waitpoint's members and signals in the panel (the list carries none; the
+    page asks for them as they open)."""
+    def opened():
+        closed = driver.find_elements(By.CSS_SELECTOR, "#panel-body section.wp details:not([open]) summary")
+        for summary in closed:
+            summary.click()
+        return driver.find_elements(By.CSS_SELECTOR, "#panel-body section.wp details") and not closed
+
+    wait_for("the members and signals to open", opened, driver)
+
+
 def panel_text(driver):
     return driver.find_element(By.ID, "panel-body").text
 
@@ -264,6 +276,9 @@ def desktop(driver, config):
     )
     not_reloaded(driver)
     click_capsule(driver, alice["session"])
+    wait_for("the intent before any detail is asked for", lambda: alice["intent"] in panel_text(driver), driver)
+    assert "arm6: no report yet" not in panel_text(driver), "members are shown only when opened"
+    open_details(driver)
     for text in [alice["intent"], alice["message"], "arm2", "arm6: no report yet", "quorum 2 of 2"]:
         wait_for(f"{text!r} in the panel", lambda: text in panel_text(driver), driver)
     wait_for(

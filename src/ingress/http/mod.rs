@@ -199,10 +199,10 @@ pub enum Submission {
         request: ControlRequest,
         reply: Sender<Result<ControlOutcome>>,
     },
-    /// The operator page's view or cancel, from a logged-in page; the answer is its JSON.
+    /// The operator page's list, a waitpoint's picture or a cancel, from a logged-in page.
     Ui {
         request: ui::UiRequest,
-        reply: Sender<Result<serde_json::Value>>,
+        reply: Sender<Result<ui::UiAnswer>>,
     },
 }
 

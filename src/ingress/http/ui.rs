@@ -65,6 +65,12 @@ pub const VIEW_ROUTE: &str = "api/view";
 pub const CANCEL_ROUTE: &str = "api/cancel";
 /// Ending this login: its cookie stops working at once (under the login's place).
 pub const LOGOUT_ROUTE: &str = "logout";
+/// One waitpoint's full picture, its signals included (`?id=`, under the login's place): the
+/// list has none of them, the page asks for one when its panel is opened.
+pub const WAITPOINT_ROUTE: &str = "api/waitpoint";
+/// The response header saying how many times the daemon has built the page's list since it
+/// started: a 304 answered from what is kept leaves it as it was.
+pub const BUILDS_HEADER: &str = "x-waitpoint-views-built";
 /// The session cookie's name.
 pub const COOKIE: &str = "waitpoint_ui";
 /// How long a code `waitpoint ui` printed stays good.
@@ -82,13 +88,30 @@ pub const UI_CSS: &str = include_str!("ui/ui.css");
 pub const UI_JS: &str = include_str!("ui/ui.js");
 pub const LOGIN_HTML: &str = include_str!("ui/login.html");
 
-/// What the page asks of the daemon's loop.
+/// What the page asks of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UiRequest {
-    /// The page's view: every session with its ring, capsule, rows and full pictures.
-    View,
+    /// The page's list: its sessions with their rings, capsules and rows (bounded), unless it
+    /// is still the one whose `ETag` the page holds (`known`).
+    View { known: Option<String> },
+    /// One waitpoint's full picture (`show --json`, its latest signals).
+    Waitpoint { id: String },
     /// Cancel waitpoint `id` of `session`, as `waitpoint cancel` does.
     Cancel { id: String, session: String },
+}
+
+/// The daemon's answer to a [`UiRequest`].
+#[derive(Debug, Clone)]
+pub enum UiAnswer {
+    /// The list: its `ETag`, its JSON text unless it is the one the page holds, and how many
+    /// times the list has been built.
+    View {
+        etag: String,
+        json: Option<std::sync::Arc<str>>,
+        builds: u64,
+    },
+    /// Any other answer, as JSON.
+    Json(Value),
 }
 
 /// Writes a fresh one-time login code's hash into `file` (replacing any earlier code), good for
@@ -334,9 +357,10 @@ pub(super) fn route(
         ("GET", "ui.css") => page(200, "text/css; charset=utf-8", UI_CSS),
         ("GET", "ui.js") => page(200, "text/javascript; charset=utf-8", UI_JS),
         ("GET", VIEW_ROUTE) => view(shared, head, &login),
+        ("GET", WAITPOINT_ROUTE) => waitpoint(shared, query),
         ("POST", CANCEL_ROUTE) => cancel(shared, head, body, &login),
         ("POST", LOGOUT_ROUTE) => logout(shared, head, &key, &login),
-        (_, VIEW_ROUTE) => with_allow(text(405, "use GET"), "GET"),
+        (_, VIEW_ROUTE | WAITPOINT_ROUTE) => with_allow(text(405, "use GET"), "GET"),
         (_, CANCEL_ROUTE | LOGOUT_ROUTE) => with_allow(text(405, "use POST"), "POST"),
         _ => text(404, "no such page"),
     }
@@ -465,9 +489,9 @@ fn form_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Runs `request` on the daemon's loop and waits for its answer.
-fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<Value>, Reply> {
-    let (tx, rx): (Sender<Result<Value>>, _) = mpsc::channel();
+/// Hands `request` to the daemon and waits for its answer.
+fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<UiAnswer>, Reply> {
+    let (tx, rx): (Sender<Result<UiAnswer>>, _) = mpsc::channel();
     let submitted = (shared.submit)(Submission::Ui { request, reply: tx });
     match rx.recv() {
         Ok(v) if submitted => Ok(v),
@@ -475,11 +499,13 @@ fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<Val
     }
 }
 
-/// `GET .../api/view`: the view with this login's CSRF token, `ETag`'d: an unchanged view is
-/// answered 304 to the `If-None-Match` the page sends.
+/// `GET .../api/view`: the list with this login's CSRF token, `ETag`'d: a list unchanged since
+/// the `If-None-Match` the page sends is answered 304, and the daemon builds nothing for it.
 fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
-    let view = match submit(shared, UiRequest::View) {
-        Ok(Ok(v)) => v,
+    let known = head.if_none_match.clone();
+    let (etag, json, builds) = match submit(shared, UiRequest::View { known }) {
+        Ok(Ok(UiAnswer::View { etag, json, builds })) => (etag, json, builds),
+        Ok(Ok(UiAnswer::Json(_))) => return text(500, "the daemon answered the list wrongly"),
         Ok(Err(e)) => {
             tracing::error!("operator page: cannot compose the view: {e}");
             return text(
@@ -489,15 +515,42 @@ fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
         }
         Err(r) => return r,
     };
-    let body = json!({ "csrf": login.csrf, "sessions": view["sessions"] }).to_string();
-    let etag = format!("\"{}\"", &crate::secret::hash(&body)[..32]);
-    let tag = HeaderValue::from_str(&etag).expect("hex is a valid header value");
-    let r = if head.if_none_match.as_deref() == Some(etag.as_str()) {
-        page(304, "application/json", Bytes::new())
-    } else {
-        page(200, "application/json", body)
+    let r = match json {
+        None => page(304, "application/json", Bytes::new()),
+        Some(list) => page(
+            200,
+            "application/json",
+            format!("{{\"csrf\":{},\"view\":{list}}}", json!(login.csrf)),
+        ),
     };
-    with_header(r, http::header::ETAG, tag)
+    let tag = HeaderValue::from_str(&etag).expect("hex is a valid header value");
+    let r = with_header(r, http::header::ETAG, tag);
+    with_header(
+        r,
+        HeaderName::from_static(BUILDS_HEADER),
+        HeaderValue::from(builds),
+    )
+}
+
+/// `GET .../api/waitpoint?id=…`: one waitpoint's full picture.
+fn waitpoint(shared: &Shared, query: &str) -> Reply {
+    let id = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("id="))
+        .unwrap_or_default();
+    if !crate::names::is_waitpoint_id(id) {
+        return text(400, "id must be a waitpoint id (wp_ and 12 hex digits)");
+    }
+    match submit(shared, UiRequest::Waitpoint { id: id.to_owned() }) {
+        Ok(Ok(UiAnswer::Json(v))) => page(200, "application/json", format!("{v}\n")),
+        Ok(Ok(UiAnswer::View { .. })) => text(500, "the daemon answered the waitpoint wrongly"),
+        Ok(Err(Error::NotFound { .. })) => text(404, "no such waitpoint"),
+        Ok(Err(e)) => {
+            tracing::error!("operator page: cannot read a waitpoint: {e}");
+            text(500, "the daemon could not read the waitpoint (see its log)")
+        }
+        Err(r) => r,
+    }
 }
 
 /// The refusal of a change that does not come from the page itself: its Origin must be the
@@ -551,7 +604,8 @@ fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> R
         );
     };
     match submit(shared, UiRequest::Cancel { id, session }) {
-        Ok(Ok(v)) => page(200, "application/json", format!("{v}\n")),
+        Ok(Ok(UiAnswer::Json(v))) => page(200, "application/json", format!("{v}\n")),
+        Ok(Ok(UiAnswer::View { .. })) => text(500, "the daemon answered the cancel wrongly"),
         Ok(Err(e)) => {
             let code = match e {
                 Error::NotFound { .. } => 404,
