@@ -345,7 +345,7 @@ pub enum Command {
     /// with their source and time. It updates as signals arrive, without reloading. It shows at
     /// most 100 sessions and 300 waitpoints (50 a session) and says how many it leaves out
     /// (`waitpoint check --session NAME` lists them all); a change made by another command
-    /// (`cancel`, `next`) shows within 15 seconds.
+    /// (`cancel`, `next`) shows within a minute.
     ///
     /// The address (http://127.0.0.1:PORT/ui/login?code=CODE) logs one browser in: the code
     /// works once, within 5 minutes, and a new `waitpoint ui` replaces it. Only its SHA-256 is

@@ -16,12 +16,15 @@
 //! second. Now the loop only counts its changes ([`Views::changed`], a generation every event
 //! and every due run that may change what the list shows bumps), and the list is built again
 //! only when that count moved or the list is [`MAX_AGE_MS`] old (its times are relative, and
-//! a `cancel` or `next` run by another process tells the loop nothing). A poll whose `ETag` is
-//! the kept list's costs a comparison.
+//! a `cancel` or `next` run by another process tells the loop nothing), and builds take at most
+//! a tenth of a core ([`BUILD_SHARE`]): while changes stream in, a poll waits for its turn. A
+//! poll whose `ETag` is the kept list's costs a comparison.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::Instant;
 
 use serde_json::{Value, json};
 
@@ -31,7 +34,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::ingress::http::ui::{UiAnswer, UiRequest};
 use crate::render;
-use crate::settings::Settings;
+use crate::settings::{Location, Settings};
 
 /// Sessions the list shows at most (by name); the rest are counted.
 pub const MAX_SESSIONS_SHOWN: usize = 100;
@@ -42,7 +45,11 @@ pub const MAX_ROWS_PER_SESSION: usize = 50;
 /// The newest signals a waitpoint's picture shows at most.
 pub const MAX_SIGNALS_SHOWN: u64 = 200;
 /// A kept list is built again after this long even without a change the loop saw.
-pub const MAX_AGE_MS: i64 = 15_000;
+pub const MAX_AGE_MS: i64 = 60_000;
+/// Builds take at most one part in this many of a core: after a build that took `t`, the next
+/// starts no sooner than `(BUILD_SHARE - 1) * t` after it ended (a poll waits for it). While
+/// signals stream in, every poll would otherwise build (180 ms each at 10,000 waitpoints).
+pub const BUILD_SHARE: u32 = 10;
 
 /// Cancels a waitpoint for the page, on the loop.
 pub(super) fn cancel(engine: &Engine, id: &str, session: &str) -> Result<UiAnswer> {
@@ -81,6 +88,7 @@ impl Views {
             generation: Arc::clone(&generation),
             kept: None,
             builds: 0,
+            next_build: Instant::now(),
         };
         std::thread::Builder::new()
             .name("ui-views".into())
@@ -120,6 +128,8 @@ struct Builder {
     generation: Arc<AtomicU64>,
     kept: Option<Kept>,
     builds: u64,
+    /// When the next build may start ([`BUILD_SHARE`]).
+    next_build: Instant,
 }
 
 impl Builder {
@@ -153,13 +163,30 @@ impl Builder {
     /// The list, built again only when the loop changed something since it was built or it
     /// is [`MAX_AGE_MS`] old; no JSON when it is the one the page holds (`known`).
     fn view(&mut self, known: Option<&str>) -> Result<UiAnswer> {
-        let generation = self.generation.load(Ordering::SeqCst);
-        let now = self.engine.now();
-        let fresh = self.kept.as_ref().is_some_and(|k| {
-            k.generation == generation && now.millis_since(k.at) < MAX_AGE_MS && now >= k.at
-        });
-        if !fresh {
+        let fresh = |b: &Builder| {
+            let now = b.engine.now();
+            b.kept.as_ref().is_some_and(|k| {
+                k.generation == b.generation.load(Ordering::SeqCst)
+                    && now.millis_since(k.at) < MAX_AGE_MS
+                    && now >= k.at
+            })
+        };
+        if !fresh(self) {
+            // The answer is never older than the request; under a stream of changes it waits
+            // for its turn instead.
+            std::thread::sleep(self.next_build.saturating_duration_since(Instant::now()));
+        }
+        if !fresh(self) {
+            let (generation, now) = (self.generation.load(Ordering::SeqCst), self.engine.now());
+            let started = Instant::now();
             let json: Arc<str> = Arc::from(list(&self.engine)?.to_string());
+            let took = started.elapsed();
+            self.next_build = Instant::now() + took * (BUILD_SHARE - 1);
+            tracing::debug!(
+                ms = took.as_millis() as u64,
+                bytes = json.len(),
+                "operator page: list built"
+            );
             self.builds += 1;
             let etag = format!("\"{}\"", &crate::secret::hash(&json)[..32]);
             self.kept = Some(Kept {
@@ -182,13 +209,28 @@ impl Builder {
 /// doc), `bad/` read once for the whole list, and the counts of what is not shown.
 fn list(engine: &Engine) -> Result<Value> {
     let refused = agent::refused_counts(engine.home())?;
-    let names = agent::session_names(engine)?;
-    let sessions_not_shown = names.len().saturating_sub(MAX_SESSIONS_SHOWN);
+    let (names, inboxes, from_index) = session_names(engine)?;
+    let mut sessions_not_shown = 0;
     let mut rows_left = MAX_ROWS_SHOWN;
     let mut rows_not_shown = 0;
     let mut sessions = Vec::new();
-    for name in names.into_iter().take(MAX_SESSIONS_SHOWN) {
+    for name in names {
+        if sessions.len() == MAX_SESSIONS_SHOWN {
+            sessions_not_shown += 1;
+            continue;
+        }
+        let has_inbox = inboxes.contains(&name);
         let mut s = agent::Session::read(engine, name)?;
+        // A name the index keeps for waitpoints since removed (it only over-approximates) is
+        // no session: `waitpoint sessions` does not list it either. One whose waitpoints are
+        // all cancelled or done still is.
+        if from_index
+            && s.items.is_empty()
+            && !has_inbox
+            && !names_a_kept_waitpoint(engine, &s.line.session)?
+        {
+            continue;
+        }
         let shown = s.rows.len().min(MAX_ROWS_PER_SESSION).min(rows_left);
         rows_left -= shown;
         let not_shown = s.rows.len() - shown;
@@ -206,6 +248,35 @@ fn list(engine: &Engine) -> Result<Value> {
         "sessions_not_shown": sessions_not_shown,
         "waitpoints_not_shown": rows_not_shown,
     }))
+}
+
+/// The names the list looks at: `agent::session_names`, but on the home's files with a
+/// complete index, the index's names and the inboxes, without reading every waitpoint (half of
+/// a build at 10,000); the names that have an inbox; and whether the names came from the index.
+fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>, bool)> {
+    let home = engine.home();
+    let inboxes: BTreeSet<String> = crate::delivery::channels(home)?.into_iter().collect();
+    if engine.settings().store != Location::Files || !engine.index_is_complete() {
+        return Ok((agent::session_names(engine)?, inboxes, false));
+    }
+    let mut names: BTreeSet<String> = crate::durable::list_dir(&home.session_index_root())?
+        .into_iter()
+        .map(|(name, _)| name)
+        .filter(|name| crate::names::is_name(name))
+        .collect();
+    names.extend(inboxes.iter().cloned());
+    Ok((names, inboxes, true))
+}
+
+/// Whether one of the index's markers for `name` is a waitpoint still kept (only asked of a
+/// name with nothing to show, so a stale name costs a few reads).
+fn names_a_kept_waitpoint(engine: &Engine, name: &str) -> Result<bool> {
+    for (id, _) in crate::durable::list_dir(&engine.home().session_index(name))? {
+        if crate::names::is_waitpoint_id(&id) && engine.load(&id)?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// One waitpoint's picture: `show --json` with its newest [`MAX_SIGNALS_SHOWN`] signals and

@@ -677,20 +677,13 @@ fn a_304_builds_nothing_and_the_list_carries_no_signal_a_waitpoints_picture_does
     let env = Env::new();
     let daemon = InProcess::start(&env);
     let (id, secret) = id_secret(&env.arm("listed", &["--session", "s1", "--max-signals", "10"]));
+    let progress = |message: &str| {
+        let args = ["--id", &id, "--secret", &secret, "--status", "progress"];
+        let out = env.signal(&[&args[..], &["--message", message]].concat());
+        env.ok("signal", &out);
+    };
     for message in ["older-report-1", "older-report-2", "the-newest-report"] {
-        env.ok(
-            "signal",
-            &env.signal(&[
-                "--id",
-                &id,
-                "--secret",
-                &secret,
-                "--status",
-                "progress",
-                "--message",
-                message,
-            ]),
-        );
+        progress(message);
     }
     let me = log_in(&env);
     let view_url = format!("{}api/view", me.page);
@@ -728,19 +721,7 @@ fn a_304_builds_nothing_and_the_list_carries_no_signal_a_waitpoints_picture_does
         assert_eq!(builds(&a), built, "a 304 built the list again");
     }
     // A signal changes it: the next poll builds it once and sends it.
-    env.ok(
-        "signal",
-        &env.signal(&[
-            "--id",
-            &id,
-            "--secret",
-            &secret,
-            "--status",
-            "progress",
-            "--message",
-            "later",
-        ]),
-    );
+    progress("later");
     let changed = poll(&etag);
     assert_eq!(changed.code, 200, "{}", changed.body);
     assert_eq!(builds(&changed), built + 1);

@@ -346,7 +346,7 @@ pub(super) fn route(
     };
     // The login must be this user's: a cookie another local user was sent (every port of
     // 127.0.0.1 is sent it) opens nothing from that user's programs.
-    let Some(uid) = peer.and_then(|p| super::peer::peer_uid(p, shared.addr)) else {
+    let Some(uid) = peer.and_then(|p| shared.peers.uid(p, shared.addr)) else {
         return unauthorized();
     };
     let Some((key, login)) = shared.ui.login_of(head, uid, place, now) else {
@@ -381,7 +381,7 @@ fn place_path(place: &str) -> String {
 /// A new login for the user owning `peer`'s socket: its cookie, and a redirect to its page.
 /// Refused when that user cannot be told (the login is bound to them).
 fn logged_in(shared: &Shared, peer: Option<SocketAddr>, now: Timestamp) -> Reply {
-    let Some(uid) = peer.and_then(|p| super::peer::peer_uid(p, shared.addr)) else {
+    let Some(uid) = peer.and_then(|p| shared.peers.uid(p, shared.addr)) else {
         tracing::warn!("operator page: a login was refused: the client's user cannot be told");
         return text(
             403,
