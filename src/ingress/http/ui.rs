@@ -1,8 +1,10 @@
 //! The operator page (`/ui/`, issue 28) on the shim: its routes, its login and its guards. The
 //! page itself is three files in `ui/` (HTML, CSS, JavaScript), compiled into the binary and
-//! served as they are: no build step, nothing fetched at run time. What it shows is one JSON
-//! view the daemon's loop composes from the views every other front end shows
-//! (`daemon/ui.rs`); its one action, cancel, is the CLI's `Engine::cancel`, run on the loop too.
+//! served as they are: no build step, nothing fetched at run time. What it shows is a bounded
+//! list of the sessions (no signal in it; `ETag`'d, a 304 building nothing) and, when the page
+//! opens one, a waitpoint's picture, both composed off the daemon's loop from the views every
+//! other front end shows (`daemon/ui.rs`); its one action, cancel, is the CLI's
+//! `Engine::cancel`, run on the loop.
 //!
 //! Access: `waitpoint ui` writes the SHA-256 of a one-time code into `ui-login.json` (see
 //! [`issue_login_code`]) and prints `http://ADDR/ui/login?code=CODE`. Visiting it consumes the
