@@ -682,9 +682,18 @@ fn a_304_builds_nothing_and_the_list_carries_no_signal_a_waitpoints_picture_does
         let out = env.signal(&[&args[..], &["--message", message]].concat());
         env.ok("signal", &out);
     };
+    // The loop tells the list of a change before and after handling it: once the loop is past
+    // the barrier, no change of the signal's is still to come.
+    let settled = || {
+        assert!(
+            daemon.control.barrier(std::time::Duration::from_secs(60)),
+            "the daemon did not reach the barrier"
+        )
+    };
     for message in ["older-report-1", "older-report-2", "the-newest-report"] {
         progress(message);
     }
+    settled();
     let me = log_in(&env);
     let view_url = format!("{}api/view", me.page);
     let first = curl(&env, "GET", &view_url, &[&me.cookie], None);
@@ -722,6 +731,7 @@ fn a_304_builds_nothing_and_the_list_carries_no_signal_a_waitpoints_picture_does
     }
     // A signal changes it: the next poll builds it once and sends it.
     progress("later");
+    settled();
     let changed = poll(&etag);
     assert_eq!(changed.code, 200, "{}", changed.body);
     assert_eq!(builds(&changed), built + 1);
