@@ -787,19 +787,27 @@ fn a_304_builds_nothing_and_the_list_carries_no_signal_a_waitpoints_picture_does
 
 #[test]
 fn the_list_is_bounded_and_says_how_many_it_leaves_out() {
-    use waitpoint::daemon::{UI_MAX_ROWS_PER_SESSION, UI_MAX_SESSIONS_SHOWN};
+    use waitpoint::daemon::{UI_MAX_ROWS_PER_SESSION, UI_MAX_ROWS_SHOWN, UI_MAX_SESSIONS_SHOWN};
     let env = Env::new();
     let _d = daemon(&env);
-    // One session with a row too many, and sessions enough for one too many.
-    let script = format!(
-        "set -e; i=0; while [ $i -le {rows} ]; do waitpoint create --label big-$i --intent i \
---session aaa-big >/dev/null; i=$((i+1)); done; i=1; while [ $i -le {sessions} ]; do \
-waitpoint create --label one --intent i --session s-$(printf %04d $i) >/dev/null; \
-i=$((i+1)); done",
-        rows = UI_MAX_ROWS_PER_SESSION,
-        sessions = UI_MAX_SESSIONS_SHOWN,
-    );
-    env.ok("arm them", &env.sh(&script));
+    // By name: one session with a row too many; full ones until the rows are all shown; one
+    // whose rows find none left; and one-row sessions until there is one session too many.
+    let full = UI_MAX_ROWS_SHOWN / UI_MAX_ROWS_PER_SESSION - 1;
+    let singles = UI_MAX_SESSIONS_SHOWN - (1 + full + 1) + 1;
+    let mut plan = vec![("aaa-big".to_owned(), UI_MAX_ROWS_PER_SESSION + 1)];
+    plan.extend((1..=full).map(|i| (format!("aab-{i}"), UI_MAX_ROWS_PER_SESSION)));
+    plan.push(("aac-over".to_owned(), 2));
+    plan.extend((1..=singles).map(|i| (format!("s-{i:04}"), 1)));
+    let script: String = plan
+        .iter()
+        .map(|(session, n)| {
+            format!(
+                "i=0; while [ $i -lt {n} ]; do waitpoint create --label w-$i --intent i \
+--session {session} >/dev/null; i=$((i+1)); done; "
+            )
+        })
+        .collect();
+    env.ok("arm them", &env.sh(&format!("set -e; {script}")));
     let me = log_in(&env);
     let view = curl(
         &env,
@@ -811,23 +819,32 @@ i=$((i+1)); done",
     assert_eq!(view.code, 200, "{}", view.body);
     let v: Value = serde_json::from_str(&view.body).unwrap();
     let sessions = v["view"]["sessions"].as_array().unwrap();
+    let shown = |s: &Value| s["check"]["waiting"].as_array().unwrap().len();
+    let named = |name: &str| {
+        sessions
+            .iter()
+            .find(|s| s["line"]["session"] == name)
+            .unwrap_or_else(|| panic!("{name} not in the list"))
+    };
     assert_eq!(sessions.len(), UI_MAX_SESSIONS_SHOWN);
     assert_eq!(
-        v["view"]["sessions_not_shown"], 1,
-        "s-{:04} is left out",
-        UI_MAX_SESSIONS_SHOWN
+        v["view"]["sessions_not_shown"],
+        1,
+        "{} is left out",
+        plan.last().unwrap().0
     );
-    let big = &sessions[0];
-    assert_eq!(big["line"]["session"], "aaa-big");
+    let big = named("aaa-big");
+    assert_eq!(shown(big), UI_MAX_ROWS_PER_SESSION);
+    assert_eq!(big["not_shown"], 1);
     assert_eq!(
         big["line"]["armed"],
         UI_MAX_ROWS_PER_SESSION + 1,
         "the line counts them all"
     );
-    assert_eq!(
-        big["check"]["waiting"].as_array().unwrap().len(),
-        UI_MAX_ROWS_PER_SESSION
-    );
-    assert_eq!(big["not_shown"], 1);
-    assert_eq!(v["view"]["waitpoints_not_shown"], 1);
+    let over = named("aac-over");
+    assert_eq!((shown(over), &over["not_shown"]), (0, &json!(2)));
+    assert_eq!(over["line"]["armed"], 2);
+    assert_eq!(sessions.iter().map(shown).sum::<usize>(), UI_MAX_ROWS_SHOWN);
+    // The one-row sessions shown are past the budget too.
+    assert_eq!(v["view"]["waitpoints_not_shown"], 1 + 2 + (singles - 1));
 }
