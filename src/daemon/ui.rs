@@ -244,6 +244,8 @@ fn list(engine: &Engine) -> Result<Value> {
         sessions.push(json!({ "line": s.line, "check": check, "not_shown": not_shown }));
     }
     Ok(json!({
+        // Its relative times ("expires in", "ago") are as of then: the page says so.
+        "built_at": engine.now(),
         "sessions": sessions,
         "sessions_not_shown": sessions_not_shown,
         "waitpoints_not_shown": rows_not_shown,

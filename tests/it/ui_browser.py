@@ -145,6 +145,8 @@ def login(driver, config):
         lambda: capsule(driver, alice["session"]) is not None,
         driver,
     )
+    # Its relative times are as of the list's build, and it says when that was.
+    wait_for("the list's time", lambda: "Times as of" in driver.find_element(By.ID, "as-of").text, driver)
     # A marker a reload would lose: every later check shows the page updated in place.
     driver.execute_script("window.notReloaded = true")
 

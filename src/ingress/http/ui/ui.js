@@ -49,6 +49,9 @@
         csrf = answer.csrf;
         sessions = answer.view.sessions;
         notShown = { sessions: answer.view.sessions_not_shown, waitpoints: answer.view.waitpoints_not_shown };
+        // The daemon builds the list when something changes and at least once a minute; its
+        // relative times are as of then.
+        $('as-of').textContent = 'Times as of ' + new Date(answer.view.built_at).toLocaleTimeString() + '.';
         render();
       } else if (r.status === 401) {
         status('Logged out: run `waitpoint ui` and open the address it prints.', true);
