@@ -483,7 +483,7 @@ fn row_page(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>)
         "-",
     );
     t.row(
-        "11. same, a poll right after each of 5 back-to-back changes: waits its turn (builds spaced to a tenth of a core), built and sent, median (ms)",
+        "11. same, a poll right after each of 5 back-to-back changes: waits its turn (builds spaced to a twentieth of a core), built and sent, median (ms)",
         format!("{:.1}", ours::p(&c.build_ms, 50.0)),
         "-".into(),
         "-".into(),

@@ -17,7 +17,7 @@
 //! and every due run that may change what the list shows bumps), and the list is built again
 //! only when that count moved or the list is [`MAX_AGE_MS`] old (its times are relative, and
 //! a `cancel` or `next` run by another process tells the loop nothing), and builds take at most
-//! a tenth of a core ([`BUILD_SHARE`]): while changes stream in, a poll waits for its turn. A
+//! a twentieth of a core ([`BUILD_SHARE`]): while changes stream in, a poll waits for its turn. A
 //! poll whose `ETag` is the kept list's costs a comparison.
 
 use std::collections::BTreeSet;
@@ -49,7 +49,7 @@ pub const MAX_AGE_MS: i64 = 60_000;
 /// Builds take at most one part in this many of a core: after a build that took `t`, the next
 /// starts no sooner than `(BUILD_SHARE - 1) * t` after it ended (a poll waits for it). While
 /// signals stream in, every poll would otherwise build (180 ms each at 10,000 waitpoints).
-pub const BUILD_SHARE: u32 = 10;
+pub const BUILD_SHARE: u32 = 20;
 
 /// Cancels a waitpoint for the page, on the loop.
 pub(super) fn cancel(engine: &Engine, id: &str, session: &str) -> Result<UiAnswer> {
