@@ -2,7 +2,7 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10] [--dir DIR] [--keep] [--previous DIR]`
+//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod agents;
@@ -17,6 +17,7 @@ mod floor;
 mod http;
 mod mcp;
 mod ours;
+mod page;
 mod sqlite;
 
 use std::path::PathBuf;
@@ -40,7 +41,7 @@ fn options() -> Options {
         quick: false,
         sizes: vec![1_000, 10_000, 100_000],
         idle: Duration::from_secs(60),
-        rows: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+        rows: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
         previous: None,
@@ -430,6 +431,9 @@ fn main() {
                 .into(),
         );
     }
+    if o.rows.contains(&11) {
+        row_page(&o, &b, &mut t, &mut notes);
+    }
     println!("| measure | ours | baseline (same run) | ratio | target |");
     println!("| --- | --- | --- | --- | --- |");
     for r in &t.0 {
@@ -442,6 +446,63 @@ fn main() {
     if !o.keep {
         let _ = std::fs::remove_dir_all(&o.base);
     }
+}
+
+/// Row 11: open operator pages at 10,000 waitpoints, against no page, in the same run.
+fn row_page(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>) {
+    let (n, n_lat, pages) = (10_000, if o.quick { 100 } else { 400 }, 4);
+    // One whole period of the list's age: a window of it holds the one build time alone causes.
+    let idle = Duration::from_millis(waitpoint::daemon::UI_LIST_MAX_AGE_MS as u64);
+    eprintln!(
+        "row 11: {n} waitpoints, {pages} pages polling; {} s idle each, {n_lat} signals",
+        idle.as_secs()
+    );
+    let c = page::page_cost(b, &o.base.join("page"), n, n_lat, pages, idle);
+    let _ = std::fs::remove_dir_all(o.base.join("page"));
+    t.row(
+        &format!("11. {n} waitpoints, {pages} pages polling every 500 ms: daemon CPU while idle (% of a core)"),
+        format!("{:.2}", c.idle_cpu_pct.1),
+        format!("{:.2} (no page)", c.idle_cpu_pct.0),
+        "-".into(),
+        "< 2%",
+    );
+    let (p0, p1) = (ours::p(&c.latency.0, 50.0), ours::p(&c.latency.1, 50.0));
+    t.row(
+        "11. same, a signal's drop -> wake p50 while the pages poll (ms)",
+        format!("{p1:.2}"),
+        format!("{p0:.2} (no page)"),
+        format!("{:.2}x", p1 / p0),
+        "<= 1.2x",
+    );
+    let (q0, q1) = (ours::p(&c.latency.0, 99.0), ours::p(&c.latency.1, 99.0));
+    t.row(
+        "11. same, p99 (ms)",
+        format!("{q1:.2}"),
+        format!("{q0:.2} (no page)"),
+        format!("{:.2}x", q1 / q0),
+        "-",
+    );
+    t.row(
+        "11. same, a poll right after each of 5 back-to-back changes: waits its turn (builds spaced to a twentieth of a core), built and sent, median (ms)",
+        format!("{:.1}", ours::p(&c.build_ms, 50.0)),
+        "-".into(),
+        "-".into(),
+        "-",
+    );
+    notes.push(format!(
+        "Row 11: {n} waitpoints in sessions of 100 and {n_lat} one-shot ones; one daemon with \
+         the shim; {pages} clients each polling the page's list as its script does (every 500 \
+         ms, with the last ETag, as one login); CPU from /proc over {} s with nothing \
+         happening ({} polls answered 304 meanwhile, the list built {} times), then the \
+         signals one at a time in four rounds, the pages closed and open in turn. The list a \
+         page receives is {} KB (at most {} sessions and {} rows; 12 MB before issue 36).",
+        idle.as_secs(),
+        c.not_modified,
+        c.idle_builds,
+        c.list_bytes / 1024,
+        waitpoint::daemon::UI_MAX_SESSIONS_SHOWN,
+        waitpoint::daemon::UI_MAX_ROWS_SHOWN,
+    ));
 }
 
 #[cfg(not(feature = "etcd"))]

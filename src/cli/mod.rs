@@ -351,18 +351,23 @@ pub enum Command {
     /// Print the operator page's address, with a one-time login code
     ///
     /// The page (/ui/ on the daemon's HTTP shim, so it needs `waitpoint daemon --http`) lists
-    /// every session: a hollow ring beside one that waits on a machine, and its capsule. Click a
-    /// capsule for the full picture (intent, quorum progress, member reports, every signal with
-    /// its source and time, heartbeats, badges) and a cancel button, which asks first: cancelling
-    /// stops the waiting, not the external job, which keeps running. It updates as signals
-    /// arrive, without reloading.
+    /// the sessions: a hollow ring beside one that waits on a machine, and its capsule. Click a
+    /// capsule for its waitpoints (intent, progress, the latest heartbeat, badges) and a cancel
+    /// button, which asks first: cancelling stops the waiting, not the external job, which keeps
+    /// running; open "Members and signals" for a waitpoint's member reports and newest signals
+    /// with their source and time. It updates as signals arrive, without reloading. It shows at
+    /// most 100 sessions and 300 waitpoints (50 a session) and says how many it leaves out
+    /// (`waitpoint check --session NAME` lists them all); a change made by another command
+    /// (`cancel`, `next`) shows within a minute.
     ///
     /// The address (http://127.0.0.1:PORT/ui/login?code=CODE) logs one browser in: the code
     /// works once, within 5 minutes, and a new `waitpoint ui` replaces it. Only its SHA-256 is
-    /// kept, in ui-login.json under the home. Without a login every /ui route answers 401. When
-    /// the daemon has an operator token (CORTEX_WEBHOOK_TOKEN), POSTing it to /ui/login (the
-    /// form at that address) logs in too. The page fetches nothing from elsewhere and shows
-    /// neither secrets nor their hashes.
+    /// kept, in ui-login.json under the home. The login belongs to the local user whose browser
+    /// used the code (another user's programs holding its cookie get 401), and its page has an
+    /// address of its own, /ui/s/PLACE/, the only one its cookie is sent to. Without a login
+    /// every /ui route answers 401. When the daemon has an operator token (CORTEX_WEBHOOK_TOKEN),
+    /// POSTing it to /ui/login (the form at that address) logs in too. The page fetches nothing
+    /// from elsewhere and shows neither secrets nor their hashes.
     Ui(ui::UiArgs),
     /// Write every waitpoint of the store into TARGET_DIR as an ordinary home, read at one revision
     ///

@@ -31,6 +31,7 @@ use crate::engine::{self, Engine};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::ingress::device::{self, DeviceEvent, Fleet, SshOptions};
+use crate::ingress::http::ui::UiRequest;
 use crate::ingress::http::{self, HttpConfig, Shim, Submission};
 use crate::ingress::spool::Spool;
 use crate::settings::{DAY_MS, Settings};
@@ -47,6 +48,10 @@ use crate::sync::MutexExt;
 pub use collect::{collect_file, collect_files};
 use hooks::HookRunner;
 use schedule::DueQueue;
+pub use ui::{
+    MAX_AGE_MS as UI_LIST_MAX_AGE_MS, MAX_ROWS_PER_SESSION as UI_MAX_ROWS_PER_SESSION,
+    MAX_ROWS_SHOWN as UI_MAX_ROWS_SHOWN, MAX_SESSIONS_SHOWN as UI_MAX_SESSIONS_SHOWN,
+};
 
 /// Everything the engine loop reacts to.
 #[derive(Debug)]
@@ -93,6 +98,23 @@ pub enum Event {
     Forwarded,
     /// Wakes for this host's inboxes wait in the shared store.
     Wakes,
+}
+
+impl Event {
+    /// Whether handling it may change what the operator page's list shows: everything but
+    /// the loop's own bookkeeping and the page's reads.
+    fn may_change_the_page(&self) -> bool {
+        !matches!(
+            self,
+            Event::Nudge
+                | Event::Barrier(_)
+                | Event::Shutdown
+                | Event::HttpSignal(Submission::Ui {
+                    request: UiRequest::View { .. } | UiRequest::Waitpoint { .. },
+                    ..
+                })
+        )
+    }
 }
 
 /// Told how the startup drain of a backlog advances (the CLI draws a bar on a terminal).
@@ -181,6 +203,9 @@ pub struct Daemon {
     silent_devices: HashMap<String, HashSet<String>>,
     /// The shim's listener, bound in `new` so a port in use fails the start.
     http: Option<http::Bound>,
+    /// The operator page's list and pictures, built off the loop; told of every change the
+    /// loop makes or hears of (`ui.rs`). Started with the shim.
+    views: Option<ui::Views>,
     lock: FileLock,
 }
 
@@ -309,6 +334,7 @@ impl Daemon {
                 devices,
                 silent_devices: HashMap::new(),
                 http,
+                views: None,
                 lock,
             },
             control,
@@ -406,7 +432,18 @@ impl Daemon {
             let mut idle = false;
             match self.rx.recv_timeout(timeout) {
                 Ok(Event::Shutdown) => break,
-                Ok(event) => self.handle(event),
+                Ok(event) => {
+                    // Told before and after: a list built while the event is handled is
+                    // stale once it is done.
+                    let changes = event.may_change_the_page();
+                    if changes {
+                        self.views_changed();
+                    }
+                    self.handle(event);
+                    if changes {
+                        self.views_changed();
+                    }
+                }
                 Err(RecvTimeoutError::Timeout) => idle = true,
                 Err(RecvTimeoutError::Disconnected) => break,
             }
@@ -418,8 +455,9 @@ impl Daemon {
             if let Some(at) = next_sweep
                 && Instant::now() >= at
             {
-                self.sweep_spool();
-                self.sweep_devices();
+                if self.sweep_spool() + self.sweep_devices() > 0 {
+                    self.views_changed();
+                }
                 self.apply_forwarded();
                 self.deliver_wakes();
                 self.devices.reconcile();
@@ -432,8 +470,10 @@ impl Daemon {
             }
             self.retry_deferred();
             self.run_due();
-            if idle {
+            if idle && !self.to_park.is_empty() {
                 self.park_some();
+                // A refused signal is a badge on the page.
+                self.views_changed();
             }
             if self.engine.now() >= self.next_gc {
                 self.gc_read_wakes();
@@ -458,6 +498,13 @@ impl Daemon {
         self.stop.load(Ordering::SeqCst)
     }
 
+    /// Tells the operator page's list that something it may show changed.
+    fn views_changed(&self) {
+        if let Some(v) = &self.views {
+            v.changed();
+        }
+    }
+
     /// New settings take effect for everything after this event. The engine is rebuilt with
     /// them; its cache of recorded identities reloads from disk on first use.
     fn reload(&mut self, settings: Settings) {
@@ -473,6 +520,9 @@ impl Daemon {
         );
         if settings.on_wake.is_some() && self.hooks.is_none() {
             self.hooks = Some(HookRunner::start(self.tx.clone()));
+        }
+        if let Some(v) = &self.views {
+            v.reload(settings.clone());
         }
         let home = self.engine.home().clone();
         self.engine =
@@ -553,9 +603,18 @@ impl Daemon {
                 }
                 let _ = reply.send(outcome);
             }
-            Event::HttpSignal(Submission::Ui { request, reply }) => {
-                let _ = reply.send(ui::run(&self.engine, request));
-            }
+            Event::HttpSignal(Submission::Ui { request, reply }) => match request {
+                UiRequest::Cancel { id, session } => {
+                    let _ = reply.send(ui::cancel(&self.engine, &id, &session));
+                }
+                // The shim's submit hands reads to the views thread; one that reached the
+                // loop anyway goes there too, or is answered as the daemon stopping.
+                other => {
+                    if let Some(v) = &self.views {
+                        v.ask(other, reply);
+                    }
+                }
+            },
             Event::Barrier(ack) => self.barriers.push(ack),
             Event::Nudge | Event::Shutdown => {}
         }
@@ -570,7 +629,22 @@ impl Daemon {
             return Ok(None);
         };
         let tx = self.tx.clone();
-        let submit: http::Submit = Box::new(move |s| tx.send(Event::HttpSignal(s)).is_ok());
+        let reader = Engine::new(
+            self.engine.home().clone(),
+            self.engine.settings().clone(),
+            Arc::clone(&self.clock),
+        )
+        .with_store_of(&self.engine);
+        let views = ui::Views::start(reader, Arc::clone(&self.clock));
+        self.views = Some(views.clone());
+        // The page's reads go to its own thread; everything else, its cancel included, to the
+        // loop.
+        let submit: http::Submit = Box::new(move |s| match s {
+            Submission::Ui { request, reply } if !matches!(request, UiRequest::Cancel { .. }) => {
+                views.ask(request, reply)
+            }
+            s => tx.send(Event::HttpSignal(s)).is_ok(),
+        });
         let login_file = self.engine.home().ui_login_file();
         Shim::start(bound, self.clock.clone(), submit, file, login_file).map(Some)
     }

@@ -179,6 +179,10 @@ impl Daemon {
         // On a shared store everything due is the leader's to service (a new leader scans it
         // all, see `on_leading`), so a deadline fires and a hook runs once, on one host.
         let applies = self.engine.store().applies_signals();
+        if applies && !ids.is_empty() {
+            // A deadline, a held wake, a hook's retry: each may change the operator's page.
+            self.views_changed();
+        }
         for id in ids {
             if !applies {
                 continue;

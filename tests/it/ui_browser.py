@@ -6,10 +6,13 @@ for, and the cortex-signal command to run for the live update. Every wait is bou
 failure raises, printing what the page showed, and the exit status is then 1. Prints "ok" last.
 """
 
+import http.server
 import json
+import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from selenium import webdriver
@@ -67,6 +70,18 @@ def click_capsule(driver, session):
     )
 
 
+def open_details(driver):
+    """Opens every waitpoint's members and signals in the panel (the list carries none; the
+    page asks for them as they open)."""
+    def opened():
+        closed = driver.find_elements(By.CSS_SELECTOR, "#panel-body section.wp details:not([open]) summary")
+        for summary in closed:
+            summary.click()
+        return driver.find_elements(By.CSS_SELECTOR, "#panel-body section.wp details") and not closed
+
+    wait_for("the members and signals to open", opened, driver)
+
+
 def panel_text(driver):
     return driver.find_element(By.ID, "panel-body").text
 
@@ -116,16 +131,69 @@ def start(config):
     return driver
 
 
+# A logged-in page lives at its login's place.
+PAGE = re.compile(r"/ui/s/[0-9a-f]+/$")
+
+
 def login(driver, config):
     driver.get(config["login_url"])
-    wait_for("the page after logging in", lambda: driver.current_url.endswith("/ui/"), driver)
+    wait_for("the page after logging in", lambda: PAGE.search(driver.current_url), driver)
+    config["page"] = driver.current_url
     alice = config["alice"]
     wait_for(
         "alice's capsule",
         lambda: capsule(driver, alice["session"]) is not None,
         driver,
     )
+    # Its relative times are as of the list's build, and it says when that was.
+    wait_for("the list's time", lambda: "Times as of" in driver.find_element(By.ID, "as-of").text, driver)
     # A marker a reload would lose: every later check shows the page updated in place.
+    driver.execute_script("window.notReloaded = true")
+
+
+class OtherPort(http.server.BaseHTTPRequestHandler):
+    """Another local user's server on another port of 127.0.0.1: it keeps the Cookie headers
+    it is sent and sets cookies of the page's name on every path it can know of."""
+
+    received = []
+
+    def do_GET(self):
+        OtherPort.received.append(self.headers.get("Cookie") or "")
+        self.send_response(200)
+        for path in ("/", "/ui", "/ui/s", "/ui/s/"):
+            self.send_header("Set-Cookie", f"waitpoint_ui=tossed; Path={path}")
+        self.send_header("Content-Type", "text/html")
+        self.end_headers()
+        self.wfile.write(b"<p>another user's page</p>")
+
+    def log_message(self, *args):
+        pass
+
+
+def other_port(driver, config):
+    """The operator's browser visits another port's pages, the page's own paths included: that
+    server is never sent the login's cookie, and the cookies it sets end nothing."""
+    ours = [c["value"] for c in driver.get_cookies() if c["name"] == "waitpoint_ui"]
+    assert ours, driver.get_cookies()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OtherPort)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        other = f"http://127.0.0.1:{server.server_address[1]}"
+        for path in ("/ui/api/view", "/ui/s/x/api/view", "/ui/", "/"):
+            driver.get(other + path)
+            wait_for(f"{path} on the other port", lambda: "another user" in driver.page_source, driver)
+    finally:
+        server.shutdown()
+    assert len(OtherPort.received) >= 4, OtherPort.received
+    for sent in OtherPort.received:
+        assert not any(value in sent for value in ours), f"the other port was sent the login: {sent}"
+    assert any("tossed" in c["value"] for c in driver.get_cookies()), "the other port set its cookies"
+    driver.get(config["page"])
+    wait_for(
+        "the page, still logged in",
+        lambda: capsule(driver, config["alice"]["session"]) is not None,
+        driver,
+    )
     driver.execute_script("window.notReloaded = true")
 
 
@@ -194,6 +262,7 @@ def check_retry_badge(driver, config):
 
 def desktop(driver, config):
     alice = config["alice"]
+    other_port(driver, config)
     check_rings(driver, config)
     wait_for(
         "alice's capsule text",
@@ -209,6 +278,9 @@ def desktop(driver, config):
     )
     not_reloaded(driver)
     click_capsule(driver, alice["session"])
+    wait_for("the intent before any detail is asked for", lambda: alice["intent"] in panel_text(driver), driver)
+    assert "arm6: no report yet" not in panel_text(driver), "members are shown only when opened"
+    open_details(driver)
     for text in [alice["intent"], alice["message"], "arm2", "arm6: no report yet", "quorum 2 of 2"]:
         wait_for(f"{text!r} in the panel", lambda: text in panel_text(driver), driver)
     wait_for(
@@ -288,8 +360,7 @@ def logout(driver, config):
     """The page's Log out button: the login ends, and the page's view answers 401 after it."""
     driver.find_element(By.ID, "logout").click()
     wait_for("the login form", lambda: driver.current_url.endswith("/ui/login"), driver)
-    base = config["login_url"].split("/ui/login")[0]
-    driver.get(base + "/ui/api/view")
+    driver.get(config["page"] + "api/view")
     wait_for("the 401 text", lambda: "waitpoint ui" in driver.find_element(By.TAG_NAME, "body").text, driver)
 
 

@@ -199,10 +199,10 @@ pub enum Submission {
         request: ControlRequest,
         reply: Sender<Result<ControlOutcome>>,
     },
-    /// The operator page's view or cancel, from a logged-in page; the answer is its JSON.
+    /// The operator page's list, a waitpoint's picture or a cancel, from a logged-in page.
     Ui {
         request: ui::UiRequest,
-        reply: Sender<Result<serde_json::Value>>,
+        reply: Sender<Result<ui::UiAnswer>>,
     },
 }
 
@@ -243,6 +243,8 @@ struct Shared {
     budget: Mutex<MissBudgets>,
     /// The operator page's login code file and logins.
     ui: ui::UiState,
+    /// The owners of the open connections (`peer.rs`).
+    peers: Arc<peer::PeerUids>,
 }
 
 /// The running shim. Stopping it (or dropping it) closes the listener and every connection,
@@ -277,6 +279,7 @@ impl Shim {
             clock: clock.clone(),
             budget: Mutex::new(MissBudgets::default()),
             ui: ui::UiState::new(login_file),
+            peers: Arc::default(),
         });
         let cap = connection_cap(descriptor_limit());
         let serving = serve::start(listener, shared, cap)?;

@@ -2,8 +2,60 @@
 //! from the kernel's socket table (`/proc/net/tcp`, `/proc/net/tcp6`), where the client's end
 //! is the entry whose local address is our peer's and whose remote address is ours. Every local
 //! process reaches the shim from 127.0.0.1, so the address says nothing; the user does.
+//!
+//! Reading that table costs milliseconds however few sockets there are (the kernel walks its
+//! whole hash of connections: 3.8 ms a read on a 2-core test machine), which made every poll of
+//! an open operator page cost that much (issue 36). A connection's owner never changes, so it is
+//! read once per connection ([`PeerUids`]): the transport registers each connection while it is
+//! open, and the entry goes with it, so a later connection from the same address and port is
+//! never taken for it.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::sync::MutexExt;
+
+/// The owners of the open connections, each read from the table at most once.
+#[derive(Debug, Default)]
+pub struct PeerUids {
+    open: Mutex<HashMap<SocketAddr, Arc<OnceLock<Option<u32>>>>>,
+}
+
+/// An open connection's entry in [`PeerUids`]; dropped when the connection ends.
+pub struct Open {
+    uids: Arc<PeerUids>,
+    peer: SocketAddr,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.uids.open.lock_or_recover().remove(&self.peer);
+    }
+}
+
+impl PeerUids {
+    /// Registers a connection from `peer` while the returned guard lives.
+    pub fn open(uids: &Arc<PeerUids>, peer: SocketAddr) -> Open {
+        uids.open
+            .lock_or_recover()
+            .insert(peer, Arc::new(OnceLock::new()));
+        Open {
+            uids: Arc::clone(uids),
+            peer,
+        }
+    }
+
+    /// The uid owning the client socket `peer` connected to `local`: read once while its
+    /// connection is open, and read afresh (not kept) for one not registered.
+    pub fn uid(&self, peer: SocketAddr, local: SocketAddr) -> Option<u32> {
+        let slot = self.open.lock_or_recover().get(&peer).cloned();
+        match slot {
+            Some(slot) => *slot.get_or_init(|| peer_uid(peer, local)),
+            None => peer_uid(peer, local),
+        }
+    }
+}
 
 /// The uid owning the client socket `peer` connected to `local`, if the table shows it.
 pub fn peer_uid(peer: SocketAddr, local: SocketAddr) -> Option<u32> {
@@ -50,6 +102,28 @@ mod tests {
         if cfg!(target_endian = "little") {
             assert_eq!(hex_addr(a), "0100007F:1F90");
         }
+    }
+
+    #[test]
+    fn an_owner_is_kept_only_while_its_connection_is_open() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let local = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(local).unwrap();
+        let (_server, peer) = listener.accept().unwrap();
+        let uids = Arc::new(PeerUids::default());
+        let me = Some(rustix::process::geteuid().as_raw());
+        let open = PeerUids::open(&uids, peer);
+        assert_eq!(uids.uid(peer, local), me);
+        assert!(uids.open.lock_or_recover()[&peer].get().is_some(), "kept");
+        drop(open);
+        assert!(
+            uids.open.lock_or_recover().is_empty(),
+            "gone with the connection"
+        );
+        // Not registered: read afresh, and not kept.
+        assert_eq!(uids.uid(peer, local), me);
+        assert!(uids.open.lock_or_recover().is_empty());
+        drop(client);
     }
 
     #[test]

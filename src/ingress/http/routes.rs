@@ -349,9 +349,10 @@ pub(super) fn record_miss(shared: &Shared, peer: Option<SocketAddr>) {
 fn source_of(shared: &Shared, peer: Option<SocketAddr>) -> Source {
     match peer {
         None => Source::Unknown,
-        Some(p) => {
-            super::peer::peer_uid(p, shared.addr).map_or(Source::Address(p.ip()), Source::User)
-        }
+        Some(p) => shared
+            .peers
+            .uid(p, shared.addr)
+            .map_or(Source::Address(p.ip()), Source::User),
     }
 }
 
@@ -569,6 +570,7 @@ mod tests {
             clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
             budget: Mutex::new(MissBudgets::default()),
             ui: super::super::ui::UiState::new("/nonexistent/ui-login.json".into()),
+            peers: Arc::default(),
         }
     }
 

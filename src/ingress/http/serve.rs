@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{Notify, oneshot};
 
 use super::head::{Head, Reply, body_length, body_limit, refused};
+use super::peer::{self, PeerUids};
 use super::routes::route;
 use super::{
     ENGINE_RESERVE, IDLE_TIMEOUT, LINGER, LINGER_BYTES, MAX_CONNECTIONS, MAX_HEAD_BYTES,
@@ -93,10 +94,11 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>, cap: usize) -> R
             .map_err(io_err("cannot start a worker for"))?;
     }
     let (stop_tx, stop_rx) = oneshot::channel();
+    let peers = Arc::clone(&shared.peers);
     let thread = std::thread::Builder::new()
         .name("webhook".into())
         .spawn(move || {
-            runtime.block_on(accept(listener, jobs_tx, cap, stop_rx));
+            runtime.block_on(accept(listener, jobs_tx, cap, stop_rx, peers));
             // Dropping the runtime here drops every connection's task, closing its socket.
         })
         .map_err(io_err("cannot start the listener thread for"))?;
@@ -140,6 +142,7 @@ async fn accept(
     jobs: Sender<Job>,
     cap: usize,
     mut stop: oneshot::Receiver<()>,
+    peers: Arc<PeerUids>,
 ) {
     let conns = Arc::new(Mutex::new(Conns::new(cap)));
     let builder = Arc::new(builder());
@@ -158,6 +161,7 @@ async fn accept(
                 let conn = Connection {
                     slot,
                     conns: conns.clone(),
+                    _peer: PeerUids::open(&peers, peer),
                 };
                 tokio::spawn(conn.serve(stream, peer, builder.clone(), jobs.clone()));
             }
@@ -253,6 +257,8 @@ impl Conns {
 struct Connection {
     slot: Arc<Slot>,
     conns: Arc<Mutex<Conns>>,
+    /// Its owner, read once, while it is open (`peer.rs`).
+    _peer: peer::Open,
 }
 
 impl Drop for Connection {

@@ -1,21 +1,39 @@
 //! The operator page (`/ui/`, issue 28) on the shim: its routes, its login and its guards. The
 //! page itself is three files in `ui/` (HTML, CSS, JavaScript), compiled into the binary and
-//! served as they are: no build step, nothing fetched at run time. What it shows is one JSON
-//! view the daemon's loop composes from the views every other front end shows
-//! (`daemon/ui.rs`); its one action, cancel, is the CLI's `Engine::cancel`, run on the loop too.
+//! served as they are: no build step, nothing fetched at run time. What it shows is a bounded
+//! list of the sessions (no signal in it; `ETag`'d, a 304 building nothing) and, when the page
+//! opens one, a waitpoint's picture, both composed off the daemon's loop from the views every
+//! other front end shows (`daemon/ui.rs`); its one action, cancel, is the CLI's
+//! `Engine::cancel`, run on the loop.
 //!
 //! Access: `waitpoint ui` writes the SHA-256 of a one-time code into `ui-login.json` (see
 //! [`issue_login_code`]) and prints `http://ADDR/ui/login?code=CODE`. Visiting it consumes the
-//! code and sets a random session cookie (`HttpOnly; SameSite=Strict; Path=/ui`); so does POSTing
-//! the operator token (`CORTEX_WEBHOOK_TOKEN`) to `/ui/login`, when the daemon has one. Every
-//! other `/ui` route, files included, answers 401 without a live session. A change (cancel) must
-//! also come from the page itself: its `Origin` must be the shim's own, and it must carry the
-//! session's CSRF token, which only the page's view hands out.
+//! code and starts a login; so does POSTing the operator token (`CORTEX_WEBHOOK_TOKEN`) to
+//! `/ui/login`, when the daemon has one. A login is two random values: a cookie
+//! (`HttpOnly; SameSite=Strict`) and a place, the page's own prefix `/ui/s/PLACE/` that the
+//! cookie's `Path` names and the login redirects to. Every route but the login, files
+//! included, lives under a login's place and answers 401 without that login's cookie. A change
+//! (cancel, logout) must also come from the page itself: its `Origin` must be the shim's own, and
+//! it must carry the login's CSRF token, which only the page's view hands out.
 //!
-//! The page's Log out button ends its login the same way (`POST /ui/logout`, Origin and CSRF
-//! token checked): the cookie opens nothing from then on, and the browser is told to drop it.
+//! Cookies are not isolated by port, and every port of 127.0.0.1 is one site for `SameSite`:
+//! a page another local user serves on 127.0.0.1 is sent our cookies and may set its own. So a
+//! cookie alone opens nothing (issue 36):
 //!
-//! Sessions live in the daemon's memory only (a restart logs everyone out), keyed by the
+//! - A login is bound to the user who started it (the owner of the client's socket, `peer.rs`)
+//!   and is refused to any other user, so a cookie replayed from another uid reads nothing and
+//!   cancels nothing.
+//! - The cookie's `Path` is the login's place, which no other port is ever sent (the page sends
+//!   no `Referer`): another port's server is not sent the cookie for its own paths, and cannot
+//!   overwrite or delete it (that takes the same name and path). A cookie of the same name it
+//!   sets on a shorter path reaches us beside ours: every cookie of our name is tried, the one
+//!   that is a live login for this user and this place counts, and an unknown one ends
+//!   nothing.
+//!
+//! The page's Log out button ends its login (`POST .../logout`, Origin and CSRF token
+//! checked): the cookie opens nothing from then on, and the browser is told to drop it.
+//!
+//! Logins live in the daemon's memory only (a restart logs everyone out), keyed by the
 //! SHA-256 of their cookie, at most [`MAX_SESSIONS`] of them, each for [`SESSION_TTL_MS`].
 
 use std::collections::HashMap;
@@ -40,12 +58,21 @@ use crate::sync::MutexExt;
 pub const UI_PREFIX: &str = "/ui";
 /// The login route: `GET` with `?code=`, or `POST` with the operator token.
 pub const LOGIN_PATH: &str = "/ui/login";
-/// The page's view, polled with `If-None-Match`.
-pub const VIEW_PATH: &str = "/ui/api/view";
-/// Cancelling a waitpoint from the page.
-pub const CANCEL_PATH: &str = "/ui/api/cancel";
-/// Ending this login: its cookie stops working at once.
-pub const LOGOUT_PATH: &str = "/ui/logout";
+/// Where each login's place starts: a login's page is `/ui/s/PLACE/`, and every route of a
+/// logged-in page is under it.
+pub const PLACE_PREFIX: &str = "/ui/s/";
+/// The page's view, polled with `If-None-Match` (under the login's place).
+pub const VIEW_ROUTE: &str = "api/view";
+/// Cancelling a waitpoint from the page (under the login's place).
+pub const CANCEL_ROUTE: &str = "api/cancel";
+/// Ending this login: its cookie stops working at once (under the login's place).
+pub const LOGOUT_ROUTE: &str = "logout";
+/// One waitpoint's full picture, its signals included (`?id=`, under the login's place): the
+/// list has none of them, the page asks for one when its panel is opened.
+pub const WAITPOINT_ROUTE: &str = "api/waitpoint";
+/// The response header saying how many times the daemon has built the page's list since it
+/// started: a 304 answered from what is kept leaves it as it was.
+pub const BUILDS_HEADER: &str = "x-waitpoint-views-built";
 /// The session cookie's name.
 pub const COOKIE: &str = "waitpoint_ui";
 /// How long a code `waitpoint ui` printed stays good.
@@ -63,13 +90,30 @@ pub const UI_CSS: &str = include_str!("ui/ui.css");
 pub const UI_JS: &str = include_str!("ui/ui.js");
 pub const LOGIN_HTML: &str = include_str!("ui/login.html");
 
-/// What the page asks of the daemon's loop.
+/// What the page asks of the daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UiRequest {
-    /// The page's view: every session with its ring, capsule, rows and full pictures.
-    View,
+    /// The page's list: its sessions with their rings, capsules and rows (bounded), unless it
+    /// is still the one whose `ETag` the page holds (`known`).
+    View { known: Option<String> },
+    /// One waitpoint's full picture (`show --json`, its latest signals).
+    Waitpoint { id: String },
     /// Cancel waitpoint `id` of `session`, as `waitpoint cancel` does.
     Cancel { id: String, session: String },
+}
+
+/// The daemon's answer to a [`UiRequest`].
+#[derive(Debug, Clone)]
+pub enum UiAnswer {
+    /// The list: its `ETag`, its JSON text unless it is the one the page holds, and how many
+    /// times the list has been built.
+    View {
+        etag: String,
+        json: Option<std::sync::Arc<str>>,
+        builds: u64,
+    },
+    /// Any other answer, as JSON.
+    Json(Value),
 }
 
 /// Writes a fresh one-time login code's hash into `file` (replacing any earlier code), good for
@@ -110,12 +154,22 @@ fn consume_login_code(file: &Path, code: &str, now: Timestamp) -> Result<bool> {
     Ok(true)
 }
 
-/// One login: its CSRF token and when it ends.
+/// One login: who started it, its place, its CSRF token and when it ends.
 #[derive(Debug, Clone)]
 struct Login {
+    /// The user whose client started it; no other user's request is served with it.
+    uid: u32,
+    /// The page's own prefix is `/ui/s/{place}/`; the cookie is sent there only.
+    place: String,
     csrf: String,
     expires_at: Timestamp,
     started_at: Timestamp,
+}
+
+/// A started login: its cookie value and its place.
+struct Started {
+    cookie: String,
+    place: String,
 }
 
 /// The page's state in the shim: where the login code is, and the live logins by the SHA-256 of
@@ -134,9 +188,10 @@ impl UiState {
         }
     }
 
-    /// Starts a login; returns its cookie value.
-    fn start(&self, now: Timestamp) -> String {
+    /// Starts a login for user `uid`.
+    fn start(&self, uid: u32, now: Timestamp) -> Started {
         let cookie = crate::secret::random_hex(32);
+        let place = crate::secret::random_hex(16);
         let mut logins = self.logins.lock_or_recover();
         logins.retain(|_, l| l.expires_at > now);
         while logins.len() >= MAX_SESSIONS {
@@ -152,40 +207,48 @@ impl UiState {
         logins.insert(
             crate::secret::hash(&cookie),
             Login {
+                uid,
+                place: place.clone(),
                 csrf: crate::secret::random_hex(32),
                 expires_at: now.plus_ms(SESSION_TTL_MS),
                 started_at: now,
             },
         );
-        cookie
+        Started { cookie, place }
     }
 
-    /// Ends the login the request's cookie names.
-    fn end(&self, head: &Head) {
-        if let Some(cookie) = head.cookie.as_deref().and_then(cookie_value) {
-            self.logins
-                .lock_or_recover()
-                .remove(&crate::secret::hash(cookie));
-        }
+    /// Ends the login `key` names (the SHA-256 of its cookie, as [`UiState::login_of`] found it).
+    fn end(&self, key: &str) {
+        self.logins.lock_or_recover().remove(key);
     }
 
-    /// The live login the request's cookie names.
-    fn login_of(&self, head: &Head, now: Timestamp) -> Option<Login> {
-        let cookie = cookie_value(head.cookie.as_deref()?)?;
+    /// The live login, and its key, that one of the request's cookies of our name opens for
+    /// user `uid` at `place`. Every cookie of the name is tried: another port of this host may
+    /// have set one of its own beside ours, and that one opens and ends nothing.
+    fn login_of(
+        &self,
+        head: &Head,
+        uid: u32,
+        place: &str,
+        now: Timestamp,
+    ) -> Option<(String, Login)> {
+        let header = head.cookie.as_deref()?;
         let logins = self.logins.lock_or_recover();
-        logins
-            .get(&crate::secret::hash(cookie))
-            .filter(|l| l.expires_at > now)
-            .cloned()
+        cookie_values(header).find_map(|cookie| {
+            let key = crate::secret::hash(cookie);
+            let login = logins.get(&key)?;
+            (login.uid == uid && login.place == place && login.expires_at > now)
+                .then(|| (key, login.clone()))
+        })
     }
 }
 
-/// Our cookie's value in a `Cookie` header's list.
-fn cookie_value(header: &str) -> Option<&str> {
+/// Every value of our cookie in a `Cookie` header's list, in the order sent.
+fn cookie_values(header: &str) -> impl Iterator<Item = &str> {
     header
         .split(';')
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
+        .filter(|(name, _)| *name == COOKIE)
         .map(|(_, v)| v.trim())
         .filter(|v| !v.is_empty())
 }
@@ -276,20 +339,31 @@ pub(super) fn route(
         (_, LOGIN_PATH) => return with_allow(text(405, "use GET or POST"), "GET, POST"),
         _ => {}
     }
-    let Some(login) = shared.ui.login_of(head, now) else {
+    // Everything else is a logged-in page's, under its login's place.
+    let Some((place, rest)) = path
+        .strip_prefix(PLACE_PREFIX)
+        .and_then(|p| p.split_once('/'))
+    else {
         return unauthorized();
     };
-    match (head.method.as_str(), path) {
-        ("GET", "/ui" | "/ui/" | "/ui/index.html") => {
-            page(200, "text/html; charset=utf-8", INDEX_HTML)
-        }
-        ("GET", "/ui/ui.css") => page(200, "text/css; charset=utf-8", UI_CSS),
-        ("GET", "/ui/ui.js") => page(200, "text/javascript; charset=utf-8", UI_JS),
-        ("GET", VIEW_PATH) => view(shared, head, &login),
-        ("POST", CANCEL_PATH) => cancel(shared, head, body, &login),
-        ("POST", LOGOUT_PATH) => logout(shared, head, &login),
-        (_, VIEW_PATH) => with_allow(text(405, "use GET"), "GET"),
-        (_, CANCEL_PATH | LOGOUT_PATH) => with_allow(text(405, "use POST"), "POST"),
+    // The login must be this user's: a cookie another local user was sent (every port of
+    // 127.0.0.1 is sent it) opens nothing from that user's programs.
+    let Some(uid) = peer.and_then(|p| shared.peers.uid(p, shared.addr)) else {
+        return unauthorized();
+    };
+    let Some((key, login)) = shared.ui.login_of(head, uid, place, now) else {
+        return unauthorized();
+    };
+    match (head.method.as_str(), rest) {
+        ("GET", "" | "index.html") => page(200, "text/html; charset=utf-8", INDEX_HTML),
+        ("GET", "ui.css") => page(200, "text/css; charset=utf-8", UI_CSS),
+        ("GET", "ui.js") => page(200, "text/javascript; charset=utf-8", UI_JS),
+        ("GET", VIEW_ROUTE) => view(shared, head, &login),
+        ("GET", WAITPOINT_ROUTE) => waitpoint(shared, query),
+        ("POST", CANCEL_ROUTE) => cancel(shared, head, body, &login),
+        ("POST", LOGOUT_ROUTE) => logout(shared, head, &key, &login),
+        (_, VIEW_ROUTE | WAITPOINT_ROUTE) => with_allow(text(405, "use GET"), "GET"),
+        (_, CANCEL_ROUTE | LOGOUT_ROUTE) => with_allow(text(405, "use POST"), "POST"),
         _ => text(404, "no such page"),
     }
 }
@@ -301,16 +375,34 @@ fn with_allow(r: Reply, allow: &'static str) -> Reply {
     }
 }
 
-/// A new login's answer: the cookie, and a redirect to the page.
-fn logged_in(shared: &Shared, now: Timestamp) -> Reply {
-    let cookie = shared.ui.start(now);
-    let set = format!("{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path={UI_PREFIX}");
+/// The `Path` of a login's cookie, its place: the only path it is ever sent to.
+fn place_path(place: &str) -> String {
+    format!("{PLACE_PREFIX}{place}")
+}
+
+/// A new login for the user owning `peer`'s socket: its cookie, and a redirect to its page.
+/// Refused when that user cannot be told (the login is bound to them).
+fn logged_in(shared: &Shared, peer: Option<SocketAddr>, now: Timestamp) -> Reply {
+    let Some(uid) = peer.and_then(|p| shared.peers.uid(p, shared.addr)) else {
+        tracing::warn!("operator page: a login was refused: the client's user cannot be told");
+        return text(
+            403,
+            "cannot tell which local user is connecting, and a login is bound to its user",
+        );
+    };
+    let Started { cookie, place } = shared.ui.start(uid, now);
+    let path = place_path(&place);
+    let set = format!("{COOKIE}={cookie}; HttpOnly; SameSite=Strict; Path={path}");
     let r = with_header(
-        text(303, "logged in; the page is at /ui/"),
+        text(303, &format!("logged in; the page is at {path}/")),
         http::header::SET_COOKIE,
         HeaderValue::from_str(&set).expect("hex is a valid header value"),
     );
-    with_header(r, http::header::LOCATION, HeaderValue::from_static("/ui/"))
+    with_header(
+        r,
+        http::header::LOCATION,
+        HeaderValue::from_str(&format!("{path}/")).expect("hex is a valid header value"),
+    )
 }
 
 /// `GET /ui/login?code=…`: the one-time code `waitpoint ui` printed.
@@ -328,7 +420,7 @@ fn login_with_code(
         .find_map(|pair| pair.strip_prefix("code="))
         .unwrap_or_default();
     match consume_login_code(&shared.ui.login_file, code, now) {
-        Ok(true) => logged_in(shared, now),
+        Ok(true) => logged_in(shared, peer, now),
         Ok(false) => {
             record_miss(shared, peer);
             tracing::warn!("operator page: a login code was refused (unknown, used or expired)");
@@ -360,7 +452,7 @@ fn login_with_token(
         })
         .filter(|t| !t.is_empty());
     match operator(shared, peer, token.as_deref(), LOGIN_PATH) {
-        Operator::Right => logged_in(shared, now),
+        Operator::Right => logged_in(shared, peer, now),
         Operator::Off => text(
             404,
             "this daemon has no operator token; run `waitpoint ui` for a login address",
@@ -399,9 +491,9 @@ fn form_decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Runs `request` on the daemon's loop and waits for its answer.
-fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<Value>, Reply> {
-    let (tx, rx): (Sender<Result<Value>>, _) = mpsc::channel();
+/// Hands `request` to the daemon and waits for its answer.
+fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<UiAnswer>, Reply> {
+    let (tx, rx): (Sender<Result<UiAnswer>>, _) = mpsc::channel();
     let submitted = (shared.submit)(Submission::Ui { request, reply: tx });
     match rx.recv() {
         Ok(v) if submitted => Ok(v),
@@ -409,11 +501,13 @@ fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<Val
     }
 }
 
-/// `GET /ui/api/view`: the view with this login's CSRF token, `ETag`'d: an unchanged view is
-/// answered 304 to the `If-None-Match` the page sends.
+/// `GET .../api/view`: the list with this login's CSRF token, `ETag`'d: a list unchanged since
+/// the `If-None-Match` the page sends is answered 304, and the daemon builds nothing for it.
 fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
-    let view = match submit(shared, UiRequest::View) {
-        Ok(Ok(v)) => v,
+    let known = head.if_none_match.clone();
+    let (etag, json, builds) = match submit(shared, UiRequest::View { known }) {
+        Ok(Ok(UiAnswer::View { etag, json, builds })) => (etag, json, builds),
+        Ok(Ok(UiAnswer::Json(_))) => return text(500, "the daemon answered the list wrongly"),
         Ok(Err(e)) => {
             tracing::error!("operator page: cannot compose the view: {e}");
             return text(
@@ -423,15 +517,42 @@ fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
         }
         Err(r) => return r,
     };
-    let body = json!({ "csrf": login.csrf, "sessions": view["sessions"] }).to_string();
-    let etag = format!("\"{}\"", &crate::secret::hash(&body)[..32]);
-    let tag = HeaderValue::from_str(&etag).expect("hex is a valid header value");
-    let r = if head.if_none_match.as_deref() == Some(etag.as_str()) {
-        page(304, "application/json", Bytes::new())
-    } else {
-        page(200, "application/json", body)
+    let r = match json {
+        None => page(304, "application/json", Bytes::new()),
+        Some(list) => page(
+            200,
+            "application/json",
+            format!("{{\"csrf\":{},\"view\":{list}}}", json!(login.csrf)),
+        ),
     };
-    with_header(r, http::header::ETAG, tag)
+    let tag = HeaderValue::from_str(&etag).expect("hex is a valid header value");
+    let r = with_header(r, http::header::ETAG, tag);
+    with_header(
+        r,
+        HeaderName::from_static(BUILDS_HEADER),
+        HeaderValue::from(builds),
+    )
+}
+
+/// `GET .../api/waitpoint?id=…`: one waitpoint's full picture.
+fn waitpoint(shared: &Shared, query: &str) -> Reply {
+    let id = query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("id="))
+        .unwrap_or_default();
+    if !crate::names::is_waitpoint_id(id) {
+        return text(400, "id must be a waitpoint id (wp_ and 12 hex digits)");
+    }
+    match submit(shared, UiRequest::Waitpoint { id: id.to_owned() }) {
+        Ok(Ok(UiAnswer::Json(v))) => page(200, "application/json", format!("{v}\n")),
+        Ok(Ok(UiAnswer::View { .. })) => text(500, "the daemon answered the waitpoint wrongly"),
+        Ok(Err(Error::NotFound { .. })) => text(404, "no such waitpoint"),
+        Ok(Err(e)) => {
+            tracing::error!("operator page: cannot read a waitpoint: {e}");
+            text(500, "the daemon could not read the waitpoint (see its log)")
+        }
+        Err(r) => r,
+    }
 }
 
 /// The refusal of a change that does not come from the page itself: its Origin must be the
@@ -450,13 +571,15 @@ fn not_from_the_page(shared: &Shared, head: &Head, login: &Login) -> Option<Repl
     (!csrf_ok).then(|| text(403, "a change must carry the page's CSRF token"))
 }
 
-/// `POST /ui/logout`, from the page: the login ends and the browser is told to drop its cookie.
-fn logout(shared: &Shared, head: &Head, login: &Login) -> Reply {
+/// `POST .../logout`, from the page: the login (`key`) ends and the browser is told to drop its
+/// cookie.
+fn logout(shared: &Shared, head: &Head, key: &str, login: &Login) -> Reply {
     if let Some(refused) = not_from_the_page(shared, head, login) {
         return refused;
     }
-    shared.ui.end(head);
-    let clear = format!("{COOKIE}=; Max-Age=0; HttpOnly; SameSite=Strict; Path={UI_PREFIX}");
+    shared.ui.end(key);
+    let path = place_path(&login.place);
+    let clear = format!("{COOKIE}=; Max-Age=0; HttpOnly; SameSite=Strict; Path={path}");
     with_header(
         text(200, "logged out; run `waitpoint ui` for a new address"),
         http::header::SET_COOKIE,
@@ -464,7 +587,7 @@ fn logout(shared: &Shared, head: &Head, login: &Login) -> Reply {
     )
 }
 
-/// `POST /ui/api/cancel` with `{"id": …, "session": …}`: only from the page (its own origin and
+/// `POST .../api/cancel` with `{"id": …, "session": …}`: only from the page (its own origin and
 /// the login's CSRF token).
 fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> Reply {
     if let Some(refused) = not_from_the_page(shared, head, login) {
@@ -483,7 +606,8 @@ fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> R
         );
     };
     match submit(shared, UiRequest::Cancel { id, session }) {
-        Ok(Ok(v)) => page(200, "application/json", format!("{v}\n")),
+        Ok(Ok(UiAnswer::Json(v))) => page(200, "application/json", format!("{v}\n")),
+        Ok(Ok(UiAnswer::View { .. })) => text(500, "the daemon answered the cancel wrongly"),
         Ok(Err(e)) => {
             let code = match e {
                 Error::NotFound { .. } => 404,
@@ -529,11 +653,58 @@ mod tests {
         assert!(!file.exists(), "an expired code is removed");
     }
 
+    fn with_cookies(cookies: &[&str]) -> Head {
+        Head {
+            cookie: Some(
+                cookies
+                    .iter()
+                    .map(|c| format!("{COOKIE}={c}"))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            ..Head::default()
+        }
+    }
+
     #[test]
-    fn the_cookie_is_found_among_others() {
-        assert_eq!(cookie_value("a=1; waitpoint_ui=abc; b=2"), Some("abc"));
-        assert_eq!(cookie_value("waitpoint_uix=abc"), None);
-        assert_eq!(cookie_value("waitpoint_ui="), None);
+    fn a_login_opens_only_for_its_user_at_its_place_and_a_bogus_cookie_beside_it_ends_nothing() {
+        let ui = UiState::new("unused".into());
+        let t0 = Timestamp::from_millis(1_000_000);
+        let (operator, other) = (1000, 1001);
+        let Started { cookie, place } = ui.start(operator, t0);
+        let mine = with_cookies(&[&cookie]);
+        assert!(ui.login_of(&mine, operator, &place, t0).is_some());
+        assert!(
+            ui.login_of(&mine, other, &place, t0).is_none(),
+            "another uid"
+        );
+        assert!(ui.login_of(&mine, operator, "elsewhere", t0).is_none());
+        // Another port's cookie of our name, sent before ours or after it: ours still counts.
+        for both in [[&*cookie, "bogus"], ["bogus", &*cookie]] {
+            let (key, _) = ui
+                .login_of(&with_cookies(&both), operator, &place, t0)
+                .unwrap();
+            assert_eq!(key, crate::secret::hash(&cookie));
+        }
+        assert!(
+            ui.login_of(&with_cookies(&["bogus"]), operator, &place, t0)
+                .is_none()
+        );
+        assert!(ui.login_of(&mine, operator, &place, t0).is_some());
+        assert!(
+            ui.login_of(&mine, operator, &place, t0.plus_ms(SESSION_TTL_MS))
+                .is_none(),
+            "expired"
+        );
+    }
+
+    #[test]
+    fn every_cookie_of_our_name_is_found_among_others() {
+        let all = |h| cookie_values(h).collect::<Vec<_>>();
+        assert_eq!(all("a=1; waitpoint_ui=abc; b=2"), ["abc"]);
+        assert_eq!(all("waitpoint_ui=abc; waitpoint_ui=def"), ["abc", "def"]);
+        assert!(all("waitpoint_uix=abc").is_empty());
+        assert!(all("waitpoint_ui=").is_empty());
         assert_eq!(form_decode("a%2Bb+c%zz"), "a+b c%zz");
     }
 }

@@ -1,6 +1,9 @@
-// The operator page's script: polls /ui/api/view every half second with the last ETag (an
-// unchanged view costs a 304), draws the session list and the open panel, and sends cancels
-// with the login's CSRF token, as does logging out. Every text in the view came from outside (labels, intents,
+// The operator page's script: polls api/view (relative: the page lives at its login's place,
+// /ui/s/PLACE/, and so does everything it asks for) every half second with the last ETag (an
+// unchanged list costs a 304), draws the session list and the open panel, and sends cancels
+// with the login's CSRF token, as does logging out. The list holds no signals: a waitpoint's
+// members and signals are asked for (api/waitpoint) when its part of the panel is opened, and
+// again when its row changes while it is open. Every text in the view came from outside (labels, intents,
 // messages, member names, sources) and is set with textContent, never parsed as HTML.
 'use strict';
 (function () {
@@ -9,7 +12,12 @@
   let etag = null;
   let csrf = null;
   let sessions = [];
+  let notShown = { sessions: 0, waitpoints: 0 };
   let openSession = null;
+  // Waitpoints whose members and signals are open in the panel, and each one's picture with
+  // the row it was asked for (a changed row asks again).
+  const openDetails = new Set();
+  const pictures = new Map();
   let pending = null;
   // Whether the status line shows a problem with the polling, which the next answer clears.
   let trouble = false;
@@ -31,15 +39,19 @@
   async function poll() {
     try {
       const headers = etag ? { 'If-None-Match': etag } : {};
-      const r = await fetch('/ui/api/view', { headers, cache: 'no-store' });
+      const r = await fetch('api/view', { headers, cache: 'no-store' });
       if (r.status === 200 || r.status === 304) {
         if (trouble) status('');
       }
       if (r.status === 200) {
         etag = r.headers.get('ETag');
-        const view = await r.json();
-        csrf = view.csrf;
-        sessions = view.sessions;
+        const answer = await r.json();
+        csrf = answer.csrf;
+        sessions = answer.view.sessions;
+        notShown = { sessions: answer.view.sessions_not_shown, waitpoints: answer.view.waitpoints_not_shown };
+        // The daemon builds the list when something changes and at least once a minute; its
+        // relative times are as of then.
+        $('as-of').textContent = 'Times as of ' + new Date(answer.view.built_at).toLocaleTimeString() + '.';
         render();
       } else if (r.status === 401) {
         status('Logged out: run `waitpoint ui` and open the address it prints.', true);
@@ -56,6 +68,11 @@
     const list = $('sessions');
     list.replaceChildren(...sessions.map(sessionItem));
     $('empty').hidden = sessions.length > 0;
+    const more = [];
+    if (notShown.sessions > 0) more.push(notShown.sessions + ' more sessions');
+    if (notShown.waitpoints > 0) more.push(notShown.waitpoints + ' more waitpoints');
+    $('not-shown').textContent = more.length ? 'Not shown: ' + more.join(', ') + ' (waitpoint check --session NAME lists them all).' : '';
+    $('not-shown').hidden = more.length === 0;
     if (openSession !== null) {
       const s = sessions.find((x) => x.line.session === openSession);
       if (s && s.line.capsule !== '') fillPanel(s);
@@ -117,10 +134,11 @@
   function fillPanel(s) {
     $('panel-title').textContent = s.line.session;
     const body = $('panel-body');
-    body.replaceChildren(...s.check.waiting.map((row) => {
-      const picture = s.waitpoints.find((w) => w.id === row.id) || { signals: [], members: [] };
-      return waitpointSection(s.line.session, row, picture);
-    }));
+    const sections = s.check.waiting.map((row) => waitpointSection(s.line.session, row));
+    if (s.not_shown > 0) {
+      sections.push(el('p', 'not-shown', s.not_shown + ' more not shown (waitpoint check --session ' + s.line.session + ' lists them all).'));
+    }
+    body.replaceChildren(...sections);
   }
 
   function fact(dl, name, value) {
@@ -128,14 +146,13 @@
     dl.append(el('dt', null, name), el('dd', null, value));
   }
 
-  function waitpointSection(session, row, picture) {
+  function waitpointSection(session, row) {
     const sec = el('section', 'wp');
     sec.dataset.id = row.id;
     sec.append(el('h3', null, row.label), el('p', 'intent', row.intent));
     const dl = el('dl', 'facts');
     fact(dl, 'Status', row.status);
-    const quorum = picture.members.length ? ' (quorum ' + picture.quorum + ' of ' + picture.members.length + ')' : '';
-    fact(dl, 'Progress', row.progress + quorum);
+    fact(dl, 'Progress', row.progress);
     fact(dl, 'Expires', row.time_left);
     if (row.latest_heartbeat) {
       const h = row.latest_heartbeat;
@@ -153,24 +170,7 @@
       }
       sec.append(badges);
     }
-    if (picture.members.length) {
-      sec.append(el('p', 'list-title', 'Members'));
-      const ul = el('ul', 'members');
-      for (const m of picture.members) {
-        const last = picture.signals.filter((x) => x.member === m).pop();
-        const li = el('li', null, m + ': ' + (last ? last.status + (last.message ? ' · ' + last.message : '') : 'no report yet'));
-        ul.append(li);
-      }
-      sec.append(ul);
-    }
-    sec.append(el('p', 'list-title', 'Signals (' + picture.signals.length + ')'));
-    const ol = el('ol', 'signals');
-    for (const x of picture.signals) {
-      const li = el('li', 'signal', x.status + (x.member ? ' · ' + x.member : '') + (x.message ? ': ' + x.message : ''));
-      li.append(el('span', 'meta', x.source + ' · ' + x.received_at));
-      ol.append(li);
-    }
-    sec.append(ol);
+    sec.append(details(row));
     if (row.status === 'armed') {
       const b = el('button', 'cancel', 'Cancel…');
       b.type = 'button';
@@ -178,6 +178,75 @@
       sec.append(b);
     }
     return sec;
+  }
+
+  // Members and signals, asked for when opened: the list carries none.
+  function details(row) {
+    const d = el('details', 'more');
+    d.append(el('summary', null, 'Members and signals'));
+    const body = el('div', 'picture');
+    d.append(body);
+    const key = JSON.stringify(row);
+    const show = () => {
+      const kept = pictures.get(row.id);
+      if (kept && kept.key === key) {
+        body.replaceChildren(...pictureParts(kept.picture));
+        return;
+      }
+      body.replaceChildren(el('p', 'meta', 'Loading…'));
+      fetchPicture(row.id, key, body);
+    };
+    d.addEventListener('toggle', () => {
+      if (d.open) {
+        openDetails.add(row.id);
+        show();
+      } else {
+        openDetails.delete(row.id);
+      }
+    });
+    if (openDetails.has(row.id)) {
+      d.open = true;
+      show();
+    }
+    return d;
+  }
+
+  async function fetchPicture(id, key, body) {
+    try {
+      const r = await fetch('api/waitpoint?id=' + encodeURIComponent(id), { cache: 'no-store' });
+      if (!r.ok) {
+        body.replaceChildren(el('p', 'meta', 'Cannot read it: the daemon answered ' + r.status + '.'));
+        return;
+      }
+      const picture = await r.json();
+      pictures.set(id, { key, picture });
+      if (body.isConnected) body.replaceChildren(...pictureParts(picture));
+    } catch (e) {
+      body.replaceChildren(el('p', 'meta', 'Cannot reach the daemon.'));
+    }
+  }
+
+  function pictureParts(picture) {
+    const parts = [];
+    if (picture.members.length) {
+      parts.push(el('p', 'list-title', 'Members'), el('p', 'meta', 'quorum ' + picture.quorum + ' of ' + picture.members.length));
+      const ul = el('ul', 'members');
+      for (const m of picture.members) {
+        const last = picture.signals.filter((x) => x.member === m).pop();
+        ul.append(el('li', null, m + ': ' + (last ? last.status + (last.message ? ' · ' + last.message : '') : 'no report yet')));
+      }
+      parts.push(ul);
+    }
+    const older = picture.signals_not_shown > 0 ? ', the newest ' + picture.signals.length + ' shown' : '';
+    parts.push(el('p', 'list-title', 'Signals (' + picture.counters.signals + older + ')'));
+    const ol = el('ol', 'signals');
+    for (const x of picture.signals) {
+      const li = el('li', 'signal', x.status + (x.member ? ' · ' + x.member : '') + (x.message ? ': ' + x.message : ''));
+      li.append(el('span', 'meta', x.source + ' · ' + x.received_at));
+      ol.append(li);
+    }
+    parts.push(ol);
+    return parts;
   }
 
   function askCancel(session, row) {
@@ -193,7 +262,7 @@
     if (!p) return;
     status('Cancelling…');
     try {
-      const r = await fetch('/ui/api/cancel', {
+      const r = await fetch('api/cancel', {
         method: 'POST',
         headers: { 'Content-Type': 'application/json', 'X-CSRF-Token': csrf },
         body: JSON.stringify({ id: p.id, session: p.session }),
@@ -208,7 +277,7 @@
 
   async function logout() {
     try {
-      await fetch('/ui/logout', { method: 'POST', headers: { 'X-CSRF-Token': csrf } });
+      await fetch('logout', { method: 'POST', headers: { 'X-CSRF-Token': csrf } });
     } catch (e) {
       // Logged out or not, the page leaves: the next visit needs a new address.
     }
