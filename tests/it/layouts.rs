@@ -183,8 +183,8 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     }
     let cli = line(&barrier, "cli");
     env.ok("a", &env.job_then(true, &cli, Some("a")));
-    env.ok("b", &env.job_then(false, &cli, Some("b")));
-    // Refused on this machine at once; a file dropped without the member is parked.
+    // While it is armed: refused on this machine at once; a file dropped without the member is
+    // parked. (b's failure below resolves it at once: fail-fast has no grace window.)
     env.expect_code(
         "forgot member",
         &env.sh(&format!("true; {}", cli.replace(" --member MEMBER", ""))),
@@ -192,6 +192,10 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     );
     let (bid, bsec) = id_secret(&barrier);
     env.drop_file("forgot-member", &body(&bid, &bsec, ""));
+    env.wait_until("the file without its member parked", || {
+        env.drop_zone().join("bad/forgot-member.reason").exists()
+    });
+    env.ok("b", &env.job_then(false, &cli, Some("b")));
     let (mid, msec) = id_secret(&monitor);
     env.ok(
         "m1",
