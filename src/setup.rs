@@ -593,12 +593,38 @@ fn home_settings(
             ),
             changes,
         ),
-        Some(_) => changes.push(format!(
-            "left onWake as it is (yours); {want} resumes a closed session"
+        Some(_) => {
+            changes.push(format!(
+                "left onWake as it is (yours); {want} resumes a closed session"
+            ));
+            return Ok(());
+        }
+    }
+    // A resume runs a whole agent turn, which takes minutes; the daemon's default bound for
+    // an `onWake` run (10 s) killed it and started it again, the model seeing the wake again
+    // each time.
+    match v.get("onWakeTimeoutMs").and_then(Value::as_u64) {
+        None => set(
+            v,
+            "onWakeTimeoutMs",
+            json!(RESUME_TIMEOUT_MS),
+            format!(
+                "set onWakeTimeoutMs to {RESUME_TIMEOUT_MS} (an hour), so a resumed turn is not \
+                 killed for taking minutes"
+            ),
+            changes,
+        ),
+        Some(ms) if ms < RESUME_TIMEOUT_MS => changes.push(format!(
+            "left onWakeTimeoutMs at {ms} (yours); a resumed turn longer than that is killed and \
+             started again: {RESUME_TIMEOUT_MS} lets a turn take an hour"
         )),
+        Some(_) => {}
     }
     Ok(())
 }
+
+/// The `onWakeTimeoutMs` setup writes: the most the settings take, an hour.
+const RESUME_TIMEOUT_MS: u64 = 3_600_000;
 
 #[cfg(test)]
 mod tests {
@@ -668,7 +694,25 @@ mod tests {
         assert_eq!(approval["enabledMcpjsonServers"], json!(["waitpoint"]));
         let home: Value = serde_json::from_str(&first[3].after).unwrap();
         assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
+        assert_eq!(home["onWakeTimeoutMs"], json!(RESUME_TIMEOUT_MS));
         assert_unchanged_again(Harness::Claude, Scope::Project, &c, &first);
+    }
+
+    #[test]
+    fn a_resume_is_given_an_hour_unless_the_user_chose_a_bound_which_is_kept_and_named() {
+        let c = ctx(None);
+        let mine = r#"{"onWake": ["waitpoint", "adapter", "resume"], "onWakeTimeoutMs": 20000}"#;
+        let first = run(Harness::Codex, Scope::User, &c, &[None, None, Some(mine)]);
+        let home: Value = serde_json::from_str(&first[2].after).unwrap();
+        assert_eq!(home["onWakeTimeoutMs"], json!(20000));
+        assert!(
+            first[2]
+                .changes
+                .iter()
+                .any(|n| n.contains("left onWakeTimeoutMs at 20000")),
+            "{:?}",
+            first[2].changes
+        );
     }
 
     #[test]
