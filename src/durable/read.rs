@@ -220,10 +220,10 @@ fn settled(mut file: File, reopen: impl Fn() -> io::Result<File>) -> io::Result<
 /// What [`read_capped`] says of a file that is not a regular one (a FIFO, a directory).
 pub const NOT_REGULAR: &str = "is not a regular file";
 
-/// The bytes of the regular file at `path` (reached as [`read_bytes_if_exists`] reaches it),
-/// at most `cap` of them: a bigger one, or one that is not a regular file
-/// ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does not exist.
-pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+/// The regular file at `path` opened for reading (reached as [`read_bytes_if_exists`] reaches
+/// it, settled against a writer) with its length; `None` when it does not exist, and
+/// `Error::Corrupt` ([`NOT_REGULAR`]) when it is not a regular file.
+fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
     let file = match open_read(path).and_then(|f| settled(f, || open_read(path))) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -238,7 +238,17 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
             message: NOT_REGULAR.into(),
         });
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(cap) as usize);
+    Ok(Some((file, meta.len())))
+}
+
+/// The bytes of the regular file at `path` (reached as [`read_bytes_if_exists`] reaches it),
+/// at most `cap` of them: a bigger one, or one that is not a regular file
+/// ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does not exist.
+pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+    let Some((file, len)) = open_regular(path)? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::with_capacity(len.min(cap) as usize);
     file.take(cap + 1)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io("cannot read", path, e))?;
@@ -255,26 +265,15 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
 /// reaches it), and whether bytes before them were left unread; `None` when it does not
 /// exist. A file that is not regular is `Error::Corrupt` ([`NOT_REGULAR`]).
 pub fn read_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
-    let mut file = match open_read(path).and_then(|f| settled(f, || open_read(path))) {
-        Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::io("cannot read", path, e)),
+    let Some((mut file, len)) = open_regular(path)? else {
+        return Ok(None);
     };
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::io("cannot read", path, e))?;
-    if !meta.is_file() {
-        return Err(Error::Corrupt {
-            path: path.to_owned(),
-            message: NOT_REGULAR.into(),
-        });
-    }
-    let skip = meta.len().saturating_sub(cap);
+    let skip = len.saturating_sub(cap);
     if skip > 0 {
         io::Seek::seek(&mut file, io::SeekFrom::Start(skip))
             .map_err(|e| Error::io("cannot read", path, e))?;
     }
-    let mut bytes = Vec::with_capacity(meta.len().min(cap) as usize);
+    let mut bytes = Vec::with_capacity(len.min(cap) as usize);
     // A file that grew since the look above is read to the cap alone.
     file.take(cap)
         .read_to_end(&mut bytes)

@@ -425,8 +425,10 @@ impl Engine {
         let groups: &[Group] = groups;
         txn.commit_notify(&changes, &mut || durable(groups))?;
         for g in groups.iter().filter(|g| g.is_live()) {
-            for key in &g.keys {
-                self.seen_insert(&g.wp.id, key.clone());
+            // Only what the log keeps: a folded signal is remembered by the state's bounded
+            // `log.keys`, so a flood grows neither the log nor this process's memory.
+            for record in &g.kept {
+                self.seen_insert(&g.wp.id, crate::request::record_key(record));
             }
             if g.wp.status != Status::Armed && g.wp.pending_wake.is_none() {
                 self.forget(&g.wp.id);

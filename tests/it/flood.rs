@@ -28,6 +28,17 @@ fn log_path(env: &Env, id: &str) -> PathBuf {
     env.home.join("waitpoints").join(id).join("signals.jsonl")
 }
 
+/// The first unread wake of `kind` in the default session's inbox, once there is one.
+fn wake_of_kind(env: &Env, kind: &str) -> Value {
+    let find = || {
+        env.inbox("default", "new")
+            .into_iter()
+            .find(|w| w["kind"] == kind)
+    };
+    env.wait_until(&format!("a {kind} wake"), || find().is_some());
+    find().unwrap()
+}
+
 fn only_wake(env: &Env) -> Value {
     let wakes = env.inbox("default", "new");
     assert_eq!(wakes.len(), 1, "one wake:\n{}", env.tree());
@@ -193,31 +204,13 @@ fn a_log_bigger_than_any_reader_reads_still_lets_the_final_report_and_the_deadli
     let live = Live::start(&env, T0);
     // The final report resolves its waitpoint and wakes the session.
     env.drop_file("final", &body(&finishing, &secret, r#","message":"done""#));
-    env.wait_until("the resolved wake", || {
-        env.inbox("default", "new")
-            .iter()
-            .any(|w| w["kind"] == "resolved")
-    });
+    let wake = wake_of_kind(&env, "resolved");
     assert_eq!(env.state(&finishing)["status"], "resolved");
-    let wake = env
-        .inbox("default", "new")
-        .into_iter()
-        .find(|w| w["kind"] == "resolved")
-        .unwrap();
     assert_eq!(wake["digest"]["signals"], N + 1);
     // The deadline passes and is told, once.
     live.advance_ms(2 * 3_600_000);
-    env.wait_until("the deadline wake", || {
-        env.inbox("default", "new")
-            .iter()
-            .any(|w| w["kind"] == "deadline")
-    });
+    let deadline = wake_of_kind(&env, "deadline");
     assert_eq!(env.state(&expiring)["status"], "expired");
-    let deadline = env
-        .inbox("default", "new")
-        .into_iter()
-        .find(|w| w["kind"] == "deadline")
-        .unwrap();
     let text = deadline["text"].as_str().unwrap();
     assert!(
         text.contains(&format!("only heartbeats arrived ({N})")),

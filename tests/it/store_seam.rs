@@ -235,6 +235,18 @@ impl Txn for MemoryTxn<'_> {
     }
 }
 
+/// A memory store for `home` and an engine on it.
+fn on_memory(home: &Home) -> (Arc<Memory>, Engine) {
+    let memory = Arc::new(Memory::new(home));
+    let engine = Engine::with_store(
+        home.clone(),
+        Settings::default(),
+        Arc::new(SystemClock),
+        memory.clone(),
+    );
+    (memory, engine)
+}
+
 fn item(id: &str, secret: &str, file: &str) -> (SignalRequest, Source) {
     let SpoolBody::Signal(req) = parse_spool_body(body(id, secret, "").as_bytes()).unwrap() else {
         panic!("a signal body");
@@ -316,13 +328,7 @@ fn a_second_store_behind_the_seam_counts_each_identity_once_and_the_home_holds_n
     assert_eq!((expected.signals, expected.records), (3, 3));
 
     let home = Home::new(memory_env.home.clone());
-    let memory = Arc::new(Memory::new(&home));
-    let engine = Engine::with_store(
-        home.clone(),
-        Settings::default(),
-        Arc::new(SystemClock),
-        memory.clone(),
-    );
+    let (memory, engine) = on_memory(&home);
     assert_eq!(scenario(&engine, &home), expected);
     assert_eq!(*memory.commits.lock().unwrap(), 2, "one commit per batch");
     let on_disk = std::fs::read_dir(home.waitpoints_dir()).map_or(0, |d| d.count());
@@ -363,13 +369,7 @@ fn a_lost_lease_stays_a_lost_lease_for_every_signal_of_the_batch() {
     use waitpoint::error::ErrorKind;
     let env = Env::new();
     let home = Home::new(env.home.clone());
-    let memory = Arc::new(Memory::new(&home));
-    let engine = Engine::with_store(
-        home.clone(),
-        Settings::default(),
-        Arc::new(SystemClock),
-        memory.clone(),
-    );
+    let (memory, engine) = on_memory(&home);
     let created = engine
         .create(CreateRequest {
             max_signals: 10,
