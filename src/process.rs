@@ -244,33 +244,84 @@ pub fn run_command(
 /// pipes still hold arrives at once; a grandchild keeping them open is not waited for.
 pub const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
-/// Waits for `child`, which leads a process group of its own, at most `timeout`: past it the
-/// whole group is killed (so nothing it started outlives it) and `None` is returned.
-pub fn wait_with_timeout_killing_group(
+/// How a child waited for by [`wait_killing_group`] ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It exited (or was killed by someone else) by itself.
+    Exited(ExitStatus),
+    /// It ran past its timeout, and its group was ended.
+    TimedOut,
+    /// We were asked to stop (SIGTERM, SIGINT or SIGHUP), and its group was ended first.
+    Stopped,
+}
+
+/// How long a group asked to end (SIGTERM) has before it is killed. A harness given the time
+/// writes out the transcript of the turn it was in, which is how a later attempt learns that
+/// the turn had begun.
+pub const TERM_GRACE: Duration = Duration::from_secs(5);
+
+/// Waits for `child`, which leads a process group of its own, at most `timeout`; with
+/// `on_stop_signals`, also until we are sent SIGTERM, SIGINT or SIGHUP. Either way the whole
+/// group is ended before we return: asked with SIGTERM, then killed once `grace` passed, so
+/// nothing it started outlives it.
+///
+/// A runner that is itself run in a group of its own (the daemon runs `onWake` so) passes
+/// its stop on to the group it leads: the daemon ending the runner's group reaches the
+/// harness's group too, which would otherwise run on under init. It uses half the grace, so
+/// its own killing comes before the one of whoever stopped it.
+pub fn wait_killing_group(
     child: Child,
     timeout: Duration,
-) -> io::Result<Option<ExitStatus>> {
+    on_stop_signals: bool,
+) -> io::Result<Ended> {
+    enum Told {
+        Exited(io::Result<ExitStatus>),
+        Stop,
+    }
     let pid = child.id() as libc::pid_t;
     let (tx, rx) = mpsc::channel();
     let mut child = child;
+    let exits = tx.clone();
     let waiter = std::thread::spawn(move || {
-        let _ = tx.send(child.wait());
+        let _ = exits.send(Told::Exited(child.wait()));
     });
-    match rx.recv_timeout(timeout) {
-        Ok(status) => {
-            let _ = waiter.join();
-            status.map(Some)
-        }
-        Err(_) => {
-            // The leader is not reaped yet (the waiter is still in wait(2)), so its group id
-            // cannot have been reused.
-            if let Some(group) = rustix::process::Pid::from_raw(pid) {
-                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    let signals = if on_stop_signals {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
+        let handle = signals.handle();
+        std::thread::spawn(move || {
+            if signals.forever().next().is_some() {
+                let _ = tx.send(Told::Stop);
             }
-            let _ = waiter.join();
-            Ok(None)
-        }
+        });
+        Some(handle)
+    } else {
+        drop(tx);
+        None
+    };
+    let told = rx.recv_timeout(timeout);
+    if let Some(h) = &signals {
+        h.close();
     }
+    let (ended, grace) = match told {
+        Ok(Told::Exited(status)) => {
+            let _ = waiter.join();
+            return status.map(Ended::Exited);
+        }
+        Ok(Told::Stop) => (Ended::Stopped, TERM_GRACE / 2),
+        Err(_) => (Ended::TimedOut, TERM_GRACE),
+    };
+    // The leader is not reaped yet (the waiter is still in wait(2)), so its group id cannot
+    // have been reused when it is asked; after its exit, the rest of the group (if any) still
+    // holds the id.
+    if let Some(group) = rustix::process::Pid::from_raw(pid) {
+        use rustix::process::{Signal, kill_process_group};
+        let _ = kill_process_group(group, Signal::TERM);
+        let _ = rx.recv_timeout(grace);
+        let _ = kill_process_group(group, Signal::KILL);
+    }
+    let _ = waiter.join();
+    Ok(ended)
 }
 
 /// Reads `pipe` (at most `cap` bytes) on a thread; the receiver gets what was read once the

@@ -268,6 +268,7 @@ fn resume_any(engine: &Engine, a: AnyResumeArgs) -> anyhow::Result<u8> {
         target: caller.session_id,
         fork: a.fork_session,
         dir: caller.project_dir,
+        transcripts: transcripts_of(caller.harness),
     };
     hand_over(engine, &wake, &r)
 }
@@ -295,8 +296,24 @@ fn resume(engine: &Engine, a: ResumeArgs, harness: Harness) -> anyhow::Result<u8
         target,
         fork: a.fork_session,
         dir: seen.and_then(|c| c.project_dir),
+        transcripts: transcripts_of(harness),
     };
     hand_over(engine, &wake, &r)
+}
+
+/// Where `harness` keeps its transcripts, as it finds them itself: Claude Code under
+/// `$CLAUDE_CONFIG_DIR` (else `~/.claude`), Codex under `$CODEX_HOME` (else `~/.codex`). The
+/// daemon runs this adapter with the environment it was started with, the user's.
+fn transcripts_of(harness: Harness) -> Option<std::path::PathBuf> {
+    let (var, default) = match harness {
+        Harness::Claude => ("CLAUDE_CONFIG_DIR", ".claude"),
+        Harness::Codex => ("CODEX_HOME", ".codex"),
+    };
+    let dir = env_var(var)
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| env_var("HOME").map(|h| std::path::Path::new(&h).join(default)))?;
+    dir.is_absolute().then_some(dir)
 }
 
 /// Resumes the harness with the wake unless a live waiter of the session takes it; exit 0 when

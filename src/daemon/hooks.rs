@@ -1,39 +1,82 @@
-//! The `onWake` hook runner: a worker thread that runs hooks (never on the loop) and reports each
-//! attempt back as [`Event::HookDone`], and the environment each hook is run with.
+//! The `onWake` hook runner: runs hooks off the loop, a session at a time and sessions side by
+//! side, reports each attempt back as [`Event::HookDone`], and the environment each hook is run
+//! with.
 
 use super::{Daemon, Event};
 use crate::delivery::{self, hook, hook::HookRun};
 use crate::engine::HookJob;
-use std::collections::HashSet;
-use std::sync::mpsc::{self, Sender};
+use std::collections::{HashSet, VecDeque};
+use std::sync::mpsc::Sender;
 use std::time::Duration;
 
-/// Runs `onWake` hooks on a worker thread, so a slow hook never stalls the engine loop, and
-/// reports each attempt back to the loop as [`Event::HookDone`].
+/// How many `onWake` runs go at once. A resumed agent turn takes minutes, so runs are not
+/// queued behind one another; the bound keeps a burst of wakes from starting a harness per
+/// session all at once.
+const MAX_RUNNING: usize = 8;
+
+/// Runs `onWake` hooks, each on a thread of its own (never on the loop), and reports each
+/// attempt back to the loop as [`Event::HookDone`]. Runs of different sessions go side by side:
+/// one session's long turn never holds up another's wake. A session has one run at a time, so
+/// its wakes reach it in order and its harness session is never resumed twice at once.
 pub(super) struct HookRunner {
-    pub(super) jobs: Sender<(HookJob, HookRun)>,
-    pub(super) in_flight: HashSet<String>,
+    events: Sender<Event>,
+    /// Wakes whose run is going or queued: a wake is never run twice at once.
+    in_flight: HashSet<String>,
+    /// Sessions with a run going.
+    busy: HashSet<String>,
+    queued: VecDeque<(HookJob, HookRun)>,
 }
 
 impl HookRunner {
     pub(super) fn start(events: Sender<Event>) -> Self {
-        let (jobs, rx) = mpsc::channel::<(HookJob, HookRun)>();
-        std::thread::Builder::new()
-            .name("on-wake".into())
-            .spawn(move || {
-                for (job, run) in rx {
-                    let result = hook::run(&run);
-                    let _ = events.send(Event::HookDone {
-                        owner: job.owner,
-                        wake_id: job.wake_id,
-                        result,
-                    });
-                }
-            })
-            .expect("spawn the hook thread");
         HookRunner {
-            jobs,
+            events,
             in_flight: HashSet::new(),
+            busy: HashSet::new(),
+            queued: VecDeque::new(),
+        }
+    }
+
+    fn submit(&mut self, job: HookJob, run: HookRun) {
+        self.in_flight.insert(job.wake_id.clone());
+        self.queued.push_back((job, run));
+        self.start_ready();
+    }
+
+    /// A run ended (its [`Event::HookDone`] arrived): its session may run its next.
+    pub(super) fn finished(&mut self, channel: &str, wake_id: &str) {
+        self.in_flight.remove(wake_id);
+        self.busy.remove(channel);
+        self.start_ready();
+    }
+
+    /// Starts queued runs, oldest first, whose session has none going, while fewer than
+    /// [`MAX_RUNNING`] go.
+    fn start_ready(&mut self) {
+        let mut i = 0;
+        while i < self.queued.len() && self.busy.len() < MAX_RUNNING {
+            if self.busy.contains(&self.queued[i].0.channel) {
+                i += 1;
+                continue;
+            }
+            let (job, run) = self.queued.remove(i).expect("an index inside the queue");
+            self.busy.insert(job.channel.clone());
+            let events = self.events.clone();
+            let done = move |job: HookJob, result| {
+                let _ = events.send(Event::HookDone {
+                    owner: job.owner,
+                    wake_id: job.wake_id,
+                    channel: Some(job.channel),
+                    result,
+                });
+            };
+            let (for_thread, spare) = (job.clone(), done.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("on-wake {}", job.channel))
+                .spawn(move || done(for_thread, hook::run(&run)));
+            if let Err(e) = spawned {
+                spare(job, Err(format!("cannot start a thread for the hook: {e}")));
+            }
         }
     }
 }
@@ -58,6 +101,7 @@ impl Daemon {
                 let _ = self.tx.send(Event::HookDone {
                     owner: job.owner,
                     wake_id: job.wake_id,
+                    channel: None,
                     result: Ok(()),
                 });
                 return;
@@ -90,10 +134,73 @@ impl Daemon {
             env,
             cwd: None,
             timeout: Duration::from_millis(settings.on_wake_timeout_ms),
+            stop_on_signals: false,
         };
-        runner.in_flight.insert(job.wake_id.clone());
-        if runner.jobs.send((job, run)).is_err() {
-            tracing::error!("the hook thread is gone; hooks will not run");
+        runner.submit(job, run);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn job(channel: &str, n: u32) -> HookJob {
+        HookJob {
+            owner: format!("wp_{n}"),
+            channel: channel.to_owned(),
+            wake_id: format!("wk_0000000000{n:02}_0001"),
+            attempt: 1,
         }
+    }
+
+    /// A run that fails when another run of the same mark is going: `mkdir` is the test.
+    fn run(mark: &std::path::Path) -> HookRun {
+        let m = mark.display();
+        HookRun {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                format!("mkdir '{m}' || exit 1; sleep 0.3; rmdir '{m}'"),
+            ],
+            stdin: Vec::new(),
+            env: Vec::new(),
+            cwd: None,
+            timeout: Duration::from_secs(30),
+            stop_on_signals: false,
+        }
+    }
+
+    fn next_done(rx: &mpsc::Receiver<Event>) -> (String, Result<(), String>) {
+        match rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a run ends")
+        {
+            Event::HookDone {
+                channel, result, ..
+            } => (channel.expect("a run"), result),
+            _ => panic!("not a hook's end"),
+        }
+    }
+
+    #[test]
+    fn a_session_has_one_run_at_a_time_and_sessions_run_side_by_side() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let mut runner = HookRunner::start(tx);
+        let same = dir.path().join("a");
+        runner.submit(job("a", 1), run(&same));
+        runner.submit(job("a", 2), run(&same));
+        // Another session's run goes at once, beside the first.
+        runner.submit(job("b", 3), run(&dir.path().join("b")));
+        assert_eq!(runner.busy.len(), 2);
+        let mut ended = Vec::new();
+        while ended.len() < 3 {
+            let (channel, result) = next_done(&rx);
+            assert_eq!(result, Ok(()), "two runs of session {channel} at once");
+            runner.finished(&channel, &format!("wk_{}", ended.len()));
+            ended.push(channel);
+        }
+        assert_eq!(ended.iter().filter(|c| *c == "a").count(), 2);
     }
 }

@@ -72,6 +72,8 @@ pub enum Event {
         /// The wake's owner: a waitpoint, timer or callback id.
         owner: String,
         wake_id: String,
+        /// The session whose run it was; `None` when nothing was run.
+        channel: Option<String>,
         result: std::result::Result<(), String>,
     },
     /// A signal that came in over the HTTP shim. The loop applies it like a spool file and
@@ -537,10 +539,11 @@ impl Daemon {
             Event::HookDone {
                 owner: waitpoint,
                 wake_id,
+                channel,
                 result,
             } => {
-                if let Some(h) = &mut self.hooks {
-                    h.in_flight.remove(&wake_id);
+                if let (Some(h), Some(channel)) = (&mut self.hooks, &channel) {
+                    h.finished(channel, &wake_id);
                 }
                 match self
                     .engine

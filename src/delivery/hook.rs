@@ -17,6 +17,10 @@ pub struct HookRun {
     /// Where it runs; the caller's own directory when `None`.
     pub cwd: Option<std::path::PathBuf>,
     pub timeout: Duration,
+    /// Whether our own SIGTERM, SIGINT or SIGHUP ends the run (its whole group) before we go:
+    /// set by a runner that is itself a program someone may stop, such as the resume adapter
+    /// the daemon runs, so the harness it started never runs on after it.
+    pub stop_on_signals: bool,
 }
 
 /// How much of the hook's stderr is kept as the error of a failed attempt.
@@ -77,12 +81,17 @@ pub fn run_to_end(h: &HookRun, capture_stdout: bool) -> Result<Finished, String>
     let err = process::drain(child.stderr.take(), 64 * 1024);
     // No polling, and no unbounded wait on the pipes: a hook whose grandchild keeps stderr
     // open would otherwise hold this thread (and every later wake's hook) for ever.
-    let status = match process::wait_with_timeout_killing_group(child, h.timeout) {
-        Ok(Some(status)) => status,
-        Ok(None) => {
+    let status = match process::wait_killing_group(child, h.timeout, h.stop_on_signals) {
+        Ok(process::Ended::Exited(status)) => status,
+        Ok(process::Ended::TimedOut) => {
             return Err(format!(
-                "timed out after {} ms (killed)",
+                "timed out after {} ms (ended with everything it started)",
                 h.timeout.as_millis()
+            ));
+        }
+        Ok(process::Ended::Stopped) => {
+            return Err(format!(
+                "{program:?} was ended with everything it started: we were told to stop"
             ));
         }
         Err(e) => return Err(format!("cannot wait for {program:?}: {e}")),
@@ -137,6 +146,7 @@ mod group_tests {
             env: Vec::new(),
             cwd: None,
             timeout: Duration::from_millis(500),
+            stop_on_signals: false,
         };
         let e = run_to_end(&run, false).unwrap_err();
         assert!(e.contains("timed out"), "{e}");

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,10 @@ pub struct Resume {
     /// The session's project directory: both harnesses find a session only from where it ran
     /// (Claude Code keeps sessions per project; Codex asks about the directory's trust).
     pub dir: Option<PathBuf>,
+    /// Where the harness keeps its transcripts (Claude Code's config directory, Codex's home),
+    /// searched before a resume of a wake is started again ([`super::transcript`]); `None`
+    /// when not known.
+    pub transcripts: Option<PathBuf>,
 }
 
 /// Set in a resumed harness's environment: its own hooks (which inherit it) must not take the
@@ -78,9 +82,12 @@ impl Resume {
 }
 
 /// The prompt a resumed session is given: the wake's own text, which frames any external payload
-/// as data, through the one rule (a wake an older version wrote may hold anything).
+/// as data, through the one rule (a wake an older version wrote may hold anything), and a last
+/// line naming the wake. The harness keeps the prompt in its transcript, so the transcript
+/// tells a later attempt that this wake's turn began ([`super::transcript`]).
 pub fn prompt(wake: &Wake) -> String {
-    crate::escape::text(&wake.text)
+    let text = crate::escape::text(&wake.text);
+    format!("{}\n\n(waitpoint wake {})\n", text.trim_end(), wake.wake_id)
 }
 
 /// Whether a harness run succeeded, from its exit status and standard output. Claude Code prints
@@ -183,6 +190,7 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
         env: vec![(RESUMING_ENV.to_owned(), wake.wake_id.clone())],
         cwd: r.dir.clone(),
         timeout,
+        stop_on_signals: true,
     };
     let done = hook::run_to_end(&run, true).map_err(|e| format!("{}: {e}", r.program))?;
     let (status, out) = (
@@ -368,6 +376,87 @@ pub enum Handed {
     TakenLive,
     /// It was read already when we looked.
     AlreadyRead,
+    /// A resume started for it earlier did not finish (killed mid-turn, or past its bound),
+    /// but the harness's transcript shows the turn began: the agent has it, and it is now
+    /// marked read rather than given a second time.
+    InTranscript,
+}
+
+/// `sessions/<s>/resume.json`: the resume of a wake this session had started, written before
+/// the harness is started and removed once the wake is read. Found on a later attempt for the
+/// same wake, it says a turn may have begun already, and the harness's transcript is asked.
+#[derive(Debug, Serialize, Deserialize)]
+struct ResumeRecord {
+    wake_id: String,
+    harness: Harness,
+    target: String,
+    /// When the first attempt for this wake started, in milliseconds since the epoch.
+    started_at_ms: u64,
+}
+
+fn resume_record(home: &Home, session: &str) -> PathBuf {
+    home.sessions_dir().join(session).join("resume.json")
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Before resuming with `wake`: whether an earlier resume of it already gave it to the harness
+/// (then it is marked read here), and the record of this attempt, written durably before the
+/// harness starts.
+fn begin_resume(
+    home: &Home,
+    wake: &Wake,
+    r: &Resume,
+) -> std::result::Result<Option<Handed>, String> {
+    let path = resume_record(home, &wake.channel);
+    let earlier = crate::durable::read_json_or_set_aside::<ResumeRecord>(
+        &home.quarantine_dir(),
+        home.root(),
+        &path,
+    )
+    .ok()
+    .flatten()
+    .filter(|e| e.wake_id == wake.wake_id);
+    let started_at_ms = match &earlier {
+        Some(e) => {
+            // File times are coarser than our clock: a little before, not a turn missed.
+            let since = UNIX_EPOCH + Duration::from_millis(e.started_at_ms.saturating_sub(2_000));
+            match super::transcript::holds(
+                r.harness,
+                r.transcripts.as_deref(),
+                since,
+                &wake.wake_id,
+            ) {
+                super::transcript::Seen::Yes => {
+                    delivery::mark_read(home, &wake.channel, &wake.wake_id)
+                        .map_err(|e| format!("cannot mark the wake read: {e}"))?;
+                    let _ = crate::durable::remove_durably(&path);
+                    return Ok(Some(Handed::InTranscript));
+                }
+                seen => tracing::info!(
+                    wake = %wake.wake_id,
+                    ?seen,
+                    "a resume of this wake was started before; its turn is not in the transcript, so it is started again"
+                ),
+            }
+            e.started_at_ms
+        }
+        None => epoch_ms(SystemTime::now()),
+    };
+    crate::durable::commit_json(
+        &path,
+        &ResumeRecord {
+            wake_id: wake.wake_id.clone(),
+            harness: r.harness,
+            target: r.target.clone(),
+            started_at_ms,
+        },
+    )
+    .map_err(|e| format!("cannot record the resume before starting it: {e}"))?;
+    Ok(None)
 }
 
 /// Delivers `wake` to a closed session by resuming it, unless the session is live: then its
@@ -410,12 +499,18 @@ pub fn resume_or_yield(
     if !delivery::is_unread(home, channel, id) {
         return Ok(Handed::AlreadyRead);
     }
+    if let Some(handed) = begin_resume(home, wake, r)? {
+        return Ok(handed);
+    }
+    // A failed run keeps the record: whether its turn began is for the next attempt's look
+    // at the transcript to say (a turn killed at its bound began; a refused one did not).
     resume(
         home,
         wake,
         r,
         deadline.saturating_duration_since(Instant::now()),
     )?;
+    let _ = crate::durable::remove_durably(&resume_record(home, channel));
     Ok(Handed::Resumed)
 }
 
@@ -472,6 +567,7 @@ mod tests {
             target: "abc".into(),
             fork: true,
             dir: None,
+            transcripts: None,
         };
         assert_eq!(
             r.args(),
@@ -490,6 +586,7 @@ mod tests {
             target: "t1".into(),
             fork: true,
             dir: None,
+            transcripts: None,
         };
         assert_eq!(
             c.args(),

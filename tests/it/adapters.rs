@@ -253,7 +253,15 @@ fn claude_resume_runs_claude_p_resume_with_the_wake_on_stdin_and_marks_it_read()
         env.inbox("agent", "new").is_empty() && env.inbox("agent", "cur").len() == 1
     });
     let wake = env.inbox("agent", "cur")[0].clone();
-    assert_eq!(prompt, wake["text"].as_str().unwrap());
+    // The wake's text, and a last line naming the wake for the harness's transcript.
+    assert_eq!(
+        prompt,
+        format!(
+            "{}\n\n(waitpoint wake {})\n",
+            wake["text"].as_str().unwrap().trim_end(),
+            wake["wake_id"].as_str().unwrap()
+        )
+    );
     let recorded_env = claude.record("env");
     assert!(recorded_env.contains(&format!(
         "WAITPOINT_WAKE_ID={}",
@@ -785,4 +793,137 @@ fn a_shell_inside_a_harness_session_marks_read_only_its_own_sessions_wakes() {
         &env.waitpoint(&["ack", "--channel", "other", &second]),
     );
     assert!(env.inbox("other", "new").is_empty());
+}
+
+/// Whether process `pid` is gone (or a zombie waiting to be reaped).
+fn gone(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[test]
+fn one_sessions_long_run_holds_up_no_other_sessions_wake() {
+    let marks = tempfile::tempdir().unwrap();
+    let m = marks.path().display().to_string();
+    // A run for session `slow` lasts until the test releases it (a resumed turn of minutes);
+    // a run for any other session ends at once.
+    let script = format!(
+        "d='{m}'; touch \"$d/$WAITPOINT_CHANNEL.started\"; \
+         if [ \"$WAITPOINT_CHANNEL\" = slow ]; then while [ ! -e \"$d/release\" ]; do sleep 0.05; done; fi; \
+         touch \"$d/$WAITPOINT_CHANNEL.done\""
+    );
+    let env = Env::with_settings(
+        &serde_json::json!({
+            "waitpointSweepMs": 300,
+            "onWake": ["sh", "-c", script],
+            // Far past the test's patience: only a runner that runs sessions side by side
+            // gets to the second session's wake while the first's run goes on.
+            "onWakeTimeoutMs": 3_600_000,
+        })
+        .to_string(),
+    );
+    let _daemon = env.daemon();
+    let mark = |name: &str| marks.path().join(name).exists();
+    let slow = env.arm("train", &["--session", "slow", "--intent", "read it"]);
+    env.ok("job", &env.job_then(true, &signal_line(&slow, "cli"), None));
+    env.wait_until("the slow session's run to start", || mark("slow.started"));
+    let fast = env.arm("lint", &["--session", "fast", "--intent", "read it"]);
+    env.ok("job", &env.job_then(true, &signal_line(&fast, "cli"), None));
+    env.wait_until(
+        "the other session's run, while the slow one goes on",
+        || mark("fast.done"),
+    );
+    assert!(!mark("slow.done"), "the slow run was not held");
+    fs::write(marks.path().join("release"), "").unwrap();
+    let id = id_secret(&slow).0;
+    env.wait_until("the slow run to be recorded delivered", || {
+        env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+}
+
+#[test]
+fn a_resume_killed_mid_turn_is_not_started_again_once_its_turn_is_in_the_transcript() {
+    let adapter = [
+        "waitpoint",
+        "adapter",
+        "claude-resume",
+        "--resume",
+        "sess-123",
+    ];
+    // A turn longer than the bound: the adapter ends it, as a long turn was before setup wrote
+    // an hour.
+    resume_killed_mid_turn(&adapter, 3_000);
+    // The adapter told to stop (as the daemon does when its own bound passes) ends the turn
+    // it started, with everything the harness started, before it goes.
+    let stopped: Vec<&str> = ["timeout", "2"].iter().chain(&adapter).copied().collect();
+    resume_killed_mid_turn(&stopped, 60_000);
+}
+
+/// A resume by `on_wake` of a Claude Code stand-in whose turn never ends is ended mid-turn,
+/// and the next attempt finds the turn in the transcript: the harness ran once, and nothing it
+/// started runs on.
+fn resume_killed_mid_turn(on_wake: &[&str], timeout_ms: u64) {
+    let config = tempfile::tempdir().unwrap();
+    let env = Env::with_settings(
+        &serde_json::json!({
+            "waitpointSweepMs": 300,
+            "onWake": on_wake,
+            "onWakeTimeoutMs": timeout_ms,
+        })
+        .to_string(),
+    );
+    // A Claude Code that writes the turn's prompt to its transcript, as the real one does when
+    // a turn begins, then thinks for ever (in a child of its own, as a harness runs tools).
+    let dir = env.home.join("..").join("standin-slow");
+    let runs = dir.join("runs");
+    fs::create_dir_all(&runs).unwrap();
+    let transcript = config.path().join("projects/-work-proj/sess-123.jsonl");
+    fs::create_dir_all(transcript.parent().unwrap()).unwrap();
+    let script = format!(
+        "#!/bin/sh\necho $$ >> '{runs}/pids'\ncat >> '{t}'\nsleep 300 &\necho $! >> '{runs}/pids'\nwait\n",
+        runs = runs.display(),
+        t = transcript.display()
+    );
+    let claude = dir.join("claude");
+    fs::write(&claude, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = Path::new(WAITPOINT).parent().unwrap();
+    let path = format!("{}:{}:/usr/bin:/bin", dir.display(), bin.display());
+    let _daemon = env.daemon_with_env(&[
+        ("PATH", &path),
+        ("CLAUDE_CONFIG_DIR", &config.path().display().to_string()),
+    ]);
+    let reply = env.arm("eval", &["--session", "agent", "--intent", "read it"]);
+    let id = id_secret(&reply).0;
+    env.ok(
+        "job",
+        &env.job_then(true, &signal_line(&reply, "cli"), None),
+    );
+    env.wait_until("the wake to be read after the killed turn", || {
+        env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+    assert_eq!(env.inbox("agent", "cur").len(), 1);
+    let pids: Vec<i32> = fs::read_to_string(runs.join("pids"))
+        .unwrap()
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "the harness was started again: {pids:?}");
+    // The killed run took everything it started with it, the harness's own children too.
+    for pid in pids {
+        let start = Instant::now();
+        while !gone(pid) && start.elapsed() < PATIENCE {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(gone(pid), "process {pid} of the killed resume runs on");
+    }
+    let state = env.state(&id);
+    assert_eq!(state["hook_deliveries"][0]["attempts"], 2, "{state}");
+    assert!(!env.home.join("sessions/agent/resume.json").exists());
 }
