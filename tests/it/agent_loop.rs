@@ -346,6 +346,92 @@ fn a_closed_claude_code_session_is_resumed_in_its_project_by_a_daemon_started_el
     );
 }
 
+/// What is killed while a resumed turn is under way.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// The daemon's process group: the daemon alone, as a service manager's stop of it.
+    DaemonGroup,
+    /// The daemon and everything it started: the adapter, Claude Code, its children (a crash
+    /// of the machine, as far as the processes go).
+    Everything,
+}
+
+/// The processes descended from `pid`, `pid` first.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| -> Option<u32> {
+        let stat = fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let all: Vec<u32> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+        .collect();
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(all.iter().filter(|&&c| parent_of(c) == Some(p)));
+        i += 1;
+    }
+    tree
+}
+
+#[test]
+fn a_resumed_turn_of_minutes_cut_off_by_a_kill_reaches_the_agent_once() {
+    for cut in [Cut::DaemonGroup, Cut::Everything] {
+        let env = Env::new();
+        let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let gate = released.clone();
+        // The resumed turn thinks until the test lets it end: a real agent's turn of minutes.
+        let server = ModelServer::start(move |r| {
+            if r.last_user_text().contains("Waitpoint wp_") {
+                while !gate.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            agent(r)
+        });
+        let claude = claude_by_setup(&env, &server);
+        let daemon = daemon(&env, "claude", &claude.vars());
+        claude.print("arm long-1 then stop", &[], LIMIT).ok();
+        let a = armed(&server, "long-1");
+        let session = format!("claude-{}", a.harness_session);
+        job_reports(&env, &a);
+        woken_in(&server, &a.harness_session, &a);
+        let doomed = match cut {
+            Cut::DaemonGroup => vec![daemon.pid()],
+            Cut::Everything => process_tree(daemon.pid()),
+        };
+        for pid in doomed {
+            // SAFETY: kill(2) on processes of this test's own tree.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        }
+        drop(daemon);
+        released.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _again = self::daemon(&env, "claude", &claude.vars());
+        read_once(&env, &session, &a);
+        assert_eq!(
+            turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+            1,
+            "{cut:?}: {}",
+            server.summary()
+        );
+        assert!(
+            !env.home
+                .join("sessions")
+                .join(&session)
+                .join("resume.json")
+                .exists()
+        );
+    }
+}
+
 #[test]
 fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
     let env = Env::new();
