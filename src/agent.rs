@@ -191,14 +191,24 @@ impl Session {
 
 /// Every session the home knows of, by name: those with an inbox, and those a kept waitpoint
 /// names (the one that armed it, the channel its wakes go to).
+/// A session deleted (`waitpoint session delete`) is left out until a waitpoint naming it is
+/// armed again or a wake lands in it.
 pub fn session_names(engine: &Engine) -> Result<std::collections::BTreeSet<String>> {
-    let mut names = std::collections::BTreeSet::new();
+    let mut created = std::collections::BTreeMap::<String, Vec<crate::clock::Timestamp>>::new();
     engine.for_each_waitpoint(|wp| {
-        names.insert(wp.session);
-        names.insert(wp.channel);
+        for name in [wp.session, wp.channel] {
+            created.entry(name).or_default().push(wp.created_at);
+        }
         Ok(())
     })?;
-    names.extend(crate::delivery::channels(engine.home())?);
+    let inboxes = crate::delivery::channels(engine.home())?;
+    let mut names = std::collections::BTreeSet::new();
+    for (name, times) in created {
+        if inboxes.contains(&name) || !engine.listed_as_deleted(&name, times)? {
+            names.insert(name);
+        }
+    }
+    names.extend(inboxes);
     Ok(names)
 }
 

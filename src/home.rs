@@ -218,6 +218,12 @@ impl Home {
         self.root.join("index").join("sessions")
     }
 
+    /// `index/deleted/`: a `<session>.json` per deleted session (when it was deleted), so the
+    /// session lists leave it out while the waitpoints it cancelled are kept.
+    pub fn deleted_sessions_dir(&self) -> PathBuf {
+        self.root.join("index").join("deleted")
+    }
+
     /// `index/sessions.complete`: written after a full rebuild; without it the index is not
     /// trusted (a home made before the index existed) and readers scan every waitpoint.
     pub fn session_index_complete(&self) -> PathBuf {

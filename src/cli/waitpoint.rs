@@ -25,6 +25,11 @@ pub enum SessionCommand {
     List(SessionsArgs),
     /// Delete a session: cancel its armed waitpoints (a late signal cannot bring it back) and
     /// remove its inbox
+    ///
+    /// Its timers are cancelled and its callbacks revoked too. The session leaves the session
+    /// lists (`waitpoint sessions`, the page) at once, though its cancelled waitpoints are kept
+    /// three days (`index/deleted/<session>.json` says when it was deleted); a waitpoint armed
+    /// in it later brings it back.
     Delete(SessionDeleteArgs),
 }
 

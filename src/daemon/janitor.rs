@@ -1,4 +1,4 @@
-//! Clean-up: read wakes past their TTL, retention of closed waitpoints, stale temp files.
+//! Clean-up: read wakes past their TTL, records of sessions deleted long ago, retention of closed waitpoints, stale temp files.
 
 use super::{Daemon, GC_EVERY_MS, STALE_TEMP_MS, TEMP_WALK_EVERY_MS};
 use crate::durable;
@@ -9,6 +9,11 @@ impl Daemon {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "removed read wakes older than the TTL"),
             Err(e) => tracing::error!("cannot clean read wakes: {e}"),
+        }
+        match self.engine.gc_deleted_sessions() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(removed = n, "forgot sessions deleted long ago"),
+            Err(e) => tracing::error!("cannot clean the records of deleted sessions: {e}"),
         }
         self.next_gc = self.engine.now().plus_ms(GC_EVERY_MS);
     }

@@ -267,6 +267,27 @@ fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>,
         .filter(|name| crate::names::is_name(name))
         .collect();
     names.extend(inboxes.iter().cloned());
+    // A deleted session is left out until a waitpoint naming it is armed again (or a wake
+    // lands): only its index markers' waitpoints are read, and only for the few deleted.
+    for (file, _) in crate::durable::list_dir(&home.deleted_sessions_dir())? {
+        let Some(name) = file.strip_suffix(".json") else {
+            continue;
+        };
+        if !names.contains(name) || inboxes.contains(name) {
+            continue;
+        }
+        let mut created = Vec::new();
+        for (id, _) in crate::durable::list_dir(&home.session_index(name))? {
+            if crate::names::is_waitpoint_id(&id)
+                && let Some(wp) = engine.load(&id)?
+            {
+                created.push(wp.created_at);
+            }
+        }
+        if engine.listed_as_deleted(name, created)? {
+            names.remove(name);
+        }
+    }
     Ok((names, inboxes, true))
 }
 

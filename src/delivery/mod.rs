@@ -185,7 +185,14 @@ pub fn channels(home: &Home) -> Result<Vec<String>> {
 
 /// Removes a session's whole inbox (`sessions/<session>/`), durably.
 pub fn remove_inbox(home: &Home, session: &str) -> Result<()> {
-    durable::remove_tree(&home.sessions_dir().join(session))?;
+    let dir = home.sessions_dir().join(session);
+    // A home where no wake has landed yet has no `sessions/`: nothing to remove.
+    if std::fs::symlink_metadata(home.sessions_dir())
+        .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
+    {
+        return Ok(());
+    }
+    durable::remove_tree(&dir)?;
     durable::fsync_dir(&home.sessions_dir())
 }
 

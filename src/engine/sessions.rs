@@ -1,7 +1,9 @@
 //! Sessions as a whole: deleting one (its waitpoints cancelled, its capabilities revoked, its
-//! inbox removed) and clearing read wakes past their TTL.
+//! inbox removed, a record of the deletion left for the session lists) and clearing read wakes
+//! past their TTL.
 
 use super::Engine;
+use crate::clock::Timestamp;
 use crate::delivery;
 use crate::error::{Error, Result};
 use crate::records::Status;
@@ -37,6 +39,16 @@ impl Engine {
             }
         }
         delivery::remove_inbox(&self.home, session)?;
+        // The cancelled waitpoints are kept for three days and name the session: the record
+        // keeps it out of the session lists meanwhile (until it is used again).
+        crate::durable::create_dir_private(&self.home.deleted_sessions_dir())?;
+        crate::durable::commit_json(
+            &self.deleted_record(session),
+            &DeletedSession {
+                session: session.to_owned(),
+                deleted_at: self.clock.now(),
+            },
+        )?;
         tracing::info!(
             session,
             cancelled = cancelled.len(),
@@ -51,10 +63,68 @@ impl Engine {
         })
     }
 
+    fn deleted_record(&self, session: &str) -> std::path::PathBuf {
+        self.home
+            .deleted_sessions_dir()
+            .join(format!("{session}.json"))
+    }
+
+    /// When `session` was last deleted, if it was (and the record is still kept).
+    pub fn session_deleted_at(&self, session: &str) -> Result<Option<Timestamp>> {
+        check_name("session", session)?;
+        let found: Option<DeletedSession> = crate::durable::read_json_or_set_aside(
+            &self.home.quarantine_dir(),
+            self.home.root(),
+            &self.deleted_record(session),
+        )?;
+        Ok(found.filter(|d| d.session == session).map(|d| d.deleted_at))
+    }
+
+    /// Whether a session list leaves `session` out: it was deleted, and no waitpoint naming it
+    /// (`created`, the creation times of those a list found) was armed since.
+    pub fn listed_as_deleted(
+        &self,
+        session: &str,
+        created: impl IntoIterator<Item = Timestamp>,
+    ) -> Result<bool> {
+        let Some(at) = self.session_deleted_at(session)? else {
+            return Ok(false);
+        };
+        Ok(created.into_iter().all(|c| c <= at))
+    }
+
+    /// Removes the records of sessions deleted longer ago than the waitpoints they cancelled
+    /// are kept (and a day more): nothing names those sessions any more.
+    pub fn gc_deleted_sessions(&self) -> Result<usize> {
+        let now = self.clock.now();
+        let mut removed = 0;
+        for (name, path) in crate::durable::list_dir(&self.home.deleted_sessions_dir())? {
+            let Some(session) = name.strip_suffix(".json") else {
+                continue;
+            };
+            let old = match self.session_deleted_at(session) {
+                Ok(Some(at)) => at.plus_ms(super::RETAIN_MS + 86_400_000) < now,
+                Ok(None) | Err(_) => false,
+            };
+            if old {
+                crate::durable::remove_durably(&path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Removes delivered wakes older than the TTL from every session's `cur/`.
     pub fn gc_read_wakes(&self) -> Result<usize> {
         delivery::remove_read_older_than(&self.home, self.clock.now(), self.settings.ttl_ms as i64)
     }
+}
+
+/// `index/deleted/<session>.json`: a session deleted at `deleted_at`.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct DeletedSession {
+    session: String,
+    deleted_at: Timestamp,
 }
 
 /// What deleting a session ended: its armed waitpoints (cancelled), its active timers

@@ -444,3 +444,34 @@ fn a_signal_rewrites_the_state_over_its_rested_spare_and_makes_no_file() {
         env.tree()
     );
 }
+
+#[test]
+fn the_record_of_a_deleted_session_is_forgotten_once_its_waitpoints_are_gone() {
+    use waitpoint::clock::ManualClock;
+    let env = Env::new();
+    let at = |ms: i64| {
+        Engine::new(
+            Home::new(&env.home),
+            Settings::default(),
+            Arc::new(ManualClock::new(T0.plus_ms(ms))),
+        )
+    };
+    let e = at(0);
+    Arming::new("t").session("gone").on(&e);
+    e.delete_session("gone").unwrap();
+    let record = env.home.join("index/deleted/gone.json");
+    assert!(record.exists());
+    assert_eq!(e.session_deleted_at("gone").unwrap(), Some(T0));
+    // Kept while the cancelled waitpoint may still be (three days), and a day more.
+    assert_eq!(
+        at(waitpoint::engine::RETAIN_MS)
+            .gc_deleted_sessions()
+            .unwrap(),
+        0
+    );
+    assert!(record.exists());
+    let later = at(waitpoint::engine::RETAIN_MS + 86_400_000 + 1);
+    assert_eq!(later.gc_deleted_sessions().unwrap(), 1);
+    assert!(!record.exists());
+    assert_eq!(later.session_deleted_at("gone").unwrap(), None);
+}

@@ -480,6 +480,19 @@ fn deleting_a_session_cancels_its_armed_waitpoints_so_late_signals_cannot_revive
     env.wait_drained();
     assert_eq!(env.state(&aid)["counters"]["signals"], 0);
     assert!(!env.home.join("sessions/alice").exists());
+    // Gone from the session list, though its cancelled waitpoint is kept three days; back as
+    // soon as it is used again.
+    let listed = |env: &Env| -> Vec<String> {
+        let v = env.waitpoint_json("sessions", &["sessions", "--json"]);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["session"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(listed(&env), ["bob"]);
+    env.arm("again", &["--session", "alice"]);
+    assert_eq!(listed(&env), ["alice", "bob"]);
 }
 
 #[test]

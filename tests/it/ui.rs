@@ -848,3 +848,38 @@ fn the_list_is_bounded_and_says_how_many_it_leaves_out() {
     // The one-row sessions shown are past the budget too.
     assert_eq!(v["view"]["waitpoints_not_shown"], 1 + 2 + (singles - 1));
 }
+
+#[test]
+fn a_deleted_session_leaves_the_page_until_it_is_used_again() {
+    let env = Env::new();
+    let _d = daemon(&env);
+    env.arm("a", &["--session", "alice"]);
+    env.arm("b", &["--session", "bob"]);
+    let me = log_in(&env);
+    let listed = || -> Vec<String> {
+        let view = curl(
+            &env,
+            "GET",
+            &format!("{}api/view", me.page),
+            &[&me.cookie],
+            None,
+        );
+        assert_eq!(view.code, 200, "{}", view.body);
+        let v: Value = serde_json::from_str(&view.body).unwrap();
+        v["view"]["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["line"]["session"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    env.wait_until("both sessions on the page", || listed() == ["alice", "bob"]);
+    env.ok("delete", &env.waitpoint(&["session", "delete", "alice"]));
+    // A delete run by another process tells the daemon nothing: the list shows it within its
+    // age bound (a minute).
+    env.wait_until("the deleted session off the page", || listed() == ["bob"]);
+    env.arm("again", &["--session", "alice"]);
+    env.wait_until("the session back once used again", || {
+        listed() == ["alice", "bob"]
+    });
+}
