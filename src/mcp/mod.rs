@@ -90,6 +90,8 @@ struct Inner {
     broken: Option<String>,
     /// The harness sessions already remembered in `harness.json`, by waitpoint session.
     remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
+    /// The sessions whose default ingress this server has looked after ([`Inner::with_default_ingress`]).
+    ingress_offered: std::sync::Mutex<HashSet<String>>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -178,6 +180,7 @@ impl Server {
                 claude_channel: config.claude_channel,
                 broken: config.broken,
                 remembered: Default::default(),
+                ingress_offered: Default::default(),
             }),
             tool_router: Self::tool_router(),
         }
@@ -200,7 +203,8 @@ impl Server {
         let job = tokio::task::spawn_blocking(move || {
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
-            f(&inner, &session)
+            let reply = f(&inner, &session)?;
+            Ok(inner.with_default_ingress(&session, reply))
         });
         Ok(match job.await {
             Ok(Ok(r)) => r,
@@ -216,6 +220,56 @@ impl Server {
 }
 
 impl Inner {
+    /// The spec's "the agent's runtime context supplies its default ingress capability": the
+    /// first successful reply this server gives a session, while the home's HTTP shim listens,
+    /// carries the session's default external trigger, issued then when the session has none
+    /// active. Its URL is a secret that can be shown only when issued: a session whose default
+    /// is active already (shown by an earlier server) is not given another, and
+    /// `reset-callback` replaces a lost one.
+    fn with_default_ingress(&self, session: &str, mut reply: CallToolResult) -> CallToolResult {
+        let home = self.engine.home();
+        if reply.is_error == Some(true)
+            || !matches!(
+                crate::sender::published_endpoint(home),
+                crate::sender::Published::Up(_)
+            )
+            || !self
+                .ingress_offered
+                .lock_or_recover()
+                .insert(session.to_owned())
+        {
+            return reply;
+        }
+        let active = self.engine.list_callbacks(Some(session)).map(|all| {
+            all.iter()
+                .any(|c| c.default && c.status == crate::records::CallbackStatus::Active)
+        });
+        match active {
+            Ok(false) => {}
+            Ok(true) => return reply,
+            Err(e) => {
+                tracing::warn!(session, "cannot look for the default ingress: {e}");
+                return reply;
+            }
+        }
+        match self.engine.reset_default_callback(session, None) {
+            Ok(issued) => {
+                let url = agent::trigger_url(home, self.lines.fallback_port, &issued);
+                reply.content.push(ContentBlock::text(format!(
+                    "This session's default ingress: external trigger {} ({}), {url} . A POST to \
+                     it wakes you to look at the external state; use it for ordinary \
+                     integrations rather than creating triggers. The URL is a secret shown only \
+                     here: give it to a sender exactly as issued, and do not print it into a \
+                     transcript, paste it into an issue, or store it in source control.",
+                    issued.callback.id,
+                    issued.callback.mode.delivery_name()
+                )));
+            }
+            Err(e) => tracing::warn!(session, "cannot issue the default ingress: {e}"),
+        }
+        reply
+    }
+
     /// The session a call acts for, given the caller its `_meta` names (if any), with the
     /// harness session it lives in remembered for a later resume.
     fn session_for(&self, call: Option<&Caller>) -> crate::error::Result<String> {

@@ -882,3 +882,63 @@ fn settings_out_of_range_are_told_in_every_call_not_by_a_dead_server() {
     let (status, _) = s.close();
     assert!(status.success(), "{status}");
 }
+
+/// The default ingress URL a reply's text offers, if any.
+fn offered_ingress(reply: &Value) -> Option<String> {
+    let texts = reply["text"].as_array()?;
+    let text = texts
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|t| t.starts_with("This session's default ingress"))?;
+    let url = text.split_whitespace().find(|w| w.starts_with("http://"))?;
+    Some(url.to_owned())
+}
+
+#[test]
+fn a_sessions_first_reply_carries_its_default_ingress_while_the_shim_listens() {
+    let env = Env::new();
+    {
+        // No shim, no URL that could work: nothing is issued.
+        let _daemon = env.daemon();
+        let mut c = Client::start(&env, Revision::Modern, "alice");
+        let r = c.call("wait_check", json!({}));
+        assert_eq!(offered_ingress(&r), None, "{r}");
+    }
+    let _daemon = env.daemon_with(&["--http", "--port", "0"], &[]);
+    let port = env.webhook_port();
+    let mut a = Client::start(&env, Revision::Modern, "alice");
+    let first = a.call("wait_check", json!({}));
+    let url = offered_ingress(&first).unwrap_or_else(|| panic!("no default ingress: {first}"));
+    assert!(
+        url.starts_with(&format!("http://127.0.0.1:{port}/api/callbacks/wake/")),
+        "{url}"
+    );
+    // Shown once: the next reply does not repeat the secret.
+    assert_eq!(offered_ingress(&a.call("wait_check", json!({}))), None);
+    // It is the session's default capability, and it wakes the session.
+    let listed: Value = serde_json::from_str(&env.ok(
+        "callback list",
+        &env.waitpoint(&["callback", "list", "--session", "alice", "--json"]),
+    ))
+    .unwrap();
+    let defaults: Vec<&Value> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["default"] == true && c["status"] == "active")
+        .collect();
+    assert_eq!(defaults.len(), 1, "{listed}");
+    assert_eq!(crate::events::curl_post(&env, &url, None).0, 202);
+    let wake = a.ok("wait_next", json!({"timeout_s": 120}))["wake"].clone();
+    assert_eq!(wake["kind"], "wake_hint", "{wake}");
+    assert_eq!(wake["callback"]["id"], defaults[0]["id"], "{listed}");
+    // Another server of the session issues no second one: the first is still active.
+    let mut again = Client::start(&env, Revision::Legacy, "alice");
+    assert_eq!(offered_ingress(&again.call("wait_check", json!({}))), None);
+    // A refused call offers nothing either; another session gets its own.
+    let mut b = Client::start(&env, Revision::Legacy, "bob");
+    let refused = b.call("wait_cancel", json!({"id": "wp_000000000000"}));
+    assert_eq!(offered_ingress(&refused), None, "{refused}");
+    let other = offered_ingress(&b.call("wait_check", json!({}))).unwrap();
+    assert_ne!(other, url);
+}
