@@ -324,6 +324,15 @@ fn hand_over(engine: &Engine, wake: &Wake, r: &Resume) -> anyhow::Result<u8> {
         .saturating_sub(Duration::from_secs(1))
         .max(Duration::from_secs(1));
     match wake::resume_or_yield(engine.home(), wake, r, limit) {
+        Ok(wake::Handed::NoSuchSession) => {
+            eprintln!(
+                "waitpoint adapter: {} has no conversation {} to resume (it never had a turn); \
+                 the wake stays unread for the session's next reader, and is not retried",
+                r.harness.program(),
+                r.target
+            );
+            Ok(exit::OK)
+        }
         Ok(handed) => {
             tracing::info!(wake = %wake.wake_id, ?handed, "wake handed over");
             Ok(exit::OK)

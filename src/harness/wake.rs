@@ -181,6 +181,21 @@ fn cause_line(stderr: &str) -> Option<&str> {
         .copied()
 }
 
+/// How a resume refused for good says so: the harness has no such session (one that never had
+/// a turn has no transcript to resume), and no retry can change that.
+pub const NO_SUCH_SESSION: &str = "the harness has no conversation to resume for session";
+
+/// Whether a failed run says the harness has no such session: Claude Code prints "No
+/// conversation found with session ID: …" for a session that never had a turn.
+fn no_such_session(harness: Harness, stdout: &str, stderr: &str) -> bool {
+    match harness {
+        Harness::Claude => [stdout, stderr]
+            .iter()
+            .any(|t| t.contains("No conversation found")),
+        Harness::Codex => false,
+    }
+}
+
 /// Runs the harness with the wake as the prompt; on success marks the wake read. `Err` is the
 /// reason, for the `onWake` runner's record; the wake stays unread.
 pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result<(), String> {
@@ -201,12 +216,13 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
         || "was killed by a signal".to_owned(),
         |c| format!("exited {c}"),
     );
-    judge(r.harness, status.success(), &exit, &out).map_err(|why| {
-        let err = String::from_utf8_lossy(&done.stderr);
-        match cause_line(&err) {
-            Some(line) => format!("{why} (stderr: {})", first_line(line)),
-            None => why,
-        }
+    let err = String::from_utf8_lossy(&done.stderr);
+    if !status.success() && no_such_session(r.harness, &out, &err) {
+        return Err(format!("{NO_SUCH_SESSION} {}", r.target));
+    }
+    judge(r.harness, status.success(), &exit, &out).map_err(|why| match cause_line(&err) {
+        Some(line) => format!("{why} (stderr: {})", first_line(line)),
+        None => why,
     })?;
     delivery::mark_read(home, &wake.channel, &wake.wake_id)
         .map_err(|e| format!("resumed, but cannot mark the wake read: {e}"))?;
@@ -380,6 +396,10 @@ pub enum Handed {
     /// but the harness's transcript shows the turn began: the agent has it, and it is now
     /// marked read rather than given a second time.
     InTranscript,
+    /// The harness has no such session to resume (Claude Code's session that never had a
+    /// turn): no retry can deliver it, so it stays unread for the session's next reader
+    /// (`wait_next`, `waitpoint next`, a live waiter).
+    NoSuchSession,
 }
 
 /// `sessions/<s>/resume.json`: the resume of a wake this session had started, written before
@@ -504,12 +524,21 @@ pub fn resume_or_yield(
     }
     // A failed run keeps the record: whether its turn began is for the next attempt's look
     // at the transcript to say (a turn killed at its bound began; a refused one did not).
-    resume(
+    let ran = resume(
         home,
         wake,
         r,
         deadline.saturating_duration_since(Instant::now()),
-    )?;
+    );
+    if ran
+        .as_ref()
+        .is_err_and(|why| why.starts_with(NO_SUCH_SESSION))
+    {
+        // Nothing began: the record goes, and the wake stays for the session's next reader.
+        let _ = crate::durable::remove_durably(&resume_record(home, channel));
+        return Ok(Handed::NoSuchSession);
+    }
+    ran?;
     let _ = crate::durable::remove_durably(&resume_record(home, channel));
     Ok(Handed::Resumed)
 }

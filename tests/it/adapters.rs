@@ -889,22 +889,9 @@ fn resume_killed_mid_turn(on_wake: &[&str], timeout_ms: u64) {
         runs = runs.display(),
         t = transcript.display()
     );
-    let claude = dir.join("claude");
-    fs::write(&claude, script).unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
-    let bin = Path::new(WAITPOINT).parent().unwrap();
-    let path = format!("{}:{}:/usr/bin:/bin", dir.display(), bin.display());
-    let _daemon = env.daemon_with_env(&[
-        ("PATH", &path),
-        ("CLAUDE_CONFIG_DIR", &config.path().display().to_string()),
-    ]);
-    let reply = env.arm("eval", &["--session", "agent", "--intent", "read it"]);
-    let id = id_secret(&reply).0;
-    env.ok(
-        "job",
-        &env.job_then(true, &signal_line(&reply, "cli"), None),
-    );
+    let config_dir = config.path().display().to_string();
+    let (_daemon, id) =
+        claude_script_woken(&env, &dir, &script, &[("CLAUDE_CONFIG_DIR", &config_dir)]);
     env.wait_until("the wake to be read after the killed turn", || {
         env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
     });
@@ -926,4 +913,57 @@ fn resume_killed_mid_turn(on_wake: &[&str], timeout_ms: u64) {
     let state = env.state(&id);
     assert_eq!(state["hook_deliveries"][0]["attempts"], 2, "{state}");
     assert!(!env.home.join("sessions/agent/resume.json").exists());
+}
+
+#[test]
+fn a_resume_of_a_conversation_that_does_not_exist_is_not_retried_and_the_wake_stays_unread() {
+    let env = Env::with_settings(&settings_with(&[
+        "waitpoint",
+        "adapter",
+        "claude-resume",
+        "--resume",
+        "sess-new",
+    ]));
+    // As Claude Code answers a resume of a session that never had a turn (after a `/clear`
+    // before the first one).
+    let dir = env.home.join("..").join("standin-none");
+    fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "#!/bin/sh\necho run >> '{}/runs'\ncat >/dev/null\necho 'No conversation found with session ID: sess-new' >&2\nexit 1\n",
+        dir.display()
+    );
+    let (_daemon, id) = claude_script_woken(&env, &dir, &script, &[]);
+    env.wait_until("the run to be settled", || {
+        env.state(&id)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+    assert_eq!(fs::read_to_string(dir.join("runs")).unwrap(), "run\n");
+    assert_eq!(env.state(&id)["hook_deliveries"][0]["attempts"], 1);
+    // Not lost: the session's next reader takes it.
+    assert_eq!(env.inbox("agent", "new").len(), 1);
+    assert!(!env.home.join("sessions/agent/resume.json").exists());
+}
+
+/// Installs `script` as `claude` in `dir`, starts a daemon that finds it first (with `vars`),
+/// and arms a waitpoint of session `agent` whose job then reports: the daemon's `onWake` runs.
+fn claude_script_woken(
+    env: &Env,
+    dir: &Path,
+    script: &str,
+    vars: &[(&str, &str)],
+) -> (crate::helpers::DaemonGuard, String) {
+    let claude = dir.join("claude");
+    fs::write(&claude, script).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&claude, fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = Path::new(WAITPOINT).parent().unwrap();
+    let path = format!("{}:{}:/usr/bin:/bin", dir.display(), bin.display());
+    let mut all = vec![("PATH", path.as_str())];
+    all.extend_from_slice(vars);
+    let daemon = env.daemon_with_env(&all);
+    let reply = env.arm("eval", &["--session", "agent", "--intent", "read it"]);
+    env.ok(
+        "job",
+        &env.job_then(true, &signal_line(&reply, "cli"), None),
+    );
+    (daemon, id_secret(&reply).0)
 }
