@@ -127,6 +127,17 @@ pub fn waiting_for(engine: &Engine, session: &str) -> Result<Vec<Waitpoint>> {
         .collect())
 }
 
+/// Whether `session` waits on anything: a waitpoint ([`waiting_for`]), an active timer, or an
+/// unread wake.
+pub fn session_waits(engine: &Engine, session: &str) -> Result<bool> {
+    Ok(!waiting_for(engine, session)?.is_empty()
+        || engine
+            .list_timers(session, usize::MAX)?
+            .iter()
+            .any(|t| t.status == crate::records::TimerStatus::Active)
+        || !crate::delivery::unread(engine.home(), session)?.is_empty())
+}
+
 /// One session as the session list shows it (`waitpoint sessions`, the operator's page).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SessionLine {

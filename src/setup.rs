@@ -481,9 +481,12 @@ fn claude_approval(v: &mut Map<String, Value>, changes: &mut Vec<String>) -> Res
     Ok(())
 }
 
-/// How long Codex lets the Stop hook run, and how long our waiter waits inside that.
-const CODEX_HOOK_TIMEOUT_S: u64 = 600;
-const CODEX_WAIT_S: u64 = 590;
+/// How long Codex lets the Stop hook run, and how long our waiter waits inside that: a day, as
+/// for Claude Code, since a job that outlasts the wait would leave the open session without its
+/// wake (Codex has no upper bound on a hook's timeout). The hook waits only while the agent
+/// waits on something, and Esc takes the prompt back.
+const CODEX_HOOK_TIMEOUT_S: u64 = 86_400;
+const CODEX_WAIT_S: u64 = 86_000;
 
 /// Codex's hooks file: the Stop hook that continues a turn with a wake.
 fn codex_hooks(
@@ -736,7 +739,7 @@ mod tests {
         let hooks: Value = serde_json::from_str(&first[1].after).unwrap();
         assert_eq!(
             hooks["hooks"]["Stop"][0]["hooks"][0]["command"],
-            "waitpoint adapter codex-stop-hook --timeout 590"
+            "waitpoint adapter codex-stop-hook --timeout 86000"
         );
         assert!(!first[2].changes_anything());
         assert!(first[2].changes[0].contains("left onWake"));

@@ -167,6 +167,14 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
         wake::end_waiter(home, &session)?;
         return Ok(exit::OK);
     }
+    // Codex's TUI waits on its Stop hook (it shows "Running hook" and queues what the user
+    // types): it is held only while the agent waits on something, and then as long as that
+    // may take, not ten minutes.
+    let timeout = if harness == Harness::Codex && !crate::agent::session_waits(engine, &session)? {
+        Duration::ZERO
+    } else {
+        timeout
+    };
     // A stop signal while wakes are in hand must not lose them: it is turned into a request
     // to stop, and what was taken is handed over first.
     let interrupt = super::interrupt_on_stop_signals()?;
@@ -268,7 +276,7 @@ fn resume_any(engine: &Engine, a: AnyResumeArgs) -> anyhow::Result<u8> {
         target: caller.session_id,
         fork: a.fork_session,
         dir: caller.project_dir,
-        transcripts: transcripts_of(caller.harness),
+        harness_home: harness_home_of(caller.harness),
     };
     hand_over(engine, &wake, &r)
 }
@@ -296,15 +304,15 @@ fn resume(engine: &Engine, a: ResumeArgs, harness: Harness) -> anyhow::Result<u8
         target,
         fork: a.fork_session,
         dir: seen.and_then(|c| c.project_dir),
-        transcripts: transcripts_of(harness),
+        harness_home: harness_home_of(harness),
     };
     hand_over(engine, &wake, &r)
 }
 
-/// Where `harness` keeps its transcripts, as it finds them itself: Claude Code under
+/// The harness's own directory (its transcripts, Codex's thread locks), as it finds it itself: Claude Code under
 /// `$CLAUDE_CONFIG_DIR` (else `~/.claude`), Codex under `$CODEX_HOME` (else `~/.codex`). The
 /// daemon runs this adapter with the environment it was started with, the user's.
-fn transcripts_of(harness: Harness) -> Option<std::path::PathBuf> {
+fn harness_home_of(harness: Harness) -> Option<std::path::PathBuf> {
     let (var, default) = match harness {
         Harness::Claude => ("CLAUDE_CONFIG_DIR", ".claude"),
         Harness::Codex => ("CODEX_HOME", ".codex"),

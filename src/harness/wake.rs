@@ -42,10 +42,10 @@ pub struct Resume {
     /// The session's project directory: both harnesses find a session only from where it ran
     /// (Claude Code keeps sessions per project; Codex asks about the directory's trust).
     pub dir: Option<PathBuf>,
-    /// Where the harness keeps its transcripts (Claude Code's config directory, Codex's home),
-    /// searched before a resume of a wake is started again ([`super::transcript`]); `None`
-    /// when not known.
-    pub transcripts: Option<PathBuf>,
+    /// The harness's own directory (Claude Code's config directory, Codex's home): its
+    /// transcripts, searched before a resume of a wake is started again
+    /// ([`super::transcript`]), and Codex's thread locks; `None` when not known.
+    pub harness_home: Option<PathBuf>,
 }
 
 /// Set in a resumed harness's environment: its own hooks (which inherit it) must not take the
@@ -446,7 +446,7 @@ fn begin_resume(
             let since = UNIX_EPOCH + Duration::from_millis(e.started_at_ms.saturating_sub(2_000));
             match super::transcript::holds(
                 r.harness,
-                r.transcripts.as_deref(),
+                r.harness_home.as_deref(),
                 since,
                 &wake.wake_id,
             ) {
@@ -497,6 +497,29 @@ pub fn resume_or_yield(
         crate::agent::wake_on_change(&home.inbox_new(channel)).map_err(|e| e.to_string())?;
     if !delivery::is_unread(home, channel, id) {
         return Ok(Handed::AlreadyRead);
+    }
+    // An open Codex thread refuses any other writer: wait for its turn's end (its Stop hook's
+    // waiter takes the wake) or its exit, then resume at once. This comes before the presence
+    // lock, which that waiter needs.
+    let mut said = false;
+    while r.harness == Harness::Codex
+        && let Some(pid) = super::codex_lock::holder(r.harness_home.as_deref(), &r.target)
+    {
+        if !said {
+            tracing::info!(wake = %id, thread = %r.target, pid, "the thread is open in Codex; the wake waits for its turn's end or its exit");
+            said = true;
+        }
+        if !crate::agent::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
+            return Err(format!(
+                "thread {} stayed open in Codex (process {pid}) for {} s; the wake waits for \
+                 its next turn's end or its exit",
+                r.target,
+                timeout.as_secs()
+            ));
+        }
+        if !delivery::is_unread(home, channel, id) {
+            return Ok(Handed::TakenLive);
+        }
     }
     loop {
         match presence.try_lock() {
@@ -596,7 +619,7 @@ mod tests {
             target: "abc".into(),
             fork: true,
             dir: None,
-            transcripts: None,
+            harness_home: None,
         };
         assert_eq!(
             r.args(),
@@ -615,7 +638,7 @@ mod tests {
             target: "t1".into(),
             fork: true,
             dir: None,
-            transcripts: None,
+            harness_home: None,
         };
         assert_eq!(
             c.args(),

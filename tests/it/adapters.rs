@@ -171,6 +171,23 @@ fn a_hook_that_times_out_says_nothing_and_takes_nothing() {
 }
 
 #[test]
+fn codex_stop_hook_holds_the_tui_only_while_the_session_waits_on_something() {
+    let env = Env::new();
+    // Nothing waited on: Codex's TUI is let go at once, whatever the hook's bound.
+    let (code, stdout, _) = finish(hook(&env, "codex-stop-hook", "86000"));
+    assert_eq!((code, stdout.as_str()), (0, ""));
+    // Something armed: the hook waits (here, for its short bound), as long as it may take.
+    env.arm("eval", &["--session", "agent", "--intent", "read it"]);
+    let waiting = hook(&env, "codex-stop-hook", "86000");
+    let record = env.home.join("sessions/agent/waiter.json");
+    env.wait_until("the hook to wait", || record.exists());
+    let mut waiting = waiting;
+    assert!(waiting.try_wait().unwrap().is_none(), "the hook left");
+    let _ = waiting.kill();
+    let _ = waiting.wait();
+}
+
+#[test]
 fn codex_stop_hook_continues_the_turn_with_the_wake_as_its_reason() {
     let env = Env::new();
     let _daemon = env.daemon();

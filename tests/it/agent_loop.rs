@@ -181,6 +181,11 @@ fn woken_in(server: &ModelServer, session: &str, a: &Armed) -> Request {
 /// The live waiters of this home: `adapter claude-hook` processes naming it (setup writes
 /// `--home` into the hooks).
 fn waiters(env: &Env) -> Vec<u32> {
+    live_adapters(env, "adapter claude-hook")
+}
+
+/// The live `waitpoint` processes of this home whose command line holds `adapter`.
+fn live_adapters(env: &Env, adapter: &str) -> Vec<u32> {
     let home = env.home.display().to_string();
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").unwrap().flatten() {
@@ -195,7 +200,13 @@ fn waiters(env: &Env) -> Vec<u32> {
             .is_some_and(|(_, r)| r.starts_with(" Z"));
         // The waiter itself, not the `sh -c` Claude Code runs it under.
         let ours = stat.contains("(waitpoint)");
-        if ours && cmdline.contains("adapter claude-hook") && cmdline.contains(&home) && !zombie {
+        // Hooks name the home in their command line, the daemon's `onWake` runs in theirs.
+        let environ = fs::read(entry.path().join("environ")).unwrap_or_default();
+        let in_home = cmdline.contains(&home)
+            || String::from_utf8_lossy(&environ)
+                .split('\0')
+                .any(|v| v == format!("WAITPOINT_HOME={home}"));
+        if ours && cmdline.contains(adapter) && in_home && !zombie {
             found.push(pid);
         }
     }
@@ -553,4 +564,83 @@ fn an_open_codex_session_continues_its_turn_with_its_wake_without_a_keystroke() 
         "{}",
         server.summary()
     );
+}
+
+/// An open Codex TUI whose user pressed Esc while the Stop hook waited: the waiter is gone, and
+/// the thread stays open (Codex's writer lock held). Then a daemon starts and the job reports,
+/// so the resume meets the open thread. Returns the TUI, the waitpoint, its session, the daemon.
+fn codex_open_without_a_waiter<'e>(
+    env: &'e Env,
+    server: &ModelServer,
+    codex: &mut crate::harness::Codex<'e>,
+) -> (crate::harness::Tmux, Armed, String, DaemonGuard) {
+    setup(env, &codex.project, &["codex"]);
+    codex.trust_hooks();
+    let tmux = codex.interactive(&[], LIMIT);
+    tmux.send_line("arm cx-esc");
+    let a = armed(server, "cx-esc");
+    let session = format!("codex-{}", a.harness_session);
+    let record = env.home.join("sessions").join(&session).join("waiter.json");
+    env.wait_until("the Stop hook's waiter", || record.exists());
+    tmux.send_keys(&["Escape"]);
+    // Codex kills the hook: its record stays, the process goes.
+    env.wait_until("Esc to end the waiter", || {
+        live_adapters(env, "adapter codex-stop-hook").is_empty()
+    });
+    let daemon = daemon(env, "codex", &codex.vars());
+    job_reports(env, &a);
+    (tmux, a, session, daemon)
+}
+
+/// The hook delivery of `a`'s wake, once the daemon settled it: delivered at the first attempt.
+fn delivered_at_first_attempt(env: &Env, a: &Armed) {
+    env.wait_until("the onWake run to be settled", || {
+        env.state(&a.id)["hook_deliveries"][0]["delivered_at"].is_string()
+    });
+    let state = env.state(&a.id);
+    assert_eq!(
+        state["hook_deliveries"][0]["attempts"], 1,
+        "a resume refused by the open thread: {state}"
+    );
+}
+
+#[test]
+fn after_esc_an_open_codex_thread_gets_its_wake_at_its_next_turn_end_not_refused_resumes() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let mut codex = codex_env(&env, &server);
+    let (tmux, a, session, _daemon) = codex_open_without_a_waiter(&env, &server, &mut codex);
+    // The user's next turn ends, and its Stop hook hands the wake over in the same thread.
+    tmux.send_line("turn two");
+    let woken = woken_in(&server, &a.harness_session, &a);
+    assert!(
+        woken.last_user_text().contains(HOOK_HEADER),
+        "{}",
+        server.summary()
+    );
+    read_once(&env, &session, &a);
+    delivered_at_first_attempt(&env, &a);
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+}
+
+#[test]
+fn after_esc_and_quit_a_codex_thread_is_resumed_as_soon_as_codex_lets_it_go() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let mut codex = codex_env(&env, &server);
+    let (tmux, a, session, _daemon) = codex_open_without_a_waiter(&env, &server, &mut codex);
+    // The resume runs, and meets the open thread; then the user quits.
+    env.wait_until("the resume to meet the open thread", || {
+        !live_adapters(&env, "adapter resume").is_empty()
+    });
+    drop(tmux);
+    let resumed = woken_in(&server, &a.harness_session, &a);
+    assert!(!resumed.last_user_text().contains(HOOK_HEADER));
+    read_once(&env, &session, &a);
+    delivered_at_first_attempt(&env, &a);
 }
