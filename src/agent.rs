@@ -62,6 +62,14 @@ fn shim_of(home: &Home, fallback: u16, enabled: bool) -> (u16, howto::Shim) {
     }
 }
 
+/// Whether this home's HTTP shim is listening now (a daemon published its address).
+pub fn shim_listening(home: &Home) -> bool {
+    matches!(
+        crate::sender::published_endpoint(home),
+        crate::sender::Published::Up(_)
+    )
+}
+
 /// Whether a daemon holds this home's lock right now (signals are applied only by one).
 pub fn daemon_running(home: &Home) -> bool {
     FileLock::is_held(&home.daemon_lock())
@@ -205,7 +213,7 @@ impl Session {
 /// A session deleted (`waitpoint session delete`) is left out until a waitpoint naming it is
 /// armed again or a wake lands in it.
 pub fn session_names(engine: &Engine) -> Result<std::collections::BTreeSet<String>> {
-    let mut created = std::collections::BTreeMap::<String, Vec<crate::clock::Timestamp>>::new();
+    let mut created = std::collections::BTreeMap::<String, Vec<_>>::new();
     engine.for_each_waitpoint(|wp| {
         for name in [wp.session, wp.channel] {
             created.entry(name).or_default().push(wp.created_at);

@@ -81,13 +81,18 @@ impl Resume {
     }
 }
 
-/// The prompt a resumed session is given: the wake's own text, which frames any external payload
-/// as data, through the one rule (a wake an older version wrote may hold anything), and a last
-/// line naming the wake. The harness keeps the prompt in its transcript, so the transcript
-/// tells a later attempt that this wake's turn began ([`super::transcript`]).
+/// The prompt a resumed session is given: a first line naming the wake, then the wake's own
+/// text, which frames any external payload as data, through the one rule (a wake an older
+/// version wrote may hold anything). The harness keeps the prompt in its transcript, so the
+/// transcript tells a later attempt that this wake's turn began ([`super::transcript`]). The
+/// line comes first because the frame runs to the text's end: a line after it would read as the
+/// sender's.
 pub fn prompt(wake: &Wake) -> String {
-    let text = crate::escape::text(&wake.text);
-    format!("{}\n\n(waitpoint wake {})\n", text.trim_end(), wake.wake_id)
+    format!(
+        "(waitpoint wake {})\n\n{}",
+        wake.wake_id,
+        crate::escape::text(&wake.text)
+    )
 }
 
 /// Whether a harness run succeeded, from its exit status and standard output. Claude Code prints

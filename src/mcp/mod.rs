@@ -229,10 +229,7 @@ impl Inner {
     fn with_default_ingress(&self, session: &str, mut reply: CallToolResult) -> CallToolResult {
         let home = self.engine.home();
         if reply.is_error == Some(true)
-            || !matches!(
-                crate::sender::published_endpoint(home),
-                crate::sender::Published::Up(_)
-            )
+            || !agent::shim_listening(home)
             || !self
                 .ingress_offered
                 .lock_or_recover()
@@ -255,7 +252,9 @@ impl Inner {
         match self.engine.reset_default_callback(session, None) {
             Ok(issued) => {
                 let url = agent::trigger_url(home, self.lines.fallback_port, &issued);
-                reply.content.push(ContentBlock::text(format!(
+                // Before the tool's own note, which stays the reply's last word.
+                let at = reply.content.len().saturating_sub(1);
+                reply.content.insert(at, ContentBlock::text(format!(
                     "This session's default ingress: external trigger {} ({}), {url} . A POST to \
                      it wakes you to look at the external state; use it for ordinary \
                      integrations rather than creating triggers. The URL is a secret shown only \

@@ -270,13 +270,13 @@ fn claude_resume_runs_claude_p_resume_with_the_wake_on_stdin_and_marks_it_read()
         env.inbox("agent", "new").is_empty() && env.inbox("agent", "cur").len() == 1
     });
     let wake = env.inbox("agent", "cur")[0].clone();
-    // The wake's text, and a last line naming the wake for the harness's transcript.
+    // A first line naming the wake for the harness's transcript, and the wake's text.
     assert_eq!(
         prompt,
         format!(
-            "{}\n\n(waitpoint wake {})\n",
-            wake["text"].as_str().unwrap().trim_end(),
-            wake["wake_id"].as_str().unwrap()
+            "(waitpoint wake {})\n\n{}",
+            wake["wake_id"].as_str().unwrap(),
+            wake["text"].as_str().unwrap()
         )
     );
     let recorded_env = claude.record("env");
