@@ -29,6 +29,8 @@ pub enum AdapterCommand {
     /// with nothing in hand. The session is Claude's own (the hook's stdin `session_id`) unless
     /// --session or $CORTEX_SESSION names one. On SessionEnd it ends the session's waiter; under
     /// `claude -p` (CLAUDE_CODE_ENTRYPOINT=sdk-cli) and inside a resume it returns at once.
+    /// Its own errors (a settings file it cannot use, say) exit 1, never 2, which would wake
+    /// the session with the error's text.
     /// Configure it as a SessionStart and Stop command hook with "asyncRewake": true and a
     /// "timeout" a little longer than --timeout, and as a SessionEnd hook (`waitpoint setup
     /// claude-code` does).

@@ -70,30 +70,34 @@ pub fn finish(program: &str, result: anyhow::Result<u8>) -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            let hint = e
-                .chain()
-                .find_map(|e| match e.downcast_ref::<crate::error::Error>() {
-                    Some(crate::error::Error::Invalid { field, .. }) => field_hint(field),
-                    _ => None,
-                })
-                .map(|flag| format!(" (the flag {flag})"))
-                .unwrap_or_default();
-            // The chain, each cause once: an error whose text already quotes its source
-            // (ours do: "cannot open PATH: No such file") would otherwise say it twice.
-            let mut text = e.to_string();
-            for cause in e.chain().skip(1) {
-                let cause = cause.to_string();
-                if !text.contains(&cause) {
-                    text.push_str(": ");
-                    text.push_str(&cause);
-                }
-            }
-            let mut stderr = std::io::stderr().lock();
-            let _ = writeln!(stderr, "{program}: {text}{hint}");
-            ExitCode::from(exit_code_for(&e))
+        Err(e) => ExitCode::from(report(program, &e)),
+    }
+}
+
+/// Prints `e` as `program: …` on stderr (its chain, each cause once, and the flag behind a
+/// refused field) and returns its exit code.
+fn report(program: &str, e: &anyhow::Error) -> u8 {
+    let hint = e
+        .chain()
+        .find_map(|e| match e.downcast_ref::<crate::error::Error>() {
+            Some(crate::error::Error::Invalid { field, .. }) => field_hint(field),
+            _ => None,
+        })
+        .map(|flag| format!(" (the flag {flag})"))
+        .unwrap_or_default();
+    // The chain, each cause once: an error whose text already quotes its source (ours do:
+    // "cannot open PATH: No such file") would otherwise say it twice.
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let cause = cause.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
         }
     }
+    let mut stderr = std::io::stderr().lock();
+    let _ = writeln!(stderr, "{program}: {text}{hint}");
+    exit_code_for(e)
 }
 
 /// Parses argv with clap. On `--help`/`--version` or a usage error, clap's message is printed and
@@ -209,7 +213,25 @@ pub fn main() -> ExitCode {
         log_format.is_some().then_some(&home),
         log_format.unwrap_or_default(),
     );
-    finish("waitpoint", run(home, cli.store.as_deref(), cli.command))
+    let claude_hook = matches!(
+        &cli.command,
+        Command::Adapter(adapter::AdapterCommand::ClaudeHook(_))
+    );
+    let result = run(home, cli.store.as_deref(), cli.command);
+    match result {
+        // Exit 2 is how Claude Code's `asyncRewake` hook wakes the session, its stderr the
+        // model's next input: the hook's own error (a bad settings file, say) must never read
+        // as a wake.
+        Err(e) if claude_hook && !is_broken_pipe(&e) => {
+            let code = report("waitpoint", &e);
+            ExitCode::from(if code == adapter::CLAUDE_REWAKE {
+                crate::error::exit::FAILURE
+            } else {
+                code
+            })
+        }
+        result => finish("waitpoint", result),
+    }
 }
 
 /// Durable "wake me when this finishes" objects.

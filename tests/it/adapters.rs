@@ -984,3 +984,14 @@ fn claude_script_woken(
     );
     (daemon, id_secret(&reply).0)
 }
+
+#[test]
+fn the_claude_hooks_own_error_never_exits_2_which_would_wake_the_session_with_it() {
+    // A settings file the hook cannot use is a usage error (exit 2) for any other command.
+    let env = Env::with_settings(r#"{"onWakeTimeoutMs": "soon"}"#);
+    let other = env.waitpoint(&["check"]);
+    assert_eq!(other.status.code(), Some(2), "{other:?}");
+    let (code, _, stderr) = finish(hook(&env, "claude-hook", "1"));
+    assert!(stderr.contains("onWakeTimeoutMs"), "{stderr}");
+    assert_eq!(code, 1, "{stderr}");
+}
