@@ -5,7 +5,9 @@
 //! used code, a foreign Origin, no CSRF token, and what the view must never hold.
 //!
 //! Chromium, its driver and Selenium are installed by `scripts/test-deps`; a missing one fails
-//! the test with that hint. The screenshots go to `target/ui-screenshots/` (README.md shows one).
+//! the test with that hint. The screenshots go to `target/ui-screenshots/`; with
+//! `WAITPOINT_UPDATE_SCREENSHOTS=1` the desktop one also replaces `docs/operator-page.png`, the
+//! picture README.md shows.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -266,6 +268,12 @@ fn the_operator_page_in_a_real_browser_shows_sessions_live_and_cancels_only_when
         );
         assert!(shots.join(format!("{viewport}.png")).exists());
     }
+    // The README's picture is kept in the repository; this run refreshes it when asked, as
+    // scripts/gen-man refreshes the pages (a shot holds the time, so it differs every run).
+    let kept = Path::new(env!("CARGO_MANIFEST_DIR")).join(README_PICTURE);
+    if std::env::var_os("WAITPOINT_UPDATE_SCREENSHOTS").is_some() {
+        std::fs::copy(shots.join("desktop.png"), &kept).unwrap();
+    }
     assert_eq!(
         state(&env, &id_secret(&doomed).0)["status"],
         "cancelled",
@@ -275,6 +283,27 @@ fn the_operator_page_in_a_real_browser_shows_sessions_live_and_cancels_only_when
         state(&env, &id_secret(&keep).0)["status"],
         "armed",
         "dismissed"
+    );
+}
+
+/// The page's picture the README shows, kept in the repository.
+const README_PICTURE: &str = "docs/operator-page.png";
+
+#[test]
+fn the_readme_shows_the_pages_picture_from_the_repository() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("]({README_PICTURE})")),
+        "README.md shows no {README_PICTURE}"
+    );
+    let png = std::fs::read(root.join(README_PICTURE)).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "{README_PICTURE} is no PNG");
+    // Small: a picture, not a weight on every clone.
+    assert!(
+        png.len() < 300_000,
+        "{README_PICTURE} is {} bytes",
+        png.len()
     );
 }
 
