@@ -293,7 +293,7 @@ impl Daemon {
         let mut items = vec![(request, Source::Http(key))];
         let mut replies = vec![Some(reply)];
         self.gather(|event, n| match event {
-            Event::HttpSignal(Submission::Signal {
+            Event::Http(Submission::Signal {
                 request,
                 key,
                 reply,
@@ -416,7 +416,7 @@ impl Daemon {
         let mut later = Vec::new();
         for _ in 0..engine::MAX_BATCH {
             match self.rx.try_recv() {
-                Ok(e @ (Event::SpoolFile(_) | Event::HttpSignal(_))) => self.handle(e),
+                Ok(e @ (Event::SpoolFile(_) | Event::Http(_))) => self.handle(e),
                 Ok(Event::Shutdown) => {
                     later.push(Event::Shutdown);
                     break;

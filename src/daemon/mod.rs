@@ -76,9 +76,10 @@ pub enum Event {
         channel: Option<String>,
         result: std::result::Result<(), String>,
     },
-    /// A signal that came in over the HTTP shim. The loop applies it like a spool file and
-    /// sends the verdict back once it is durable; the shim answers only then.
-    HttpSignal(Submission),
+    /// A request that came in over the HTTP shim and needs the loop: a signal (applied like a
+    /// spool file, its verdict sent back once durable; the shim answers only then), a
+    /// callback's trigger, a control request, or the operator page's cancel.
+    Http(Submission),
     /// Re-read the clock and run whatever is due (used by tests that move a manual clock).
     Nudge,
     /// Answer on this channel once every earlier event is handled and what is due now has run:
@@ -111,7 +112,7 @@ impl Event {
             Event::Nudge
                 | Event::Barrier(_)
                 | Event::Shutdown
-                | Event::HttpSignal(Submission::Ui {
+                | Event::Http(Submission::Ui {
                     request: UiRequest::View { .. } | UiRequest::Waitpoint { .. },
                     ..
                 })
@@ -569,12 +570,12 @@ impl Daemon {
             Event::CallbackChanged(id) => self.after_trigger(&id),
             Event::Wakes => self.deliver_wakes(),
             Event::Device(e) => self.on_device(e),
-            Event::HttpSignal(Submission::Signal {
+            Event::Http(Submission::Signal {
                 request,
                 key,
                 reply,
             }) => self.apply_http(request, key, reply),
-            Event::HttpSignal(Submission::Callback {
+            Event::Http(Submission::Callback {
                 request,
                 key,
                 reply,
@@ -594,7 +595,7 @@ impl Daemon {
                 }
                 let _ = reply.send(outcome);
             }
-            Event::HttpSignal(Submission::Control { request, reply }) => {
+            Event::Http(Submission::Control { request, reply }) => {
                 let outcome = crate::ingress::http::control::run(&self.engine, request);
                 if let Some(id) = outcome
                     .as_ref()
@@ -606,7 +607,7 @@ impl Daemon {
                 }
                 let _ = reply.send(outcome);
             }
-            Event::HttpSignal(Submission::Ui { request, reply }) => match request {
+            Event::Http(Submission::Ui { request, reply }) => match request {
                 UiRequest::Cancel { id, session } => {
                     let _ = reply.send(ui::cancel(&self.engine, &id, &session));
                 }
@@ -646,7 +647,7 @@ impl Daemon {
             Submission::Ui { request, reply } if !matches!(request, UiRequest::Cancel { .. }) => {
                 views.ask(request, reply)
             }
-            s => tx.send(Event::HttpSignal(s)).is_ok(),
+            s => tx.send(Event::Http(s)).is_ok(),
         });
         let login_file = self.engine.home().ui_login_file();
         Shim::start(bound, self.clock.clone(), submit, file, login_file).map(Some)
