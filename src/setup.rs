@@ -139,6 +139,8 @@ enum Role {
     CodexConfig,
     /// Codex's `hooks.json`.
     CodexHooks,
+    /// Gemini CLI's `settings.json`: the MCP server and the hooks.
+    GeminiSettings,
     /// The home's `settings.json`: `onWake`.
     Home,
 }
@@ -182,6 +184,12 @@ fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
             (Role::CodexConfig, project.join(".codex/config.toml")),
             (Role::CodexHooks, project.join(".codex/hooks.json")),
         ],
+        (Harness::Gemini, Scope::User) => {
+            vec![(Role::GeminiSettings, user.join(".gemini/settings.json"))]
+        }
+        (Harness::Gemini, Scope::Project) => {
+            vec![(Role::GeminiSettings, project.join(".gemini/settings.json"))]
+        }
     };
     files.push((Role::Home, ctx.home_settings.clone()));
     files
@@ -256,6 +264,9 @@ pub fn plan_file(
         Role::ClaudeApproval => merge_json(path, before, |v| claude_approval(v, &mut changes))?,
         Role::CodexConfig => codex_config(path, before, ctx, &mut changes)?,
         Role::CodexHooks => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
+        Role::GeminiSettings => {
+            merge_json(path, before, |v| gemini_settings(v, ctx, &mut changes))?
+        }
     };
     Ok(Edit {
         path: path.clone(),
@@ -497,6 +508,57 @@ fn codex_hooks(
         "command": ctx.command(&format!("adapter codex-stop-hook --timeout {CODEX_WAIT_S}")),
     });
     put_hook(object_at(v, "hooks", "")?, "Stop", stop, changes)
+}
+
+/// How long Gemini CLI lets the AfterAgent hook run, and how long our waiter waits inside that
+/// (Gemini counts hook timeouts in milliseconds). While it waits, the TUI shows "Executing
+/// Hook" and holds what the user types until it ends, as Codex does: ten minutes a turn.
+const GEMINI_HOOK_TIMEOUT_MS: u64 = 600_000;
+const GEMINI_WAIT_S: u64 = 590;
+/// The SessionStart and SessionEnd hooks only write or remove a small record.
+const GEMINI_QUICK_HOOK_MS: u64 = 10_000;
+/// `wait_next` may block for up to 300 s; Gemini's default MCP timeout is ten minutes, and a
+/// bound of our own says what the server needs.
+const GEMINI_TOOL_TIMEOUT_MS: u64 = 330_000;
+
+/// Gemini CLI's `settings.json`: the MCP server (trusted, so its tools exist in headless runs
+/// and need no confirmation) and the hooks that name the session and wake it.
+fn gemini_settings(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut extra = Map::new();
+    extra.insert("trust".into(), json!(true));
+    extra.insert("timeout".into(), json!(GEMINI_TOOL_TIMEOUT_MS));
+    set(
+        object_at(v, "mcpServers", "")?,
+        "waitpoint",
+        mcp_entry(ctx, extra),
+        "set the MCP server waitpoint (waitpoint mcp, trusted)".into(),
+        changes,
+    );
+    let hook = |args: &str, timeout: u64| {
+        json!({
+            "type": "command",
+            "name": "waitpoint",
+            "command": ctx.command(args),
+            "timeout": timeout,
+        })
+    };
+    let hooks = object_at(v, "hooks", "")?;
+    let quick = hook("adapter gemini-hook", GEMINI_QUICK_HOOK_MS);
+    put_hook(hooks, "SessionStart", quick.clone(), changes)?;
+    put_hook(
+        hooks,
+        "AfterAgent",
+        hook(
+            &format!("adapter gemini-hook --timeout {GEMINI_WAIT_S}"),
+            GEMINI_HOOK_TIMEOUT_MS,
+        ),
+        changes,
+    )?;
+    put_hook(hooks, "SessionEnd", quick, changes)
 }
 
 /// Codex's `config.toml`: `[mcp_servers.waitpoint]`, comments and the rest kept as they are.

@@ -1,4 +1,4 @@
-//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI): how each
+//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI, Gemini CLI): how each
 //! tells us who is calling, the waitpoint session that follows from it, and the record of it kept
 //! beside the session's inbox (`sessions/<s>/harness.json`) so that a wake for a closed session
 //! can resume the right harness session in the right directory.
@@ -8,6 +8,7 @@
 //! how a live and a closed session are woken (`crate::harness::wake`). Nothing here reads the process
 //! environment itself: front ends pass a lookup, so the rules are tested without one.
 
+pub mod gemini;
 pub mod wake;
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,9 @@ pub enum Harness {
     /// The Codex CLI.
     #[serde(rename = "codex")]
     Codex,
+    /// Gemini CLI.
+    #[serde(rename = "gemini")]
+    Gemini,
 }
 
 impl Harness {
@@ -36,6 +40,7 @@ impl Harness {
         match self {
             Harness::Claude => "claude-code",
             Harness::Codex => "codex",
+            Harness::Gemini => "gemini",
         }
     }
 
@@ -44,6 +49,7 @@ impl Harness {
         match self {
             Harness::Claude => "claude",
             Harness::Codex => "codex",
+            Harness::Gemini => "gemini",
         }
     }
 

@@ -6,9 +6,11 @@
 //!
 //! - Hooks that block on the session's next wake and hand its text to a live session: Claude
 //!   Code's `asyncRewake` command hook (exit 2, the text on stderr, wakes an idle session) and
-//!   Codex's `Stop` hook (a `{"decision":"block","reason":…}` reply continues the turn).
+//!   Codex's `Stop` hook (a `{"decision":"block","reason":…}` reply continues the turn), and
+//!   Gemini CLI's `AfterAgent` hook (the same reply).
 //! - Resuming a closed session non-interactively with the wake text as the prompt, as an
-//!   `onWake` command: `claude -p --resume ID` and `codex exec resume ID -`.
+//!   `onWake` command: `claude -p --resume ID`, `codex exec resume ID -` and
+//!   `gemini --resume ID -o json`.
 //!
 //! This module builds the harness's command line and judges its answer; running it is the only
 //! I/O besides the inbox.
@@ -69,6 +71,16 @@ impl Resume {
                 self.target.clone(),
                 "-".into(),
             ],
+            // Without a terminal Gemini reads the prompt from stdin and answers headless.
+            // Folder trust is left as the user set it: a folder never trusted would load its
+            // own `.gemini/` (hooks, MCP servers) if this run trusted it; it exits 55 instead,
+            // which the judgement names.
+            Harness::Gemini => vec![
+                "--resume".into(),
+                self.target.clone(),
+                "--output-format".into(),
+                "json".into(),
+            ],
         };
         if self.fork && self.harness == Harness::Claude {
             a.push("--fork-session".into());
@@ -88,6 +100,11 @@ pub fn prompt(wake: &Wake) -> String {
 /// `turn.failed` or `error` event is a failure even under exit status 0.
 pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Result<(), String> {
     if !success {
+        if harness == Harness::Gemini
+            && let Some(why) = gemini_exit(exit)
+        {
+            return Err(format!("gemini {exit}: {why}"));
+        }
         return Err(format!("{} {exit}", harness.program()));
     }
     match harness {
@@ -118,6 +135,35 @@ pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Resul
             }
             Ok(())
         }
+        // `-o json` prints one object: `session_id`, `response`, `stats`, and `error` when the
+        // turn failed.
+        Harness::Gemini => {
+            let v: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
+                format!(
+                    "gemini printed no JSON result ({e}): {}",
+                    first_line(stdout)
+                )
+            })?;
+            if !v["error"].is_null() {
+                let message = v["error"]["message"]
+                    .as_str()
+                    .map_or_else(|| v["error"].to_string(), str::to_owned);
+                return Err(format!("gemini reported an error: {}", first_line(&message)));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// What Gemini CLI 0.61's own exit statuses mean for a resume.
+fn gemini_exit(exit: &str) -> Option<&'static str> {
+    match exit {
+        "exited 55" => Some(
+            "the project folder is not trusted (trust it in Gemini, or list it in \
+             ~/.gemini/trustedFolders.json)",
+        ),
+        "exited 42" => Some("no session with this id in the project (removed, or another folder)"),
+        _ => None,
     }
 }
 
@@ -177,6 +223,18 @@ fn cause_line(stderr: &str) -> Option<&str> {
 /// Runs the harness with the wake as the prompt; on success marks the wake read. `Err` is the
 /// reason, for the `onWake` runner's record; the wake stays unread.
 pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result<(), String> {
+    // A Gemini session open between two turns has no waiter (its AfterAgent hook waits only so
+    // long), yet a second process resuming it would write the same conversation from two
+    // places: the wake waits for the session's next turn, or for it to close.
+    if r.harness == Harness::Gemini
+        && let Some(pid) = crate::harness::gemini::open_in(home, &wake.channel)
+    {
+        return Err(format!(
+            "session {} is open in gemini (pid {pid}) with no waiter; its next turn's end takes \
+             the wake, or a resume once it closes",
+            wake.channel
+        ));
+    }
     let run = HookRun {
         argv: std::iter::once(r.program.clone()).chain(r.args()).collect(),
         stdin: prompt(wake).into_bytes(),

@@ -90,6 +90,9 @@ struct Inner {
     broken: Option<String>,
     /// The harness sessions already remembered in `harness.json`, by waitpoint session.
     remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
+    /// The process that started us (shells and wrappers passed over): a Gemini CLI's, whose
+    /// hooks record which session it is in.
+    parent: Option<libc::pid_t>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -178,6 +181,7 @@ impl Server {
                 claude_channel: config.claude_channel,
                 broken: config.broken,
                 remembered: Default::default(),
+                parent: crate::process::starter_pid(),
             }),
             tool_router: Self::tool_router(),
         }
@@ -198,6 +202,7 @@ impl Server {
         let inner = self.inner.clone();
         let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let job = tokio::task::spawn_blocking(move || {
+            let caller = caller.or_else(|| inner.gemini_caller());
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             f(&inner, &session)
@@ -216,6 +221,13 @@ impl Server {
 }
 
 impl Inner {
+    /// The Gemini CLI session a call comes from: Gemini names none to an MCP server, but its
+    /// `SessionStart` hook records the session of the process that started us. Read on every
+    /// call, since `/clear` moves the process to a new session.
+    fn gemini_caller(&self) -> Option<Caller> {
+        harness::gemini::caller_of_process(self.engine.home(), self.parent?)
+    }
+
     /// The session a call acts for, given the caller its `_meta` names (if any), with the
     /// harness session it lives in remembered for a later resume.
     fn session_for(&self, call: Option<&Caller>) -> crate::error::Result<String> {
@@ -353,6 +365,7 @@ impl Server {
         let started = Instant::now();
         let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let mut job = tokio::task::spawn_blocking(move || {
+            let caller = caller.or_else(|| inner.gemini_caller());
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);
