@@ -196,7 +196,22 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
         return Ok(exit::OK);
     }
     let interrupt = super::interrupt_on_stop_signals()?;
-    let waiter = wake::Waiter::start(home, &session, gemini)?;
+    let mut waiter = wake::Waiter::start(home, &session, gemini)?;
+    // Esc stops Gemini waiting for this hook without stopping it, and writes to the transcript.
+    if let Some(path) = input["transcript_path"].as_str().map(std::path::PathBuf::from)
+        && let Some(from) = harness::gemini::transcript_len(&path)
+    {
+        let watched = path.clone();
+        waiter.leave_when(
+            watched,
+            Box::new(move || harness::gemini::transcript_moved_on(&path, from)),
+        );
+    }
+    // Its terminal closed: Gemini exits once this hook has, so it must not wait on.
+    if let Some(pid) = gemini {
+        let stop = interrupt.clone();
+        harness::gemini::on_hangup(pid, move || stop.raise(libc::SIGHUP));
+    }
     let wakes = wake::take_pending(home, &waiter, Duration::from_secs(a.timeout), &interrupt)?;
     if wakes.is_empty() {
         return Ok(exit::OK);

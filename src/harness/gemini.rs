@@ -11,7 +11,7 @@
 //! atomically beneath the home, read without following a link and capped in size, and each
 //! write prunes those whose process is gone, so the folder holds one per running Gemini.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -151,11 +151,94 @@ fn headless(argv: &[u8], stdin: Option<&std::path::Path>) -> bool {
         .split(|&b| b == 0)
         .take_while(|a| *a != b"--")
         .any(|a| a == b"-p" || a == b"--prompt" || a.starts_with(b"--prompt="));
-    let terminal = stdin.is_some_and(|p| {
-        let p = p.to_string_lossy();
-        p.starts_with("/dev/pts/") || p.starts_with("/dev/tty")
-    });
+    let terminal = stdin.is_some_and(is_terminal_path);
     prompt_flag || !terminal
+}
+
+/// Calls `hung_up` on a thread of its own once the terminal Gemini process `pid` runs in hangs
+/// up (its window closed, its tmux pane killed). Gemini waits for a running hook before it exits
+/// on that, so a waiter that waited on would keep it alive until the hook's timeout. The kernel
+/// says so (poll's `POLLHUP` on the terminal, nothing read from it): nothing polls meanwhile.
+/// False when the process has no terminal that can be opened.
+pub fn on_hangup(pid: libc::pid_t, hung_up: impl FnOnce() + Send + 'static) -> bool {
+    use rustix::event::{PollFd, PollFlags};
+    use rustix::fs::{Mode, OFlags};
+    let Ok(tty) = std::fs::read_link(format!("/proc/{pid}/fd/0")) else {
+        return false;
+    };
+    if !is_terminal_path(&tty) {
+        return false;
+    }
+    // Never our controlling terminal, never blocking, never through a link.
+    let flags = OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK | OFlags::NOFOLLOW;
+    let Ok(fd) = rustix::fs::open(&tty, flags | OFlags::CLOEXEC, Mode::empty()) else {
+        return false;
+    };
+    std::thread::spawn(move || {
+        loop {
+            // No events asked for: only a hangup or an error is reported.
+            let mut fds = [PollFd::new(&fd, PollFlags::empty())];
+            match rustix::event::poll(&mut fds, None) {
+                Ok(_) if fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) => break,
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(_) => break,
+            }
+        }
+        hung_up();
+    });
+    true
+}
+
+fn is_terminal_path(p: &Path) -> bool {
+    let p = p.to_string_lossy();
+    p.starts_with("/dev/pts/") || p.starts_with("/dev/tty")
+}
+
+/// The length of a Gemini session's transcript (`transcript_path` on a hook's stdin) now;
+/// `None` when it is not a regular file that can be opened without blocking or following a
+/// link.
+pub fn transcript_len(path: &Path) -> Option<u64> {
+    let f = open_transcript(path)?;
+    Some(f.metadata().ok()?.len())
+}
+
+fn open_transcript(path: &Path) -> Option<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    f.metadata().ok()?.is_file().then_some(f)
+}
+
+/// Whether the session moved on past a hook that started when its transcript was `from` bytes
+/// long: a message was written since (Esc writes an `info` "Request cancelled.", a prompt a
+/// `user` message). Gemini also appends `{"$set": …}` updates, which are no message; a
+/// transcript that shrank or cannot be read any more counts as moved on. At most 64 KiB of
+/// what was appended is read.
+pub fn transcript_moved_on(path: &Path, from: u64) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let Some(mut f) = open_transcript(path) else {
+        return true;
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    if len < from {
+        return true;
+    }
+    let mut added = Vec::new();
+    if f.seek(SeekFrom::Start(from)).is_err() || f.take(64 * 1024).read_to_end(&mut added).is_err()
+    {
+        return true;
+    }
+    moved_on(&added)
+}
+
+fn moved_on(added: &[u8]) -> bool {
+    added
+        .split(|&b| b == b'\n')
+        .filter_map(|line| serde_json::from_slice::<serde_json::Value>(line).ok())
+        .any(|v| v.get("type").is_some())
 }
 
 /// The caller a Gemini hook names (its stdin's `session_id` and `cwd`).
@@ -167,7 +250,6 @@ pub fn from_hook_input(input: &serde_json::Value) -> Option<Caller> {
 mod tests {
     use super::*;
     use serde_json::json;
-    use std::path::Path;
 
     fn caller(id: &str) -> Caller {
         from_hook_input(&json!({"session_id": id, "cwd": "/p"})).unwrap()
@@ -226,6 +308,30 @@ mod tests {
         std::os::unix::fs::symlink(&outside, &file).unwrap();
         assert_eq!(caller_of_process(&home, me), None);
         assert!(outside.exists());
+    }
+
+    #[test]
+    fn a_transcript_moves_on_with_a_message_not_with_an_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("session.jsonl");
+        std::fs::write(&t, "{\"type\":\"gemini\",\"content\":\"ok\"}\n").unwrap();
+        let from = transcript_len(&t).unwrap();
+        assert!(!transcript_moved_on(&t, from));
+        let mut f = std::fs::OpenOptions::new().append(true).open(&t).unwrap();
+        std::io::Write::write_all(&mut f, b"{\"$set\":{\"lastUpdated\":\"x\"}}\n").unwrap();
+        assert!(!transcript_moved_on(&t, from), "an update is no message");
+        std::io::Write::write_all(
+            &mut f,
+            b"{\"id\":\"1\",\"type\":\"info\",\"content\":\"Request cancelled.\"}\n",
+        )
+        .unwrap();
+        assert!(transcript_moved_on(&t, from));
+        // Rewritten shorter, or gone: moved on (leaving loses nothing).
+        assert!(transcript_moved_on(&t, from + 10_000));
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&t, &link).unwrap();
+        assert_eq!(transcript_len(&link), None);
+        assert!(transcript_moved_on(&link, 0));
     }
 
     #[test]

@@ -277,6 +277,10 @@ pub fn take_pending(
     let session = &waiter.session;
     let mut inbox = crate::agent::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
+    if let Some((file, _)) = &waiter.abandoned {
+        // Not watchable (gone, another kind of file): the test is still asked every minute.
+        let _ = inbox.watch_also(file);
+    }
     interrupt.wake(inbox.poker());
     if let Some(pid) = waiter.starter {
         let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
@@ -315,8 +319,13 @@ pub struct Waiter {
     record: PathBuf,
     starter: Option<libc::pid_t>,
     starter_gone: Arc<AtomicBool>,
+    /// A file whose change may mean the harness gave up on this waiter, and the test of it.
+    abandoned: Option<(PathBuf, Abandoned)>,
     _presence: File,
 }
+
+/// Whether the harness has given up on a waiter, asked when the watched file changes.
+type Abandoned = Box<dyn Fn() -> bool + Send + Sync>;
 
 #[derive(Serialize, Deserialize)]
 struct WaiterRecord {
@@ -365,8 +374,17 @@ impl Waiter {
             record,
             starter,
             starter_gone: Arc::new(AtomicBool::new(false)),
+            abandoned: None,
             _presence: presence,
         })
+    }
+
+    /// Leaves also when `abandoned` says so, asked whenever `watch` changes. Gemini CLI stops
+    /// waiting for a hook when the user presses Esc but leaves the hook's process running: a
+    /// wake it handed over then would be read by nobody. What Gemini writes to the session's
+    /// transcript meanwhile says so.
+    pub fn leave_when(&mut self, watch: PathBuf, abandoned: Abandoned) {
+        self.abandoned = Some((watch, abandoned));
     }
 
     /// The session this waiter serves.
@@ -378,6 +396,9 @@ impl Waiter {
     /// names it (a newer waiter replaced it, or the session ended).
     pub fn should_leave(&self) -> bool {
         if self.starter_gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.abandoned.as_ref().is_some_and(|(_, gone)| gone()) {
             return true;
         }
         // Reached beneath the home without following a link; one that is not a record (a link,
