@@ -64,7 +64,7 @@ fn agent(r: &Request) -> Reply {
 }
 
 /// The first JSON object in a tool result's text (the structured reply; a note follows it).
-fn reply_json(text: &str) -> Value {
+pub(crate) fn reply_json(text: &str) -> Value {
     let start = text
         .find('{')
         .unwrap_or_else(|| panic!("no JSON in {text}"));
@@ -76,10 +76,10 @@ fn reply_json(text: &str) -> Value {
 }
 
 /// A waitpoint the agent armed: its id, secret and the harness session that armed it.
-struct Armed {
-    id: String,
-    secret: String,
-    harness_session: String,
+pub(crate) struct Armed {
+    pub id: String,
+    pub secret: String,
+    pub harness_session: String,
 }
 
 /// Waits for the result of a `wait_create` whose label is `label`.
@@ -100,7 +100,7 @@ fn armed(server: &ModelServer, label: &str) -> Armed {
 }
 
 /// The job's signal line, run as a job runs it: the secret in the environment, never in argv.
-fn job_reports(env: &Env, a: &Armed) {
+pub(crate) fn job_reports(env: &Env, a: &Armed) {
     let out = env
         .command(CORTEX_SIGNAL)
         .env("CORTEX_SIGNAL_ID", &a.id)
@@ -112,7 +112,7 @@ fn job_reports(env: &Env, a: &Armed) {
 }
 
 /// `waitpoint setup ARGS` as a new user runs it, in the project.
-fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
+pub(crate) fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
     let out = env
         .command(WAITPOINT)
         .arg("setup")
@@ -142,7 +142,7 @@ fn claude_by_setup<'e>(env: &'e Env, server: &ModelServer) -> Claude<'e> {
 }
 
 /// The wake files of a session's inbox folder (`new` or `cur`) for waitpoint `id`.
-fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
+pub(crate) fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
     env.inbox(session, folder)
         .iter()
         .filter(|w| w["waitpoint_id"] == id || w["text"].as_str().is_some_and(|t| t.contains(id)))
@@ -151,7 +151,7 @@ fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
 
 /// Waits until `a`'s wake is read in `session`'s inbox, and checks it is read once: in `cur/`
 /// exactly once, no longer in `new/`.
-fn read_once(env: &Env, session: &str, a: &Armed) {
+pub(crate) fn read_once(env: &Env, session: &str, a: &Armed) {
     env.wait_until("the wake read once", || {
         wakes_of(env, session, "cur", &a.id) == 1
     });
@@ -181,6 +181,11 @@ fn woken_in(server: &ModelServer, session: &str, a: &Armed) -> Request {
 /// The live waiters of this home: `adapter claude-hook` processes naming it (setup writes
 /// `--home` into the hooks).
 fn waiters(env: &Env) -> Vec<u32> {
+    waiters_of(env, "adapter claude-hook")
+}
+
+/// The live processes of this home running `adapter` (`adapter claude-hook`, ...).
+pub(crate) fn waiters_of(env: &Env, adapter: &str) -> Vec<u32> {
     let home = env.home.display().to_string();
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").unwrap().flatten() {
@@ -195,7 +200,7 @@ fn waiters(env: &Env) -> Vec<u32> {
             .is_some_and(|(_, r)| r.starts_with(" Z"));
         // The waiter itself, not the `sh -c` Claude Code runs it under.
         let ours = stat.contains("(waitpoint)");
-        if ours && cmdline.contains("adapter claude-hook") && cmdline.contains(&home) && !zombie {
+        if ours && cmdline.contains(adapter) && cmdline.contains(&home) && !zombie {
             found.push(pid);
         }
     }
@@ -203,7 +208,7 @@ fn waiters(env: &Env) -> Vec<u32> {
 }
 
 /// Clock ticks since boot, the unit of a process's start time.
-fn boot_ticks() -> u64 {
+pub(crate) fn boot_ticks() -> u64 {
     let uptime: f64 = fs::read_to_string("/proc/uptime")
         .unwrap()
         .split_whitespace()
@@ -216,7 +221,7 @@ fn boot_ticks() -> u64 {
 }
 
 /// When process `pid` started, in clock ticks since boot (`u64::MAX` when it is gone).
-fn started_ticks(pid: u32) -> u64 {
+pub(crate) fn started_ticks(pid: u32) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {

@@ -707,9 +707,10 @@ fn gemini_function_response(content: &Value) -> Option<String> {
         .as_array()?
         .iter()
         .filter_map(|p| p.get("functionResponse"))
-        .map(|r| match &r["response"]["output"] {
-            Value::String(s) => s.clone(),
-            _ => r["response"].to_string(),
+        .map(|r| {
+            let mut texts = Vec::new();
+            visit_strings(&r["response"], &mut |s| texts.push(s.to_owned()));
+            texts.join("\n")
         })
         .collect();
     (!results.is_empty()).then(|| results.join("\n"))
@@ -728,9 +729,14 @@ fn gemini_housekeeping(request: &Request) -> Option<String> {
         let Some(name) = field.as_str() else { continue };
         let value = match name {
             "next_speaker" => json!("user"),
-            _ => match schema["properties"][name]["type"].as_str() {
+            // Gemini spells the types in capitals (`INTEGER`), JSON Schema in lower case.
+            _ => match schema["properties"][name]["type"]
+                .as_str()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
                 Some("boolean") => json!(false),
-                Some("number" | "integer") => json!(0),
+                Some("number" | "integer") => json!(1),
                 Some("array") => json!([]),
                 Some("object") => json!({}),
                 _ => json!("scripted"),

@@ -1,0 +1,362 @@
+//! The agent's loop in the real Gemini CLI 0.61, configured by `waitpoint setup gemini` alone,
+//! talking to the scripted model's Gemini API on 127.0.0.1: each Gemini session is a waitpoint
+//! session of its own (its process's record, written by the SessionStart hook, names it to
+//! `waitpoint mcp`), woken in place by the AfterAgent hook while open, resumed in its project
+//! once closed; once, never with another session's wake, and never holding a headless run.
+//!
+//! The binary comes from npm, pinned, installed by `scripts/test-deps` under
+//! `$WAITPOINT_TEST_DEPS/gemini/`; a missing one fails the test with that hint.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::agent_loop::{
+    Armed, boot_ticks, job_reports, read_once, reply_json, setup, started_ticks, waiters_of,
+};
+use crate::harness::{Run, Tmux, project_dir, run_bounded};
+use crate::helpers::{DaemonGuard, Env, WAITPOINT, cpu_time};
+use crate::model_server::{ModelServer, Reply, Request};
+
+/// The bound on each harness run and each wait: a hang stops here; nothing is timed.
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// What the hook hands an open session: the first line of `wake::hook_text`.
+const HOOK_HEADER: &str = "wake(s) for this session";
+
+/// The dummy key Gemini sends to the model server.
+const API_KEY: &str = "waitpoint-test-gemini-key";
+
+/// Gemini's name for the MCP server `waitpoint`'s tool `tool`.
+fn tool(name: &str) -> String {
+    format!("mcp_waitpoint_{name}")
+}
+
+/// Gemini CLI, installed by `scripts/test-deps`.
+fn gemini_bin() -> PathBuf {
+    let deps = std::env::var_os("WAITPOINT_TEST_DEPS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-deps"));
+    let bin = deps.join("gemini/node_modules/.bin/gemini");
+    assert!(
+        bin.exists(),
+        "{} is missing: the Gemini tests need the real Gemini CLI (run scripts/test-deps; \
+         scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// What the user typed last: the last text part of the newest user content (the first one
+/// carries Gemini's session context in a part before it).
+fn said(r: &Request) -> String {
+    r.body()["contents"]
+        .as_array()
+        .and_then(|c| c.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["parts"].as_array())
+        .and_then(|p| p.iter().rev().find_map(|p| p["text"].as_str()))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The agent, scripted: "arm LABEL" arms a waitpoint, "check" lists what it waits on, "cancel
+/// ID" disarms one; after a tool's result it ends its turn; a wake's text gets "woken".
+fn agent(r: &Request) -> Reply {
+    if !r.offers_tool(&tool("wait_create")) {
+        return Reply::text("my waitpoint tools are not connected yet");
+    }
+    if r.tool_result().is_some() {
+        return Reply::text("noted; ending my turn");
+    }
+    let said = said(r);
+    if said.contains("Waitpoint wp_") {
+        return Reply::text("woken");
+    }
+    let word_after = |cue: &str| {
+        said.split_once(cue)
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .map(str::to_owned)
+    };
+    if let Some(label) = word_after("arm ") {
+        let intent = format!("the job {label}; when it lands, read its result");
+        return Reply::tool(
+            tool("wait_create"),
+            json!({"label": label, "intent": intent}),
+        );
+    }
+    if let Some(id) = word_after("cancel ") {
+        return Reply::tool(tool("wait_cancel"), json!({"id": id}));
+    }
+    if said.contains("check") {
+        return Reply::tool(tool("wait_check"), json!({}));
+    }
+    if said.trim().starts_with("turn ") {
+        // A model that thinks a moment: the turn's end (and its AfterAgent hook) comes well
+        // after its request, so the test can tell this turn's waiter from the previous one's.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    Reply::text("ok")
+}
+
+/// Gemini CLI for one test: the user's `~/.gemini/settings.json` as a first run leaves it
+/// (API-key auth chosen, no updates, no usage statistics), the project trusted, and
+/// `waitpoint setup gemini` run on top.
+struct Gemini<'e> {
+    env: &'e Env,
+    project: PathBuf,
+    base_url: String,
+}
+
+fn gemini_by_setup<'e>(env: &'e Env, server: &ModelServer) -> Gemini<'e> {
+    let project = project_dir(env);
+    let dir = env.user_home.join(".gemini");
+    fs::create_dir_all(&dir).unwrap();
+    // Without an auth type chosen the TUI opens on the auth dialog; the update check and the
+    // usage statistics would reach for the network.
+    let settings = json!({
+        "security": {"auth": {"selectedType": "gemini-api-key"}},
+        "general": {"disableAutoUpdate": true, "disableUpdateNag": true},
+        "privacy": {"usageStatisticsEnabled": false},
+        "telemetry": {"enabled": false},
+    });
+    fs::write(
+        dir.join("settings.json"),
+        serde_json::to_string_pretty(&settings).unwrap(),
+    )
+    .unwrap();
+    // Untrusted, the TUI asks whether to trust the folder, and `-p` and `--resume` exit 55.
+    let mut trusted = serde_json::Map::new();
+    trusted.insert(project.display().to_string(), json!("TRUST_FOLDER"));
+    fs::write(
+        dir.join("trustedFolders.json"),
+        Value::Object(trusted).to_string(),
+    )
+    .unwrap();
+    setup(env, &project, &["gemini"]);
+    Gemini {
+        env,
+        project,
+        base_url: server.url(),
+    }
+}
+
+impl Gemini<'_> {
+    /// What Gemini needs in its environment here; a daemon that resumes it needs it too.
+    fn vars(&self) -> [(&'static str, String); 2] {
+        [
+            ("GEMINI_API_KEY", API_KEY.to_owned()),
+            ("GOOGLE_GEMINI_BASE_URL", self.base_url.clone()),
+        ]
+    }
+
+    fn command(&self) -> Command {
+        let mut cmd = self.env.command(gemini_bin().to_str().unwrap());
+        cmd.envs(self.vars()).current_dir(&self.project);
+        cmd
+    }
+
+    /// `gemini -p PROMPT -o json ARGS…` in the project, killed after `limit`.
+    fn print(&self, prompt: &str, args: &[&str]) -> Run {
+        let mut cmd = self.command();
+        cmd.args(["-p", prompt, "-o", "json"]).args(args);
+        run_bounded(cmd, LIMIT)
+    }
+
+    /// The TUI in a private tmux server, returned once its prompt is ready for input.
+    fn interactive(&self) -> Tmux {
+        let tmux = Tmux::start(self.env, &self.project, self.vars(), &gemini_bin(), &[]);
+        // The footer counts the MCP servers once they are connected; a prompt sent before
+        // that may be offered no waitpoint tools.
+        tmux.wait_for_pane(
+            |p| p.contains("Type your message") && p.contains("1 MCP server"),
+            LIMIT,
+        );
+        tmux
+    }
+}
+
+/// The daemon, started outside the project, able to run Gemini (and node) for a resume.
+fn daemon(env: &Env, gemini: &Gemini) -> DaemonGuard {
+    let bins = [
+        gemini_bin().parent().unwrap().to_owned(),
+        Path::new(WAITPOINT).parent().unwrap().to_owned(),
+    ];
+    let path = format!("{}:{}:/usr/bin:/bin", bins[0].display(), bins[1].display());
+    let vars = gemini.vars();
+    let mut all: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    all.push(("PATH", &path));
+    env.daemon_with_env(&all)
+}
+
+/// The waitpoint `label` the agent armed: its id, secret and the Gemini session it belongs to
+/// (the reply names the waitpoint session, `gemini-<session id>`).
+fn armed(server: &ModelServer, label: &str) -> Armed {
+    let r = server.wait_for_request(
+        |r| {
+            r.tool_result()
+                .is_some_and(|t| t.contains("\"secret\"") && t.contains(label))
+        },
+        LIMIT,
+    );
+    let v = reply_json(&r.tool_result().unwrap());
+    let session = v["session"].as_str().expect("the waitpoint's session");
+    Armed {
+        id: v["id"].as_str().unwrap().to_owned(),
+        secret: v["secret"].as_str().unwrap().to_owned(),
+        harness_session: session
+            .strip_prefix("gemini-")
+            .unwrap_or_else(|| panic!("not a Gemini session: {session}"))
+            .to_owned(),
+    }
+}
+
+/// The waitpoint session of `a`.
+fn session_of(a: &Armed) -> String {
+    format!("gemini-{}", a.harness_session)
+}
+
+/// Whether `r` is a turn of the conversation that armed `a` (its history holds the reply).
+fn in_conversation_of(r: &Request, a: &Armed) -> bool {
+    r.conversation_contains(&a.secret)
+}
+
+/// The model turns whose user text holds `needle`.
+fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.offers_tool(&tool("wait_create")))
+        .filter(|r| said(r).contains(needle))
+        .collect()
+}
+
+/// Waits for the model turn of `a`'s conversation that carries `a`'s wake.
+fn woken_in(server: &ModelServer, a: &Armed) -> Request {
+    let wake = format!("Waitpoint {}", a.id);
+    server.wait_for_request(
+        |r| in_conversation_of(r, a) && said(r).contains(&wake),
+        LIMIT,
+    )
+}
+
+fn waiters(env: &Env) -> Vec<u32> {
+    waiters_of(env, "adapter gemini-hook")
+}
+
+fn waiter_recorded(env: &Env, session: &str) -> bool {
+    env.home
+        .join("sessions")
+        .join(session)
+        .join("waiter.json")
+        .exists()
+}
+
+/// Types "arm LABEL" until the tools are there (the TUI connects MCP servers as it starts),
+/// and returns what was armed.
+fn arm_in(tmux: &Tmux, server: &ModelServer, label: &str) -> Armed {
+    let is_armed = |r: &Request| r.tool_result().is_some_and(|t| t.contains(label));
+    // A turn of the conversation (the side requests, a routing classifier's, offer no tools).
+    let too_early = |r: &Request| {
+        said(r).contains(&format!("arm {label}"))
+            && r.path().contains(":streamGenerateContent")
+            && !r.offers_tool(&tool("wait_create"))
+    };
+    for tries in 1.. {
+        tmux.send_line(&format!("please arm {label} before the job starts"));
+        tmux.wait_for_pane(
+            |_| {
+                let rs = server.requests();
+                rs.iter().any(is_armed) || rs.iter().filter(|r| too_early(r)).count() >= tries
+            },
+            LIMIT,
+        );
+        if server.requests().iter().any(is_armed) {
+            break;
+        }
+        assert!(tries < 5, "the tools never came:\n{}", server.summary());
+        stop_waiting(tmux);
+    }
+    armed(server, label)
+}
+
+/// Esc, as a user does to type while a turn's waiter waits (a prompt typed meanwhile is
+/// queued, a slash command refused): Gemini stops waiting for the hook, and may put the
+/// cancelled turn's prompt back in the input, which is cleared.
+fn stop_waiting(tmux: &Tmux) {
+    tmux.send_keys(&["Escape"]);
+    tmux.wait_for_pane(|p| !p.contains("Executing Hook"), LIMIT);
+    tmux.send_keys(&["-N", "300", "BSpace"]);
+    tmux.wait_for_pane(|p| p.contains("Type your message"), LIMIT);
+}
+
+#[test]
+fn an_open_gemini_session_is_woken_in_place_once_by_one_idle_waiter() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    let _daemon = daemon(&env, &gemini);
+    let tmux = gemini.interactive();
+    let a = arm_in(&tmux, &server, "live-1");
+    let session = session_of(&a);
+    // The turn ended; the AfterAgent hook's waiter holds the session.
+    env.wait_until("the session's waiter", || waiter_recorded(&env, &session));
+    job_reports(&env, &a);
+    // No keystroke: the hook's reply continues the turn with the wake.
+    let woken = woken_in(&server, &a);
+    assert!(
+        said(&woken).contains(HOOK_HEADER),
+        "not the hook's text:\n{}",
+        server.summary()
+    );
+    tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    read_once(&env, &session, &a);
+    // Once, and not also resumed: no other turn carried the wake.
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+
+    // Ten more turns, each after Esc, as a user who does not want to wait has to: Gemini then
+    // abandons the turn's hook without stopping it; the waiter sees it in the transcript and
+    // leaves, and the next turn's end starts the next: never more than one.
+    let record = env.home.join("sessions").join(&session).join("waiter.json");
+    let recorded = || {
+        fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["pid"].as_u64())
+            .map(|p| p as u32)
+    };
+    let mut one = Vec::new();
+    for n in 1..=10 {
+        let line = format!("turn {n}");
+        stop_waiting(&tmux);
+        tmux.send_line(&line);
+        server.wait_for_request(|r| said(r).trim() == line, LIMIT);
+        let asked = boot_ticks();
+        env.wait_until("the turn's own waiter, alone", || {
+            one = waiters(&env);
+            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
+        });
+    }
+    let before = cpu_time(one[0]);
+    // The measurement: ten seconds of an idle waiter.
+    std::thread::sleep(Duration::from_secs(10));
+    let used = cpu_time(one[0]) - before;
+    assert!(
+        used < Duration::from_millis(50),
+        "an idle waiter used {used:?} in 10 s"
+    );
+
+    // Slash commands cannot be queued while a hook runs: Esc first, then /quit.
+    stop_waiting(&tmux);
+    tmux.send_line("/quit");
+    env.wait_until("no waiter once the session closed", || {
+        waiters(&env).is_empty()
+    });
+}
