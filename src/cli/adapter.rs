@@ -183,7 +183,11 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
         }
         Some("SessionEnd") => {
             wake::end_waiter(home, &session)?;
-            if let (Some(pid), Some(c)) = (gemini, &caller) {
+            // On `/clear` Gemini runs SessionEnd and the next SessionStart at once: the record
+            // is the next session's to overwrite, never this hook's to remove after it did.
+            if input["reason"] != "clear"
+                && let (Some(pid), Some(c)) = (gemini, &caller)
+            {
                 harness::gemini::forget_process(home, pid, &c.session())?;
             }
             return Ok(exit::OK);

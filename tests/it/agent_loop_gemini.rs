@@ -286,6 +286,8 @@ fn arm_in(tmux: &Tmux, server: &ModelServer, label: &str) -> Armed {
 /// queued, a slash command refused): Gemini stops waiting for the hook, and may put the
 /// cancelled turn's prompt back in the input, which is cleared.
 fn stop_waiting(tmux: &Tmux) {
+    // The turn is over once its hook runs; an Esc before that would cancel the turn instead.
+    tmux.wait_for_pane(|p| p.contains("Executing Hook"), LIMIT);
     tmux.send_keys(&["Escape"]);
     tmux.wait_for_pane(|p| !p.contains("Executing Hook"), LIMIT);
     tmux.send_keys(&["-N", "300", "BSpace"]);
@@ -359,4 +361,136 @@ fn an_open_gemini_session_is_woken_in_place_once_by_one_idle_waiter() {
     env.wait_until("no waiter once the session closed", || {
         waiters(&env).is_empty()
     });
+}
+
+#[test]
+fn a_closed_gemini_session_is_resumed_in_its_project_by_a_daemon_started_elsewhere() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    // The daemon's directory is not the project: the resume finds the project on its own.
+    let _daemon = daemon(&env, &gemini);
+    let run = gemini.print("arm closed-1 then stop", &[]);
+    let out: Value = serde_json::from_str(run.ok()).unwrap();
+    let a = armed(&server, "closed-1");
+    assert_eq!(out["session_id"].as_str(), Some(a.harness_session.as_str()));
+    let seen: Value = serde_json::from_str(
+        &fs::read_to_string(env.home.join("sessions").join(session_of(&a)).join("harness.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (seen["harness"].as_str(), seen["project_dir"].as_str()),
+        (Some("gemini"), gemini.project.to_str())
+    );
+    job_reports(&env, &a);
+    let resumed = woken_in(&server, &a);
+    assert!(!said(&resumed).contains(HOOK_HEADER));
+    read_once(&env, &session_of(&a), &a);
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+}
+
+#[test]
+fn two_gemini_sessions_in_one_project_each_see_and_get_only_their_own() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    let _daemon = daemon(&env, &gemini);
+    gemini.print("arm iso-a", &[]).ok();
+    let a = armed(&server, "iso-a");
+    gemini.print("arm iso-b", &[]).ok();
+    let b = armed(&server, "iso-b");
+    assert_ne!(a.harness_session, b.harness_session);
+    let in_b = ["--resume", b.harness_session.as_str()];
+    gemini.print("check what I wait on", &in_b).ok();
+    let listed = server.wait_for_request(
+        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
+        LIMIT,
+    );
+    let listed = listed.tool_result().unwrap();
+    assert!(
+        listed.contains(&b.id) && !listed.contains(&a.id),
+        "{listed}"
+    );
+    gemini.print(&format!("cancel {}", a.id), &in_b).ok();
+    server.wait_for_request(
+        |r| {
+            r.tool_result()
+                .is_some_and(|t| t.contains("not this session's"))
+        },
+        LIMIT,
+    );
+    assert_eq!(env.state(&a.id)["status"], "armed");
+
+    job_reports(&env, &a);
+    woken_in(&server, &a);
+    let wrong = server
+        .requests()
+        .into_iter()
+        .filter(|r| in_conversation_of(r, &b))
+        .any(|r| said(&r).contains(&format!("Waitpoint {}", a.id)));
+    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
+    read_once(&env, &session_of(&a), &a);
+}
+
+#[test]
+fn gemini_prompt_mode_in_a_project_with_the_hooks_answers_at_once() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    // The AfterAgent hook waits ten minutes in an open session; under -p it must not wait at
+    // all (the run is killed at LIMIT, and fails, if it does).
+    let run = gemini.print("hello", &[]);
+    let out: Value = serde_json::from_str(run.ok()).unwrap();
+    assert_eq!(out["response"], "ok", "{}", run.stderr);
+    assert!(waiters(&env).is_empty());
+    // So is a prompt piped in, which Gemini also answers headless.
+    let mut cmd = gemini.command();
+    cmd.args(["-o", "json"]).stdin(std::process::Stdio::piped());
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"hello").unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let piped = rx.recv_timeout(LIMIT).expect("a piped prompt held").unwrap();
+    let out: Value = serde_json::from_slice(&piped.stdout).unwrap();
+    assert_eq!(out["response"], "ok");
+    assert!(waiters(&env).is_empty());
+}
+
+#[test]
+fn after_clear_a_gemini_waitpoint_wakes_the_new_conversation_in_place() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    let _daemon = daemon(&env, &gemini);
+    let tmux = gemini.interactive();
+    let first = arm_in(&tmux, &server, "before-clear");
+    stop_waiting(&tmux);
+    tmux.send_line("/clear");
+    // `/clear` starts a new session in the same process: the arm after it is the new one's.
+    let second = arm_in(&tmux, &server, "after-clear");
+    assert_ne!(first.harness_session, second.harness_session);
+    let session = session_of(&second);
+    env.wait_until("the new session's waiter", || {
+        waiter_recorded(&env, &session)
+    });
+    job_reports(&env, &second);
+    let woken = woken_in(&server, &second);
+    assert!(
+        said(&woken).contains(HOOK_HEADER),
+        "not woken in place:\n{}",
+        server.summary()
+    );
+    assert!(!in_conversation_of(&woken, &first), "the old conversation");
+    read_once(&env, &session, &second);
 }
