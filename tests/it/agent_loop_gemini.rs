@@ -493,4 +493,48 @@ fn after_clear_a_gemini_waitpoint_wakes_the_new_conversation_in_place() {
     );
     assert!(!in_conversation_of(&woken, &first), "the old conversation");
     read_once(&env, &session, &second);
+    // The woken turn ended with a waiter again. The terminal closes: Gemini waits for a
+    // running hook before it exits, so the waiter must see the hangup and leave.
+    env.wait_until("the next waiter", || !waiters(&env).is_empty());
+    drop(tmux);
+    env.wait_until("no waiter once the terminal closed", || {
+        waiters(&env).is_empty()
+    });
+}
+
+#[test]
+fn a_gemini_session_open_between_turns_is_not_resumed_beside_itself_and_its_next_turn_takes_the_wake()
+{
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    let _daemon = daemon(&env, &gemini);
+    let tmux = gemini.interactive();
+    let a = arm_in(&tmux, &server, "between");
+    let session = session_of(&a);
+    // Esc: Gemini stops waiting for the turn's hook; its waiter must leave, not take the wake
+    // for a hook nobody reads.
+    stop_waiting(&tmux);
+    env.wait_until("the abandoned waiter gone", || waiters(&env).is_empty());
+    job_reports(&env, &a);
+    // The daemon tries to resume it and is refused while the session is open in the TUI.
+    env.wait_until("a refused resume", || {
+        env.daemon_log_tail(200).contains("is open in gemini")
+    });
+    assert_eq!(crate::agent_loop::wakes_of(&env, &session, "new", &a.id), 1);
+    // The next turn's end takes it, in place.
+    tmux.send_line("turn after the job");
+    let woken = woken_in(&server, &a);
+    assert!(
+        said(&woken).contains(HOOK_HEADER),
+        "not woken in place:\n{}",
+        server.summary()
+    );
+    read_once(&env, &session, &a);
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
 }
