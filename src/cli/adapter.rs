@@ -211,11 +211,6 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
             Box::new(move || harness::gemini::transcript_moved_on(&path, from)),
         );
     }
-    // Its terminal closed: Gemini exits once this hook has, so it must not wait on.
-    if let Some(pid) = gemini {
-        let stop = interrupt.clone();
-        harness::gemini::on_hangup(pid, move || stop.raise(libc::SIGHUP));
-    }
     let wakes = wake::take_pending(home, &waiter, Duration::from_secs(a.timeout), &interrupt)?;
     if wakes.is_empty() {
         return Ok(exit::OK);

@@ -155,40 +155,6 @@ fn headless(argv: &[u8], stdin: Option<&std::path::Path>) -> bool {
     prompt_flag || !terminal
 }
 
-/// Calls `hung_up` on a thread of its own once the terminal Gemini process `pid` runs in hangs
-/// up (its window closed, its tmux pane killed). Gemini waits for a running hook before it exits
-/// on that, so a waiter that waited on would keep it alive until the hook's timeout. The kernel
-/// says so (poll's `POLLHUP` on the terminal, nothing read from it): nothing polls meanwhile.
-/// False when the process has no terminal that can be opened.
-pub fn on_hangup(pid: libc::pid_t, hung_up: impl FnOnce() + Send + 'static) -> bool {
-    use rustix::event::{PollFd, PollFlags};
-    use rustix::fs::{Mode, OFlags};
-    let Ok(tty) = std::fs::read_link(format!("/proc/{pid}/fd/0")) else {
-        return false;
-    };
-    if !is_terminal_path(&tty) {
-        return false;
-    }
-    // Never our controlling terminal, never blocking, never through a link.
-    let flags = OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK | OFlags::NOFOLLOW;
-    let Ok(fd) = rustix::fs::open(&tty, flags | OFlags::CLOEXEC, Mode::empty()) else {
-        return false;
-    };
-    std::thread::spawn(move || {
-        loop {
-            // No events asked for: only a hangup or an error is reported.
-            let mut fds = [PollFd::new(&fd, PollFlags::empty())];
-            match rustix::event::poll(&mut fds, None) {
-                Ok(_) if fds[0].revents().intersects(PollFlags::HUP | PollFlags::ERR | PollFlags::NVAL) => break,
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(_) => break,
-            }
-        }
-        hung_up();
-    });
-    true
-}
-
 fn is_terminal_path(p: &Path) -> bool {
     let p = p.to_string_lossy();
     p.starts_with("/dev/pts/") || p.starts_with("/dev/tty")
