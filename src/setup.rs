@@ -806,6 +806,65 @@ mod tests {
     }
 
     #[test]
+    fn gemini_setup_keeps_what_is_there_trusts_its_server_counts_ms_and_is_idempotent() {
+        let c = ctx(Some("/data/h"));
+        let settings = r#"{"security": {"auth": {"selectedType": "gemini-api-key"}},
+  "mcpServers": {"other": {"command": "x"}},
+  "hooks": {"AfterAgent": [{"hooks": [{"type": "command", "command": "notify-send done"}]}]}}"#;
+        let first = run(Harness::Gemini, Scope::User, &c, &[Some(settings), None]);
+        assert_eq!(first[0].path, Path::new("/u/.gemini/settings.json"));
+        let s: Value = serde_json::from_str(&first[0].after).unwrap();
+        assert_eq!(s["security"]["auth"]["selectedType"], "gemini-api-key");
+        assert_eq!(s["mcpServers"]["other"]["command"], "x");
+        let server = &s["mcpServers"]["waitpoint"];
+        assert_eq!(server["trust"], true, "headless runs offer only trusted tools");
+        assert_eq!(server["timeout"], json!(GEMINI_TOOL_TIMEOUT_MS));
+        assert_eq!(server["env"]["CORTEX_HOME"], "/data/h");
+        let after = s["hooks"]["AfterAgent"].as_array().unwrap();
+        assert_eq!(after[0]["hooks"][0]["command"], "notify-send done");
+        let ours = &after[1]["hooks"][0];
+        assert_eq!(
+            ours["command"],
+            "waitpoint --home /data/h adapter gemini-hook --timeout 590"
+        );
+        // Milliseconds, and longer than the wait inside.
+        assert_eq!(ours["timeout"], json!(600_000));
+        assert!(ours["timeout"].as_u64().unwrap() > GEMINI_WAIT_S * 1000);
+        for event in ["SessionStart", "SessionEnd"] {
+            assert_eq!(
+                s["hooks"][event][0]["hooks"][0]["command"],
+                "waitpoint --home /data/h adapter gemini-hook",
+                "{event}"
+            );
+        }
+        let home: Value = serde_json::from_str(&first[1].after).unwrap();
+        assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
+        assert_unchanged_again(Harness::Gemini, Scope::User, &c, &first);
+        // The project's own file, with --project.
+        let p = run(Harness::Gemini, Scope::Project, &c, &[None, None]);
+        assert_eq!(p[0].path, Path::new("/p/.gemini/settings.json"));
+        assert_unchanged_again(Harness::Gemini, Scope::Project, &c, &p);
+    }
+
+    #[test]
+    fn gemini_setup_refuses_what_it_would_lose() {
+        let c = ctx(None);
+        for (text, says) in [
+            (r#"{"hooks": {"AfterAgent": {"x": 1}}}"#, "hooks.AfterAgent is an object"),
+            (r#"{"mcpServers": []}"#, "mcpServers is an array"),
+            (r#"{"hooks": {}, "hooks": {}}"#, "hooks"),
+        ] {
+            let current: Vec<_> = files(Harness::Gemini, Scope::User, &c)
+                .into_iter()
+                .zip([Some(text.to_owned()), None])
+                .map(|(p, t)| (p.path, t))
+                .collect();
+            let e = plan(Harness::Gemini, Scope::User, &c, &current).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
+    }
+
+    #[test]
     fn a_file_that_does_not_parse_is_refused_by_name() {
         let c = ctx(None);
         let current: Vec<_> = files(Harness::Claude, Scope::User, &c)

@@ -594,5 +594,28 @@ mod tests {
         assert!(codex("{\"type\":\"thread.started\"}\n{\"type\":\"turn.completed\"}\n").is_ok());
         assert!(codex("{\"type\":\"turn.started\"}\n{\"type\":\"turn.failed\"}\n").is_err());
         assert!(judge(Harness::Codex, false, "exited 1", "").is_err());
+        let gemini = |out: &str| judge(Harness::Gemini, true, "exited 0", out);
+        assert!(gemini(r#"{"session_id":"u","response":"done","stats":{}}"#).is_ok());
+        let e = gemini(r#"{"session_id":"u","error":{"type":"Error","message":"quota"}}"#)
+            .unwrap_err();
+        assert!(e.contains("quota"), "{e}");
+        assert!(gemini("not json").is_err());
+        // Its own exit statuses say why: an untrusted folder, an unknown session.
+        let e = judge(Harness::Gemini, false, "exited 55", "").unwrap_err();
+        assert!(e.contains("not trusted"), "{e}");
+        let e = judge(Harness::Gemini, false, "exited 42", "").unwrap_err();
+        assert!(e.contains("no session with this id"), "{e}");
+    }
+
+    #[test]
+    fn gemini_resumes_headless_with_json_output_its_prompt_on_stdin() {
+        let g = Resume {
+            harness: Harness::Gemini,
+            program: "gemini".into(),
+            target: "u1".into(),
+            fork: true,
+            dir: None,
+        };
+        assert_eq!(g.args(), ["--resume", "u1", "--output-format", "json"]);
     }
 }
