@@ -181,7 +181,7 @@ impl Server {
                 claude_channel: config.claude_channel,
                 broken: config.broken,
                 remembered: Default::default(),
-                parent: crate::process::starter_pid(),
+                parent: harness::gemini::starter(),
             }),
             tool_router: Self::tool_router(),
         }
