@@ -817,7 +817,10 @@ mod tests {
         assert_eq!(s["security"]["auth"]["selectedType"], "gemini-api-key");
         assert_eq!(s["mcpServers"]["other"]["command"], "x");
         let server = &s["mcpServers"]["waitpoint"];
-        assert_eq!(server["trust"], true, "headless runs offer only trusted tools");
+        assert_eq!(
+            server["trust"], true,
+            "headless runs offer only trusted tools"
+        );
         assert_eq!(server["timeout"], json!(GEMINI_TOOL_TIMEOUT_MS));
         assert_eq!(server["env"]["CORTEX_HOME"], "/data/h");
         let after = s["hooks"]["AfterAgent"].as_array().unwrap();
@@ -850,7 +853,10 @@ mod tests {
     fn gemini_setup_refuses_what_it_would_lose() {
         let c = ctx(None);
         for (text, says) in [
-            (r#"{"hooks": {"AfterAgent": {"x": 1}}}"#, "hooks.AfterAgent is an object"),
+            (
+                r#"{"hooks": {"AfterAgent": {"x": 1}}}"#,
+                "hooks.AfterAgent is an object",
+            ),
             (r#"{"mcpServers": []}"#, "mcpServers is an array"),
             (r#"{"hooks": {}, "hooks": {}}"#, "hooks"),
         ] {

@@ -202,7 +202,9 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
     let interrupt = super::interrupt_on_stop_signals()?;
     let mut waiter = wake::Waiter::start(home, &session, gemini)?;
     // Esc stops Gemini waiting for this hook without stopping it, and writes to the transcript.
-    if let Some(path) = input["transcript_path"].as_str().map(std::path::PathBuf::from)
+    if let Some(path) = input["transcript_path"]
+        .as_str()
+        .map(std::path::PathBuf::from)
         && let Some(from) = harness::gemini::transcript_len(&path)
     {
         let watched = path.clone();
@@ -216,9 +218,7 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
         return Ok(exit::OK);
     }
     let mut out = std::io::stdout().lock();
-    if let Err(e) =
-        writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush())
-    {
+    if let Err(e) = writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush()) {
         wake::give_back(home, &wakes);
         return Err(anyhow::Error::from(e).context("cannot hand the wakes to the harness"));
     }

@@ -88,7 +88,13 @@ fn read_record(home: &Home, pid: libc::pid_t) -> Option<ProcessRecord> {
     .flatten();
     // A record edited by hand into another pid, or a session id that is not a plain token,
     // names nothing.
-    found.filter(|r| r.pid == pid && r.caller.harness.session_name(&r.caller.session_id).is_some())
+    found.filter(|r| {
+        r.pid == pid
+            && r.caller
+                .harness
+                .session_name(&r.caller.session_id)
+                .is_some()
+    })
 }
 
 /// Forgets process `pid` (its `SessionEnd` on exit), if its record still names `session`: a
@@ -109,9 +115,9 @@ pub fn forget_process(home: &Home, pid: libc::pid_t, session: &str) -> Result<()
 /// (a TUI between turns, a `-p` run), so a resume in a second process would write the same
 /// conversation from two places.
 pub fn open_in(home: &Home, session: &str) -> Option<libc::pid_t> {
-    pids(home).into_iter().find(|&pid| {
-        caller_of_process(home, pid).is_some_and(|c| c.session() == session)
-    })
+    pids(home)
+        .into_iter()
+        .find(|&pid| caller_of_process(home, pid).is_some_and(|c| c.session() == session))
 }
 
 /// The pids that have a record; at most [`MAX_RECORDS`] are looked at, so a folder filled by
@@ -249,7 +255,10 @@ mod tests {
     fn a_record_of_a_gone_or_reused_pid_names_nothing_and_is_pruned() {
         let dir = tempfile::tempdir().unwrap();
         let home = Home::new(dir.path());
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id() as libc::pid_t;
         record_process(&home, pid, &caller("gone")).unwrap();
         assert_eq!(caller_of_process(&home, pid), Some(caller("gone")));
@@ -314,7 +323,10 @@ mod tests {
         assert!(!headless(&argv("node gemini -i hello"), tty));
         assert!(headless(&argv("node gemini -p hi"), tty));
         assert!(headless(&argv("node gemini --prompt=hi"), tty));
-        assert!(headless(&argv("node gemini --resume x -o json"), Some(Path::new("/dev/null"))));
+        assert!(headless(
+            &argv("node gemini --resume x -o json"),
+            Some(Path::new("/dev/null"))
+        ));
         assert!(headless(&argv("node gemini"), None));
         // After `--` it is the prompt's text, not a flag.
         assert!(!headless(&argv("node gemini -- -p"), tty));

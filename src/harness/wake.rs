@@ -148,7 +148,10 @@ pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Resul
                 let message = v["error"]["message"]
                     .as_str()
                     .map_or_else(|| v["error"].to_string(), str::to_owned);
-                return Err(format!("gemini reported an error: {}", first_line(&message)));
+                return Err(format!(
+                    "gemini reported an error: {}",
+                    first_line(&message)
+                ));
             }
             Ok(())
         }
@@ -596,8 +599,8 @@ mod tests {
         assert!(judge(Harness::Codex, false, "exited 1", "").is_err());
         let gemini = |out: &str| judge(Harness::Gemini, true, "exited 0", out);
         assert!(gemini(r#"{"session_id":"u","response":"done","stats":{}}"#).is_ok());
-        let e = gemini(r#"{"session_id":"u","error":{"type":"Error","message":"quota"}}"#)
-            .unwrap_err();
+        let e =
+            gemini(r#"{"session_id":"u","error":{"type":"Error","message":"quota"}}"#).unwrap_err();
         assert!(e.contains("quota"), "{e}");
         assert!(gemini("not json").is_err());
         // Its own exit statuses say why: an untrusted folder, an unknown session.

@@ -283,7 +283,11 @@ fn arm_in(tmux: &Tmux, server: &ModelServer, label: &str) -> Armed {
             && !r.offers_tool(&tool("wait_create"))
     };
     for tries in 1.. {
-        submit(tmux, server, &format!("please arm {label} before the job starts"));
+        submit(
+            tmux,
+            server,
+            &format!("please arm {label} before the job starts"),
+        );
         tmux.wait_for_pane(
             |_| {
                 let rs = server.requests();
@@ -411,8 +415,13 @@ fn a_closed_gemini_session_is_resumed_in_its_project_by_a_daemon_started_elsewhe
     let a = armed(&server, "closed-1");
     assert_eq!(out["session_id"].as_str(), Some(a.harness_session.as_str()));
     let seen: Value = serde_json::from_str(
-        &fs::read_to_string(env.home.join("sessions").join(session_of(&a)).join("harness.json"))
-            .unwrap(),
+        &fs::read_to_string(
+            env.home
+                .join("sessions")
+                .join(session_of(&a))
+                .join("harness.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(
@@ -488,16 +497,16 @@ fn gemini_prompt_mode_in_a_project_with_the_hooks_answers_at_once() {
     // So is a prompt piped in, which Gemini also answers headless.
     let mut cmd = gemini.command();
     cmd.args(["-o", "json"]).stdin(std::process::Stdio::piped());
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
     std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"hello").unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(child.wait_with_output());
     });
-    let piped = rx.recv_timeout(LIMIT).expect("a piped prompt held").unwrap();
+    let piped = rx
+        .recv_timeout(LIMIT)
+        .expect("a piped prompt held")
+        .unwrap();
     let out: Value = serde_json::from_slice(&piped.stdout).unwrap();
     assert_eq!(out["response"], "ok");
     assert!(waiters(&env).is_empty());
@@ -515,7 +524,11 @@ fn after_clear_a_gemini_waitpoint_wakes_the_new_conversation_in_place() {
     tmux.send_line("/clear");
     // The screen is cleared once its hooks ran; a prompt typed before that is not sent.
     tmux.wait_for_pane(
-        |p| !p.contains("before-clear") && !p.contains("Executing Hook") && p.contains("Type your message"),
+        |p| {
+            !p.contains("before-clear")
+                && !p.contains("Executing Hook")
+                && p.contains("Type your message")
+        },
         LIMIT,
     );
     // `/clear` starts a new session in the same process: the arm after it is the new one's.
@@ -545,7 +558,7 @@ fn after_clear_a_gemini_waitpoint_wakes_the_new_conversation_in_place() {
 
 #[test]
 fn a_gemini_session_open_between_turns_is_not_resumed_beside_itself_and_its_next_turn_takes_the_wake()
-{
+ {
     let env = Env::new();
     let server = ModelServer::start(agent);
     let gemini = gemini_by_setup(&env, &server);
