@@ -26,13 +26,19 @@ fn agent(r: &Request) -> Reply {
     if !r.offers_tool("mcp__waitpoint__wait_create") && r.offers_tool("Bash") {
         return Reply::text("my waitpoint tools are not connected yet");
     }
-    if r.tool_result().is_some() {
-        return Reply::text("noted; ending my turn");
-    }
     let said = r.last_user_text();
-    if said.starts_with("Generate a concise") {
+    if r.tool_result().is_none() && said.starts_with("Generate a concise") {
         // Codex's TUI asks for a title for the task on the side, quoting the prompt.
         return Reply::text("a title");
+    }
+    play(r, &said, &|t| format!("mcp__waitpoint__{t}"))
+}
+
+/// The scripted agent's turn, whatever the harness: what the user `said` decides it, and
+/// `tool` names the MCP server `waitpoint`'s tools the harness's way.
+pub(crate) fn play(r: &Request, said: &str, tool: &dyn Fn(&str) -> String) -> Reply {
+    if r.tool_result().is_some() {
+        return Reply::text("noted; ending my turn");
     }
     if said.contains("Waitpoint wp_") {
         return Reply::text("woken");
@@ -45,19 +51,19 @@ fn agent(r: &Request) -> Reply {
     if let Some(label) = word_after("arm ") {
         let intent = format!("the job {label}; when it lands, read its result");
         return Reply::tool(
-            "mcp__waitpoint__wait_create",
+            tool("wait_create"),
             json!({"label": label, "intent": intent}),
         );
     }
     if let Some(id) = word_after("cancel ") {
-        return Reply::tool("mcp__waitpoint__wait_cancel", json!({"id": id}));
+        return Reply::tool(tool("wait_cancel"), json!({"id": id}));
     }
     if said.contains("check") {
-        return Reply::tool("mcp__waitpoint__wait_check", json!({}));
+        return Reply::tool(tool("wait_check"), json!({}));
     }
     if said.trim().starts_with("turn ") {
-        // A model that thinks a moment: the turn's end (and its Stop hook) comes well after
-        // its request, so the test can tell this turn's waiter from the previous one's.
+        // A model that thinks a moment: the turn's end (and its hook) comes well after its
+        // request, so the test can tell this turn's waiter from the previous one's.
         std::thread::sleep(Duration::from_millis(300));
     }
     Reply::text("ok")
@@ -208,7 +214,7 @@ pub(crate) fn waiters_of(env: &Env, adapter: &str) -> Vec<u32> {
 }
 
 /// Clock ticks since boot, the unit of a process's start time.
-pub(crate) fn boot_ticks() -> u64 {
+fn boot_ticks() -> u64 {
     let uptime: f64 = fs::read_to_string("/proc/uptime")
         .unwrap()
         .split_whitespace()
@@ -221,7 +227,7 @@ pub(crate) fn boot_ticks() -> u64 {
 }
 
 /// When process `pid` started, in clock ticks since boot (`u64::MAX` when it is gone).
-pub(crate) fn started_ticks(pid: u32) -> u64 {
+fn started_ticks(pid: u32) -> u64 {
     fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
@@ -229,6 +235,42 @@ pub(crate) fn started_ticks(pid: u32) -> u64 {
             rest.split_whitespace().nth(19)?.parse().ok()
         })
         .unwrap_or(u64::MAX)
+}
+
+/// Ten turns (`turn(n)` sends turn `n` and returns once the model has it): after each, the
+/// session's one waiter (of `waiters`) is the one its end started and the one `waiter.json`
+/// names. Then ten seconds of that idle waiter cost under 50 ms of CPU.
+pub(crate) fn ten_turns_then_one_idle_waiter(
+    env: &Env,
+    session: &str,
+    waiters: &dyn Fn(&Env) -> Vec<u32>,
+    mut turn: impl FnMut(u32),
+) {
+    let record = env.home.join("sessions").join(session).join("waiter.json");
+    let recorded = || {
+        fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["pid"].as_u64())
+            .map(|p| p as u32)
+    };
+    let mut one = Vec::new();
+    for n in 1..=10 {
+        turn(n);
+        let asked = boot_ticks();
+        env.wait_until("the turn's own waiter, alone", || {
+            one = waiters(env);
+            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
+        });
+    }
+    let before = cpu_time(one[0]);
+    // The measurement: ten seconds of an idle waiter.
+    std::thread::sleep(Duration::from_secs(10));
+    let used = cpu_time(one[0]) - before;
+    assert!(
+        used < Duration::from_millis(50),
+        "an idle waiter used {used:?} in 10 s"
+    );
 }
 
 #[test]
@@ -295,33 +337,11 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
     // Ten more turns: each Stop starts a waiter, which replaces the one before, so the
     // session never has more than one. A turn's own waiter is the one started after its model
     // request (the previous turn's was started before Claude Code sent it).
-    let record = env.home.join("sessions").join(&session).join("waiter.json");
-    let recorded = || {
-        fs::read_to_string(&record)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["pid"].as_u64())
-            .map(|p| p as u32)
-    };
-    let mut one = Vec::new();
-    for n in 1..=10 {
+    ten_turns_then_one_idle_waiter(&env, &session, &waiters, |n| {
         let said = format!("turn {n}");
         tmux.send_line(&said);
         server.wait_for_request(|r| r.last_user_text().trim() == said, LIMIT);
-        let asked = boot_ticks();
-        env.wait_until("the turn's own waiter, alone", || {
-            one = waiters(&env);
-            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
-        });
-    }
-    let before = cpu_time(one[0]);
-    // The measurement: ten seconds of an idle waiter.
-    std::thread::sleep(Duration::from_secs(10));
-    let used = cpu_time(one[0]) - before;
-    assert!(
-        used < Duration::from_millis(50),
-        "an idle waiter used {used:?} in 10 s"
-    );
+    });
 
     tmux.send_line("/exit");
     env.wait_until("no waiter once the session closed", || {

@@ -15,10 +15,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::agent_loop::{
-    Armed, boot_ticks, job_reports, read_once, reply_json, setup, started_ticks, waiters_of,
+    Armed, job_reports, play, read_once, reply_json, setup, ten_turns_then_one_idle_waiter,
+    waiters_of,
 };
 use crate::harness::{Run, Tmux, project_dir, run_bounded};
-use crate::helpers::{DaemonGuard, Env, WAITPOINT, cpu_time};
+use crate::helpers::{DaemonGuard, Env, WAITPOINT};
 use crate::model_server::{ModelServer, Reply, Request};
 
 /// The bound on each harness run and each wait: a hang stops here; nothing is timed.
@@ -62,43 +63,12 @@ fn said(r: &Request) -> String {
         .to_owned()
 }
 
-/// The agent, scripted: "arm LABEL" arms a waitpoint, "check" lists what it waits on, "cancel
-/// ID" disarms one; after a tool's result it ends its turn; a wake's text gets "woken".
+/// The agent, scripted as in `agent_loop`, with Gemini's tool names and what the user typed.
 fn agent(r: &Request) -> Reply {
     if !r.offers_tool(&tool("wait_create")) {
         return Reply::text("my waitpoint tools are not connected yet");
     }
-    if r.tool_result().is_some() {
-        return Reply::text("noted; ending my turn");
-    }
-    let said = said(r);
-    if said.contains("Waitpoint wp_") {
-        return Reply::text("woken");
-    }
-    let word_after = |cue: &str| {
-        said.split_once(cue)
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .map(str::to_owned)
-    };
-    if let Some(label) = word_after("arm ") {
-        let intent = format!("the job {label}; when it lands, read its result");
-        return Reply::tool(
-            tool("wait_create"),
-            json!({"label": label, "intent": intent}),
-        );
-    }
-    if let Some(id) = word_after("cancel ") {
-        return Reply::tool(tool("wait_cancel"), json!({"id": id}));
-    }
-    if said.contains("check") {
-        return Reply::tool(tool("wait_check"), json!({}));
-    }
-    if said.trim().starts_with("turn ") {
-        // A model that thinks a moment: the turn's end (and its AfterAgent hook) comes well
-        // after its request, so the test can tell this turn's waiter from the previous one's.
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    Reply::text("ok")
+    play(r, &said(r), &tool)
 }
 
 /// Gemini CLI for one test: the user's `~/.gemini/settings.json` as a first run leaves it
@@ -251,6 +221,12 @@ fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
         .collect()
 }
 
+/// Checks that one model turn, and only one, carried `a`'s wake: not also resumed, not twice.
+fn reached_the_model_once(server: &ModelServer, a: &Armed) {
+    let turns = turns_saying(server, &format!("Waitpoint {}", a.id));
+    assert_eq!(turns.len(), 1, "{}", server.summary());
+}
+
 /// Waits for the model turn of `a`'s conversation that carries `a`'s wake.
 fn woken_in(server: &ModelServer, a: &Armed) -> Request {
     let wake = format!("Waitpoint {}", a.id);
@@ -357,43 +333,15 @@ fn an_open_gemini_session_is_woken_in_place_once_by_one_idle_waiter() {
     tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
     read_once(&env, &session, &a);
     // Once, and not also resumed: no other turn carried the wake.
-    assert_eq!(
-        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
-        1,
-        "{}",
-        server.summary()
-    );
+    reached_the_model_once(&server, &a);
 
     // Ten more turns, each after Esc, as a user who does not want to wait has to: Gemini then
     // abandons the turn's hook without stopping it; the waiter sees it in the transcript and
     // leaves, and the next turn's end starts the next: never more than one.
-    let record = env.home.join("sessions").join(&session).join("waiter.json");
-    let recorded = || {
-        fs::read_to_string(&record)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["pid"].as_u64())
-            .map(|p| p as u32)
-    };
-    let mut one = Vec::new();
-    for n in 1..=10 {
-        let line = format!("turn {n}");
+    ten_turns_then_one_idle_waiter(&env, &session, &waiters, |n| {
         stop_waiting(&tmux);
-        submit(&tmux, &server, &line);
-        let asked = boot_ticks();
-        env.wait_until("the turn's own waiter, alone", || {
-            one = waiters(&env);
-            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
-        });
-    }
-    let before = cpu_time(one[0]);
-    // The measurement: ten seconds of an idle waiter.
-    std::thread::sleep(Duration::from_secs(10));
-    let used = cpu_time(one[0]) - before;
-    assert!(
-        used < Duration::from_millis(50),
-        "an idle waiter used {used:?} in 10 s"
-    );
+        submit(&tmux, &server, &format!("turn {n}"));
+    });
 
     // Slash commands cannot be queued while a hook runs: Esc first, then /quit.
     stop_waiting(&tmux);
@@ -432,12 +380,7 @@ fn a_closed_gemini_session_is_resumed_in_its_project_by_a_daemon_started_elsewhe
     let resumed = woken_in(&server, &a);
     assert!(!said(&resumed).contains(HOOK_HEADER));
     read_once(&env, &session_of(&a), &a);
-    assert_eq!(
-        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
-        1,
-        "{}",
-        server.summary()
-    );
+    reached_the_model_once(&server, &a);
 }
 
 #[test]
@@ -585,10 +528,5 @@ fn a_gemini_session_open_between_turns_is_not_resumed_beside_itself_and_its_next
         server.summary()
     );
     read_once(&env, &session, &a);
-    assert_eq!(
-        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
-        1,
-        "{}",
-        server.summary()
-    );
+    reached_the_model_once(&server, &a);
 }
