@@ -300,7 +300,8 @@ pub enum Command {
     ///
     /// Writes into the harness's files (the user's with --user, the default; the project's with
     /// --project) the MCP server entry (`waitpoint mcp`), the hooks that wake a live session
-    /// (Claude Code: SessionStart, Stop and SessionEnd; Codex: Stop), Claude Code's status line
+    /// (Claude Code: SessionStart, Stop and SessionEnd; Codex: Stop; Gemini CLI: SessionStart,
+    /// AfterAgent and SessionEnd, with its MCP server trusted), Claude Code's status line
     /// (the capsule), and into the home's settings the onWake that resumes a closed session
     /// (`waitpoint adapter resume`), each running waitpoint by its full path (the daemon's PATH
     /// is not the shell's). What is there is kept byte for byte: other servers and hooks, a
@@ -317,8 +318,9 @@ pub enum Command {
     ///
     /// One-line commands for a harness's configuration. Hooks block on the session's next wake
     /// and give its text to a live session (claude-hook for Claude Code's asyncRewake hooks,
-    /// codex-stop-hook for Codex's Stop hook); resumes run as the daemon's onWake command and
-    /// resume a closed session with the wake as its prompt (claude-resume, codex-resume). A
+    /// codex-stop-hook for Codex's Stop hook, gemini-hook for Gemini CLI's AfterAgent hook);
+    /// resumes run as the daemon's onWake command and resume a closed session with the wake as
+    /// its prompt (claude-resume, codex-resume, gemini-resume; resume for whichever harness). A
     /// wake is marked read only when the harness took it; a failure leaves it unread, and the
     /// daemon retries an onWake command. Run as an onWake command, the home is
     /// $WAITPOINT_HOME unless --home says otherwise.

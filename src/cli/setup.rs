@@ -1,4 +1,4 @@
-//! `waitpoint setup claude-code|codex`: reads the harness's and the home's configuration files,
+//! `waitpoint setup claude-code|codex|gemini`: reads the harness's and the home's configuration files,
 //! asks `crate::setup` for the merge, prints each change and writes the files that change
 //! (nothing with `--dry-run`).
 
