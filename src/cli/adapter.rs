@@ -217,6 +217,11 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
     if wakes.is_empty() {
         return Ok(exit::OK);
     }
+    // Gemini may have stopped waiting while they were taken: they go back rather than to no one.
+    if waiter.should_leave() {
+        wake::give_back(home, &wakes);
+        return Ok(exit::OK);
+    }
     let mut out = std::io::stdout().lock();
     if let Err(e) = writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush()) {
         wake::give_back(home, &wakes);
