@@ -126,7 +126,8 @@ pub fn args() -> Vec<OsString> {
 #[derive(Debug, clap::Args)]
 pub struct SessionArg {
     /// The session acting [default: $CORTEX_SESSION, else the harness's session when run inside
-    /// one (Claude Code: claude-$CLAUDE_CODE_SESSION_ID), else "default"]
+    /// one (Claude Code: claude-$CLAUDE_CODE_SESSION_ID; Gemini CLI: the session recorded for
+    /// its process), else "default"]
     #[arg(
         long,
         value_name = "S",

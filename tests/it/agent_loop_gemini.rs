@@ -68,7 +68,14 @@ fn agent(r: &Request) -> Reply {
     if !r.offers_tool(&tool("wait_create")) {
         return Reply::text("my waitpoint tools are not connected yet");
     }
-    play(r, &said(r), &tool)
+    let said = said(r);
+    // "shell CMD" runs CMD with Gemini's own shell tool.
+    if r.tool_result().is_none()
+        && let Some(command) = said.strip_prefix("shell ")
+    {
+        return Reply::tool("run_shell_command", json!({"command": command}));
+    }
+    play(r, &said, &tool)
 }
 
 /// Gemini CLI for one test: the user's `~/.gemini/settings.json` as a first run leaves it
@@ -529,4 +536,30 @@ fn a_gemini_session_open_between_turns_is_not_resumed_beside_itself_and_its_next
     );
     read_once(&env, &session, &a);
     reached_the_model_once(&server, &a);
+}
+
+#[test]
+fn the_cli_in_geminis_shell_tool_acts_for_its_gemini_session() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let gemini = gemini_by_setup(&env, &server);
+    gemini.print("arm shell-1", &[]).ok();
+    let a = armed(&server, "shell-1");
+    // The shell tool runs only when approved; yolo approves it in a headless run.
+    let in_a = [
+        "--resume",
+        a.harness_session.as_str(),
+        "--approval-mode",
+        "yolo",
+    ];
+    gemini.print("shell waitpoint check --json", &in_a).ok();
+    let listed = server.wait_for_request(
+        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
+        LIMIT,
+    );
+    let listed = listed.tool_result().unwrap();
+    assert!(
+        listed.contains(&a.id) && listed.contains(&format!("\"{}\"", session_of(&a))),
+        "{listed}"
+    );
 }
