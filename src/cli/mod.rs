@@ -42,8 +42,8 @@ use crate::home::Home;
 use crate::settings::Settings;
 pub(crate) use environment::line_context;
 pub use environment::{
-    default_home_root, default_session, env_var, home_dir, is_implicit_default, load_settings,
-    login_name, resolve_home, ssh_options, webhook_port_env,
+    default_home_root, default_session, env_var, harness_caller, home_dir, is_implicit_default,
+    load_settings, login_name, resolve_home, ssh_options, webhook_port_env,
 };
 pub use hints::field_hint;
 pub use logging::{LogFormat, init_logging};
