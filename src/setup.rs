@@ -139,6 +139,8 @@ enum Role {
     CodexConfig,
     /// Codex's `hooks.json`.
     CodexHooks,
+    /// Gemini CLI's `settings.json`: the MCP server and the hooks.
+    GeminiSettings,
     /// The home's `settings.json`: `onWake`.
     Home,
 }
@@ -182,6 +184,12 @@ fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
             (Role::CodexConfig, project.join(".codex/config.toml")),
             (Role::CodexHooks, project.join(".codex/hooks.json")),
         ],
+        (Harness::Gemini, Scope::User) => {
+            vec![(Role::GeminiSettings, user.join(".gemini/settings.json"))]
+        }
+        (Harness::Gemini, Scope::Project) => {
+            vec![(Role::GeminiSettings, project.join(".gemini/settings.json"))]
+        }
     };
     files.push((Role::Home, ctx.home_settings.clone()));
     files
@@ -256,6 +264,9 @@ pub fn plan_file(
         Role::ClaudeApproval => merge_json(path, before, |v| claude_approval(v, &mut changes))?,
         Role::CodexConfig => codex_config(path, before, ctx, &mut changes)?,
         Role::CodexHooks => merge_json(path, before, |v| codex_hooks(v, ctx, &mut changes))?,
+        Role::GeminiSettings => {
+            merge_json(path, before, |v| gemini_settings(v, ctx, &mut changes))?
+        }
     };
     Ok(Edit {
         path: path.clone(),
@@ -502,6 +513,57 @@ fn codex_hooks(
     put_hook(object_at(v, "hooks", "")?, "Stop", stop, changes)
 }
 
+/// How long Gemini CLI lets the AfterAgent hook run, and how long our waiter waits inside that
+/// (Gemini counts hook timeouts in milliseconds). While it waits, the TUI shows "Executing
+/// Hook" and holds what the user types until it ends, as Codex does: ten minutes a turn.
+const GEMINI_HOOK_TIMEOUT_MS: u64 = 600_000;
+const GEMINI_WAIT_S: u64 = 590;
+/// The SessionStart and SessionEnd hooks only write or remove a small record.
+const GEMINI_QUICK_HOOK_MS: u64 = 10_000;
+/// `wait_next` may block for up to 300 s; Gemini's default MCP timeout is ten minutes, and a
+/// bound of our own says what the server needs.
+const GEMINI_TOOL_TIMEOUT_MS: u64 = 330_000;
+
+/// Gemini CLI's `settings.json`: the MCP server (trusted, so its tools exist in headless runs
+/// and need no confirmation) and the hooks that name the session and wake it.
+fn gemini_settings(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut extra = Map::new();
+    extra.insert("trust".into(), json!(true));
+    extra.insert("timeout".into(), json!(GEMINI_TOOL_TIMEOUT_MS));
+    set(
+        object_at(v, "mcpServers", "")?,
+        "waitpoint",
+        mcp_entry(ctx, extra),
+        "set the MCP server waitpoint (waitpoint mcp, trusted)".into(),
+        changes,
+    );
+    let hook = |args: &str, timeout: u64| {
+        json!({
+            "type": "command",
+            "name": "waitpoint",
+            "command": ctx.command(args),
+            "timeout": timeout,
+        })
+    };
+    let hooks = object_at(v, "hooks", "")?;
+    let quick = hook("adapter gemini-hook", GEMINI_QUICK_HOOK_MS);
+    put_hook(hooks, "SessionStart", quick.clone(), changes)?;
+    put_hook(
+        hooks,
+        "AfterAgent",
+        hook(
+            &format!("adapter gemini-hook --timeout {GEMINI_WAIT_S}"),
+            GEMINI_HOOK_TIMEOUT_MS,
+        ),
+        changes,
+    )?;
+    put_hook(hooks, "SessionEnd", quick, changes)
+}
+
 /// Codex's `config.toml`: `[mcp_servers.waitpoint]`, comments and the rest kept as they are.
 /// Codex 0.171 runs the hooks of `hooks.json` without a feature switch (`features.codex_hooks`
 /// is deprecated there), so none is written.
@@ -744,6 +806,71 @@ mod tests {
         assert!(!first[2].changes_anything());
         assert!(first[2].changes[0].contains("left onWake"));
         assert_unchanged_again(Harness::Codex, Scope::User, &c, &first);
+    }
+
+    #[test]
+    fn gemini_setup_keeps_what_is_there_trusts_its_server_counts_ms_and_is_idempotent() {
+        let c = ctx(Some("/data/h"));
+        let settings = r#"{"security": {"auth": {"selectedType": "gemini-api-key"}},
+  "mcpServers": {"other": {"command": "x"}},
+  "hooks": {"AfterAgent": [{"hooks": [{"type": "command", "command": "notify-send done"}]}]}}"#;
+        let first = run(Harness::Gemini, Scope::User, &c, &[Some(settings), None]);
+        assert_eq!(first[0].path, Path::new("/u/.gemini/settings.json"));
+        let s: Value = serde_json::from_str(&first[0].after).unwrap();
+        assert_eq!(s["security"]["auth"]["selectedType"], "gemini-api-key");
+        assert_eq!(s["mcpServers"]["other"]["command"], "x");
+        let server = &s["mcpServers"]["waitpoint"];
+        assert_eq!(
+            server["trust"], true,
+            "headless runs offer only trusted tools"
+        );
+        assert_eq!(server["timeout"], json!(GEMINI_TOOL_TIMEOUT_MS));
+        assert_eq!(server["env"]["CORTEX_HOME"], "/data/h");
+        let after = s["hooks"]["AfterAgent"].as_array().unwrap();
+        assert_eq!(after[0]["hooks"][0]["command"], "notify-send done");
+        let ours = &after[1]["hooks"][0];
+        assert_eq!(
+            ours["command"],
+            "waitpoint --home /data/h adapter gemini-hook --timeout 590"
+        );
+        // Milliseconds, and longer than the wait inside.
+        assert_eq!(ours["timeout"], json!(600_000));
+        assert!(ours["timeout"].as_u64().unwrap() > GEMINI_WAIT_S * 1000);
+        for event in ["SessionStart", "SessionEnd"] {
+            assert_eq!(
+                s["hooks"][event][0]["hooks"][0]["command"],
+                "waitpoint --home /data/h adapter gemini-hook",
+                "{event}"
+            );
+        }
+        let home: Value = serde_json::from_str(&first[1].after).unwrap();
+        assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
+        assert_unchanged_again(Harness::Gemini, Scope::User, &c, &first);
+        // The project's own file, with --project.
+        let p = run(Harness::Gemini, Scope::Project, &c, &[None, None]);
+        assert_eq!(p[0].path, Path::new("/p/.gemini/settings.json"));
+        assert_unchanged_again(Harness::Gemini, Scope::Project, &c, &p);
+    }
+
+    #[test]
+    fn gemini_setup_refuses_what_it_would_lose() {
+        let c = ctx(None);
+        for (text, says) in [
+            (
+                r#"{"hooks": {"AfterAgent": {"x": 1}}}"#,
+                "hooks.AfterAgent is an object",
+            ),
+            (r#"{"mcpServers": []}"#, "mcpServers is an array"),
+            (r#"{"hooks": {}, "hooks": {}}"#, "hooks"),
+        ] {
+            let current: Vec<_> = files(Harness::Gemini, Scope::User, &c)
+                .into_iter()
+                .zip([Some(text.to_owned()), None])
+                .map(|(p, t)| (p.path, t))
+                .collect();
+            let e = plan(Harness::Gemini, Scope::User, &c, &current).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
+        }
     }
 
     #[test]

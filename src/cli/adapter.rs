@@ -77,6 +77,27 @@ pub enum AdapterCommand {
     /// read) when codex succeeds and reports no failed turn; exit 1 otherwise, leaving the wake
     /// unread for the daemon to retry.
     CodexResume(ResumeArgs),
+    /// Gemini CLI hook (SessionStart, AfterAgent, SessionEnd): name the session, and wait for
+    /// its next wake at a turn's end
+    ///
+    /// On SessionStart (a start, `/clear`, a resume) it records which session the Gemini
+    /// process is in, so `waitpoint mcp`, which Gemini names no session, acts for it. On
+    /// AfterAgent it blocks until the session has an unread wake (or --timeout passes), takes
+    /// it and any others waiting, and prints {"decision":"block","reason":TEXT}, which makes
+    /// Gemini continue with TEXT as the next prompt; nothing when the timeout passes first. In a
+    /// headless run (`gemini -p`, a prompt on stdin, a resume) it returns at once. On
+    /// SessionEnd it ends the session's waiter. Exits 0 always. The session is Gemini's own
+    /// (gemini-<session_id>) unless --session or $CORTEX_SESSION names one. `waitpoint setup
+    /// gemini` configures it.
+    GeminiHook(HookArgs),
+    /// `onWake` command: resume a Gemini CLI session with the wake as its prompt
+    ///
+    /// Reads the wake JSON the daemon gives an onWake command on stdin and runs
+    /// `gemini --resume ID --output-format json` in the session's project with the wake's text
+    /// on stdin. Exit 0 (and the wake marked read) when gemini succeeds and reports no error;
+    /// exit 1 otherwise (the session still open in a Gemini process, its folder not trusted),
+    /// leaving the wake unread for the daemon to retry.
+    GeminiResume(ResumeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -134,7 +155,81 @@ pub fn run(engine: &Engine, cmd: AdapterCommand) -> anyhow::Result<u8> {
         AdapterCommand::ClaudeStatusline(a) => statusline(engine, a),
         AdapterCommand::ClaudeResume(a) => resume(engine, a, Harness::Claude),
         AdapterCommand::CodexResume(a) => resume(engine, a, Harness::Codex),
+        AdapterCommand::GeminiHook(a) => gemini_hook(engine, a),
+        AdapterCommand::GeminiResume(a) => resume(engine, a, Harness::Gemini),
     }
+}
+
+/// Gemini CLI's hooks: the session's record on SessionStart and SessionEnd, the waiter on
+/// AfterAgent.
+fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
+    let input = harness_input();
+    let home = engine.home();
+    let caller = harness::gemini::from_hook_input(&input);
+    let session = match (&a.session, &caller) {
+        (Some(s), _) => s.clone(),
+        (None, Some(c)) => c.session(),
+        (None, None) => "default".to_owned(),
+    };
+    // The Gemini process, which runs the hook under a shell and is the MCP server's parent too.
+    let gemini = crate::process::starter_pid();
+    if let Some(c) = &caller {
+        harness::remember(home, &session, c)?;
+    }
+    match input["hook_event_name"].as_str() {
+        Some("SessionStart") => {
+            if let (Some(pid), Some(c)) = (gemini, &caller) {
+                harness::gemini::record_process(home, pid, c)?;
+            }
+            return Ok(exit::OK);
+        }
+        Some("SessionEnd") => {
+            wake::end_waiter(home, &session)?;
+            // On `/clear` Gemini runs SessionEnd and the next SessionStart at once: the record
+            // is the next session's to overwrite, never this hook's to remove after it did.
+            if input["reason"] != "clear"
+                && let (Some(pid), Some(c)) = (gemini, &caller)
+            {
+                harness::gemini::forget_process(home, pid, &c.session())?;
+            }
+            return Ok(exit::OK);
+        }
+        _ => {}
+    }
+    // Nobody is idle in a headless run, and Gemini runs hooks in line: a wait would hold it.
+    // A resume's own hooks must not take the wake the resume is delivering.
+    if env_var(wake::RESUMING_ENV).is_some() || gemini.is_none_or(harness::gemini::is_headless) {
+        return Ok(exit::OK);
+    }
+    let interrupt = super::interrupt_on_stop_signals()?;
+    let mut waiter = wake::Waiter::start(home, &session, gemini)?;
+    // Esc stops Gemini waiting for this hook without stopping it, and writes to the transcript.
+    if let Some(path) = input["transcript_path"]
+        .as_str()
+        .map(std::path::PathBuf::from)
+        && let Some(from) = harness::gemini::transcript_len(&path)
+    {
+        let watched = path.clone();
+        waiter.leave_when(
+            watched,
+            Box::new(move || harness::gemini::transcript_moved_on(&path, from)),
+        );
+    }
+    let wakes = wake::take_pending(home, &waiter, Duration::from_secs(a.timeout), &interrupt)?;
+    if wakes.is_empty() {
+        return Ok(exit::OK);
+    }
+    // Gemini may have stopped waiting while they were taken: they go back rather than to no one.
+    if waiter.should_leave() {
+        wake::give_back(home, &wakes);
+        return Ok(exit::OK);
+    }
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush()) {
+        wake::give_back(home, &wakes);
+        return Err(anyhow::Error::from(e).context("cannot hand the wakes to the harness"));
+    }
+    Ok(exit::OK)
 }
 
 fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
@@ -154,7 +249,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     };
     let caller = harness::from_hook_input(harness, &input).or_else(|| match harness {
         Harness::Claude => harness::from_env(&env_var),
-        Harness::Codex => None,
+        Harness::Codex | Harness::Gemini => None,
     });
     let session = match (&a.session, &caller) {
         (Some(s), _) => s.clone(),
@@ -191,7 +286,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
             err.write_all(wake::hook_text(&wakes).as_bytes())
                 .and_then(|()| err.flush())
         }
-        Harness::Codex => {
+        Harness::Codex | Harness::Gemini => {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush())
         }
@@ -202,7 +297,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     }
     Ok(match harness {
         Harness::Claude => CLAUDE_REWAKE,
-        Harness::Codex => exit::OK,
+        Harness::Codex | Harness::Gemini => exit::OK,
     })
 }
 
@@ -318,6 +413,8 @@ fn harness_home_of(harness: Harness) -> Option<std::path::PathBuf> {
     let (var, default) = match harness {
         Harness::Claude => ("CLAUDE_CONFIG_DIR", ".claude"),
         Harness::Codex => ("CODEX_HOME", ".codex"),
+        // Nothing of Gemini's own directory is read on a resume.
+        Harness::Gemini => return None,
     };
     let dir = env_var(var)
         .filter(|d| !d.is_empty())

@@ -88,7 +88,23 @@ pub fn webhook_port_env() -> crate::error::Result<Option<u16>> {
 /// The session when none is named: the harness's own, when a harness started this process, so
 /// that each harness session is a waitpoint session of its own; else `default`.
 pub fn default_session() -> String {
-    crate::harness::from_env(&env_var).map_or_else(|| "default".to_owned(), |c| c.session())
+    harness_caller().map_or_else(|| "default".to_owned(), |c| c.session())
+}
+
+/// The harness session that started this process, if one did: Claude Code's names itself in
+/// the environment, Gemini CLI's in its process's record.
+pub fn harness_caller() -> Option<crate::harness::Caller> {
+    crate::harness::from_env(&env_var).or_else(gemini_caller)
+}
+
+/// Inside Gemini CLI (its shell tool sets `GEMINI_CLI=1`), the session its SessionStart hook
+/// recorded for the Gemini process above us, in the home the environment names (a session
+/// default is needed before `--home` is read; another home finds no record, and `default`
+/// stays).
+fn gemini_caller() -> Option<crate::harness::Caller> {
+    env_var("GEMINI_CLI")?;
+    let home = Home::new(default_home_root());
+    crate::harness::gemini::caller_of_process(&home, crate::harness::gemini::starter()?)
 }
 
 /// A variable of the process environment; unset and empty are the same.

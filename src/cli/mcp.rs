@@ -14,8 +14,9 @@ use crate::settings::Settings;
 #[derive(Debug, Args)]
 pub struct McpArgs {
     /// Act for this session in every call [default: $CORTEX_SESSION, else the harness's own
-    /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), or the Codex thread each call
-    /// names (codex-THREAD), else "default"]
+    /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), the Codex thread each call
+    /// names (codex-THREAD), the Gemini CLI session its SessionStart hook recorded for the
+    /// Gemini process that started the server (gemini-ID, read on every call), else "default"]
     #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
     pub session: Option<String>,
     /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when

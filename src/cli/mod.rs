@@ -42,8 +42,8 @@ use crate::home::Home;
 use crate::settings::Settings;
 pub(crate) use environment::line_context;
 pub use environment::{
-    default_home_root, default_session, env_var, home_dir, is_implicit_default, load_settings,
-    login_name, resolve_home, ssh_options, webhook_port_env,
+    default_home_root, default_session, env_var, harness_caller, home_dir, is_implicit_default,
+    load_settings, login_name, resolve_home, ssh_options, webhook_port_env,
 };
 pub use hints::field_hint;
 pub use logging::{LogFormat, init_logging};
@@ -130,7 +130,8 @@ pub fn args() -> Vec<OsString> {
 #[derive(Debug, clap::Args)]
 pub struct SessionArg {
     /// The session acting [default: $CORTEX_SESSION, else the harness's session when run inside
-    /// one (Claude Code: claude-$CLAUDE_CODE_SESSION_ID), else "default"]
+    /// one (Claude Code: claude-$CLAUDE_CODE_SESSION_ID; Gemini CLI: the session recorded for
+    /// its process), else "default"]
     #[arg(
         long,
         value_name = "S",
@@ -322,7 +323,8 @@ pub enum Command {
     ///
     /// Writes into the harness's files (the user's with --user, the default; the project's with
     /// --project) the MCP server entry (`waitpoint mcp`), the hooks that wake a live session
-    /// (Claude Code: SessionStart, Stop and SessionEnd; Codex: Stop), Claude Code's status line
+    /// (Claude Code: SessionStart, Stop and SessionEnd; Codex: Stop; Gemini CLI: SessionStart,
+    /// AfterAgent and SessionEnd, with its MCP server trusted), Claude Code's status line
     /// (the capsule), and into the home's settings the onWake that resumes a closed session
     /// (`waitpoint adapter resume`), each running waitpoint by its full path (the daemon's PATH
     /// is not the shell's). What is there is kept byte for byte: other servers and hooks, a
@@ -339,8 +341,9 @@ pub enum Command {
     ///
     /// One-line commands for a harness's configuration. Hooks block on the session's next wake
     /// and give its text to a live session (claude-hook for Claude Code's asyncRewake hooks,
-    /// codex-stop-hook for Codex's Stop hook); resumes run as the daemon's onWake command and
-    /// resume a closed session with the wake as its prompt (claude-resume, codex-resume). A
+    /// codex-stop-hook for Codex's Stop hook, gemini-hook for Gemini CLI's AfterAgent hook);
+    /// resumes run as the daemon's onWake command and resume a closed session with the wake as
+    /// its prompt (claude-resume, codex-resume, gemini-resume; resume for whichever harness). A
     /// wake is marked read only when the harness took it; a failure leaves it unread, and the
     /// daemon retries an onWake command. Run as an onWake command, the home is
     /// $WAITPOINT_HOME unless --home says otherwise.

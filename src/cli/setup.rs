@@ -1,4 +1,4 @@
-//! `waitpoint setup claude-code|codex`: reads the harness's and the home's configuration files,
+//! `waitpoint setup claude-code|codex|gemini`: reads the harness's and the home's configuration files,
 //! asks `crate::setup` for the merge, prints each change and writes the files that change
 //! (nothing with `--dry-run`).
 
@@ -18,6 +18,8 @@ pub enum HarnessName {
     ClaudeCode,
     /// The Codex CLI: the MCP server, the Stop hook
     Codex,
+    /// Gemini CLI: the MCP server (trusted), the SessionStart/AfterAgent/SessionEnd hooks
+    Gemini,
 }
 
 #[derive(Debug, Args)]
@@ -27,8 +29,8 @@ pub struct SetupArgs {
     /// Configure the user's files, for every project (the default)
     #[arg(long, conflicts_with = "project")]
     pub user: bool,
-    /// Configure this project's files (.mcp.json, .claude/settings.json; .codex/), for everyone
-    /// who works in it
+    /// Configure this project's files (.mcp.json, .claude/settings.json; .codex/;
+    /// .gemini/settings.json), for everyone who works in it
     #[arg(long)]
     pub project: bool,
     /// The project directory [default: the current directory]
@@ -43,6 +45,7 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
     let harness = match a.harness {
         HarnessName::ClaudeCode => Harness::Claude,
         HarnessName::Codex => Harness::Codex,
+        HarnessName::Gemini => Harness::Gemini,
     };
     let scope = if a.project {
         Scope::Project
@@ -128,7 +131,25 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
             ctx.project_dir.display()
         )?;
     }
+    if harness == Harness::Gemini && scope == Scope::Project {
+        gemini_trust_note(&ctx, out)?;
+    }
     Ok(exit::OK)
+}
+
+/// Gemini CLI reads a project's `.gemini/settings.json` only in a trusted folder, and a headless
+/// run or a resume in an untrusted one exits 55: how to trust it.
+fn gemini_trust_note(ctx: &Context, out: &mut impl Write) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "Gemini CLI reads {} only in a trusted folder (untrusted, `gemini -p` and a resume exit \
+         55): trust it when Gemini asks on its first run there, or add to {}:\n  {{{}: \
+         \"TRUST_FOLDER\"}}",
+        ctx.project_dir.join(".gemini/settings.json").display(),
+        ctx.user_dir.join(".gemini/trustedFolders.json").display(),
+        serde_json::Value::from(ctx.project_dir.to_string_lossy()),
+    )?;
+    Ok(())
 }
 
 /// How many times a file that changes under us is read, merged and written again before setup

@@ -692,7 +692,7 @@ pub(super) fn ack(engine: &Engine, a: AckArgs, out: &mut impl Write) -> anyhow::
         && env("WAITPOINT_WAKE_ID").as_deref() == Some(a.wake_id.as_str());
     if channel != own
         && !handed
-        && let Some(caller) = crate::harness::from_env(&env)
+        && let Some(caller) = super::harness_caller()
     {
         return Err(Error::Usage(format!(
             "this shell runs inside the harness session {}, acting for session {own}: it marks \

@@ -1,4 +1,4 @@
-//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI): how each
+//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI, Gemini CLI): how each
 //! tells us who is calling, the waitpoint session that follows from it, and the record of it kept
 //! beside the session's inbox (`sessions/<s>/harness.json`) so that a wake for a closed session
 //! can resume the right harness session in the right directory.
@@ -9,6 +9,7 @@
 //! environment itself: front ends pass a lookup, so the rules are tested without one.
 
 pub mod codex_lock;
+pub mod gemini;
 pub mod transcript;
 pub mod wake;
 
@@ -30,6 +31,9 @@ pub enum Harness {
     /// The Codex CLI.
     #[serde(rename = "codex")]
     Codex,
+    /// Gemini CLI.
+    #[serde(rename = "gemini")]
+    Gemini,
 }
 
 impl Harness {
@@ -38,6 +42,7 @@ impl Harness {
         match self {
             Harness::Claude => "claude-code",
             Harness::Codex => "codex",
+            Harness::Gemini => "gemini",
         }
     }
 
@@ -46,6 +51,7 @@ impl Harness {
         match self {
             Harness::Claude => "claude",
             Harness::Codex => "codex",
+            Harness::Gemini => "gemini",
         }
     }
 

@@ -6,9 +6,11 @@
 //!
 //! - Hooks that block on the session's next wake and hand its text to a live session: Claude
 //!   Code's `asyncRewake` command hook (exit 2, the text on stderr, wakes an idle session) and
-//!   Codex's `Stop` hook (a `{"decision":"block","reason":…}` reply continues the turn).
+//!   Codex's `Stop` hook (a `{"decision":"block","reason":…}` reply continues the turn), and
+//!   Gemini CLI's `AfterAgent` hook (the same reply).
 //! - Resuming a closed session non-interactively with the wake text as the prompt, as an
-//!   `onWake` command: `claude -p --resume ID` and `codex exec resume ID -`.
+//!   `onWake` command: `claude -p --resume ID`, `codex exec resume ID -` and
+//!   `gemini --resume ID -o json`.
 //!
 //! This module builds the harness's command line and judges its answer; running it is the only
 //! I/O besides the inbox.
@@ -73,6 +75,16 @@ impl Resume {
                 self.target.clone(),
                 "-".into(),
             ],
+            // Without a terminal Gemini reads the prompt from stdin and answers headless.
+            // Folder trust is left as the user set it: a folder never trusted would load its
+            // own `.gemini/` (hooks, MCP servers) if this run trusted it; it exits 55 instead,
+            // which the judgement names.
+            Harness::Gemini => vec![
+                "--resume".into(),
+                self.target.clone(),
+                "--output-format".into(),
+                "json".into(),
+            ],
         };
         if self.fork && self.harness == Harness::Claude {
             a.push("--fork-session".into());
@@ -100,6 +112,11 @@ pub fn prompt(wake: &Wake) -> String {
 /// `turn.failed` or `error` event is a failure even under exit status 0.
 pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Result<(), String> {
     if !success {
+        if harness == Harness::Gemini
+            && let Some(why) = gemini_exit(exit)
+        {
+            return Err(format!("gemini {exit}: {why}"));
+        }
         return Err(format!("{} {exit}", harness.program()));
     }
     match harness {
@@ -130,6 +147,38 @@ pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Resul
             }
             Ok(())
         }
+        // `-o json` prints one object: `session_id`, `response`, `stats`, and `error` when the
+        // turn failed.
+        Harness::Gemini => {
+            let v: Value = serde_json::from_str(stdout.trim()).map_err(|e| {
+                format!(
+                    "gemini printed no JSON result ({e}): {}",
+                    first_line(stdout)
+                )
+            })?;
+            if !v["error"].is_null() {
+                let message = v["error"]["message"]
+                    .as_str()
+                    .map_or_else(|| v["error"].to_string(), str::to_owned);
+                return Err(format!(
+                    "gemini reported an error: {}",
+                    first_line(&message)
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// What Gemini CLI 0.61's own exit statuses mean for a resume.
+fn gemini_exit(exit: &str) -> Option<&'static str> {
+    match exit {
+        "exited 55" => Some(
+            "the project folder is not trusted (trust it in Gemini, or list it in \
+             ~/.gemini/trustedFolders.json)",
+        ),
+        "exited 42" => Some("no session with this id in the project (removed, or another folder)"),
+        _ => None,
     }
 }
 
@@ -191,12 +240,14 @@ fn cause_line(stderr: &str) -> Option<&str> {
 pub const NO_SUCH_SESSION: &str = "the harness has no conversation to resume for session";
 
 /// Whether a failed run says the harness has no such session: Claude Code prints "No
-/// conversation found with session ID: …" for a session that never had a turn.
-fn no_such_session(harness: Harness, stdout: &str, stderr: &str) -> bool {
+/// conversation found with session ID: …" for a session that never had a turn; Gemini CLI
+/// exits 42 for an id it does not know in the project.
+fn no_such_session(harness: Harness, code: Option<i32>, stdout: &str, stderr: &str) -> bool {
     match harness {
         Harness::Claude => [stdout, stderr]
             .iter()
             .any(|t| t.contains("No conversation found")),
+        Harness::Gemini => code == Some(42),
         Harness::Codex => false,
     }
 }
@@ -204,6 +255,18 @@ fn no_such_session(harness: Harness, stdout: &str, stderr: &str) -> bool {
 /// Runs the harness with the wake as the prompt; on success marks the wake read. `Err` is the
 /// reason, for the `onWake` runner's record; the wake stays unread.
 pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result<(), String> {
+    // A Gemini session open between two turns has no waiter (its AfterAgent hook waits only so
+    // long), yet a second process resuming it would write the same conversation from two
+    // places: the wake waits for the session's next turn, or for it to close.
+    if r.harness == Harness::Gemini
+        && let Some(pid) = crate::harness::gemini::open_in(home, &wake.channel)
+    {
+        return Err(format!(
+            "session {} is open in gemini (pid {pid}) with no waiter; its next turn's end takes \
+             the wake, or a resume once it closes",
+            wake.channel
+        ));
+    }
     let run = HookRun {
         argv: std::iter::once(r.program.clone()).chain(r.args()).collect(),
         stdin: prompt(wake).into_bytes(),
@@ -222,7 +285,7 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
         |c| format!("exited {c}"),
     );
     let err = String::from_utf8_lossy(&done.stderr);
-    if !status.success() && no_such_session(r.harness, &out, &err) {
+    if !status.success() && no_such_session(r.harness, status.code(), &out, &err) {
         return Err(format!("{NO_SUCH_SESSION} {}", r.target));
     }
     judge(r.harness, status.success(), &exit, &out).map_err(|why| match cause_line(&err) {
@@ -248,6 +311,10 @@ pub fn take_pending(
     let session = &waiter.session;
     let mut inbox = crate::agent::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
+    if let Some((file, _)) = &waiter.abandoned {
+        // Not watchable (gone, another kind of file): the test is still asked every minute.
+        let _ = inbox.watch_also(file);
+    }
     interrupt.wake(inbox.poker());
     if let Some(pid) = waiter.starter {
         let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
@@ -286,8 +353,13 @@ pub struct Waiter {
     record: PathBuf,
     starter: Option<libc::pid_t>,
     starter_gone: Arc<AtomicBool>,
+    /// A file whose change may mean the harness gave up on this waiter, and the test of it.
+    abandoned: Option<(PathBuf, Abandoned)>,
     _presence: File,
 }
+
+/// Whether the harness has given up on a waiter, asked when the watched file changes.
+type Abandoned = Box<dyn Fn() -> bool + Send + Sync>;
 
 #[derive(Serialize, Deserialize)]
 struct WaiterRecord {
@@ -336,8 +408,17 @@ impl Waiter {
             record,
             starter,
             starter_gone: Arc::new(AtomicBool::new(false)),
+            abandoned: None,
             _presence: presence,
         })
+    }
+
+    /// Leaves also when `abandoned` says so, asked whenever `watch` changes. Gemini CLI stops
+    /// waiting for a hook when the user presses Esc but leaves the hook's process running: a
+    /// wake it handed over then would be read by nobody. What Gemini writes to the session's
+    /// transcript meanwhile says so.
+    pub fn leave_when(&mut self, watch: PathBuf, abandoned: Abandoned) {
+        self.abandoned = Some((watch, abandoned));
     }
 
     /// The session this waiter serves.
@@ -349,6 +430,9 @@ impl Waiter {
     /// names it (a newer waiter replaced it, or the session ended).
     pub fn should_leave(&self) -> bool {
         if self.starter_gone.load(Ordering::Relaxed) {
+            return true;
+        }
+        if self.abandoned.as_ref().is_some_and(|(_, gone)| gone()) {
             return true;
         }
         // Reached beneath the home without following a link; one that is not a record (a link,
@@ -669,5 +753,29 @@ mod tests {
         assert!(codex("{\"type\":\"thread.started\"}\n{\"type\":\"turn.completed\"}\n").is_ok());
         assert!(codex("{\"type\":\"turn.started\"}\n{\"type\":\"turn.failed\"}\n").is_err());
         assert!(judge(Harness::Codex, false, "exited 1", "").is_err());
+        let gemini = |out: &str| judge(Harness::Gemini, true, "exited 0", out);
+        assert!(gemini(r#"{"session_id":"u","response":"done","stats":{}}"#).is_ok());
+        let e =
+            gemini(r#"{"session_id":"u","error":{"type":"Error","message":"quota"}}"#).unwrap_err();
+        assert!(e.contains("quota"), "{e}");
+        assert!(gemini("not json").is_err());
+        // Its own exit statuses say why: an untrusted folder, an unknown session.
+        let e = judge(Harness::Gemini, false, "exited 55", "").unwrap_err();
+        assert!(e.contains("not trusted"), "{e}");
+        let e = judge(Harness::Gemini, false, "exited 42", "").unwrap_err();
+        assert!(e.contains("no session with this id"), "{e}");
+    }
+
+    #[test]
+    fn gemini_resumes_headless_with_json_output_its_prompt_on_stdin() {
+        let g = Resume {
+            harness: Harness::Gemini,
+            program: "gemini".into(),
+            target: "u1".into(),
+            fork: true,
+            dir: None,
+            harness_home: None,
+        };
+        assert_eq!(g.args(), ["--resume", "u1", "--output-format", "json"]);
     }
 }

@@ -92,6 +92,9 @@ struct Inner {
     remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
     /// The sessions whose default ingress this server has looked after ([`Inner::with_default_ingress`]).
     ingress_offered: std::sync::Mutex<HashSet<String>>,
+    /// The process that started us (shells and wrappers passed over): a Gemini CLI's, whose
+    /// hooks record which session it is in.
+    parent: Option<libc::pid_t>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -181,6 +184,7 @@ impl Server {
                 broken: config.broken,
                 remembered: Default::default(),
                 ingress_offered: Default::default(),
+                parent: harness::gemini::starter(),
             }),
             tool_router: Self::tool_router(),
         }
@@ -201,6 +205,7 @@ impl Server {
         let inner = self.inner.clone();
         let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let job = tokio::task::spawn_blocking(move || {
+            let caller = caller.or_else(|| inner.gemini_caller());
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let reply = f(&inner, &session)?;
@@ -267,6 +272,13 @@ impl Inner {
             Err(e) => tracing::warn!(session, "cannot issue the default ingress: {e}"),
         }
         reply
+    }
+
+    /// The Gemini CLI session a call comes from: Gemini names none to an MCP server, but its
+    /// `SessionStart` hook records the session of the process that started us. Read on every
+    /// call, since `/clear` moves the process to a new session.
+    fn gemini_caller(&self) -> Option<Caller> {
+        harness::gemini::caller_of_process(self.engine.home(), self.parent?)
     }
 
     /// The session a call acts for, given the caller its `_meta` names (if any), with the
@@ -406,6 +418,7 @@ impl Server {
         let started = Instant::now();
         let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let mut job = tokio::task::spawn_blocking(move || {
+            let caller = caller.or_else(|| inner.gemini_caller());
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);

@@ -26,13 +26,19 @@ fn agent(r: &Request) -> Reply {
     if !r.offers_tool("mcp__waitpoint__wait_create") && r.offers_tool("Bash") {
         return Reply::text("my waitpoint tools are not connected yet");
     }
-    if r.tool_result().is_some() {
-        return Reply::text("noted; ending my turn");
-    }
     let said = r.last_user_text();
-    if said.starts_with("Generate a concise") {
+    if r.tool_result().is_none() && said.starts_with("Generate a concise") {
         // Codex's TUI asks for a title for the task on the side, quoting the prompt.
         return Reply::text("a title");
+    }
+    play(r, &said, &|t| format!("mcp__waitpoint__{t}"))
+}
+
+/// The scripted agent's turn, whatever the harness: what the user `said` decides it, and
+/// `tool` names the MCP server `waitpoint`'s tools the harness's way.
+pub(crate) fn play(r: &Request, said: &str, tool: &dyn Fn(&str) -> String) -> Reply {
+    if r.tool_result().is_some() {
+        return Reply::text("noted; ending my turn");
     }
     if said.contains("Waitpoint wp_") {
         return Reply::text("woken");
@@ -45,26 +51,26 @@ fn agent(r: &Request) -> Reply {
     if let Some(label) = word_after("arm ") {
         let intent = format!("the job {label}; when it lands, read its result");
         return Reply::tool(
-            "mcp__waitpoint__wait_create",
+            tool("wait_create"),
             json!({"label": label, "intent": intent}),
         );
     }
     if let Some(id) = word_after("cancel ") {
-        return Reply::tool("mcp__waitpoint__wait_cancel", json!({"id": id}));
+        return Reply::tool(tool("wait_cancel"), json!({"id": id}));
     }
     if said.contains("check") {
-        return Reply::tool("mcp__waitpoint__wait_check", json!({}));
+        return Reply::tool(tool("wait_check"), json!({}));
     }
     if said.trim().starts_with("turn ") {
-        // A model that thinks a moment: the turn's end (and its Stop hook) comes well after
-        // its request, so the test can tell this turn's waiter from the previous one's.
+        // A model that thinks a moment: the turn's end (and its hook) comes well after its
+        // request, so the test can tell this turn's waiter from the previous one's.
         std::thread::sleep(Duration::from_millis(300));
     }
     Reply::text("ok")
 }
 
 /// The first JSON object in a tool result's text (the structured reply; a note follows it).
-fn reply_json(text: &str) -> Value {
+pub(crate) fn reply_json(text: &str) -> Value {
     let start = text
         .find('{')
         .unwrap_or_else(|| panic!("no JSON in {text}"));
@@ -76,10 +82,10 @@ fn reply_json(text: &str) -> Value {
 }
 
 /// A waitpoint the agent armed: its id, secret and the harness session that armed it.
-struct Armed {
-    id: String,
-    secret: String,
-    harness_session: String,
+pub(crate) struct Armed {
+    pub id: String,
+    pub secret: String,
+    pub harness_session: String,
 }
 
 /// Waits for the result of a `wait_create` whose label is `label`.
@@ -100,7 +106,7 @@ fn armed(server: &ModelServer, label: &str) -> Armed {
 }
 
 /// The job's signal line, run as a job runs it: the secret in the environment, never in argv.
-fn job_reports(env: &Env, a: &Armed) {
+pub(crate) fn job_reports(env: &Env, a: &Armed) {
     let out = env
         .command(CORTEX_SIGNAL)
         .env("CORTEX_SIGNAL_ID", &a.id)
@@ -112,7 +118,7 @@ fn job_reports(env: &Env, a: &Armed) {
 }
 
 /// `waitpoint setup ARGS` as a new user runs it, in the project.
-fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
+pub(crate) fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
     let out = env
         .command(WAITPOINT)
         .arg("setup")
@@ -142,7 +148,7 @@ fn claude_by_setup<'e>(env: &'e Env, server: &ModelServer) -> Claude<'e> {
 }
 
 /// The wake files of a session's inbox folder (`new` or `cur`) for waitpoint `id`.
-fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
+pub(crate) fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
     env.inbox(session, folder)
         .iter()
         .filter(|w| w["waitpoint_id"] == id || w["text"].as_str().is_some_and(|t| t.contains(id)))
@@ -151,7 +157,7 @@ fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
 
 /// Waits until `a`'s wake is read in `session`'s inbox, and checks it is read once: in `cur/`
 /// exactly once, no longer in `new/`.
-fn read_once(env: &Env, session: &str, a: &Armed) {
+pub(crate) fn read_once(env: &Env, session: &str, a: &Armed) {
     env.wait_until("the wake read once", || {
         wakes_of(env, session, "cur", &a.id) == 1
     });
@@ -181,11 +187,11 @@ fn woken_in(server: &ModelServer, session: &str, a: &Armed) -> Request {
 /// The live waiters of this home: `adapter claude-hook` processes naming it (setup writes
 /// `--home` into the hooks).
 fn waiters(env: &Env) -> Vec<u32> {
-    live_adapters(env, "adapter claude-hook")
+    waiters_of(env, "adapter claude-hook")
 }
 
-/// The live `waitpoint` processes of this home whose command line holds `adapter`.
-fn live_adapters(env: &Env, adapter: &str) -> Vec<u32> {
+/// The live processes of this home running `adapter` (`adapter claude-hook`, ...).
+pub(crate) fn waiters_of(env: &Env, adapter: &str) -> Vec<u32> {
     let home = env.home.display().to_string();
     let mut found = Vec::new();
     for entry in fs::read_dir("/proc").unwrap().flatten() {
@@ -235,6 +241,42 @@ fn started_ticks(pid: u32) -> u64 {
             rest.split_whitespace().nth(19)?.parse().ok()
         })
         .unwrap_or(u64::MAX)
+}
+
+/// Ten turns (`turn(n)` sends turn `n` and returns once the model has it): after each, the
+/// session's one waiter (of `waiters`) is the one its end started and the one `waiter.json`
+/// names. Then ten seconds of that idle waiter cost under 50 ms of CPU.
+pub(crate) fn ten_turns_then_one_idle_waiter(
+    env: &Env,
+    session: &str,
+    waiters: &dyn Fn(&Env) -> Vec<u32>,
+    mut turn: impl FnMut(u32),
+) {
+    let record = env.home.join("sessions").join(session).join("waiter.json");
+    let recorded = || {
+        fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|v| v["pid"].as_u64())
+            .map(|p| p as u32)
+    };
+    let mut one = Vec::new();
+    for n in 1..=10 {
+        turn(n);
+        let asked = boot_ticks();
+        env.wait_until("the turn's own waiter, alone", || {
+            one = waiters(env);
+            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
+        });
+    }
+    let before = cpu_time(one[0]);
+    // The measurement: ten seconds of an idle waiter.
+    std::thread::sleep(Duration::from_secs(10));
+    let used = cpu_time(one[0]) - before;
+    assert!(
+        used < Duration::from_millis(50),
+        "an idle waiter used {used:?} in 10 s"
+    );
 }
 
 #[test]
@@ -301,33 +343,11 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
     // Ten more turns: each Stop starts a waiter, which replaces the one before, so the
     // session never has more than one. A turn's own waiter is the one started after its model
     // request (the previous turn's was started before Claude Code sent it).
-    let record = env.home.join("sessions").join(&session).join("waiter.json");
-    let recorded = || {
-        fs::read_to_string(&record)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["pid"].as_u64())
-            .map(|p| p as u32)
-    };
-    let mut one = Vec::new();
-    for n in 1..=10 {
+    ten_turns_then_one_idle_waiter(&env, &session, &waiters, |n| {
         let said = format!("turn {n}");
         tmux.send_line(&said);
         server.wait_for_request(|r| r.last_user_text().trim() == said, LIMIT);
-        let asked = boot_ticks();
-        env.wait_until("the turn's own waiter, alone", || {
-            one = waiters(&env);
-            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
-        });
-    }
-    let before = cpu_time(one[0]);
-    // The measurement: ten seconds of an idle waiter.
-    std::thread::sleep(Duration::from_secs(10));
-    let used = cpu_time(one[0]) - before;
-    assert!(
-        used < Duration::from_millis(50),
-        "an idle waiter used {used:?} in 10 s"
-    );
+    });
 
     tmux.send_line("/exit");
     env.wait_until("no waiter once the session closed", || {
@@ -585,7 +605,7 @@ fn codex_open_without_a_waiter<'e>(
     tmux.send_keys(&["Escape"]);
     // Codex kills the hook: its record stays, the process goes.
     env.wait_until("Esc to end the waiter", || {
-        live_adapters(env, "adapter codex-stop-hook").is_empty()
+        waiters_of(env, "adapter codex-stop-hook").is_empty()
     });
     let daemon = daemon(env, "codex", &codex.vars());
     job_reports(env, &a);
@@ -636,7 +656,7 @@ fn after_esc_and_quit_a_codex_thread_is_resumed_as_soon_as_codex_lets_it_go() {
     let (tmux, a, session, _daemon) = codex_open_without_a_waiter(&env, &server, &mut codex);
     // The resume runs, and meets the open thread; then the user quits.
     env.wait_until("the resume to meet the open thread", || {
-        !live_adapters(&env, "adapter resume").is_empty()
+        !waiters_of(&env, "adapter resume").is_empty()
     });
     drop(tmux);
     let resumed = woken_in(&server, &a.harness_session, &a);

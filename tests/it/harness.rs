@@ -68,7 +68,7 @@ impl Run {
 
 /// Runs `cmd` to its end or until `limit`, when it is killed. Its output goes to files, not
 /// pipes, so a chatty child cannot block on a full pipe while we wait.
-fn run_bounded(mut cmd: Command, limit: Duration) -> Run {
+pub fn run_bounded(mut cmd: Command, limit: Duration) -> Run {
     let mut stdout = tempfile::tempfile().unwrap();
     let mut stderr = tempfile::tempfile().unwrap();
     let mut child = cmd
@@ -122,7 +122,7 @@ fn server_env(env: &Env, vars: &[(&str, &str)]) -> Vec<(String, String)> {
 
 /// The test's project directory, `$HOME/project`, created; canonical, because both harnesses
 /// key their per-project state by the real path.
-fn project_dir(env: &Env) -> PathBuf {
+pub fn project_dir(env: &Env) -> PathBuf {
     let project = env.user_home.join("project");
     fs::create_dir_all(&project).unwrap();
     project.canonicalize().unwrap()
@@ -287,7 +287,7 @@ pub struct Tmux {
 impl Tmux {
     /// Starts `program args…` in `dir` in a new private tmux server of `env`'s home (one
     /// 200×50 pane, `main`), with the test's clean environment plus `vars`.
-    fn start(
+    pub fn start(
         env: &Env,
         dir: &Path,
         vars: impl IntoIterator<Item = (&'static str, String)>,

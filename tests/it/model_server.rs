@@ -1,6 +1,7 @@
 //! A scripted model server on 127.0.0.1 for driving the real agent harnesses: it speaks the
 //! Anthropic Messages API as Claude Code uses it (`POST /v1/messages`, streamed or not) and the
-//! OpenAI Responses API as Codex uses it (`POST /v1/responses`, streamed), and a test's script
+//! OpenAI Responses API as Codex uses it (`POST /v1/responses`, streamed), the Gemini API as
+//! Gemini CLI uses it (`POST /v1beta/models/M:streamGenerateContent?alt=sse`), and a test's script
 //! decides each answer from the request. Every request is recorded so a test can assert on what
 //! the harness sent (a tool result, a wake's text, a session header) and wait for it.
 //!
@@ -230,6 +231,9 @@ impl Request {
         let Some(message) = self.turns().rev().find(|m| m["role"] == "user") else {
             return String::new();
         };
+        if self.api() == Api::Gemini {
+            return gemini_texts(message);
+        }
         match &message["content"] {
             Value::String(s) => s.clone(),
             Value::Array(parts) => parts
@@ -249,6 +253,9 @@ impl Request {
             .turns()
             .rev()
             .find(|m| m["role"] == "user" || m["type"] == "function_call_output")?;
+        if self.api() == Api::Gemini {
+            return gemini_function_response(newest);
+        }
         if newest["type"] == "function_call_output" {
             return Some(text_of(&newest["output"]));
         }
@@ -267,6 +274,7 @@ impl Request {
         let conversation = match self.api() {
             Api::Messages => &self.body()["messages"],
             Api::Responses => &self.body()["input"],
+            Api::Gemini => &self.body()["contents"],
             Api::Other => return false,
         };
         let mut found = false;
@@ -280,6 +288,9 @@ impl Request {
         self.body()["tools"].as_array().is_some_and(|tools| {
             tools.iter().any(|t| {
                 t["name"] == name
+                    || t["functionDeclarations"]
+                        .as_array()
+                        .is_some_and(|fs| fs.iter().any(|f| f["name"] == name))
                     || t["tools"].as_array().is_some_and(|inner| {
                         inner.iter().any(|i| {
                             format!("{}__{}", text_of(&t["name"]), text_of(&i["name"])) == name
@@ -297,6 +308,8 @@ impl Request {
             Api::Messages
         } else if route.ends_with("/responses") {
             Api::Responses
+        } else if route.ends_with(":streamGenerateContent") || route.ends_with(":generateContent") {
+            Api::Gemini
         } else {
             Api::Other
         }
@@ -307,6 +320,7 @@ impl Request {
         let items = match self.api() {
             Api::Messages => self.body()["messages"].as_array(),
             Api::Responses => self.body()["input"].as_array(),
+            Api::Gemini => self.body()["contents"].as_array(),
             Api::Other => None,
         };
         items.into_iter().flatten()
@@ -323,6 +337,7 @@ impl Request {
 enum Api {
     Messages,
     Responses,
+    Gemini,
     Other,
 }
 
@@ -467,8 +482,8 @@ fn answer(shared: &Shared, request: &Request, out: &mut impl Write) -> std::io::
             json!({"type": "error", "error": {"type": "not_found_error", "message": message}});
         return send_json(out, 404, &reply);
     }
-    let reply = if api == Api::Messages && request.is_housekeeping() {
-        Reply::text(HOUSEKEEPING_REPLY)
+    let reply = if matches!(api, Api::Messages | Api::Gemini) && request.is_housekeeping() {
+        Reply::text(gemini_housekeeping(request).unwrap_or_else(|| HOUSEKEEPING_REPLY.to_owned()))
     } else {
         match catch_unwind(AssertUnwindSafe(|| (shared.script)(request))) {
             Ok(reply) => reply,
@@ -486,6 +501,14 @@ fn answer(shared: &Shared, request: &Request, out: &mut impl Write) -> std::io::
         }
     };
     let stream = request.body()["stream"] == true;
+    if api == Api::Gemini {
+        let answer = gemini_answer(&reply);
+        return if request.path().contains(":streamGenerateContent") {
+            send_sse_data(out, &[answer])
+        } else {
+            send_json(out, 200, &answer)
+        };
+    }
     match (api, stream) {
         (Api::Messages, true) => send_sse(out, &messages_events(shared, request, &reply)),
         (Api::Messages, false) => send_json(out, 200, &message(shared, request, &reply)),
@@ -664,4 +687,92 @@ fn responses_events(
             json!({"type": "response.completed", "response": completed}),
         ),
     ]
+}
+
+/// The text parts of a Gemini API content (`{"role", "parts": [{"text"}, ...]}`), joined by
+/// newlines.
+fn gemini_texts(content: &Value) -> String {
+    content["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["text"].as_str())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The `functionResponse` parts of a Gemini API content, as text (their `response` objects).
+fn gemini_function_response(content: &Value) -> Option<String> {
+    let results: Vec<String> = content["parts"]
+        .as_array()?
+        .iter()
+        .filter_map(|p| p.get("functionResponse"))
+        .map(|r| {
+            let mut texts = Vec::new();
+            visit_strings(&r["response"], &mut |s| texts.push(s.to_owned()));
+            texts.join("\n")
+        })
+        .collect();
+    (!results.is_empty()).then(|| results.join("\n"))
+}
+
+/// Gemini CLI's side requests ask for JSON in a schema (`generationConfig.responseJsonSchema`):
+/// whether the model or the user speaks next, a title. The answer fills the schema's required
+/// fields, the next speaker always the user, so no side request starts a turn.
+fn gemini_housekeeping(request: &Request) -> Option<String> {
+    let config = &request.body()["generationConfig"];
+    let schema = config
+        .get("responseJsonSchema")
+        .or_else(|| config.get("responseSchema"))?;
+    let mut answer = serde_json::Map::new();
+    for field in schema["required"].as_array().into_iter().flatten() {
+        let Some(name) = field.as_str() else { continue };
+        let value = match name {
+            "next_speaker" => json!("user"),
+            // Gemini spells the types in capitals (`INTEGER`), JSON Schema in lower case.
+            _ => match schema["properties"][name]["type"]
+                .as_str()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
+                Some("boolean") => json!(false),
+                Some("number" | "integer") => json!(1),
+                Some("array") => json!([]),
+                Some("object") => json!({}),
+                _ => json!("scripted"),
+            },
+        };
+        answer.insert(name.to_owned(), value);
+    }
+    Some(Value::Object(answer).to_string())
+}
+
+/// A Gemini API answer (`GenerateContentResponse`) for `reply`: one candidate whose one part is
+/// the text or the `functionCall`. Gemini CLI names an MCP tool `mcp_<server>_<tool>`, and the
+/// script names it so.
+fn gemini_answer(reply: &Reply) -> Value {
+    let part = match reply {
+        Reply::Text(text) => json!({"text": text}),
+        Reply::Tool { name, input } => json!({"functionCall": {"name": name, "args": input}}),
+    };
+    json!({
+        "candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP",
+                        "index": 0}],
+        "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2},
+        "modelVersion": "scripted-model",
+    })
+}
+
+/// Server-sent events with data lines only (`data: JSON`), as the Gemini API streams with
+/// `?alt=sse`; the connection's close ends the stream.
+fn send_sse_data(out: &mut impl Write, events: &[Value]) -> std::io::Result<()> {
+    out.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+          connection: close\r\n\r\n",
+    )?;
+    for data in events {
+        write!(out, "data: {data}\r\n\r\n")?;
+        out.flush()?;
+    }
+    Ok(())
 }

@@ -73,6 +73,36 @@ fn setup_writes_each_harness_once_keeps_the_users_own_and_dry_run_writes_nothing
             .unwrap()
             .contains("codex-stop-hook")
     );
+
+    // Gemini, for the project: its own file, and how to trust the folder it is read in.
+    let project = env.user_home.join("project");
+    fs::create_dir_all(&project).unwrap();
+    let gemini = env.ok(
+        "gemini",
+        &env.waitpoint(&[
+            "setup",
+            "gemini",
+            "--project",
+            "--project-dir",
+            project.to_str().unwrap(),
+        ]),
+    );
+    assert!(
+        gemini.contains("trustedFolders.json") && gemini.contains("TRUST_FOLDER"),
+        "{gemini}"
+    );
+    let g = json_at(&project.join(".gemini/settings.json"));
+    assert_eq!(g["mcpServers"]["waitpoint"]["trust"], true);
+    assert!(
+        g["hooks"]["AfterAgent"][0]["hooks"][0]["command"]
+            .as_str()
+            .unwrap()
+            .contains("gemini-hook --timeout 590")
+    );
+    assert!(
+        !env.user_home.join(".gemini").exists(),
+        "the user's files untouched"
+    );
 }
 
 /// `waitpoint setup ARGS` in `dir`, bounded in time and memory: a setup that hangs on a FIFO or
@@ -144,7 +174,11 @@ fn project_setup_never_follows_a_link_nor_opens_what_is_not_a_regular_file() {
     fs::remove_file(&mcp).unwrap();
 
     // A directory of the project that is a link, for either harness.
-    for (harness, dir) in [("claude-code", ".claude"), ("codex", ".codex")] {
+    for (harness, dir) in [
+        ("claude-code", ".claude"),
+        ("codex", ".codex"),
+        ("gemini", ".gemini"),
+    ] {
         let link = project.join(dir);
         symlink(&elsewhere, &link).unwrap();
         refused(
