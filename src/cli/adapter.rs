@@ -179,7 +179,7 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
     match input["hook_event_name"].as_str() {
         Some("SessionStart") => {
             if let (Some(pid), Some(c)) = (gemini, &caller) {
-                harness::gemini::record_process(home, pid, c)?;
+                harness::process_record::record_process(home, pid, c)?;
             }
             return Ok(exit::OK);
         }
@@ -190,7 +190,7 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
             if input["reason"] != "clear"
                 && let (Some(pid), Some(c)) = (gemini, &caller)
             {
-                harness::gemini::forget_process(home, pid, &c.session())?;
+                harness::process_record::forget_process(home, pid, &c.session())?;
             }
             return Ok(exit::OK);
         }
@@ -259,6 +259,21 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     let home = engine.home();
     if let Some(c) = &caller {
         harness::remember(home, &session, c)?;
+    }
+    // Claude Code moves its process to a new session on `/clear` while its MCP server keeps the
+    // old id in its environment: the process's record says which session it is in now, and
+    // `waitpoint mcp` reads it on every call. A `/clear` ends one session and starts the next:
+    // the end leaves the record to the start.
+    if harness == Harness::Claude
+        && let (Some(c), Some(pid)) = (&caller, crate::process::starter_pid())
+    {
+        match input["hook_event_name"].as_str() {
+            Some("SessionStart") => harness::process_record::record_process(home, pid, c)?,
+            Some("SessionEnd") if input["reason"] != "clear" => {
+                harness::process_record::forget_process(home, pid, &c.session())?;
+            }
+            _ => {}
+        }
     }
     if input["hook_event_name"] == "SessionEnd" {
         wake::end_waiter(home, &session)?;

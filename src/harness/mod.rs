@@ -10,6 +10,7 @@
 
 pub mod codex_lock;
 pub mod gemini;
+pub mod process_record;
 pub mod transcript;
 pub mod wake;
 

@@ -259,7 +259,7 @@ pub fn resume(home: &Home, wake: &Wake, r: &Resume, timeout: Duration) -> Result
     // long), yet a second process resuming it would write the same conversation from two
     // places: the wake waits for the session's next turn, or for it to close.
     if r.harness == Harness::Gemini
-        && let Some(pid) = crate::harness::gemini::open_in(home, &wake.channel)
+        && let Some(pid) = crate::harness::process_record::open_in(home, &wake.channel)
     {
         return Err(format!(
             "session {} is open in gemini (pid {pid}) with no waiter; its next turn's end takes \

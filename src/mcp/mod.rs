@@ -92,8 +92,8 @@ struct Inner {
     remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
     /// The sessions whose default ingress this server has looked after ([`Inner::with_default_ingress`]).
     ingress_offered: std::sync::Mutex<HashSet<String>>,
-    /// The process that started us (shells and wrappers passed over): a Gemini CLI's, whose
-    /// hooks record which session it is in.
+    /// The process that started us (shells and wrappers passed over): a harness's (Gemini CLI,
+    /// Claude Code), whose `SessionStart` hook records which session it is in.
     parent: Option<libc::pid_t>,
 }
 
@@ -184,7 +184,7 @@ impl Server {
                 broken: config.broken,
                 remembered: Default::default(),
                 ingress_offered: Default::default(),
-                parent: harness::gemini::starter(),
+                parent: harness::process_record::starter(),
             }),
             tool_router: Self::tool_router(),
         }
@@ -205,7 +205,7 @@ impl Server {
         let inner = self.inner.clone();
         let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let job = tokio::task::spawn_blocking(move || {
-            let caller = caller.or_else(|| inner.gemini_caller());
+            let caller = caller.or_else(|| inner.process_caller());
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let reply = f(&inner, &session)?;
@@ -274,11 +274,12 @@ impl Inner {
         reply
     }
 
-    /// The Gemini CLI session a call comes from: Gemini names none to an MCP server, but its
-    /// `SessionStart` hook records the session of the process that started us. Read on every
-    /// call, since `/clear` moves the process to a new session.
-    fn gemini_caller(&self) -> Option<Caller> {
-        harness::gemini::caller_of_process(self.engine.home(), self.parent?)
+    /// The session the harness process that started us is in now, as its `SessionStart` hook
+    /// recorded it (`harness::process_record`): Gemini CLI names none to an MCP server, and
+    /// Claude Code's `/clear` moves the process to a new session while our environment keeps
+    /// the old id. Read on every call.
+    fn process_caller(&self) -> Option<Caller> {
+        harness::process_record::caller_of_process(self.engine.home(), self.parent?)
     }
 
     /// The session a call acts for, given the caller its `_meta` names (if any), with the
@@ -287,7 +288,13 @@ impl Inner {
         if let Some(why) = &self.broken {
             return Err(Error::Usage(why.clone()));
         }
-        let caller = self.started_by.as_ref().or(call);
+        // The process's record is newer than the environment we were started with (Claude
+        // Code's `/clear`); a call's own `_meta` (Codex) names its thread whatever we started as.
+        let caller = match (&self.started_by, call) {
+            (Some(s), Some(c)) if s.harness == c.harness => Some(c),
+            (Some(s), _) => Some(s),
+            (None, c) => c,
+        };
         let session = match (&self.sessions, caller) {
             (Sessions::Named(s), _) => s.clone(),
             (Sessions::FromHarness, Some(c)) => c.session(),
@@ -418,7 +425,7 @@ impl Server {
         let started = Instant::now();
         let caller = harness::from_codex_meta(&ctx.meta.0.0);
         let mut job = tokio::task::spawn_blocking(move || {
-            let caller = caller.or_else(|| inner.gemini_caller());
+            let caller = caller.or_else(|| inner.process_caller());
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);

@@ -279,27 +279,30 @@ pub(crate) fn ten_turns_then_one_idle_waiter(
     );
 }
 
-#[test]
-fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
-    let env = Env::new();
-    let server = ModelServer::start(agent);
-    let claude = claude_by_setup(&env, &server);
-    let _daemon = daemon(&env, "claude", &claude.vars());
-    let tmux = claude.interactive(&[], LIMIT);
-    // Interactive Claude Code connects its MCP servers in the background: the session's first
-    // turn may come before the tools do. The server remembers the session when it starts.
+/// Interactive Claude Code connects its MCP servers in the background: waits until ours started
+/// (it remembers its session as it starts).
+fn wait_for_the_mcp_server(env: &Env) {
     env.wait_until("the MCP server to start", || {
         fs::read_dir(env.home.join("sessions"))
             .is_ok_and(|d| d.flatten().any(|e| e.path().join("harness.json").exists()))
     });
-    let is_armed = |r: &Request| r.tool_result().is_some_and(|t| t.contains("\"secret\""));
+}
+
+/// Asks the agent in the TUI to arm `label`, again while a turn comes before the tools do (the
+/// session's first turn may), and returns what it armed.
+fn arm_in_tui(env: &Env, server: &ModelServer, tmux: &crate::harness::Tmux, label: &str) -> Armed {
+    let cue = format!("arm {label}");
+    let is_armed = |r: &Request| {
+        r.tool_result()
+            .is_some_and(|t| t.contains("\"secret\"") && t.contains(label))
+    };
     let too_early = |r: &Request| {
-        r.last_user_text().contains("arm live-1")
+        r.last_user_text().contains(&cue)
             && r.offers_tool("Bash")
             && !r.offers_tool("mcp__waitpoint__wait_create")
     };
     for tries in 1.. {
-        tmux.send_line("please arm live-1 before the job starts");
+        tmux.send_line(&format!("please {cue} before the job starts"));
         let mut done = false;
         env.wait_until("the arming turn", || {
             let rs = server.requests();
@@ -311,7 +314,59 @@ fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
         }
         assert!(tries < 5, "the tools never came:\n{}", server.summary());
     }
-    let a = armed(&server, "live-1");
+    armed(server, label)
+}
+
+#[test]
+fn after_clear_a_claude_code_session_arms_and_is_woken_in_the_conversation_the_user_is_in() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let claude = claude_by_setup(&env, &server);
+    let _daemon = daemon(&env, "claude", &claude.vars());
+    let tmux = claude.interactive(&[], LIMIT);
+    wait_for_the_mcp_server(&env);
+    // Before the session's first turn: the old id never gets a transcript to resume.
+    tmux.send_line("/clear");
+    // The new conversation's SessionStart hook has run: it remembers its session.
+    env.wait_until("the new conversation's first hook", || {
+        fs::read_dir(env.home.join("sessions")).is_ok_and(|d| {
+            d.flatten()
+                .filter(|e| e.path().join("harness.json").exists())
+                .count()
+                == 2
+        })
+    });
+    let a = arm_in_tui(&env, &server, &tmux, "clr-1");
+    // The turn ran in the new conversation, and the waitpoint belongs to it.
+    let session = format!("claude-{}", a.harness_session);
+    assert_eq!(env.state(&a.id)["session"], session.as_str());
+    env.wait_until("the new conversation's waiter", || {
+        env.home
+            .join("sessions")
+            .join(&session)
+            .join("waiter.json")
+            .exists()
+    });
+    job_reports(&env, &a);
+    tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    let woken = woken_in(&server, &a.harness_session, &a);
+    assert!(
+        woken.last_user_text().contains(HOOK_HEADER),
+        "{}",
+        server.summary()
+    );
+    read_once(&env, &session, &a);
+}
+
+#[test]
+fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let claude = claude_by_setup(&env, &server);
+    let _daemon = daemon(&env, "claude", &claude.vars());
+    let tmux = claude.interactive(&[], LIMIT);
+    wait_for_the_mcp_server(&env);
+    let a = arm_in_tui(&env, &server, &tmux, "live-1");
     let session = format!("claude-{}", a.harness_session);
     // The status line carries the capsule of this session.
     tmux.wait_for_pane(|p| p.contains("live-1 · 0/1 received · expires in"), LIMIT);
