@@ -279,6 +279,37 @@ pub(crate) fn ten_turns_then_one_idle_waiter(
     );
 }
 
+/// Waits until `a`'s wake reached its harness session by the session's waiter (the hook's text,
+/// not a resume's prompt), and checks it was read once.
+fn woken_in_place(env: &Env, server: &ModelServer, session: &str, a: &Armed) {
+    let woken = woken_in(server, &a.harness_session, a);
+    assert!(
+        woken.last_user_text().contains(HOOK_HEADER),
+        "{}",
+        server.summary()
+    );
+    read_once(env, session, a);
+}
+
+/// Waits until `session` has a waiter (`waiter.json` names it).
+fn wait_for_waiter(env: &Env, session: &str, what: &str) {
+    let record = env.home.join("sessions").join(session).join("waiter.json");
+    env.wait_until(what, || record.exists());
+}
+
+/// Claude Code set up by `waitpoint setup`, a daemon that can resume it, and its TUI open with
+/// our MCP server started.
+fn open_claude<'e>(
+    env: &'e Env,
+    server: &ModelServer,
+) -> (Claude<'e>, DaemonGuard, crate::harness::Tmux) {
+    let claude = claude_by_setup(env, server);
+    let daemon = daemon(env, "claude", &claude.vars());
+    let tmux = claude.interactive(&[], LIMIT);
+    wait_for_the_mcp_server(env);
+    (claude, daemon, tmux)
+}
+
 /// Interactive Claude Code connects its MCP servers in the background: waits until ours started
 /// (it remembers its session as it starts).
 fn wait_for_the_mcp_server(env: &Env) {
@@ -321,10 +352,7 @@ fn arm_in_tui(env: &Env, server: &ModelServer, tmux: &crate::harness::Tmux, labe
 fn after_clear_a_claude_code_session_arms_and_is_woken_in_the_conversation_the_user_is_in() {
     let env = Env::new();
     let server = ModelServer::start(agent);
-    let claude = claude_by_setup(&env, &server);
-    let _daemon = daemon(&env, "claude", &claude.vars());
-    let tmux = claude.interactive(&[], LIMIT);
-    wait_for_the_mcp_server(&env);
+    let (_claude, _daemon, tmux) = open_claude(&env, &server);
     // Before the session's first turn: the old id never gets a transcript to resume.
     tmux.send_line("/clear");
     // The new conversation's SessionStart hook has run: it remembers its session.
@@ -340,44 +368,23 @@ fn after_clear_a_claude_code_session_arms_and_is_woken_in_the_conversation_the_u
     // The turn ran in the new conversation, and the waitpoint belongs to it.
     let session = format!("claude-{}", a.harness_session);
     assert_eq!(env.state(&a.id)["session"], session.as_str());
-    env.wait_until("the new conversation's waiter", || {
-        env.home
-            .join("sessions")
-            .join(&session)
-            .join("waiter.json")
-            .exists()
-    });
+    wait_for_waiter(&env, &session, "the new conversation's waiter");
     job_reports(&env, &a);
     tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
-    let woken = woken_in(&server, &a.harness_session, &a);
-    assert!(
-        woken.last_user_text().contains(HOOK_HEADER),
-        "{}",
-        server.summary()
-    );
-    read_once(&env, &session, &a);
+    woken_in_place(&env, &server, &session, &a);
 }
 
 #[test]
 fn an_open_claude_code_session_is_woken_in_place_once_by_one_idle_waiter() {
     let env = Env::new();
     let server = ModelServer::start(agent);
-    let claude = claude_by_setup(&env, &server);
-    let _daemon = daemon(&env, "claude", &claude.vars());
-    let tmux = claude.interactive(&[], LIMIT);
-    wait_for_the_mcp_server(&env);
+    let (_claude, _daemon, tmux) = open_claude(&env, &server);
     let a = arm_in_tui(&env, &server, &tmux, "live-1");
     let session = format!("claude-{}", a.harness_session);
     // The status line carries the capsule of this session.
     tmux.wait_for_pane(|p| p.contains("live-1 · 0/1 received · expires in"), LIMIT);
     // The turn ended; the Stop hook's waiter holds the session.
-    env.wait_until("the session's waiter", || {
-        env.home
-            .join("sessions")
-            .join(&session)
-            .join("waiter.json")
-            .exists()
-    });
+    wait_for_waiter(&env, &session, "the session's waiter");
     job_reports(&env, &a);
     // No keystroke: the waiter's exit wakes the idle session with the wake.
     tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
@@ -615,13 +622,7 @@ fn an_open_codex_session_continues_its_turn_with_its_wake_without_a_keystroke() 
     let thread = a.harness_session.as_str();
     let session = format!("codex-{thread}");
     // The turn ended; the Stop hook's waiter holds it open for the session's next wake.
-    env.wait_until("the session's waiter", || {
-        env.home
-            .join("sessions")
-            .join(&session)
-            .join("waiter.json")
-            .exists()
-    });
+    wait_for_waiter(&env, &session, "the session's waiter");
     job_reports(&env, &a);
     // No keystroke: the hook's reply continues the turn, in the same thread, with the wake.
     let woken = woken_in(&server, thread, &a);
@@ -655,8 +656,7 @@ fn codex_open_without_a_waiter<'e>(
     tmux.send_line("arm cx-esc");
     let a = armed(server, "cx-esc");
     let session = format!("codex-{}", a.harness_session);
-    let record = env.home.join("sessions").join(&session).join("waiter.json");
-    env.wait_until("the Stop hook's waiter", || record.exists());
+    wait_for_waiter(env, &session, "the Stop hook's waiter");
     tmux.send_keys(&["Escape"]);
     // Codex kills the hook: its record stays, the process goes.
     env.wait_until("Esc to end the waiter", || {
@@ -687,13 +687,7 @@ fn after_esc_an_open_codex_thread_gets_its_wake_at_its_next_turn_end_not_refused
     let (tmux, a, session, _daemon) = codex_open_without_a_waiter(&env, &server, &mut codex);
     // The user's next turn ends, and its Stop hook hands the wake over in the same thread.
     tmux.send_line("turn two");
-    let woken = woken_in(&server, &a.harness_session, &a);
-    assert!(
-        woken.last_user_text().contains(HOOK_HEADER),
-        "{}",
-        server.summary()
-    );
-    read_once(&env, &session, &a);
+    woken_in_place(&env, &server, &session, &a);
     delivered_at_first_attempt(&env, &a);
     assert_eq!(
         turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
