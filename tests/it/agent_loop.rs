@@ -497,6 +497,26 @@ fn a_resumed_turn_of_minutes_cut_off_by_a_kill_reaches_the_agent_once() {
         let session = format!("claude-{}", a.harness_session);
         job_reports(&env, &a);
         woken_in(&server, &a.harness_session, &a);
+        // Mid-turn: Claude Code has the turn's prompt in its transcript, as it has within a
+        // moment of a turn's start (a kill in that moment is a turn that never began).
+        let wake_id = env.inbox(&session, "new")[0]["wake_id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let projects = env.user_home.join(".claude/projects");
+        env.wait_until("the turn in Claude Code's transcript", || {
+            fs::read_dir(&projects)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|d| {
+                    fs::read_dir(d.path())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .any(|f| fs::read_to_string(f.path()).is_ok_and(|t| t.contains(&wake_id)))
+                })
+        });
         let doomed = match cut {
             Cut::DaemonGroup => vec![daemon.pid()],
             Cut::Everything => process_tree(daemon.pid()),
@@ -515,13 +535,9 @@ fn a_resumed_turn_of_minutes_cut_off_by_a_kill_reaches_the_agent_once() {
             "{cut:?}: {}",
             server.summary()
         );
-        assert!(
-            !env.home
-                .join("sessions")
-                .join(&session)
-                .join("resume.json")
-                .exists()
-        );
+        // The resume that delivered it removes its record right after marking it read.
+        let record = env.home.join("sessions").join(&session).join("resume.json");
+        env.wait_until("the resume's record removed", || !record.exists());
     }
 }
 
