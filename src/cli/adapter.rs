@@ -201,6 +201,11 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
     if env_var(wake::RESUMING_ENV).is_some() || gemini.is_none_or(harness::gemini::is_headless) {
         return Ok(exit::OK);
     }
+    // The TUI is held while this hook runs (typed prompts queue, slash commands are refused):
+    // only while the agent waits on something.
+    if !crate::agent::session_waits(engine, &session)? {
+        return Ok(exit::OK);
+    }
     let interrupt = super::interrupt_on_stop_signals()?;
     let mut waiter = wake::Waiter::start(home, &session, gemini)?;
     // Esc stops Gemini waiting for this hook without stopping it, and writes to the transcript.

@@ -341,7 +341,15 @@ fn an_open_gemini_session_is_woken_in_place_once_by_one_idle_waiter() {
     read_once(&env, &session, &a);
     // Once, and not also resumed: no other turn carried the wake.
     reached_the_model_once(&server, &a);
+    // Nothing waited on any more: the woken turn's end lets the TUI go, no hook holds it.
+    tmux.wait_for_pane(
+        |p| p.contains("Type your message") && !p.contains("Executing Hook"),
+        LIMIT,
+    );
+    assert!(waiters(&env).is_empty());
 
+    // Something armed again: each turn's end holds the session for it.
+    arm_in(&tmux, &server, "keep-1");
     // Ten more turns, each after Esc, as a user who does not want to wait has to: Gemini then
     // abandons the turn's hook without stopping it; the waiter sees it in the transcript and
     // leaves, and the next turn's end starts the next: never more than one.
