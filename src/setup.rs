@@ -514,10 +514,12 @@ fn codex_hooks(
 }
 
 /// How long Gemini CLI lets the AfterAgent hook run, and how long our waiter waits inside that
-/// (Gemini counts hook timeouts in milliseconds). While it waits, the TUI shows "Executing
-/// Hook" and holds what the user types until it ends, as Codex does: ten minutes a turn.
-const GEMINI_HOOK_TIMEOUT_MS: u64 = 600_000;
-const GEMINI_WAIT_S: u64 = 590;
+/// (Gemini counts hook timeouts in milliseconds): a day, as for Codex, since a job that outlasts
+/// the wait would leave the open session without its wake. While it waits, the TUI shows
+/// "Executing Hook" and holds what the user types; it waits only while the session waits on
+/// something, and Esc takes the prompt back.
+const GEMINI_HOOK_TIMEOUT_MS: u64 = 86_400_000;
+const GEMINI_WAIT_S: u64 = 86_000;
 /// The SessionStart and SessionEnd hooks only write or remove a small record.
 const GEMINI_QUICK_HOOK_MS: u64 = 10_000;
 /// `wait_next` may block for up to 300 s; Gemini's default MCP timeout is ten minutes, and a
@@ -831,10 +833,10 @@ mod tests {
         let ours = &after[1]["hooks"][0];
         assert_eq!(
             ours["command"],
-            "waitpoint --home /data/h adapter gemini-hook --timeout 590"
+            "waitpoint --home /data/h adapter gemini-hook --timeout 86000"
         );
         // Milliseconds, and longer than the wait inside.
-        assert_eq!(ours["timeout"], json!(600_000));
+        assert_eq!(ours["timeout"], json!(86_400_000));
         assert!(ours["timeout"].as_u64().unwrap() > GEMINI_WAIT_S * 1000);
         for event in ["SessionStart", "SessionEnd"] {
             assert_eq!(

@@ -505,8 +505,9 @@ fn after_clear_a_gemini_waitpoint_wakes_the_new_conversation_in_place() {
     );
     assert!(!in_conversation_of(&woken, &first), "the old conversation");
     read_once(&env, &session, &second);
-    // The woken turn ended with a waiter again. The terminal closes: Gemini waits for a
-    // running hook before it exits, so the waiter must see the hangup and leave.
+    // Something armed again: the turn ends with a waiter. The terminal closes: Gemini waits for
+    // a running hook before it exits, so the waiter must see the hangup and leave.
+    arm_in(&tmux, &server, "kept");
     env.wait_until("the next waiter", || !waiters(&env).is_empty());
     drop(tmux);
     env.wait_until("no waiter once the terminal closed", || {

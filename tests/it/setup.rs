@@ -97,7 +97,7 @@ fn setup_writes_each_harness_once_keeps_the_users_own_and_dry_run_writes_nothing
         g["hooks"]["AfterAgent"][0]["hooks"][0]["command"]
             .as_str()
             .unwrap()
-            .contains("gemini-hook --timeout 590")
+            .contains("gemini-hook --timeout 86000")
     );
     assert!(
         !env.user_home.join(".gemini").exists(),
