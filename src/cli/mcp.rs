@@ -56,6 +56,10 @@ pub fn serve(
         lines,
         claude_channel: a.claude_channel,
         broken,
+        // OpenCode names itself to the servers it starts, and starts them in its project.
+        opencode_dir: super::env_var("OPENCODE")
+            .filter(|v| v == "1")
+            .and_then(|_| std::env::current_dir().ok()),
     })?;
     Ok(exit::OK)
 }

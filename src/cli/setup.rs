@@ -18,6 +18,8 @@ pub enum HarnessName {
     ClaudeCode,
     /// The Codex CLI: the MCP server, the Stop hook
     Codex,
+    /// OpenCode: the MCP server, the plugin that names the calling session and wakes an idle one
+    Opencode,
 }
 
 #[derive(Debug, Args)]
@@ -43,6 +45,7 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
     let harness = match a.harness {
         HarnessName::ClaudeCode => Harness::Claude,
         HarnessName::Codex => Harness::Codex,
+        HarnessName::Opencode => Harness::OpenCode,
     };
     let scope = if a.project {
         Scope::Project

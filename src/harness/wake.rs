@@ -69,6 +69,15 @@ impl Resume {
                 self.target.clone(),
                 "-".into(),
             ],
+            // The prompt is read from stdin when no message is given; the JSON events say how
+            // the turn ended.
+            Harness::OpenCode => vec![
+                "run".into(),
+                "--session".into(),
+                self.target.clone(),
+                "--format".into(),
+                "json".into(),
+            ],
         };
         if self.fork && self.harness == Harness::Claude {
             a.push("--fork-session".into());
@@ -115,6 +124,27 @@ pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Resul
                 if kind == "turn.failed" || kind == "error" {
                     return Err(format!("codex reported {kind}: {}", first_line(line)));
                 }
+            }
+            Ok(())
+        }
+        // `opencode run --format json` prints one JSON event a line; a failed turn is an
+        // `error` event, and a run that printed no event at all never reached the model.
+        Harness::OpenCode => {
+            let mut events = 0;
+            for line in stdout.lines().filter(|l| !l.trim().is_empty()) {
+                let Ok(ev) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                events += 1;
+                if ev["type"] == "error" {
+                    return Err(format!("opencode reported an error: {}", first_line(line)));
+                }
+            }
+            if events == 0 {
+                return Err(format!(
+                    "opencode printed no JSON event: {}",
+                    first_line(stdout)
+                ));
             }
             Ok(())
         }
@@ -240,6 +270,44 @@ pub fn take_pending(
         wakes.push(w);
     }
     Ok(wakes)
+}
+
+/// Blocks until the session has unread wakes (or `waiter` is told to leave, or `interrupt` is
+/// raised) and returns them, oldest first, still unread: for a waiter that hands them to its
+/// harness by other means and marks them read ([`mark_handed`]) only once the harness took
+/// them. A waiter that dies in between leaves them unread, and its lock released, so the next
+/// waiter or a resume delivers them. Idle, it waits on the kernel (inotify, a pidfd): nothing
+/// polls.
+pub fn unread_pending(
+    home: &Home,
+    waiter: &Waiter,
+    interrupt: &crate::agent::Interrupt,
+) -> Result<Vec<Wake>> {
+    let session = &waiter.session;
+    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    inbox.watch_also(&home.sessions_dir().join(session))?;
+    interrupt.wake(inbox.poker());
+    if let Some(pid) = waiter.starter {
+        let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
+        // One watch of the harness a call: it ends with the harness, and the exit pokes
+        // this call's inbox.
+        std::thread::spawn(move || {
+            let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
+            gone.store(true, Ordering::Relaxed);
+            let _ = poke.send(());
+        });
+    }
+    let stop = || interrupt.raised().is_some() || waiter.should_leave();
+    inbox.wait_unread(Duration::from_secs(60), &stop)
+}
+
+/// Marks wakes read that [`unread_pending`] returned and the harness took. One already read (a
+/// `wait_next` of the model's took it meanwhile) is left as it is.
+pub fn mark_handed(home: &Home, wakes: &[Wake]) -> Result<()> {
+    for w in wakes {
+        delivery::mark_read(home, &w.channel, &w.wake_id)?;
+    }
+    Ok(())
 }
 
 /// A session's live waiter: the hook process that hands the session's wakes to its running
@@ -515,5 +583,21 @@ mod tests {
         assert!(codex("{\"type\":\"thread.started\"}\n{\"type\":\"turn.completed\"}\n").is_ok());
         assert!(codex("{\"type\":\"turn.started\"}\n{\"type\":\"turn.failed\"}\n").is_err());
         assert!(judge(Harness::Codex, false, "exited 1", "").is_err());
+        let opencode = |out: &str| judge(Harness::OpenCode, true, "exited 0", out);
+        assert!(opencode("{\"type\":\"step_start\"}\n{\"type\":\"text\"}\n").is_ok());
+        assert!(opencode("{\"type\":\"error\",\"error\":{\"name\":\"APIError\"}}\n").is_err());
+        assert!(opencode("").is_err());
+    }
+
+    #[test]
+    fn opencode_resumes_its_session_with_json_events_and_the_prompt_on_stdin() {
+        let r = Resume {
+            harness: Harness::OpenCode,
+            program: "opencode".into(),
+            target: "ses_1".into(),
+            fork: true,
+            dir: None,
+        };
+        assert_eq!(r.args(), ["run", "--session", "ses_1", "--format", "json"]);
     }
 }
