@@ -11,8 +11,9 @@ import { spawn } from "node:child_process";
 import { createInterface } from "node:readline";
 
 export const WaitpointPlugin = async ({ client, directory }) => {
-  const headless =
-    !!process.env.WAITPOINT_RESUMING || process.argv.slice(1).includes("run");
+  // OpenCode's own argv: [bun, its script, subcommand or project, ...]; `run` is headless.
+  const command = process.argv.slice(2).find((a) => !a.startsWith("-"));
+  const headless = !!process.env.WAITPOINT_RESUMING || command === "run";
   const waiters = new Map();
 
   const waiterOf = (sessionID) => {

@@ -5,6 +5,7 @@ mod helpers;
 
 mod adapters;
 mod agent_loop;
+mod agent_loop_opencode;
 mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;
