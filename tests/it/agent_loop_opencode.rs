@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::harness::Tmux;
 use crate::helpers::{CORTEX_SIGNAL, DaemonGuard, Env, WAITPOINT, cpu_time};
 use crate::model_server::{ModelServer, Reply, Request};
 
@@ -387,4 +388,125 @@ fn two_opencode_sessions_in_one_project_each_see_and_get_only_their_own() {
         .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
     assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
     read_once(&env, &format!("opencode-{}", a.harness_session), &a);
+}
+
+#[test]
+fn an_open_opencode_session_is_woken_in_place_once_by_one_idle_waiter() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let oc = opencode_by_setup(&env, &server);
+    let _daemon = daemon(&env, &oc);
+    let tmux = Tmux::start(&env, &oc.project, oc.vars(), &oc.bin, &[]);
+    tmux.wait_for_pane(|p| p.contains("scripted"), LIMIT);
+    tmux.send_line("arm live-1");
+    let a = armed(&server, "live-1");
+    let session = format!("opencode-{}", a.harness_session);
+    // The turn ended; the plugin's waiter holds the session.
+    env.wait_until("the session's waiter", || {
+        env.home
+            .join("sessions")
+            .join(&session)
+            .join("waiter.json")
+            .exists()
+    });
+    let one = waiters(&env);
+    assert_eq!(one.len(), 1, "{one:?}");
+    let before = cpu_time(one[0]);
+    // The measurement: ten seconds of an idle waiter.
+    std::thread::sleep(Duration::from_secs(10));
+    let used = cpu_time(one[0]) - before;
+    assert!(
+        used < Duration::from_millis(50),
+        "an idle waiter used {used:?} in 10 s"
+    );
+    job_reports(&env, &a);
+    // No keystroke: the plugin hands the wake to the idle session, in the same session.
+    let woken = woken_in(&server, &a.harness_session, &a);
+    assert!(
+        woken.last_user_text().contains(HOOK_HEADER),
+        "not the plugin's text:\n{}",
+        server.summary()
+    );
+    tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    read_once(&env, &session, &a);
+    // Not also resumed: the wake reached the model once.
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+    // Still one waiter for the session after the woken turn, and none once OpenCode exits.
+    env.wait_until("one waiter again", || waiters(&env).len() == 1);
+    tmux.send_line("/exit");
+    env.wait_until("no waiter once the session closed", || {
+        waiters(&env).is_empty()
+    });
+}
+
+/// The waiter the plugin starts, driven as the plugin drives it: a wake it prints stays unread
+/// until the plugin says "ack"; a "nack" leaves it for the next "wait"; its stdin's close ends
+/// it.
+#[test]
+fn the_plugins_waiter_marks_a_wake_read_only_when_the_plugin_acks_and_leaves_with_its_stdin() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = Env::new();
+    let _daemon = env.daemon();
+    let session = "opencode-ses_ack1";
+    let mut child = env
+        .command(WAITPOINT)
+        .args(["adapter", "opencode-waiter", "--session", "ses_ack1"])
+        .args(["--dir", "/srv/proj"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = child.stdin.take().unwrap();
+    let mut from = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut handed = |to: &mut std::process::ChildStdin, line: &mut String| -> Value {
+        writeln!(to, "wait").unwrap();
+        line.clear();
+        from.read_line(line).unwrap();
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    env.timer_now(session, "ack me");
+    let first = handed(&mut to, &mut line);
+    let id = first["wakes"][0].as_str().unwrap().to_owned();
+    assert!(
+        first["text"].as_str().unwrap().contains(HOOK_HEADER),
+        "{first}"
+    );
+    // Printed, not yet taken by OpenCode: still unread.
+    assert_eq!(env.inbox(session, "new").len(), 1);
+    writeln!(to, "nack").unwrap();
+    let again = handed(&mut to, &mut line);
+    assert_eq!(again["wakes"][0], id.as_str());
+    writeln!(to, "ack").unwrap();
+    env.wait_until("the acked wake read", || {
+        env.inbox(session, "cur").len() == 1 && env.inbox(session, "new").is_empty()
+    });
+    // Remembered for a resume, in the plugin's project.
+    let seen: Value = serde_json::from_str(
+        &fs::read_to_string(env.home.join(format!("sessions/{session}/harness.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        (seen["harness"].as_str(), seen["project_dir"].as_str()),
+        (Some("opencode"), Some("/srv/proj"))
+    );
+    // The plugin's process is gone: the waiter leaves, waiting or not.
+    writeln!(to, "wait").unwrap();
+    drop(to);
+    let deadline = Instant::now() + LIMIT;
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the waiter outlived its stdin");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(child.wait().unwrap().success());
+    assert!(
+        !env.home
+            .join(format!("sessions/{session}/waiter.json"))
+            .exists()
+    );
 }

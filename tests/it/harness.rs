@@ -287,7 +287,7 @@ pub struct Tmux {
 impl Tmux {
     /// Starts `program args…` in `dir` in a new private tmux server of `env`'s home (one
     /// 200×50 pane, `main`), with the test's clean environment plus `vars`.
-    fn start(
+    pub fn start(
         env: &Env,
         dir: &Path,
         vars: impl IntoIterator<Item = (&'static str, String)>,
