@@ -308,6 +308,28 @@ fn opencode_run_in_a_project_with_the_plugin_answers_at_once_and_leaves_no_waite
     assert!(ok, "{out}");
     assert!(out.contains("\"text\":\"ok\""), "{out}");
     assert!(waiters(&env).is_empty(), "a waiter outlived `opencode run`");
+    // A wake waiting for a session (its resume fails here: the daemon's PATH has no opencode)
+    // is not taken by a run of that session: nobody is idle in a run, and a prompt handed to
+    // it as it ends would be lost.
+    let _daemon = env.daemon();
+    let (ok, out, _) = oc.run("arm run-1", &[]);
+    assert!(ok, "{out}");
+    let a = armed(&server, "run-1");
+    let session = format!("opencode-{}", a.harness_session);
+    job_reports(&env, &a);
+    env.wait_until("the wake in the inbox", || {
+        wakes_of(&env, &session, "new", &a.id) == 1
+    });
+    let (ok, out, _) = oc.run("hello again", &["--session", &a.harness_session]);
+    assert!(ok, "{out}");
+    assert!(out.contains("\"text\":\"ok\""), "{out}");
+    assert_eq!(wakes_of(&env, &session, "new", &a.id), 1, "{}", env.tree());
+    assert!(
+        turns_saying(&server, &format!("Waitpoint {}", a.id)).is_empty(),
+        "{}",
+        server.summary()
+    );
+    assert!(waiters(&env).is_empty(), "a waiter outlived `opencode run`");
 }
 
 #[test]
