@@ -15,7 +15,8 @@ use crate::settings::Settings;
 pub struct McpArgs {
     /// Act for this session in every call [default: $CORTEX_SESSION, else the harness's own
     /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), or the Codex thread each call
-    /// names (codex-THREAD), else "default"]
+    /// names (codex-THREAD), or the OpenCode session each call's harness_session names
+    /// (opencode-ID), else "default"]
     #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
     pub session: Option<String>,
     /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when

@@ -238,7 +238,7 @@ impl Server {
         F: FnOnce(&Inner, &str) -> crate::error::Result<CallToolResult> + Send + 'static,
     {
         let inner = self.inner.clone();
-        let caller = call_caller(&ctx);
+        let caller = call_caller(ctx);
         let job = tokio::task::spawn_blocking(move || {
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
