@@ -532,3 +532,98 @@ fn the_plugins_waiter_marks_a_wake_read_only_when_the_plugin_acks_and_leaves_wit
             .exists()
     );
 }
+
+/// The MCP server as OpenCode starts it (`OPENCODE=1`, in the project): every tool declares
+/// `harness_session`, which selects an `opencode-…` session and nothing else; started by
+/// anything else, the server offers no such argument and refuses it, as before.
+#[test]
+fn the_plugins_session_argument_is_offered_and_taken_only_under_opencode() {
+    use crate::mcp_raw::Raw;
+    let env = Env::new();
+    let project = env.user_home.canonicalize().unwrap();
+    let mut c = env.command(WAITPOINT);
+    c.arg("mcp").env("OPENCODE", "1").current_dir(&project);
+    let mut s = Raw::spawn(c);
+    s.initialize();
+    s.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let tools = s.answer(2)["result"]["tools"].as_array().unwrap().clone();
+    assert!(tools.len() >= 10);
+    for t in &tools {
+        assert_eq!(
+            t["inputSchema"]["properties"]["harness_session"]["type"], "string",
+            "{t}"
+        );
+    }
+    let armed = s.call(
+        3,
+        "wait_create",
+        json!({"label": "a", "intent": "session a waits", "harness_session": "ses_a1"}),
+        json!({}),
+    );
+    let id = armed["structuredContent"]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let theirs = s.call(
+        4,
+        "wait_check",
+        json!({"harness_session": "ses_b2"}),
+        json!({}),
+    );
+    assert_eq!(theirs["structuredContent"]["session"], "opencode-ses_b2");
+    assert_eq!(
+        theirs["structuredContent"]["waiting"],
+        json!([]),
+        "{theirs}"
+    );
+    let cancel = s.call(
+        5,
+        "wait_cancel",
+        json!({"id": id, "harness_session": "ses_b2"}),
+        json!({}),
+    );
+    assert_eq!(cancel["isError"], true, "{cancel}");
+    let seen: Value = serde_json::from_str(
+        &fs::read_to_string(env.home.join("sessions/opencode-ses_a1/harness.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        seen,
+        json!({"harness": "opencode", "session_id": "ses_a1",
+               "project_dir": project.display().to_string()})
+    );
+    // Never another harness's session, nor a path.
+    for (n, bad) in ["../claude-x", "claude-x/..", "-rf"].iter().enumerate() {
+        let r = s.call(
+            6 + n as u64,
+            "wait_check",
+            json!({"harness_session": bad}),
+            json!({}),
+        );
+        assert_eq!(r["isError"], true, "{r}");
+        assert!(r.to_string().contains("harness_session"), "{r}");
+    }
+    s.close();
+
+    let mut plain = Raw::start(&env);
+    plain.initialize();
+    plain.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let tools = plain.answer(2)["result"]["tools"].clone();
+    assert!(!tools.to_string().contains("harness_session"), "{tools}");
+    // Refused where a tool reads arguments; ignored, selecting nothing, by one that takes none.
+    let r = plain.call(
+        3,
+        "wait_create",
+        json!({"label": "x", "intent": "y", "harness_session": "ses_a1"}),
+        json!({}),
+    );
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(r.to_string().contains("harness_session"), "{r}");
+    let r = plain.call(
+        4,
+        "wait_check",
+        json!({"harness_session": "ses_a1"}),
+        json!({}),
+    );
+    assert_eq!(r["structuredContent"]["session"], "default", "{r}");
+}

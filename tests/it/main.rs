@@ -37,7 +37,7 @@ mod layouts;
 mod links;
 mod man_pages;
 mod mcp;
-mod mcp_raw;
+pub(crate) mod mcp_raw;
 mod model_server;
 mod operator_view;
 mod ops;
