@@ -28,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::harness::Harness;
 use crate::home::Home;
 use crate::records::Wake;
+use crate::sync::MutexExt;
 
 /// One resume of a harness session.
 #[derive(Debug, Clone)]
@@ -287,14 +288,19 @@ pub fn unread_pending(
     let mut inbox = crate::agent::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
     interrupt.wake(inbox.poker());
-    if let Some(pid) = waiter.starter {
-        let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
-        // One watch of the harness a call: it ends with the harness, and the exit pokes
-        // this call's inbox.
+    // Called once per idle turn: one watch of the harness serves them all, and pokes the
+    // inbox of the call waiting when the harness exits.
+    *waiter.harness_poke.lock_or_recover() = Some(inbox.poker());
+    if let Some(pid) = waiter.starter
+        && !waiter.watching.swap(true, Ordering::Relaxed)
+    {
+        let (poke, gone) = (waiter.harness_poke.clone(), waiter.starter_gone.clone());
         std::thread::spawn(move || {
             let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
             gone.store(true, Ordering::Relaxed);
-            let _ = poke.send(());
+            if let Some(p) = poke.lock_or_recover().as_ref() {
+                let _ = p.send(());
+            }
         });
     }
     let stop = || interrupt.raised().is_some() || waiter.should_leave();
@@ -325,6 +331,9 @@ pub struct Waiter {
     record: PathBuf,
     starter: Option<libc::pid_t>,
     starter_gone: Arc<AtomicBool>,
+    /// [`unread_pending`]'s one watch of the harness: whether it runs, and whom it pokes.
+    watching: AtomicBool,
+    harness_poke: Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>>,
     _presence: File,
 }
 
@@ -375,6 +384,8 @@ impl Waiter {
             record,
             starter,
             starter_gone: Arc::new(AtomicBool::new(false)),
+            watching: AtomicBool::new(false),
+            harness_poke: Default::default(),
             _presence: presence,
         })
     }

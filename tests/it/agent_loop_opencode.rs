@@ -627,3 +627,55 @@ fn the_plugins_session_argument_is_offered_and_taken_only_under_opencode() {
     );
     assert_eq!(r["structuredContent"]["session"], "default", "{r}");
 }
+
+/// OpenCode killed outright (its pipe to the waiter held open elsewhere): the waiter sees its
+/// harness exit, after a turn it handed wakes over in as well as before, and leaves.
+#[test]
+fn the_plugins_waiter_leaves_when_opencode_exits_even_with_its_stdin_open() {
+    use std::io::{BufRead, BufReader, Write};
+    let env = Env::new();
+    let _daemon = env.daemon();
+    let session = "opencode-ses_gone1";
+    // A stand-in OpenCode: a process (not a shell) that runs the waiter as its child and lives
+    // on; the test holds the waiter's stdin.
+    let mut harness = env
+        .command("perl")
+        .args([
+            "-e",
+            "my $p = fork; if (!$p) { exec @ARGV } sleep 300",
+            "--",
+        ])
+        .args([
+            WAITPOINT,
+            "adapter",
+            "opencode-waiter",
+            "--session",
+            "ses_gone1",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to = harness.stdin.take().unwrap();
+    let mut from = BufReader::new(harness.stdout.take().unwrap());
+    env.timer_now(session, "one");
+    writeln!(to, "wait").unwrap();
+    let mut line = String::new();
+    from.read_line(&mut line).unwrap();
+    assert!(line.contains("wk_"), "{line}");
+    writeln!(to, "ack").unwrap();
+    writeln!(to, "wait").unwrap();
+    let record = env.home.join(format!("sessions/{session}/waiter.json"));
+    let waiter: Value = serde_json::from_str(&fs::read_to_string(&record).unwrap()).unwrap();
+    let pid = waiter["pid"].as_u64().unwrap() as i32;
+    assert_eq!(waiter["harness_pid"], harness.id());
+    env.wait_until("the wake read", || env.inbox(session, "cur").len() == 1);
+    harness.kill().unwrap();
+    harness.wait().unwrap();
+    env.wait_until("the waiter gone with its harness", || {
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(')').is_some_and(|(_, r)| r.starts_with(" Z")))
+    });
+    drop(to);
+}
