@@ -28,7 +28,6 @@ use crate::error::{Error, Result};
 use crate::harness::Harness;
 use crate::home::Home;
 use crate::records::Wake;
-use crate::sync::MutexExt;
 
 /// One resume of a harness session.
 #[derive(Debug, Clone)]
@@ -290,7 +289,10 @@ pub fn unread_pending(
     interrupt.wake(inbox.poker());
     // Called once per idle turn: one watch of the harness serves them all, and pokes the
     // inbox of the call waiting when the harness exits.
-    *waiter.harness_poke.lock_or_recover() = Some(inbox.poker());
+    *waiter
+        .harness_poke
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(inbox.poker());
     if let Some(pid) = waiter.starter
         && !waiter.watching.swap(true, Ordering::Relaxed)
     {
@@ -298,7 +300,10 @@ pub fn unread_pending(
         std::thread::spawn(move || {
             let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
             gone.store(true, Ordering::Relaxed);
-            if let Some(p) = poke.lock_or_recover().as_ref() {
+            let poke = poke
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(p) = poke.as_ref() {
                 let _ = p.send(());
             }
         });
