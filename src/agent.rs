@@ -531,6 +531,22 @@ impl<'h> Inbox<'h> {
         self.poke.clone()
     }
 
+    /// The unread wakes, oldest first, left unread, once there is one; empty when `stop` said
+    /// to give up first. For a reader that marks them read only once it handed them on
+    /// (OpenCode's plugin, which delivers through OpenCode's own API).
+    pub fn wait_unread(&self, look_again: Duration, stop: &dyn Fn() -> bool) -> Result<Vec<Wake>> {
+        loop {
+            if stop() {
+                return Ok(Vec::new());
+            }
+            let unread = crate::delivery::unread(self.home, &self.channel)?;
+            if !unread.is_empty() {
+                return Ok(unread);
+            }
+            wait_for_change(&self.changes, None, look_again);
+        }
+    }
+
     /// The next unread wake, taken; `None` when `deadline` passed or `stop` said to give up
     /// first. `stop` is asked at least every `look_again`.
     pub fn take(

@@ -141,6 +141,10 @@ enum Role {
     CodexHooks,
     /// Gemini CLI's `settings.json`: the MCP server and the hooks.
     GeminiSettings,
+    /// OpenCode's `opencode.json`: the MCP server.
+    OpenCodeConfig,
+    /// OpenCode's plugin file, ours as a whole: the session route and the live wake.
+    OpenCodePlugin,
     /// The home's `settings.json`: `onWake`.
     Home,
 }
@@ -190,6 +194,23 @@ fn roles(h: Harness, scope: Scope, ctx: &Context) -> Vec<(Role, PathBuf)> {
         (Harness::Gemini, Scope::Project) => {
             vec![(Role::GeminiSettings, project.join(".gemini/settings.json"))]
         }
+        (Harness::OpenCode, Scope::User) => vec![
+            (
+                Role::OpenCodeConfig,
+                user.join(".config/opencode/opencode.json"),
+            ),
+            (
+                Role::OpenCodePlugin,
+                user.join(".config/opencode/plugins/waitpoint.js"),
+            ),
+        ],
+        (Harness::OpenCode, Scope::Project) => vec![
+            (Role::OpenCodeConfig, project.join("opencode.json")),
+            (
+                Role::OpenCodePlugin,
+                project.join(".opencode/plugins/waitpoint.js"),
+            ),
+        ],
     };
     files.push((Role::Home, ctx.home_settings.clone()));
     files
@@ -267,6 +288,10 @@ pub fn plan_file(
         Role::GeminiSettings => {
             merge_json(path, before, |v| gemini_settings(v, ctx, &mut changes))?
         }
+        Role::OpenCodeConfig => {
+            merge_json(path, before, |v| opencode_config(v, ctx, &mut changes))?
+        }
+        Role::OpenCodePlugin => opencode_plugin(path, before, ctx, &mut changes)?,
     };
     Ok(Edit {
         path: path.clone(),
@@ -618,6 +643,80 @@ fn codex_config(
     Ok(doc.to_string())
 }
 
+/// How long OpenCode waits for a waitpoint tool call, in ms: `wait_next` may block 300 s.
+const OPENCODE_TOOL_TIMEOUT_MS: u64 = 330_000;
+
+/// OpenCode's `opencode.json`: `mcp.waitpoint`, a local server.
+fn opencode_config(
+    v: &mut Map<String, Value>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut entry = Map::new();
+    entry.insert("type".into(), json!("local"));
+    entry.insert("command".into(), json!([ctx.program, "mcp"]));
+    let env = ctx.mcp_env();
+    if !env.is_empty() {
+        entry.insert("environment".into(), Value::Object(env));
+    }
+    entry.insert("timeout".into(), json!(OPENCODE_TOOL_TIMEOUT_MS));
+    set(
+        object_at(v, "mcp", "")?,
+        "waitpoint",
+        Value::Object(entry),
+        "set the MCP server waitpoint (waitpoint mcp)".into(),
+        changes,
+    );
+    Ok(())
+}
+
+/// The first line of the plugin file setup writes: a file that starts with it is ours, to
+/// replace; any other file at its path is the user's, and refused.
+const OPENCODE_PLUGIN_MARK: &str =
+    "// waitpoint's OpenCode plugin, written by `waitpoint setup opencode`; setup rewrites it.";
+
+/// OpenCode's plugin, whole: the waitpoint command line it runs, then its code.
+fn opencode_plugin_text(ctx: &Context) -> String {
+    let mut argv = vec![ctx.program.clone()];
+    if let Some(h) = &ctx.home {
+        argv.extend(["--home".to_owned(), h.to_string_lossy().into_owned()]);
+    }
+    format!(
+        "{OPENCODE_PLUGIN_MARK}\nconst WAITPOINT = {};\n{}",
+        json!(argv),
+        include_str!("harness/opencode_plugin.js")
+    )
+}
+
+fn opencode_plugin(
+    path: &Path,
+    before: Option<&str>,
+    ctx: &Context,
+    changes: &mut Vec<String>,
+) -> Result<String, Unmergeable> {
+    let want = opencode_plugin_text(ctx);
+    match before {
+        Some(text) if text == want => {}
+        Some(text) if text.starts_with(OPENCODE_PLUGIN_MARK) => {
+            changes.push("updated the waitpoint plugin".into())
+        }
+        Some(_) => {
+            return Err(Unmergeable::content(
+                path,
+                "is not the plugin setup writes (its first line is not waitpoint's); setup \
+                 would replace it and lose it"
+                    .into(),
+            ));
+        }
+        None => changes.push(
+            "added the waitpoint plugin (the calling session on each tool call; wakes an idle \
+             session)"
+                .into(),
+        ),
+    }
+    Ok(want)
+}
+
 /// The home's settings: `onWake` resumes a closed session in whichever harness armed it. The
 /// daemon runs it with its own `PATH`, so it names the program as the hooks do; an `onWake`
 /// of ours written with another path (an older setup's bare `waitpoint`, a moved binary) is
@@ -873,6 +972,79 @@ mod tests {
             let e = plan(Harness::Gemini, Scope::User, &c, &current).unwrap_err();
             assert!(e.to_string().contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn opencode_setup_adds_the_server_and_the_plugin_keeping_the_rest_and_is_idempotent() {
+        let c = ctx(Some("/data/my home"));
+        let config = r#"{
+  "model": "x/y",
+  "mcp": {"other": {"type": "remote", "url": "http://a"}}
+}"#;
+        let first = run(
+            Harness::OpenCode,
+            Scope::Project,
+            &c,
+            &[Some(config), None, None],
+        );
+        assert_eq!(first[0].path, Path::new("/p/opencode.json"));
+        assert!(
+            first[0].after.starts_with("{\n  \"model\": \"x/y\",\n"),
+            "{}",
+            first[0].after
+        );
+        assert!(first[0].after.contains(r#""other": {"type": "remote""#));
+        let v = json::parse(&first[0].after).unwrap();
+        assert_eq!(
+            v["mcp"]["waitpoint"],
+            json!({"type": "local", "command": ["waitpoint", "mcp"],
+                   "environment": {"CORTEX_HOME": "/data/my home"}, "timeout": 330000})
+        );
+        assert_eq!(
+            first[1].path,
+            Path::new("/p/.opencode/plugins/waitpoint.js")
+        );
+        let plugin = &first[1].after;
+        assert!(plugin.starts_with(OPENCODE_PLUGIN_MARK), "{plugin}");
+        assert!(
+            plugin.contains(r#"const WAITPOINT = ["waitpoint","--home","/data/my home"];"#),
+            "{plugin}"
+        );
+        assert!(plugin.contains("opencode-waiter"));
+        let home: Value = serde_json::from_str(&first[2].after).unwrap();
+        assert_eq!(home["onWake"], json!(["waitpoint", "adapter", "resume"]));
+        assert_unchanged_again(Harness::OpenCode, Scope::Project, &c, &first);
+        // An older plugin of ours is brought up to date; a file of the user's is refused.
+        let old = format!("{OPENCODE_PLUGIN_MARK}\nconst WAITPOINT = [\"old\"];\n");
+        let again = run(
+            Harness::OpenCode,
+            Scope::Project,
+            &c,
+            &[None, Some(&old), None],
+        );
+        assert_eq!(again[1].after, *plugin);
+        let current: Vec<_> = files(Harness::OpenCode, Scope::Project, &c)
+            .into_iter()
+            .zip([None, Some("export const Mine = 1\n".to_owned()), None])
+            .map(|(p, t)| (p.path, t))
+            .collect();
+        let e = plan(Harness::OpenCode, Scope::Project, &c, &current).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("/p/.opencode/plugins/waitpoint.js: is not the plugin setup writes"),
+            "{e}"
+        );
+        let user = run(
+            Harness::OpenCode,
+            Scope::User,
+            &ctx(None),
+            &[None, None, None],
+        );
+        assert_eq!(user[0].path, Path::new("/u/.config/opencode/opencode.json"));
+        assert_eq!(
+            user[1].path,
+            Path::new("/u/.config/opencode/plugins/waitpoint.js")
+        );
     }
 
     #[test]

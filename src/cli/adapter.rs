@@ -98,6 +98,27 @@ pub enum AdapterCommand {
     /// exit 1 otherwise (the session still open in a Gemini process, its folder not trusted),
     /// leaving the wake unread for the daemon to retry.
     GeminiResume(ResumeArgs),
+    /// OpenCode plugin's waiter: hand an open OpenCode session its wakes, marked read on ack
+    ///
+    /// Started by the waitpoint plugin (`waitpoint setup opencode`) as a child of OpenCode, one
+    /// per open session. It becomes the session's one waiter (opencode-<ID>) and speaks lines:
+    /// on stdin "wait" asks for the next wakes (the session is idle); it answers with one JSON
+    /// line {"wakes":[ids],"text":TEXT} once the session has unread wakes, and reads "ack" (the
+    /// plugin handed TEXT to OpenCode: the wakes are marked read) or "nack" (they stay unread).
+    /// It exits when its stdin closes (the plugin's process is gone), when OpenCode exits, when
+    /// a newer waiter replaces it, or on a stop signal; wakes not acked stay unread. Inside a
+    /// resume it exits at once.
+    OpencodeWaiter(OpencodeWaiterArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct OpencodeWaiterArgs {
+    /// OpenCode's session id (ses_…): the waitpoint session is opencode-<ID>
+    #[arg(long, value_name = "ID")]
+    pub session: String,
+    /// The session's project directory (where a resume of it runs)
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -157,6 +178,7 @@ pub fn run(engine: &Engine, cmd: AdapterCommand) -> anyhow::Result<u8> {
         AdapterCommand::CodexResume(a) => resume(engine, a, Harness::Codex),
         AdapterCommand::GeminiHook(a) => gemini_hook(engine, a),
         AdapterCommand::GeminiResume(a) => resume(engine, a, Harness::Gemini),
+        AdapterCommand::OpencodeWaiter(a) => opencode_waiter(engine, a),
     }
 }
 
@@ -254,7 +276,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     };
     let caller = harness::from_hook_input(harness, &input).or_else(|| match harness {
         Harness::Claude => harness::from_env(&env_var),
-        Harness::Codex | Harness::Gemini => None,
+        Harness::Codex | Harness::Gemini | Harness::OpenCode => None,
     });
     let session = match (&a.session, &caller) {
         (Some(s), _) => s.clone(),
@@ -306,7 +328,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
             err.write_all(wake::hook_text(&wakes).as_bytes())
                 .and_then(|()| err.flush())
         }
-        Harness::Codex | Harness::Gemini => {
+        Harness::Codex | Harness::Gemini | Harness::OpenCode => {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{}", wake::codex_stop_reply(&wakes)).and_then(|()| out.flush())
         }
@@ -317,7 +339,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     }
     Ok(match harness {
         Harness::Claude => CLAUDE_REWAKE,
-        Harness::Codex | Harness::Gemini => exit::OK,
+        Harness::Codex | Harness::Gemini | Harness::OpenCode => exit::OK,
     })
 }
 
@@ -433,8 +455,8 @@ fn harness_home_of(harness: Harness) -> Option<std::path::PathBuf> {
     let (var, default) = match harness {
         Harness::Claude => ("CLAUDE_CONFIG_DIR", ".claude"),
         Harness::Codex => ("CODEX_HOME", ".codex"),
-        // Nothing of Gemini's own directory is read on a resume.
-        Harness::Gemini => return None,
+        // Nothing of Gemini's or OpenCode's own directory is read on a resume.
+        Harness::Gemini | Harness::OpenCode => return None,
     };
     let dir = env_var(var)
         .filter(|d| !d.is_empty())
@@ -468,5 +490,95 @@ fn hand_over(engine: &Engine, wake: &Wake, r: &Resume) -> anyhow::Result<u8> {
             eprintln!("waitpoint adapter: {reason}; the wake stays unread");
             Ok(exit::FAILURE)
         }
+    }
+}
+
+/// What the OpenCode plugin says to its waiter, a line at a time.
+#[derive(Debug, PartialEq, Eq)]
+enum PluginSays {
+    /// The session is idle: hand over the next wakes.
+    Wait,
+    /// The wakes last handed over reached OpenCode.
+    Ack,
+    /// They did not (or anything else it said): they stay unread.
+    Nack,
+    /// Its stdin closed: the plugin's process (OpenCode) is gone.
+    Gone,
+}
+
+fn plugin_says(line: Option<&str>) -> PluginSays {
+    match line.map(str::trim) {
+        None => PluginSays::Gone,
+        Some("wait") => PluginSays::Wait,
+        Some("ack") => PluginSays::Ack,
+        Some(_) => PluginSays::Nack,
+    }
+}
+
+fn opencode_waiter(engine: &Engine, a: OpencodeWaiterArgs) -> anyhow::Result<u8> {
+    // A resumed run delivers its wake itself; its plugin must not hand over another.
+    if env_var(wake::RESUMING_ENV).is_some() {
+        return Ok(exit::OK);
+    }
+    let caller = harness::from_opencode_arg(&a.session, a.dir.as_deref()).ok_or_else(|| {
+        Error::invalid(
+            "session",
+            format!("{:?} is not an OpenCode session id", a.session),
+        )
+    })?;
+    let home = engine.home();
+    let session = caller.session();
+    harness::remember(home, &session, &caller)?;
+    let interrupt = super::interrupt_on_stop_signals()?;
+    // The plugin's lines arrive on a thread, so a wait for wakes also ends when stdin closes.
+    let (lines, said) = std::sync::mpsc::channel();
+    let raised = interrupt.clone();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if lines.send(Some(line)).is_err() {
+                return;
+            }
+        }
+        let _ = lines.send(None);
+        raised.raise(libc::SIGPIPE);
+    });
+    let next = || plugin_says(said.recv().ok().flatten().as_deref());
+    let waiter = wake::Waiter::start(home, &session, crate::process::starter_pid())?;
+    loop {
+        match next() {
+            PluginSays::Wait => {}
+            PluginSays::Gone => return Ok(exit::OK),
+            // An answer with nothing handed over: ignored.
+            PluginSays::Ack | PluginSays::Nack => continue,
+        }
+        let wakes = wake::unread_pending(home, &waiter, &interrupt)?;
+        if wakes.is_empty() {
+            return Ok(exit::OK);
+        }
+        let ids: Vec<&str> = wakes.iter().map(|w| w.wake_id.as_str()).collect();
+        let line = serde_json::json!({"wakes": ids, "text": wake::hook_text(&wakes)});
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{line}").and_then(|()| out.flush())?;
+        drop(out);
+        match next() {
+            PluginSays::Ack => wake::mark_handed(home, &wakes)?,
+            PluginSays::Gone => return Ok(exit::OK),
+            PluginSays::Wait | PluginSays::Nack => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plugin_marks_wakes_read_only_with_an_ack() {
+        assert_eq!(plugin_says(Some("ack\n")), PluginSays::Ack);
+        assert_eq!(plugin_says(Some("wait")), PluginSays::Wait);
+        assert_eq!(plugin_says(Some("nack")), PluginSays::Nack);
+        assert_eq!(plugin_says(Some("acknowledged")), PluginSays::Nack);
+        assert_eq!(plugin_says(None), PluginSays::Gone);
     }
 }

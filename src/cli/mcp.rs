@@ -16,7 +16,8 @@ pub struct McpArgs {
     /// Act for this session in every call [default: $CORTEX_SESSION, else the harness's own
     /// session: Claude Code's (claude-$CLAUDE_CODE_SESSION_ID), the Codex thread each call
     /// names (codex-THREAD), the Gemini CLI session its SessionStart hook recorded for the
-    /// Gemini process that started the server (gemini-ID, read on every call), else "default"]
+    /// Gemini process that started the server (gemini-ID, read on every call), the OpenCode
+    /// session each call's harness_session names (opencode-ID), else "default"]
     #[arg(long, value_name = "S", env = "CORTEX_SESSION", hide_env = true)]
     pub session: Option<String>,
     /// Also ring Claude Code's channel (notifications/claude/channel, a research preview) when
@@ -57,6 +58,10 @@ pub fn serve(
         lines,
         claude_channel: a.claude_channel,
         broken,
+        // OpenCode names itself to the servers it starts, and starts them in its project.
+        opencode_dir: super::env_var("OPENCODE")
+            .filter(|v| v == "1")
+            .and_then(|_| std::env::current_dir().ok()),
     })?;
     Ok(exit::OK)
 }

@@ -315,7 +315,8 @@ pub enum Command {
     /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
     /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
     /// ListTimers, GetTimer, CancelTimer, CreateExternalTrigger and CancelExternalTrigger, acting for the harness's own session (Claude Code's
-    /// session, each Codex thread) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
+    /// session, each Codex thread, the OpenCode session its plugin names in each call's
+    /// harness_session argument) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
     /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
     /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
     Mcp(mcp::McpArgs),
@@ -341,9 +342,10 @@ pub enum Command {
     ///
     /// One-line commands for a harness's configuration. Hooks block on the session's next wake
     /// and give its text to a live session (claude-hook for Claude Code's asyncRewake hooks,
-    /// codex-stop-hook for Codex's Stop hook, gemini-hook for Gemini CLI's AfterAgent hook);
-    /// resumes run as the daemon's onWake command and resume a closed session with the wake as
-    /// its prompt (claude-resume, codex-resume, gemini-resume; resume for whichever harness). A
+    /// codex-stop-hook for Codex's Stop hook, gemini-hook for Gemini CLI's AfterAgent hook;
+    /// opencode-waiter for OpenCode's plugin, which acks what it handed over); resumes run as
+    /// the daemon's onWake command and resume a closed session with the wake as its prompt
+    /// (claude-resume, codex-resume, gemini-resume; resume for whichever harness). A
     /// wake is marked read only when the harness took it; a failure leaves it unread, and the
     /// daemon retries an onWake command. Run as an onWake command, the home is
     /// $WAITPOINT_HOME unless --home says otherwise.

@@ -20,6 +20,8 @@ pub enum HarnessName {
     Codex,
     /// Gemini CLI: the MCP server (trusted), the SessionStart/AfterAgent/SessionEnd hooks
     Gemini,
+    /// OpenCode: the MCP server, the plugin that names the calling session and wakes an idle one
+    Opencode,
 }
 
 #[derive(Debug, Args)]
@@ -46,6 +48,7 @@ pub fn run(home: &Home, a: SetupArgs, out: &mut impl Write) -> anyhow::Result<u8
         HarnessName::ClaudeCode => Harness::Claude,
         HarnessName::Codex => Harness::Codex,
         HarnessName::Gemini => Harness::Gemini,
+        HarnessName::Opencode => Harness::OpenCode,
     };
     let scope = if a.project {
         Scope::Project

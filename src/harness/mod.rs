@@ -35,6 +35,9 @@ pub enum Harness {
     /// Gemini CLI.
     #[serde(rename = "gemini")]
     Gemini,
+    /// OpenCode.
+    #[serde(rename = "opencode")]
+    OpenCode,
 }
 
 impl Harness {
@@ -44,6 +47,7 @@ impl Harness {
             Harness::Claude => "claude-code",
             Harness::Codex => "codex",
             Harness::Gemini => "gemini",
+            Harness::OpenCode => "opencode",
         }
     }
 
@@ -53,6 +57,7 @@ impl Harness {
             Harness::Claude => "claude",
             Harness::Codex => "codex",
             Harness::Gemini => "gemini",
+            Harness::OpenCode => "opencode",
         }
     }
 
@@ -171,6 +176,19 @@ pub fn from_hook_input(harness: Harness, input: &Value) -> Option<Caller> {
     )
 }
 
+/// The MCP tool argument OpenCode's plugin (`setup opencode`) fills in with the calling session's
+/// id: OpenCode gives an MCP server no session id (neither in its environment nor in a call's
+/// `_meta`), and one server serves every session of an OpenCode process.
+pub const OPENCODE_SESSION_ARG: &str = "harness_session";
+
+/// The caller an OpenCode tool call names in [`OPENCODE_SESSION_ARG`], working in `project_dir`
+/// (the MCP server's directory, which OpenCode starts it in). Whatever the value, the session is
+/// an `opencode-…` one: a model that writes the argument itself can reach no other harness's
+/// session, and a value that is not a plain token (a path, an option) is refused.
+pub fn from_opencode_arg(id: &str, project_dir: Option<&str>) -> Option<Caller> {
+    Caller::new(Harness::OpenCode, id, project_dir)
+}
+
 /// Whether a Codex session is a `codex exec` run, from the start of its transcript (the rollout
 /// file a hook's stdin names): its first line is the session's metadata, whose `source` is
 /// `exec` there. Nobody is idle in such a run, so a hook that waited would only hold it up.
@@ -246,6 +264,19 @@ mod tests {
         assert!(from_env(&env(&[("CLAUDE_CODE_SESSION_ID", "../x")])).is_none());
         // Nor does one that a harness's argv would take for an option.
         assert!(from_env(&env(&[("CLAUDE_CODE_SESSION_ID", "-rf")])).is_none());
+    }
+
+    #[test]
+    fn an_opencode_call_names_only_an_opencode_session() {
+        let c = from_opencode_arg("ses_0a1B2c3D4e5F", Some("/work/proj")).unwrap();
+        assert_eq!(c.session(), "opencode-ses_0a1B2c3D4e5F");
+        assert_eq!(c.project_dir.as_deref(), Some(Path::new("/work/proj")));
+        // Never another harness's session, a path or an option.
+        for bad in ["../claude-x", "-rf", "", "a/b", "x y"] {
+            assert!(from_opencode_arg(bad, None).is_none(), "{bad}");
+        }
+        let rec = serde_json::to_value(&c).unwrap();
+        assert_eq!(rec["harness"], "opencode");
     }
 
     #[test]

@@ -42,9 +42,8 @@ fn layout(harness: Harness) -> Option<(&'static str, usize)> {
     match harness {
         Harness::Claude => Some(("projects", 1)),
         Harness::Codex => Some(("sessions", 3)),
-        // Not looked up for Gemini CLI: a cut-off resume of it is started again (a resume is
-        // refused while the session's Gemini process runs).
-        Harness::Gemini => None,
+        // Not looked up for Gemini CLI and OpenCode: a cut-off resume of them is started again.
+        Harness::Gemini | Harness::OpenCode => None,
     }
 }
 

@@ -85,6 +85,15 @@ impl Resume {
                 "--output-format".into(),
                 "json".into(),
             ],
+            // The prompt is read from stdin when no message is given; the JSON events say how
+            // the turn ended.
+            Harness::OpenCode => vec![
+                "run".into(),
+                "--session".into(),
+                self.target.clone(),
+                "--format".into(),
+                "json".into(),
+            ],
         };
         if self.fork && self.harness == Harness::Claude {
             a.push("--fork-session".into());
@@ -167,6 +176,27 @@ pub fn judge(harness: Harness, success: bool, exit: &str, stdout: &str) -> Resul
             }
             Ok(())
         }
+        // `opencode run --format json` prints one JSON event a line; a failed turn is an
+        // `error` event, and a run that printed no event at all never reached the model.
+        Harness::OpenCode => {
+            let mut events = 0;
+            for line in stdout.lines().filter(|l| !l.trim().is_empty()) {
+                let Ok(ev) = serde_json::from_str::<Value>(line) else {
+                    continue;
+                };
+                events += 1;
+                if ev["type"] == "error" {
+                    return Err(format!("opencode reported an error: {}", first_line(line)));
+                }
+            }
+            if events == 0 {
+                return Err(format!(
+                    "opencode printed no JSON event: {}",
+                    first_line(stdout)
+                ));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -241,13 +271,17 @@ pub const NO_SUCH_SESSION: &str = "the harness has no conversation to resume for
 
 /// Whether a failed run says the harness has no such session: Claude Code prints "No
 /// conversation found with session ID: …" for a session that never had a turn; Gemini CLI
-/// exits 42 for an id it does not know in the project.
+/// exits 42 for an id it does not know in the project; OpenCode says "Session not found".
 fn no_such_session(harness: Harness, code: Option<i32>, stdout: &str, stderr: &str) -> bool {
     match harness {
         Harness::Claude => [stdout, stderr]
             .iter()
             .any(|t| t.contains("No conversation found")),
         Harness::Gemini => code == Some(42),
+        // `opencode run --session` of an unknown id: exit 1, "Session not found".
+        Harness::OpenCode => [stdout, stderr]
+            .iter()
+            .any(|t| t.contains("Session not found")),
         Harness::Codex => false,
     }
 }
@@ -338,6 +372,55 @@ pub fn take_pending(
     Ok(wakes)
 }
 
+/// Blocks until the session has unread wakes (or `waiter` is told to leave, or `interrupt` is
+/// raised) and returns them, oldest first, still unread: for a waiter that hands them to its
+/// harness by other means and marks them read ([`mark_handed`]) only once the harness took
+/// them. A waiter that dies in between leaves them unread, and its lock released, so the next
+/// waiter or a resume delivers them. Idle, it waits on the kernel (inotify, a pidfd): nothing
+/// polls.
+pub fn unread_pending(
+    home: &Home,
+    waiter: &Waiter,
+    interrupt: &crate::agent::Interrupt,
+) -> Result<Vec<Wake>> {
+    let session = &waiter.session;
+    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    inbox.watch_also(&home.sessions_dir().join(session))?;
+    interrupt.wake(inbox.poker());
+    // Called once per idle turn: one watch of the harness serves them all, and pokes the
+    // inbox of the call waiting when the harness exits.
+    *waiter
+        .harness_poke
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(inbox.poker());
+    if let Some(pid) = waiter.starter
+        && !waiter.watching.swap(true, Ordering::Relaxed)
+    {
+        let (poke, gone) = (waiter.harness_poke.clone(), waiter.starter_gone.clone());
+        std::thread::spawn(move || {
+            let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
+            gone.store(true, Ordering::Relaxed);
+            let poke = poke
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(p) = poke.as_ref() {
+                let _ = p.send(());
+            }
+        });
+    }
+    let stop = || interrupt.raised().is_some() || waiter.should_leave();
+    inbox.wait_unread(Duration::from_secs(60), &stop)
+}
+
+/// Marks wakes read that [`unread_pending`] returned and the harness took. One already read (a
+/// `wait_next` of the model's took it meanwhile) is left as it is.
+pub fn mark_handed(home: &Home, wakes: &[Wake]) -> Result<()> {
+    for w in wakes {
+        delivery::mark_read(home, &w.channel, &w.wake_id)?;
+    }
+    Ok(())
+}
+
 /// A session's live waiter: the hook process that hands the session's wakes to its running
 /// harness. There is one per session: a new one replaces the old (`waiter.json` names the
 /// newest, and an older one leaves when it sees another name there). It leaves too when the
@@ -355,6 +438,9 @@ pub struct Waiter {
     starter_gone: Arc<AtomicBool>,
     /// A file whose change may mean the harness gave up on this waiter, and the test of it.
     abandoned: Option<(PathBuf, Abandoned)>,
+    /// [`unread_pending`]'s one watch of the harness: whether it runs, and whom it pokes.
+    watching: AtomicBool,
+    harness_poke: Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>>,
     _presence: File,
 }
 
@@ -409,6 +495,8 @@ impl Waiter {
             starter,
             starter_gone: Arc::new(AtomicBool::new(false)),
             abandoned: None,
+            watching: AtomicBool::new(false),
+            harness_poke: Default::default(),
             _presence: presence,
         })
     }
@@ -777,5 +865,26 @@ mod tests {
             harness_home: None,
         };
         assert_eq!(g.args(), ["--resume", "u1", "--output-format", "json"]);
+    }
+
+    #[test]
+    fn opencode_judged_from_its_json_events() {
+        let opencode = |out: &str| judge(Harness::OpenCode, true, "exited 0", out);
+        assert!(opencode("{\"type\":\"step_start\"}\n{\"type\":\"text\"}\n").is_ok());
+        assert!(opencode("{\"type\":\"error\",\"error\":{\"name\":\"APIError\"}}\n").is_err());
+        assert!(opencode("").is_err());
+    }
+
+    #[test]
+    fn opencode_resumes_its_session_with_json_events_and_the_prompt_on_stdin() {
+        let r = Resume {
+            harness: Harness::OpenCode,
+            program: "opencode".into(),
+            target: "ses_1".into(),
+            fork: true,
+            dir: None,
+            harness_home: None,
+        };
+        assert_eq!(r.args(), ["run", "--session", "ses_1", "--format", "json"]);
     }
 }

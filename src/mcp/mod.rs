@@ -76,6 +76,40 @@ pub struct Config {
     /// What is wrong with the home's settings, when they could not be used: every call is
     /// refused with it, so the agent (and its user) read it where they look.
     pub broken: Option<String>,
+    /// Started by OpenCode (`OPENCODE=1`), in this project directory: every tool offers the
+    /// argument its plugin fills in with the calling session ([`harness::OPENCODE_SESSION_ARG`]).
+    pub opencode_dir: Option<std::path::PathBuf>,
+}
+
+/// The caller an OpenCode tool call named in [`harness::OPENCODE_SESSION_ARG`], carried from
+/// `call_tool` to the tool in the request's extensions.
+#[derive(Clone)]
+struct OpenCodeCall(Caller);
+
+/// The caller a tool call names: Codex's `_meta`, or the argument OpenCode's plugin filled in.
+fn call_caller(ctx: &RequestContext<RoleServer>) -> Option<Caller> {
+    harness::from_codex_meta(&ctx.meta.0.0)
+        .or_else(|| ctx.extensions.get::<OpenCodeCall>().map(|c| c.0.clone()))
+}
+
+/// Declares [`harness::OPENCODE_SESSION_ARG`] in every tool's input schema: OpenCode's plugin
+/// adds it to each call, and a call is checked against the schema it was offered.
+fn offer_opencode_arg(router: &mut ToolRouter<Server>) {
+    for route in router.map.values_mut() {
+        let mut schema = (*route.attr.input_schema).clone();
+        let props = schema.entry("properties").or_insert_with(|| json!({}));
+        if let Some(props) = props.as_object_mut() {
+            props.insert(
+                harness::OPENCODE_SESSION_ARG.into(),
+                json!({
+                    "type": "string",
+                    "description": "Set by OpenCode's waitpoint plugin to the calling session's \
+                                    id; leave it out."
+                }),
+            );
+        }
+        route.attr.input_schema = Arc::new(schema);
+    }
 }
 
 /// What every tool call shares.
@@ -88,6 +122,7 @@ struct Inner {
     gone: stdio::ClientGone,
     claude_channel: bool,
     broken: Option<String>,
+    opencode_dir: Option<std::path::PathBuf>,
     /// The harness sessions already remembered in `harness.json`, by waitpoint session.
     remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
     /// The sessions whose default ingress this server has looked after ([`Inner::with_default_ingress`]).
@@ -182,11 +217,18 @@ impl Server {
                 gone,
                 claude_channel: config.claude_channel,
                 broken: config.broken,
+                opencode_dir: config.opencode_dir.clone(),
                 remembered: Default::default(),
                 ingress_offered: Default::default(),
                 parent: harness::process_record::starter(),
             }),
-            tool_router: Self::tool_router(),
+            tool_router: {
+                let mut router = Self::tool_router();
+                if config.opencode_dir.is_some() {
+                    offer_opencode_arg(&mut router);
+                }
+                router
+            },
         }
     }
 
@@ -203,7 +245,7 @@ impl Server {
         F: FnOnce(&Inner, &str) -> crate::error::Result<CallToolResult> + Send + 'static,
     {
         let inner = self.inner.clone();
-        let caller = harness::from_codex_meta(&ctx.meta.0.0);
+        let caller = call_caller(ctx);
         let job = tokio::task::spawn_blocking(move || {
             let caller = caller.or_else(|| inner.process_caller());
             let session = inner.session_for(caller.as_ref())?;
@@ -423,7 +465,7 @@ impl Server {
         let inner = self.inner.clone();
         let flag = stop.clone();
         let started = Instant::now();
-        let caller = harness::from_codex_meta(&ctx.meta.0.0);
+        let caller = call_caller(&ctx);
         let mut job = tokio::task::spawn_blocking(move || {
             let caller = caller.or_else(|| inner.process_caller());
             let session = inner.session_for(caller.as_ref())?;
@@ -744,6 +786,35 @@ impl ServerHandler for Server {
         _context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CustomResult, McpError> {
         Err(stdio::refusal_for(&request.method, request.params.as_ref()))
+    }
+
+    /// Under OpenCode, takes the calling session out of the arguments (the plugin's
+    /// [`harness::OPENCODE_SESSION_ARG`]) before the tool reads them; a value that is not a
+    /// session id is refused by its name. Elsewhere the arguments reach the tool as they came,
+    /// and the tool refuses the unknown field.
+    async fn call_tool(
+        &self,
+        mut request: rmcp::model::CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, McpError> {
+        if let Some(dir) = &self.inner.opencode_dir
+            && let Some(args) = request.arguments.as_mut()
+            && let Some(id) = args.remove(harness::OPENCODE_SESSION_ARG)
+        {
+            let caller = id
+                .as_str()
+                .and_then(|id| harness::from_opencode_arg(id, dir.to_str()));
+            let Some(caller) = caller else {
+                let e = Error::invalid(
+                    harness::OPENCODE_SESSION_ARG,
+                    format!("{id} is not an OpenCode session id"),
+                );
+                return Ok(rmcp::model::CallToolResponse::Complete(refusal(&e)));
+            };
+            context.extensions.insert(OpenCodeCall(caller));
+        }
+        let call = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        self.tool_router.call(call).await
     }
 
     fn get_info(&self) -> ServerConfig {

@@ -6,6 +6,7 @@ mod helpers;
 mod adapters;
 mod agent_loop;
 mod agent_loop_gemini;
+mod agent_loop_opencode;
 mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;
@@ -37,7 +38,7 @@ mod layouts;
 mod links;
 mod man_pages;
 mod mcp;
-mod mcp_raw;
+pub(crate) mod mcp_raw;
 mod model_server;
 mod operator_view;
 mod ops;

@@ -222,6 +222,7 @@ impl Request {
     pub fn session_id(&self) -> Option<&str> {
         self.header("x-claude-code-session-id")
             .or_else(|| self.header("session-id"))
+            .or_else(|| self.header("x-session-id"))
     }
 
     /// The text of the newest user message (all its text parts, joined by newlines); empty when
@@ -249,15 +250,17 @@ impl Request {
     /// When the newest turn carries a tool's result (an Anthropic `tool_result` block, a
     /// Responses `function_call_output` item), its text.
     pub fn tool_result(&self) -> Option<String> {
-        let newest = self
-            .turns()
-            .rev()
-            .find(|m| m["role"] == "user" || m["type"] == "function_call_output")?;
+        let newest = self.turns().rev().find(|m| {
+            m["role"] == "user" || m["role"] == "tool" || m["type"] == "function_call_output"
+        })?;
         if self.api() == Api::Gemini {
             return gemini_function_response(newest);
         }
         if newest["type"] == "function_call_output" {
             return Some(text_of(&newest["output"]));
+        }
+        if newest["role"] == "tool" {
+            return Some(text_of(&newest["content"]));
         }
         let results: Vec<String> = newest["content"]
             .as_array()?
@@ -275,6 +278,7 @@ impl Request {
             Api::Messages => &self.body()["messages"],
             Api::Responses => &self.body()["input"],
             Api::Gemini => &self.body()["contents"],
+            Api::ChatCompletions => &self.body()["messages"],
             Api::Other => return false,
         };
         let mut found = false;
@@ -291,6 +295,7 @@ impl Request {
                     || t["functionDeclarations"]
                         .as_array()
                         .is_some_and(|fs| fs.iter().any(|f| f["name"] == name))
+                    || t["function"]["name"] == chat_tool_name(name).as_str()
                     || t["tools"].as_array().is_some_and(|inner| {
                         inner.iter().any(|i| {
                             format!("{}__{}", text_of(&t["name"]), text_of(&i["name"])) == name
@@ -310,6 +315,8 @@ impl Request {
             Api::Responses
         } else if route.ends_with(":streamGenerateContent") || route.ends_with(":generateContent") {
             Api::Gemini
+        } else if route.ends_with("/chat/completions") {
+            Api::ChatCompletions
         } else {
             Api::Other
         }
@@ -321,6 +328,7 @@ impl Request {
             Api::Messages => self.body()["messages"].as_array(),
             Api::Responses => self.body()["input"].as_array(),
             Api::Gemini => self.body()["contents"].as_array(),
+            Api::ChatCompletions => self.body()["messages"].as_array(),
             Api::Other => None,
         };
         items.into_iter().flatten()
@@ -338,6 +346,7 @@ enum Api {
     Messages,
     Responses,
     Gemini,
+    ChatCompletions,
     Other,
 }
 
@@ -482,7 +491,9 @@ fn answer(shared: &Shared, request: &Request, out: &mut impl Write) -> std::io::
             json!({"type": "error", "error": {"type": "not_found_error", "message": message}});
         return send_json(out, 404, &reply);
     }
-    let reply = if matches!(api, Api::Messages | Api::Gemini) && request.is_housekeeping() {
+    let reply = if matches!(api, Api::Messages | Api::Gemini | Api::ChatCompletions)
+        && request.is_housekeeping()
+    {
         Reply::text(gemini_housekeeping(request).unwrap_or_else(|| HOUSEKEEPING_REPLY.to_owned()))
     } else {
         match catch_unwind(AssertUnwindSafe(|| (shared.script)(request))) {
@@ -510,6 +521,7 @@ fn answer(shared: &Shared, request: &Request, out: &mut impl Write) -> std::io::
         };
     }
     match (api, stream) {
+        (Api::ChatCompletions, _) => send_chat_sse(out, &chat_chunks(shared, request, &reply)),
         (Api::Messages, true) => send_sse(out, &messages_events(shared, request, &reply)),
         (Api::Messages, false) => send_json(out, 200, &message(shared, request, &reply)),
         (_, true) => send_sse(out, &responses_events(shared, request, &reply)),
@@ -775,4 +787,49 @@ fn send_sse_data(out: &mut impl Write, events: &[Value]) -> std::io::Result<()> 
         out.flush()?;
     }
     Ok(())
+}
+
+/// How OpenCode names an MCP tool: `<server>_<tool>` for the script's `mcp__<server>__<tool>`.
+fn chat_tool_name(name: &str) -> String {
+    match name.strip_prefix("mcp__").and_then(|n| n.split_once("__")) {
+        Some((server, tool)) => format!("{server}_{tool}"),
+        None => name.to_owned(),
+    }
+}
+
+/// A streamed Chat Completions answer as OpenCode's `@ai-sdk/openai-compatible` provider reads
+/// it: `chat.completion.chunk`s, the text or one tool call as a delta, a chunk with the finish
+/// reason and the usage, then `[DONE]`. Sent for a request that did not ask to stream, too.
+fn chat_chunks(shared: &Shared, request: &Request, reply: &Reply) -> Vec<Value> {
+    let id = shared.id("chatcmpl");
+    let chunk = |delta: Value, finish: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": 1,
+               "model": request.body()["model"],
+               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    };
+    let (delta, finish) = match reply {
+        Reply::Text(text) => (json!({"role": "assistant", "content": text}), "stop"),
+        Reply::Tool { name, input } => (
+            json!({"role": "assistant", "tool_calls": [{"index": 0, "id": shared.id("call"),
+                "type": "function", "function": {"name": chat_tool_name(name),
+                "arguments": input.to_string()}}]}),
+            "tool_calls",
+        ),
+    };
+    let mut last = chunk(json!({}), json!(finish));
+    last["usage"] = json!({"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2});
+    vec![chunk(delta, Value::Null), last]
+}
+
+/// Chat Completions' server-sent events: `data:` lines only, ended by `data: [DONE]`.
+fn send_chat_sse(out: &mut impl Write, chunks: &[Value]) -> std::io::Result<()> {
+    out.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+          connection: close\r\n\r\n",
+    )?;
+    for chunk in chunks {
+        write!(out, "data: {chunk}\n\n")?;
+    }
+    out.write_all(b"data: [DONE]\n\n")?;
+    out.flush()
 }
