@@ -51,7 +51,7 @@ impl Home {
                 .map(|cwd| cwd.join(&root))
                 .unwrap_or(root)
         };
-        // Every path of this home is reached beneath its root from now on (store/beneath.rs).
+        // Every path of this home is reached beneath its root from now on (durable/beneath.rs).
         crate::durable::confine(&root, &root.join("quarantine"));
         Home { root }
     }
