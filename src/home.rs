@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! $CORTEX_HOME/
-//!   settings.json                      optional settings (see settings.rs)
+//!   settings.json                      optional settings (see settings/mod.rs)
 //!   daemon.lock                        held by the running daemon (pid inside)
 //!   webhook.json                       where the optional HTTP shim listens, while it is up
 //!   ui-login.json                      the operator page's one-time login code (its SHA-256)
