@@ -2,10 +2,11 @@
 //! serialise writers (`lock.rs`), reading records safely (`read.rs`), the trash (`trash.rs`) and
 //! directories reached without following links (`dir.rs`).
 //!
-//! Every file the engine writes goes through [`commit`]: write a temp file beside the target,
+//! A file written on its own goes through [`commit`]: write a temp file beside the target,
 //! fsync it, rename it over the target, fsync the directory. A reader therefore sees either the
 //! old file or the new one, never a torn one, and once `commit` returns the new file survives a
-//! power cut. Any error aborts the commit (the temp file is removed) and is returned, so callers
+//! power cut. A batch's files are the exception: its fdatasynced journal line is the commit, and
+//! they are written after it, atomically but without their own fsync (`store/files.rs`). Any error aborts the commit (the temp file is removed) and is returned, so callers
 //! never report success for a write that did not reach the disk and keep their source.
 
 use std::fs::{self, File};

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! $CORTEX_HOME/
-//!   settings.json                      optional settings (see settings.rs)
+//!   settings.json                      optional settings (see settings/mod.rs)
 //!   daemon.lock                        held by the running daemon (pid inside)
 //!   webhook.json                       where the optional HTTP shim listens, while it is up
 //!   ui-login.json                      the operator page's one-time login code (its SHA-256)
@@ -51,7 +51,7 @@ impl Home {
                 .map(|cwd| cwd.join(&root))
                 .unwrap_or(root)
         };
-        // Every path of this home is reached beneath its root from now on (store/beneath.rs).
+        // Every path of this home is reached beneath its root from now on (durable/beneath.rs).
         crate::durable::confine(&root, &root.join("quarantine"));
         Home { root }
     }

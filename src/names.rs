@@ -2,7 +2,7 @@
 //! callback and wake ids, and session, channel, agent and device names. One rule each, applied
 //! twice: when a request arrives (the engine's checks) and when a record is read back from any
 //! store, a file, an etcd key or a home being imported (the records' deserialisers in
-//! `model.rs`). A name that passes can be joined to a directory of the home and stays in it:
+//! `records.rs`). A name that passes can be joined to a directory of the home and stays in it:
 //! no `/`, no `..`, nothing a shell or a command line reads as an option.
 
 use serde::{Deserialize, Deserializer};

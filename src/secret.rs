@@ -138,8 +138,9 @@ pub fn hash(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))
 }
 
-/// Whether `candidate` is the secret whose hash is `stored_hash`. Both sides are hashed first and
-/// compared with `constant_time_eq`, so timing reveals neither the secret nor the hash.
+/// Whether `candidate` is the secret whose hash is `stored_hash`. The candidate is hashed, the
+/// stored hash decoded from hex (a malformed one matches nothing), and the two digests compared
+/// with `constant_time_eq`, so timing reveals neither the secret nor the hash.
 pub fn verify(candidate: &str, stored_hash: &str) -> bool {
     let candidate = Sha256::digest(candidate.as_bytes());
     let mut stored = [0u8; 32];

@@ -3,7 +3,7 @@
 //! [`Engine::apply_batch`] decides every signal exactly as one-by-one collection would, in
 //! order, against each waitpoint's state as its transaction read it. The batch then becomes one
 //! [`Txn::commit`] (every record, state and wake it changes), guarded by the versions read: on
-//! the home's files, one fdatasynced journal line (see `state/files.rs`). The caller removes
+//! the home's files, one fdatasynced journal line (see `store/files.rs`). The caller removes
 //! the spool files only after `apply_batch` returns, so each signal is durable before its file
 //! goes. See `ARCHITECTURE.md`, "Commit order".
 

@@ -1,8 +1,10 @@
 //! The engine: the only code that creates or changes waitpoint state.
 //!
-//! Every change runs under the waitpoint's lock (an `flock` of the `waitpoints/<id>/` directory)
-//! as a read-modify-write of `waitpoint.json`, so the daemon and CLI commands such as `cancel`
-//! never lose each other's updates. A signal goes: authenticate -> recover -> de-duplicate ->
+//! Every change is a read-modify-write of the waitpoint's state that no other writer can
+//! interleave: on the home's files under the waitpoint's lock (an `flock` of the
+//! `waitpoints/<id>/` directory), on etcd by a transaction that compares the revisions it read
+//! (`store/etcd.rs`), so the daemon and CLI commands such as `cancel` never lose each other's
+//! updates. A signal goes: authenticate -> recover -> de-duplicate ->
 //! member rules -> decide in memory -> one journal line for its batch (the commit) -> write the
 //! record, the state and any wake (`batch.rs`). The spool file is removed by the caller only
 //! after the commit; a crash before it leaves the file in place, and one after it is repaired by

@@ -1,6 +1,6 @@
 //! The HTTP control surface of `events-and-timers.md`: an agent's callback reset and its timers,
 //! for an operator's tools. Routes, their JSON, and what each does with the engine; the shim
-//! (`http.rs`) authenticates the caller and carries requests to the daemon's loop, which runs
+//! (`routes.rs`) authenticates the caller and carries requests to the daemon's loop, which runs
 //! them here.
 //!
 //! Every route here needs the operator credential (`CORTEX_WEBHOOK_TOKEN`, held by the daemon
