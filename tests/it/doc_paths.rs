@@ -151,7 +151,9 @@ fn declares(text: &str, name: &str) -> bool {
         "mod ",
         "macro_rules! ",
     ];
-    kinds.iter().any(|k| text.contains(&format!("{k}{name}")))
+    kinds
+        .iter()
+        .any(|k| contains_word(text, &format!("{k}{name}")))
         || text.lines().any(|l| {
             let l = l.trim_start();
             // An enum variant or a field (`Name,` `Name(` `Name {` `name:`), or a constant a
@@ -162,6 +164,17 @@ fn declares(text: &str, name: &str) -> bool {
                     && l.chars().next().is_some_and(char::is_alphabetic)
             }) || l.starts_with(&format!("pub {name}:"))
         })
+}
+
+/// Whether `text` holds `word` not followed by another identifier character: `fn foo` is in
+/// `fn foo(` but not in `fn foobar(`.
+fn contains_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(at, _)| {
+        !text[at + word.len()..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
 }
 
 /// Every cited `crate::…` path, or `module::Symbol` of one of our modules, that names nothing.
@@ -177,7 +190,8 @@ fn missing_symbols(doc: &Path, text: &str) -> Vec<String> {
         {
             continue;
         }
-        let segments: Vec<&str> = path.split("::").collect();
+        // `names::` cites a module: its segments are the names before the last `::`.
+        let segments: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
         let test_module = root().join(format!("tests/it/{}.rs", segments[0]));
         let (files, used) = if segments[0].starts_with(char::is_uppercase) {
             // `Type::member`: declared somewhere in the crate or the test helpers.
@@ -253,4 +267,84 @@ fn the_citation_check_catches_a_stale_path_and_a_stale_symbol() {
     assert!(symbols[0].contains("NoSuchThing") && symbols[1].contains("crate::nowhere::X"));
     let stale = missing_symbols(doc, "`Engine::no_such_method` `links::no_such_test`");
     assert_eq!(stale.len(), 2, "{stale:?}");
+}
+
+/// The `.rs` paths a line comment of `text` names (`// … see store/files.rs`).
+fn commented_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((_, comment)) = line.split_once("//") else {
+            continue;
+        };
+        for word in comment.split(|c: char| !(c.is_alphanumeric() || "_/.-*{},".contains(c))) {
+            let word = word.trim_end_matches(['.', ',']);
+            if word.ends_with(".rs") && !word.starts_with('.') && !word.contains(['*', '{']) {
+                out.push(word.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// Whether `cited`, named in a comment of `file`, is a file: relative to the crate, `src/`,
+/// `tests/`, the file's own folder, its module's folder or the folder above.
+fn resolves(file: &Path, cited: &str) -> bool {
+    let dir = file.parent().unwrap();
+    let module = file.with_extension("");
+    [
+        root(),
+        root().join("src"),
+        root().join("tests"),
+        dir.to_owned(),
+        module,
+        dir.parent().unwrap().to_owned(),
+    ]
+    .iter()
+    .any(|base| base.join(cited).is_file())
+}
+
+/// Every `.rs` file under `dir`.
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn every_source_path_a_code_comment_cites_exists() {
+    let mut files = Vec::new();
+    sources(&root().join("src"), &mut files);
+    sources(&root().join("tests"), &mut files);
+    let mut missing = Vec::new();
+    // This file's own examples of stale paths are not citations.
+    files.retain(|f| !f.ends_with("tests/it/doc_paths.rs"));
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap();
+        for cited in commented_paths(&text) {
+            if !resolves(&file, &cited) {
+                missing.push(format!("{}: `{cited}`", file.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "comments cite files that do not exist (update the comment):\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn a_declared_name_matches_whole_and_a_stale_comment_path_is_caught() {
+    assert!(declares("pub fn commit_notify(&self)", "commit_notify"));
+    assert!(!declares("pub fn commit_notify(&self)", "commit"));
+    let file = root().join("src/engine/batch.rs");
+    let cited = commented_paths("// the journal line's commit lives in state/files.rs, see it");
+    assert_eq!(cited, ["state/files.rs"]);
+    assert!(!resolves(&file, &cited[0]));
+    assert!(resolves(&file, "store/files.rs"));
 }
