@@ -47,12 +47,6 @@ pub fn start_ticks(pid: libc::pid_t) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-/// The process that started this one, shells and wrappers passed over: for a hook or an MCP
-/// server of a harness's, the harness process whose record names the session.
-pub fn starter() -> Option<libc::pid_t> {
-    crate::process::starter_pid()
-}
-
 /// Records that harness process `pid` is in `caller`'s session (its `SessionStart` hook, at
 /// start, on `/clear` and on a resume), and removes the records of processes that are gone.
 pub fn record_process(home: &Home, pid: libc::pid_t, caller: &Caller) -> Result<()> {

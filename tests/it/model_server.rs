@@ -550,10 +550,7 @@ fn send_json(out: &mut impl Write, status: u16, body: &Value) -> std::io::Result
 /// Server-sent events, each `event: NAME` plus `data: JSON`; the connection's close ends the
 /// stream.
 fn send_sse(out: &mut impl Write, events: &[(&str, Value)]) -> std::io::Result<()> {
-    out.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-          connection: close\r\n\r\n",
-    )?;
+    sse_head(out)?;
     for (name, data) in events {
         write!(out, "event: {name}\ndata: {data}\n\n")?;
         out.flush()?;
@@ -778,15 +775,20 @@ fn gemini_answer(reply: &Reply) -> Value {
 /// Server-sent events with data lines only (`data: JSON`), as the Gemini API streams with
 /// `?alt=sse`; the connection's close ends the stream.
 fn send_sse_data(out: &mut impl Write, events: &[Value]) -> std::io::Result<()> {
-    out.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-          connection: close\r\n\r\n",
-    )?;
+    sse_head(out)?;
     for data in events {
         write!(out, "data: {data}\r\n\r\n")?;
         out.flush()?;
     }
     Ok(())
+}
+
+/// The head of a server-sent-events answer; the connection's close ends the stream.
+fn sse_head(out: &mut impl Write) -> std::io::Result<()> {
+    out.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
+          connection: close\r\n\r\n",
+    )
 }
 
 /// How OpenCode names an MCP tool: `<server>_<tool>` for the script's `mcp__<server>__<tool>`.
@@ -823,10 +825,7 @@ fn chat_chunks(shared: &Shared, request: &Request, reply: &Reply) -> Vec<Value> 
 
 /// Chat Completions' server-sent events: `data:` lines only, ended by `data: [DONE]`.
 fn send_chat_sse(out: &mut impl Write, chunks: &[Value]) -> std::io::Result<()> {
-    out.write_all(
-        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\
-          connection: close\r\n\r\n",
-    )?;
+    sse_head(out)?;
     for chunk in chunks {
         write!(out, "data: {chunk}\n\n")?;
     }
