@@ -104,7 +104,10 @@ pub fn harness_caller() -> Option<crate::harness::Caller> {
 fn gemini_caller() -> Option<crate::harness::Caller> {
     env_var("GEMINI_CLI")?;
     let home = Home::new(default_home_root());
-    crate::harness::process_record::caller_of_process(&home, crate::process::starter_pid()?)
+    crate::harness::process_record::caller_of_process(
+        &home,
+        crate::harness::process_record::starter()?,
+    )
 }
 
 /// A variable of the process environment; unset and empty are the same.

@@ -47,6 +47,14 @@ pub fn start_ticks(pid: libc::pid_t) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The process that started this one, shells and wrappers passed over: for a hook or an MCP
+/// server of a harness's, the harness process whose record names the session.
+/// (Here, not called as `process::starter_pid` from the front ends: `mcp` may not import
+/// `process`, by the layer table.)
+pub fn starter() -> Option<libc::pid_t> {
+    crate::process::starter_pid()
+}
+
 /// Records that harness process `pid` is in `caller`'s session (its `SessionStart` hook, at
 /// start, on `/clear` and on a resume), and removes the records of processes that are gone.
 pub fn record_process(home: &Home, pid: libc::pid_t, caller: &Caller) -> Result<()> {

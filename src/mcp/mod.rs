@@ -220,7 +220,7 @@ impl Server {
                 opencode_dir: config.opencode_dir.clone(),
                 remembered: Default::default(),
                 ingress_offered: Default::default(),
-                parent: crate::process::starter_pid(),
+                parent: harness::process_record::starter(),
             }),
             tool_router: {
                 let mut router = Self::tool_router();
