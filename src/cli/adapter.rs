@@ -229,7 +229,7 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
         return Ok(exit::OK);
     }
     let interrupt = super::interrupt_on_stop_signals()?;
-    let mut waiter = wake::Waiter::start(home, &session, gemini)?;
+    let mut waiter = wake::Waiter::start(home, &session, gemini.into_iter().collect())?;
     // Esc stops Gemini waiting for this hook without stopping it, and writes to the transcript.
     if let Some(path) = input["transcript_path"]
         .as_str()
@@ -314,10 +314,15 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     } else {
         timeout
     };
+    let Some(serves) = served_harness(harness, &input) else {
+        // Nobody sees the thread: a wake handed over would continue it unseen. It waits for
+        // the thread's resume instead.
+        return Ok(exit::OK);
+    };
     // A stop signal while wakes are in hand must not lose them: it is turned into a request
     // to stop, and what was taken is handed over first.
     let interrupt = super::interrupt_on_stop_signals()?;
-    let waiter = wake::Waiter::start(home, &session, crate::process::starter_pid())?;
+    let waiter = wake::Waiter::start(home, &session, serves)?;
     let wakes = wake::take_pending(home, &waiter, timeout, &interrupt)?;
     if wakes.is_empty() {
         return Ok(exit::OK);
@@ -341,6 +346,24 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
         Harness::Claude => CLAUDE_REWAKE,
         Harness::Codex | Harness::Gemini | Harness::OpenCode => exit::OK,
     })
+}
+
+/// The processes a hook's waiter serves: the harness that ran the hook, whose exit ends the
+/// wait. Codex running its threads in its managed app-server (which outlives every terminal)
+/// is served through the terminals that show the thread; `None` when there is none (the user
+/// quit while the hook ran, or the thread is driven by another client).
+fn served_harness(harness: Harness, input: &Value) -> Option<Vec<libc::pid_t>> {
+    let starter = crate::process::starter_pid();
+    let managed = harness == Harness::Codex
+        && starter.is_some_and(harness::codex_app_server::is_managed_app_server);
+    if !managed {
+        return Some(starter.into_iter().collect());
+    }
+    let thread = input["session_id"].as_str()?;
+    let cwd = std::path::Path::new(input["cwd"].as_str()?);
+    let codex_home = harness_home_of(Harness::Codex)?;
+    let terminals = harness::codex_app_server::terminals(&codex_home, thread, cwd);
+    (!terminals.is_empty()).then_some(terminals)
 }
 
 /// The harness's JSON on a command's stdin (hooks, the status line), read whole so the harness
@@ -544,7 +567,8 @@ fn opencode_waiter(engine: &Engine, a: OpencodeWaiterArgs) -> anyhow::Result<u8>
         raised.raise(libc::SIGPIPE);
     });
     let next = || plugin_says(said.recv().ok().flatten().as_deref());
-    let waiter = wake::Waiter::start(home, &session, crate::process::starter_pid())?;
+    let plugin_host = crate::process::starter_pid().into_iter().collect();
+    let waiter = wake::Waiter::start(home, &session, plugin_host)?;
     loop {
         match next() {
             PluginSays::Wait => {}

@@ -8,6 +8,7 @@
 //! how a live and a closed session are woken (`crate::harness::wake`). Nothing here reads the process
 //! environment itself: front ends pass a lookup, so the rules are tested without one.
 
+pub mod codex_app_server;
 pub mod codex_lock;
 pub mod gemini;
 pub mod process_record;

@@ -350,15 +350,7 @@ pub fn take_pending(
         let _ = inbox.watch_also(file);
     }
     interrupt.wake(inbox.poker());
-    if let Some(pid) = waiter.starter {
-        let (poke, gone) = (inbox.poker(), waiter.starter_gone.clone());
-        // Told by the kernel (a pidfd) when the harness exits: nothing polls while it lives.
-        std::thread::spawn(move || {
-            let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
-            gone.store(true, Ordering::Relaxed);
-            let _ = poke.send(());
-        });
-    }
+    waiter.watch_harness(inbox.poker());
     let stop = || interrupt.raised().is_some() || waiter.should_leave();
     let Some(first) = inbox.take(deadline, Duration::from_secs(60), &stop)? else {
         return Ok(Vec::new());
@@ -387,27 +379,7 @@ pub fn unread_pending(
     let mut inbox = crate::agent::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
     interrupt.wake(inbox.poker());
-    // Called once per idle turn: one watch of the harness serves them all, and pokes the
-    // inbox of the call waiting when the harness exits.
-    *waiter
-        .harness_poke
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(inbox.poker());
-    if let Some(pid) = waiter.starter
-        && !waiter.watching.swap(true, Ordering::Relaxed)
-    {
-        let (poke, gone) = (waiter.harness_poke.clone(), waiter.starter_gone.clone());
-        std::thread::spawn(move || {
-            let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
-            gone.store(true, Ordering::Relaxed);
-            let poke = poke
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(p) = poke.as_ref() {
-                let _ = p.send(());
-            }
-        });
-    }
+    waiter.watch_harness(inbox.poker());
     let stop = || interrupt.raised().is_some() || waiter.should_leave();
     inbox.wait_unread(Duration::from_secs(60), &stop)
 }
@@ -434,11 +406,13 @@ pub struct Waiter {
     session: String,
     token: String,
     record: PathBuf,
-    starter: Option<libc::pid_t>,
-    starter_gone: Arc<AtomicBool>,
+    /// The harness's processes: the waiter serves them, and leaves once every one has exited.
+    harness: Vec<libc::pid_t>,
+    harness_gone: Arc<AtomicBool>,
     /// A file whose change may mean the harness gave up on this waiter, and the test of it.
     abandoned: Option<(PathBuf, Abandoned)>,
-    /// [`unread_pending`]'s one watch of the harness: whether it runs, and whom it pokes.
+    /// The one watch of the harness's processes: whether it runs, and whom it pokes (the inbox
+    /// of the call waiting now: [`unread_pending`] is called once per idle turn).
     watching: AtomicBool,
     harness_poke: Arc<std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>>,
     _presence: File,
@@ -451,8 +425,8 @@ type Abandoned = Box<dyn Fn() -> bool + Send + Sync>;
 struct WaiterRecord {
     pid: u32,
     token: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    harness_pid: Option<libc::pid_t>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    harness_pids: Vec<libc::pid_t>,
 }
 
 fn waiter_record(home: &Home, session: &str) -> PathBuf {
@@ -467,10 +441,11 @@ fn presence_lock(home: &Home, session: &str) -> Result<File> {
 }
 
 impl Waiter {
-    /// Becomes `session`'s one waiter, started by process `starter` (the harness; `None` when
-    /// not known). Blocks while a resume of this session is running, which holds the lock
+    /// Becomes `session`'s one waiter, serving the harness's processes `harness` (the process
+    /// that started it, or the terminals that show the session; none when not known). Blocks
+    /// while a resume of this session is running, which holds the lock
     /// exclusively; the wake it delivers is read by the time this returns.
-    pub fn start(home: &Home, session: &str, starter: Option<libc::pid_t>) -> Result<Waiter> {
+    pub fn start(home: &Home, session: &str, harness: Vec<libc::pid_t>) -> Result<Waiter> {
         crate::request::check_name("session", session)?;
         let presence = presence_lock(home, session)?;
         let lock = home.sessions_dir().join(session).join("waiter.lock");
@@ -484,7 +459,7 @@ impl Waiter {
             &WaiterRecord {
                 pid: std::process::id(),
                 token: token.clone(),
-                harness_pid: starter,
+                harness_pids: harness.clone(),
             },
         )?;
         Ok(Waiter {
@@ -492,8 +467,8 @@ impl Waiter {
             session: session.to_owned(),
             token,
             record,
-            starter,
-            starter_gone: Arc::new(AtomicBool::new(false)),
+            harness,
+            harness_gone: Arc::new(AtomicBool::new(false)),
             abandoned: None,
             watching: AtomicBool::new(false),
             harness_poke: Default::default(),
@@ -509,6 +484,36 @@ impl Waiter {
         self.abandoned = Some((watch, abandoned));
     }
 
+    /// Pokes `poke` (and every later caller's poke) once the harness's processes have all
+    /// exited. The kernel tells (a pidfd per process): nothing polls while they live. One
+    /// thread watches, however often this is called.
+    fn watch_harness(&self, poke: std::sync::mpsc::Sender<()>) {
+        *self
+            .harness_poke
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(poke);
+        if self.harness.is_empty() || self.watching.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (pids, poke, gone) = (
+            self.harness.clone(),
+            self.harness_poke.clone(),
+            self.harness_gone.clone(),
+        );
+        std::thread::spawn(move || {
+            for pid in pids {
+                let _ = crate::process::wait_for_exit(pid, true, Duration::from_secs(5));
+            }
+            gone.store(true, Ordering::Relaxed);
+            let poke = poke
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(p) = poke.as_ref() {
+                let _ = p.send(());
+            }
+        });
+    }
+
     /// The session this waiter serves.
     pub fn session(&self) -> &str {
         &self.session
@@ -517,7 +522,7 @@ impl Waiter {
     /// Whether this waiter should stop waiting: its harness exited, or `waiter.json` no longer
     /// names it (a newer waiter replaced it, or the session ended).
     pub fn should_leave(&self) -> bool {
-        if self.starter_gone.load(Ordering::Relaxed) {
+        if self.harness_gone.load(Ordering::Relaxed) {
             return true;
         }
         if self.abandoned.as_ref().is_some_and(|(_, gone)| gone()) {

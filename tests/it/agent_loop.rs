@@ -729,3 +729,65 @@ fn after_esc_and_quit_a_codex_thread_is_resumed_as_soon_as_codex_lets_it_go() {
     read_once(&env, &session, &a);
     delivered_at_first_attempt(&env, &a);
 }
+
+/// Whether process `pid`'s parent is Codex's managed app-server.
+fn child_of_the_app_server(pid: u32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let parent = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_default();
+    let cmdline = fs::read(format!("/proc/{parent}/cmdline")).unwrap_or_default();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    cmdline.contains("app-server") && cmdline.contains("--managed-daemon")
+}
+
+#[test]
+fn a_codex_thread_run_by_its_managed_app_server_is_woken_in_place_and_after_quit_resumed_with_no_waiter_left()
+ {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let mut codex = codex_env(&env, &server);
+    // As a user's Codex runs: its TUI starts the app-server, which runs the thread's hooks.
+    codex.managed = true;
+    setup(&env, &codex.project, &["codex"]);
+    codex.trust_hooks();
+    let _daemon = daemon(&env, "codex", &codex.vars());
+    let tmux = codex.interactive(&[], LIMIT);
+    tmux.send_line("arm cx-app-1");
+    let a = armed(&server, "cx-app-1");
+    let session = format!("codex-{}", a.harness_session);
+    wait_for_waiter(&env, &session, "the Stop hook's waiter");
+    let hook = waiters_of(&env, "adapter codex-stop-hook");
+    assert!(
+        hook.len() == 1 && child_of_the_app_server(hook[0]),
+        "the hook does not run in the managed app-server: {hook:?}"
+    );
+    // Open: the terminal shows the thread, and the wake continues its turn there.
+    job_reports(&env, &a);
+    woken_in_place(&env, &server, &session, &a);
+    tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    // A second waitpoint, and the user quits while the Stop hook waits for it.
+    tmux.send_line("arm cx-app-2");
+    let b = armed(&server, "cx-app-2");
+    wait_for_waiter(&env, &session, "the second Stop hook's waiter");
+    tmux.send_line("/quit");
+    // The app-server keeps the thread, but nobody sees it: the waiter leaves with the terminal.
+    env.wait_until("the waiter to leave with the terminal", || {
+        waiters_of(&env, "adapter codex-stop-hook").is_empty()
+    });
+    job_reports(&env, &b);
+    let resumed = woken_in(&server, &b.harness_session, &b);
+    assert!(
+        !resumed.last_user_text().contains(HOOK_HEADER),
+        "handed to the quit terminal's hook, not resumed:\n{}",
+        server.summary()
+    );
+    read_once(&env, &session, &b);
+    assert_eq!(
+        turns_saying(&server, &format!("Waitpoint {}", b.id)).len(),
+        1,
+        "{}",
+        server.summary()
+    );
+}

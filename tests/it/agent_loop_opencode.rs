@@ -668,7 +668,7 @@ fn the_plugins_waiter_leaves_when_opencode_exits_even_with_its_stdin_open() {
     let record = env.home.join(format!("sessions/{session}/waiter.json"));
     let waiter: Value = serde_json::from_str(&fs::read_to_string(&record).unwrap()).unwrap();
     let pid = waiter["pid"].as_u64().unwrap() as i32;
-    assert_eq!(waiter["harness_pid"], harness.id());
+    assert_eq!(waiter["harness_pids"], json!([harness.id()]));
     env.wait_until("the wake read", || env.inbox(session, "cur").len() == 1);
     harness.kill().unwrap();
     harness.wait().unwrap();

@@ -424,6 +424,8 @@ pub struct Codex<'e> {
     base_url: String,
     servers: Vec<McpServer>,
     hooks: bool,
+    /// Whether the TUI may run its threads in Codex's managed app-server (see `interactive`).
+    pub managed: bool,
 }
 
 /// An MCP server entry of Codex's config: `command args…` with `env`.
@@ -444,6 +446,7 @@ pub fn codex_env<'e>(env: &'e Env, server: &ModelServer) -> Codex<'e> {
         base_url: server.url(),
         servers: Vec::new(),
         hooks: false,
+        managed: false,
     };
     codex.mcp_server("waitpoint", WAITPOINT, &["mcp"], &[]);
     codex
@@ -540,13 +543,21 @@ impl Codex<'_> {
 
     /// The interactive Codex TUI, `codex ARGS…` in the project, in a private tmux server (a
     /// 200×50 pane), returned once its prompt is ready for input.
+    ///
+    /// Unless `managed`, the TUI runs its threads itself (`--no-daemon`); otherwise it starts
+    /// (or joins) Codex's managed app-server under CODEX_HOME, as a user's TUI does, which then
+    /// runs the hooks and MCP servers. A hook-trust flag would keep the TUI from the
+    /// app-server, so there the hooks are trusted as a user does, in the TUI's review dialog.
     pub fn interactive(&self, args: &[&str], limit: Duration) -> Tmux {
-        // Without --no-daemon the TUI runs its session in a shared app server that it starts
-        // as a detached daemon (with an updater loop beside it) under CODEX_HOME, and both
-        // outlive the pane and the test.
-        let mut all = vec!["--no-daemon"];
+        let mut all = if self.managed {
+            vec![]
+        } else {
+            // Without --no-daemon the TUI would run its session in the shared app server
+            // (a detached daemon with an updater loop beside it) that outlives the pane.
+            vec!["--no-daemon"]
+        };
         // A new or changed hook holds the start at "Hooks need review" until someone answers.
-        if self.hooks {
+        if self.hooks && !self.managed {
             all.push("--dangerously-bypass-hook-trust");
         }
         all.extend_from_slice(args);
@@ -560,11 +571,35 @@ impl Codex<'_> {
         // The footer names the model once the session is configured; the bare composer with
         // "? for shortcuts" shows before that, and a first-run dialog (the hooks' review) can
         // still take its place then.
-        tmux.wait_for_pane(
-            |pane| pane.contains("? for shortcuts") && pane.contains("scripted-model"),
-            limit,
-        );
-        tmux
+        let ready =
+            |pane: &str| pane.contains("? for shortcuts") && pane.contains("scripted-model");
+        let review = "Hooks need review";
+        let start = Instant::now();
+        loop {
+            let left = limit.saturating_sub(start.elapsed());
+            let pane = tmux.wait_for_pane(|pane| ready(pane) || pane.contains(review), left);
+            if ready(&pane) {
+                return tmux;
+            }
+            // The second choice: "Trust all and continue". Asked again until the dialog goes.
+            tmux.send_keys(&["Down", "Enter"]);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// The processes of Codex's managed app-server of this CODEX_HOME (the server and its
+    /// updater loop, both run from `$CODEX_HOME/packages`), found by their command lines.
+    pub fn managed_daemons(&self) -> Vec<u32> {
+        let packages = self.home.join("packages").display().to_string();
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+            .filter(|pid| {
+                fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).starts_with(&packages))
+            })
+            .collect()
     }
 
     /// `codex exec --json ARGS… PROMPT` in the project, killed after `limit`. Its stdout is
@@ -578,6 +613,27 @@ impl Codex<'_> {
         }
         cmd.args(args).arg(prompt);
         run_bounded(cmd, limit)
+    }
+}
+
+impl Drop for Codex<'_> {
+    /// Codex's managed app-server and its updater outlive every TUI by design; the test's
+    /// must not outlive the test. Its hooks and MCP servers go with it (their stdin closes).
+    fn drop(&mut self) {
+        if !self.managed {
+            return;
+        }
+        let _ = self
+            .command()
+            .args(["app-server", "daemon", "stop"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        for pid in self.managed_daemons() {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
     }
 }
 
