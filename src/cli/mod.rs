@@ -434,6 +434,8 @@ enum Bare {
     Setup(setup::SetupArgs),
 }
 
+// One value per process, moved once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Configured {
     /// A process that runs until stopped, opening what it needs itself.
     Daemon(daemon::DaemonArgs),
