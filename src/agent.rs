@@ -54,11 +54,11 @@ pub fn trigger_url(
 /// The shim the `curl` line posts to, from one read of the published address: its port (the
 /// published one, else `fallback`) and whether it is listening, turned on in settings
 /// (`enabled`) but not running, or off.
-fn shim_of(home: &Home, fallback: u16, enabled: bool) -> (u16, howto::Shim) {
+fn shim_of(home: &Home, fallback: u16, enabled: bool) -> (u16, howto::ShimState) {
     match crate::sender::published_endpoint(home) {
-        crate::sender::Published::Up(url) => (url.port, howto::Shim::Listening),
-        _ if enabled => (fallback, howto::Shim::Configured),
-        _ => (fallback, howto::Shim::Off),
+        crate::sender::Published::Up(url) => (url.port, howto::ShimState::Listening),
+        _ if enabled => (fallback, howto::ShimState::Configured),
+        _ => (fallback, howto::ShimState::Off),
     }
 }
 

@@ -20,7 +20,7 @@ use crate::settings::Settings;
 use crate::store::signal_log;
 // The report's lines are the store's findings: one type, which the store (the lower layer)
 // owns, so a store's health needs no translation into doctor's.
-pub use crate::store::{Check, Level};
+use crate::store::{Check, Level};
 
 fn ok(name: &'static str, detail: impl Into<String>) -> Check {
     Check {

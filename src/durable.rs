@@ -29,7 +29,7 @@ mod read;
 mod trash;
 
 pub use beneath::{confine, set_aside as set_aside_in_home};
-pub use dir::{Dir, Entry, Rewrite};
+pub use dir::{Dir, Kind, Rewrite};
 pub use lock::{FileLock, LockHolder};
 pub use read::{
     MAX_RECORD_BYTES, NOT_REGULAR, read_capped, read_json, read_json_or_set_aside,

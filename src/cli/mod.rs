@@ -15,9 +15,9 @@ pub mod job;
 mod logging;
 pub mod man;
 pub mod mcp;
-pub mod progress;
+mod progress;
 pub mod setup;
-pub use crate::render;
+use crate::render;
 mod sending;
 pub mod signal;
 pub mod timer;
@@ -60,7 +60,7 @@ pub fn cortex_signal_command() -> clap::Command {
 }
 
 /// The drain's progress bar, for the daemon command.
-pub use progress::Bar as DrainBar;
+pub use progress::DrainBar;
 /// Stderr written around the drain's progress bar, for the log layer.
 use progress::Stderr as LogStderr;
 

@@ -246,7 +246,7 @@ it?); if the job is lost with it, cancel this waitpoint (wait_cancel). It stays 
                 local_drop_zone: &drop_zone,
                 // Only the `curl` line names the port, and it is never the recommended one.
                 webhook_port: self.settings.webhook.port.unwrap_or(0),
-                shim: howto::Shim::Off,
+                shim: howto::ShimState::Off,
                 device_spool: spool.as_deref(),
             },
         );

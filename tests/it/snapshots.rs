@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use waitpoint::cli::render::{self, Style};
 use waitpoint::clock::{Clock, ManualClock};
 use waitpoint::engine::{Engine, Quorum};
 use waitpoint::home::Home;
 use waitpoint::ingress::parse_signal;
+use waitpoint::render::{self, Style};
 use waitpoint::request::Source;
 use waitpoint::settings::Settings;
 

@@ -62,7 +62,7 @@ mod routes;
 mod serve;
 pub mod ui;
 
-pub use routes::{MissBudget, MissBudgets, Source};
+pub use routes::{MissBudget, MissBudgets, Requester};
 pub use serve::{connection_cap, descriptor_limit};
 
 /// The port used when neither `--port`, settings nor `WEBHOOK_PORT` name one.
