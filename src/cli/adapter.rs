@@ -225,7 +225,7 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
     }
     // The TUI is held while this hook runs (typed prompts queue, slash commands are refused):
     // only while the agent waits on something.
-    if !crate::agent::session_waits(engine, &session)? {
+    if !crate::agent_view::session_waits(engine, &session)? {
         return Ok(exit::OK);
     }
     let interrupt = super::interrupt_on_stop_signals()?;
@@ -309,11 +309,12 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     // Codex's TUI waits on its Stop hook (it shows "Running hook" and queues what the user
     // types): it is held only while the agent waits on something, and then as long as that
     // may take, not ten minutes.
-    let timeout = if harness == Harness::Codex && !crate::agent::session_waits(engine, &session)? {
-        Duration::ZERO
-    } else {
-        timeout
-    };
+    let timeout =
+        if harness == Harness::Codex && !crate::agent_view::session_waits(engine, &session)? {
+            Duration::ZERO
+        } else {
+            timeout
+        };
     let Some(serves) = served_harness(harness, &input) else {
         // Nobody sees the thread: a wake handed over would continue it unseen. It waits for
         // the thread's resume instead.
@@ -385,9 +386,9 @@ fn statusline(engine: &Engine, a: StatuslineArgs) -> anyhow::Result<u8> {
             None => "default".to_owned(),
         },
     };
-    let items = crate::agent::waiting_for(engine, &session)?;
-    let rows = crate::agent::check_rows(engine, &items)?;
-    print!("{}", crate::render::check_brief(&rows));
+    let items = crate::agent_view::waiting_for(engine, &session)?;
+    let rows = crate::agent_view::check_rows(engine, &items)?;
+    print!("{}", crate::operator_view::check_brief(&rows));
     Ok(exit::OK)
 }
 

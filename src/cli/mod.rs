@@ -16,9 +16,8 @@ mod logging;
 pub mod man;
 pub mod mcp;
 mod progress;
-pub mod setup;
-use crate::render;
 mod sending;
+pub mod setup;
 pub mod signal;
 pub mod timer;
 pub mod transfer;
@@ -33,7 +32,6 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::agent;
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
 use crate::error::{exit_code_for, is_broken_pipe};
@@ -161,12 +159,12 @@ pub struct AgentArg {
     pub session: String,
 }
 
-/// SIGTERM, SIGINT and SIGHUP turned into an [`agent::Interrupt`] for a reader of wakes, so
+/// SIGTERM, SIGINT and SIGHUP turned into an [`crate::inbox::Interrupt`] for a reader of wakes, so
 /// one stopped with a wake in hand hands it over (or gives it back) before it exits, instead of
 /// dying with it taken.
-pub fn interrupt_on_stop_signals() -> anyhow::Result<agent::Interrupt> {
+pub fn interrupt_on_stop_signals() -> anyhow::Result<crate::inbox::Interrupt> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let interrupt = agent::Interrupt::default();
+    let interrupt = crate::inbox::Interrupt::default();
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let raised = interrupt.clone();
     std::thread::Builder::new()

@@ -43,7 +43,7 @@ impl Engine {
                 wp.outbox.push(wake);
             }
         }
-        self.check_silence(&mut wp, now)?;
+        self.queue_due_silence(&mut wp, now)?;
         if wp.status == Status::Armed && now >= wp.expires_at {
             let first = wp
                 .pending_wake

@@ -110,7 +110,7 @@ impl Engine {
     }
 
     /// Puts a due silence wake of `wp` in its outbox (the caller saves and flushes it).
-    pub(super) fn check_silence(&self, wp: &mut Waitpoint, now: Timestamp) -> Result<()> {
+    pub(super) fn queue_due_silence(&self, wp: &mut Waitpoint, now: Timestamp) -> Result<()> {
         if self.silence_is_held() {
             return Ok(());
         }

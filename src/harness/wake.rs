@@ -339,11 +339,11 @@ pub fn take_pending(
     home: &Home,
     waiter: &Waiter,
     timeout: Duration,
-    interrupt: &crate::agent::Interrupt,
+    interrupt: &crate::inbox::Interrupt,
 ) -> Result<Vec<Wake>> {
     let deadline = Some(Instant::now() + timeout);
     let session = &waiter.session;
-    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    let mut inbox = crate::inbox::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
     if let Some((file, _)) = &waiter.abandoned {
         // Not watchable (gone, another kind of file): the test is still asked every minute.
@@ -373,10 +373,10 @@ pub fn take_pending(
 pub fn unread_pending(
     home: &Home,
     waiter: &Waiter,
-    interrupt: &crate::agent::Interrupt,
+    interrupt: &crate::inbox::Interrupt,
 ) -> Result<Vec<Wake>> {
     let session = &waiter.session;
-    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    let mut inbox = crate::inbox::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
     interrupt.wake(inbox.poker());
     waiter.watch_harness(inbox.poker());
@@ -676,7 +676,7 @@ pub fn resume_or_yield(
     let (channel, id) = (&wake.channel, &wake.wake_id);
     let presence = presence_lock(home, channel).map_err(|e| e.to_string())?;
     let (_watcher, changes) =
-        crate::agent::wake_on_change(&home.inbox_new(channel)).map_err(|e| e.to_string())?;
+        crate::inbox::wake_on_change(&home.inbox_new(channel)).map_err(|e| e.to_string())?;
     if !delivery::is_unread(home, channel, id) {
         return Ok(Handed::AlreadyRead);
     }
@@ -691,7 +691,7 @@ pub fn resume_or_yield(
             tracing::info!(wake = %id, thread = %r.target, pid, "the thread is open in Codex; the wake waits for its turn's end or its exit");
             said = true;
         }
-        if !crate::agent::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
+        if !crate::inbox::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
             return Err(format!(
                 "thread {} stayed open in Codex (process {pid}) for {} s; the wake waits for \
                  its next turn's end or its exit",
@@ -711,7 +711,7 @@ pub fn resume_or_yield(
         }
         // A live waiter holds the session: it takes the wake. The lock's release (its harness
         // exited first) sends no event, hence the second's look again.
-        if !crate::agent::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
+        if !crate::inbox::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
             return Err(format!(
                 "session {channel} has a live waiter, which did not take the wake within {} s",
                 timeout.as_secs()
