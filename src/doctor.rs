@@ -935,7 +935,7 @@ mod tests {
         let exhausted = Err(Error::io(
             "cannot start the file watcher on",
             "/h/tmp/signals",
-            std::io::Error::from_raw_os_error(libc::EMFILE),
+            std::io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error()),
         ));
         let c = check_inotify(dir.path(), &exhausted);
         assert_eq!(c.level, Level::Warn, "{c}");

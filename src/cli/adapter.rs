@@ -353,7 +353,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
 /// wait. Codex running its threads in its managed app-server (which outlives every terminal)
 /// is served through the terminals that show the thread; `None` when there is none (the user
 /// quit while the hook ran, or the thread is driven by another client).
-fn served_harness(harness: Harness, input: &Value) -> Option<Vec<libc::pid_t>> {
+fn served_harness(harness: Harness, input: &Value) -> Option<Vec<rustix::process::RawPid>> {
     let starter = crate::process::starter_pid();
     let managed = harness == Harness::Codex
         && starter.is_some_and(harness::codex_app_server::is_managed_app_server);
@@ -565,7 +565,7 @@ fn opencode_waiter(engine: &Engine, a: OpencodeWaiterArgs) -> anyhow::Result<u8>
             }
         }
         let _ = lines.send(None);
-        raised.raise(libc::SIGPIPE);
+        raised.raise(rustix::process::Signal::PIPE.as_raw());
     });
     let next = || plugin_says(said.recv().ok().flatten().as_deref());
     let plugin_host = crate::process::starter_pid().into_iter().collect();

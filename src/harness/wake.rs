@@ -407,7 +407,7 @@ pub struct Waiter {
     token: String,
     record: PathBuf,
     /// The harness's processes: the waiter serves them, and leaves once every one has exited.
-    harness: Vec<libc::pid_t>,
+    harness: Vec<rustix::process::RawPid>,
     harness_gone: Arc<AtomicBool>,
     /// A file whose change may mean the harness gave up on this waiter, and the test of it.
     abandoned: Option<(PathBuf, Abandoned)>,
@@ -426,7 +426,7 @@ struct WaiterRecord {
     pid: u32,
     token: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    harness_pids: Vec<libc::pid_t>,
+    harness_pids: Vec<rustix::process::RawPid>,
 }
 
 fn waiter_record(home: &Home, session: &str) -> PathBuf {
@@ -445,7 +445,11 @@ impl Waiter {
     /// that started it, or the terminals that show the session; none when not known). Blocks
     /// while a resume of this session is running, which holds the lock
     /// exclusively; the wake it delivers is read by the time this returns.
-    pub fn start(home: &Home, session: &str, harness: Vec<libc::pid_t>) -> Result<Waiter> {
+    pub fn start(
+        home: &Home,
+        session: &str,
+        harness: Vec<rustix::process::RawPid>,
+    ) -> Result<Waiter> {
         crate::request::check_name("session", session)?;
         let presence = presence_lock(home, session)?;
         let lock = home.sessions_dir().join(session).join("waiter.lock");

@@ -534,12 +534,14 @@ fn read_regular(dz: &Dir, name: &OsStr) -> std::result::Result<Vec<u8>, ReadErro
                 io::ErrorKind::PermissionDenied => {
                     ReadError::Refused("cannot be read (permission denied)".into())
                 }
-                _ if e.raw_os_error() == Some(libc::ELOOP) => ReadError::Refused(SYMLINK.into()),
-                // Swapped for a socket (ENXIO) or a device (ENODEV) since the look.
-                _ if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
-                    ReadError::Refused(NOT_REGULAR.into())
-                }
-                _ => ReadError::Io(e),
+                _ => match rustix::io::Errno::from_io_error(&e) {
+                    Some(rustix::io::Errno::LOOP) => ReadError::Refused(SYMLINK.into()),
+                    // Swapped for a socket (ENXIO) or a device (ENODEV) since the look.
+                    Some(rustix::io::Errno::NXIO | rustix::io::Errno::NODEV) => {
+                        ReadError::Refused(NOT_REGULAR.into())
+                    }
+                    _ => ReadError::Io(e),
+                },
             });
         }
     };

@@ -129,7 +129,7 @@ struct Inner {
     ingress_offered: std::sync::Mutex<HashSet<String>>,
     /// The process that started us (shells and wrappers passed over): a harness's (Gemini CLI,
     /// Claude Code), whose `SessionStart` hook records which session it is in.
-    parent: Option<libc::pid_t>,
+    parent: Option<rustix::process::RawPid>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.

@@ -326,7 +326,7 @@ fn read_trusted(path: &Path) -> Result<Option<String>> {
     // O_NONBLOCK: a FIFO swapped in since the look must not block the open.
     let file = match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)
     {
         Ok(f) => f,
