@@ -774,7 +774,7 @@ pub fn codex_stop_reply(wakes: &[Wake]) -> String {
 pub fn give_back(home: &Home, wakes: &[Wake]) {
     for w in wakes {
         if let Err(e) = delivery::untake(home, &w.channel, &w.wake_id) {
-            tracing::error!(wake = %w.wake_id, "cannot put a wake back: {e}");
+            tracing::error!(wake = %w.wake_id, error = %e, "cannot put a wake back");
         }
     }
 }

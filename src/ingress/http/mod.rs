@@ -316,7 +316,7 @@ impl Shim {
         }
         self.serving.stop();
         if let Err(e) = durable::remove_durably(&self.address_file) {
-            tracing::error!("cannot remove the webhook address file: {e}");
+            tracing::error!(error = %e, "cannot remove the webhook address file");
         }
         tracing::info!(addr = %self.addr, "webhook stopped");
     }

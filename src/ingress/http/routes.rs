@@ -456,11 +456,11 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             )
         }
         Err(e) if let Some(r) = unavailable(&e) => {
-            tracing::warn!("callback not delivered: {e}");
+            tracing::warn!(error = %e, "callback not delivered");
             r
         }
         Err(e) => {
-            tracing::error!("cannot deliver a callback: {e}");
+            tracing::error!(error = %e, "cannot deliver a callback");
             reply(
                 500,
                 json!({ "result": "error", "error": "the daemon could not deliver the callback (see its log)" }),
@@ -533,11 +533,11 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             )
         }
         Err(e) if let Some(r) = unavailable(&e) => {
-            tracing::warn!(waitpoint = %id, "webhook signal not recorded: {e}");
+            tracing::warn!(waitpoint = %id, error = %e, "webhook signal not recorded");
             r
         }
         Err(e) => {
-            tracing::error!(waitpoint = %id, "cannot record a webhook signal: {e}");
+            tracing::error!(waitpoint = %id, error = %e, "cannot record a webhook signal");
             reply(
                 500,
                 // The failure may have come after the batch's journal line was durable (its
