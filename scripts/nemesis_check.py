@@ -17,7 +17,8 @@ phase, then exits 1 when any row holds an anomaly. The inputs, all in the run di
 
 What counts as an anomaly (safety and honesty):
 - lost: an operation the cluster acknowledged (202 accepted/duplicate/queued) that no record
-  holds; a waitpoint armed (its create answered) that the export lacks.
+  holds; a waitpoint armed (its create answered) that the export lacks. A signal only queued
+  (handed over) for a one-shot another signal closed first is late, not lost.
 - doubled: an operation recorded more than once (under its key, on any waitpoint).
 - stuck: an operation never acknowledged by the end of the run (the client retried until then),
   or a one-shot signalled and acknowledged that is still armed.
@@ -30,8 +31,11 @@ What counts as an anomaly (safety and honesty):
   503 was false, since only this client sends under that key.
 
 And two timings per phase (not anomalies unless --strict): `stall`, the longest time from the
-fault's start to its heal with no operation acknowledged anywhere (failover shows here), and
-`recover`, from the heal to the first operation sent after it that was acknowledged.
+fault's start to its heal with no progress anywhere (no signal answered "accepted", which only
+the leader answers, and no wake arriving: failover shows here), and `recover`, from the heal
+to the first progress after it (a signal sent after it and accepted, or a wake).
+ops.jsonl may also hold {"kind": "wake", "host", "wp", "wake_id", "t"}: a wake first seen in an
+inbox; and {"kind": "arm_failed", ...}: a create that did not answer (not checked).
 """
 
 import argparse
@@ -153,7 +157,14 @@ def check(ops, phases, export, wakes, lease_s=5.0, strict=False):
         n = len(recorded.get(key, []))
         if n > 1:
             flag(phase, "doubled", f"{key} recorded {n} times ({recorded[key]})")
-        if acked and n == 0:
+        wp = tries[0]["wp"]
+        state, records = export.get(wp, ({}, []))
+        # A signal queued (handed over) for a one-shot that another signal closed first is
+        # late, not lost: the leader answers it "closed", as it would have answered here.
+        late = ("accepted" not in results and "duplicate" not in results
+                and arms.get(wp, {}).get("type") == "oneshot"
+                and state.get("status") not in (None, "armed") and records)
+        if acked and n == 0 and not late:
             flag(phase, "lost", f"{key} acknowledged ({results}) but recorded nowhere")
         if not acked and not closed:
             flag(phase, "stuck", f"{key} never acknowledged ({results})")
@@ -218,9 +229,11 @@ def check(ops, phases, export, wakes, lease_s=5.0, strict=False):
             elif resolved == 0 and state.get("status") == "resolved":
                 flag(phase, "stuck", f"{wp}: resolved but its wake never reached {arm['host']}")
 
-    # Timings: acknowledgements over time.
-    acks = sorted((o["t"], o.get("done", o["t"])) for o in ops
-                  if o.get("kind") == "signal" and o.get("result") in ACKED)
+    # Timings: progress is a signal applied (answered "accepted", which only the leader
+    # answers: a standby's "queued" goes on while no daemon leads) or a wake reaching an inbox.
+    acks = sorted([(o["t"], o.get("done", o["t"])) for o in ops
+                   if o.get("kind") == "signal" and o.get("result") == "accepted"]
+                  + [(o["t"], o["t"]) for o in ops if o.get("kind") == "wake"])
     for p in phases:
         row = rows[p["name"]]
         done = [d for _, d in acks if p["start"] <= d <= p["heal"]]

@@ -86,6 +86,15 @@ class CheckerTest(unittest.TestCase):
         self.assertEqual(anomalies(rows), {("member-kill", "lost"): 1})
         self.assertIn("k2", findings[0])
 
+    def test_a_queued_signal_for_a_one_shot_closed_by_another_is_late_but_on_a_monitor_lost(self):
+        h = Clean()
+        h.ops.append(signal("one-late", 13.5, wp=ONE, result="queued"))
+        rows, findings = h.run()
+        self.assertEqual(findings, [])
+        h.ops.append(signal("mon-queued", 13.5, wp=WP, result="queued"))
+        rows, _ = h.run()
+        self.assertEqual(anomalies(rows), {("member-kill", "lost"): 1})
+
     def test_an_unanswered_operation_that_no_record_holds_is_stuck_not_lost(self):
         h = Clean()
         h.ops.append(signal("k-never", 16.0, result=None, code=0))
