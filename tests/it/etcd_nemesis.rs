@@ -8,12 +8,12 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 
 use serde_json::Value;
 
-use crate::etcd::{host, shown};
+use crate::etcd::{host, log, shown, wait_leading};
 use crate::etcd_cluster::Cluster;
 use crate::helpers::*;
 
@@ -23,6 +23,10 @@ use crate::helpers::*;
 struct Proxy {
     port: u16,
     silent: Arc<AtomicBool>,
+    /// How many of its connections the client has given up (closed): HTTP/2's keep-alive
+    /// closes one that answers nothing for 15 s, which is how a request waiting there ended
+    /// before the store stopped waiting on one member.
+    given_up: Arc<AtomicUsize>,
 }
 
 impl Proxy {
@@ -30,23 +34,37 @@ impl Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let silent = Arc::new(AtomicBool::new(false));
+        let given_up = Arc::new(AtomicUsize::new(0));
         let flag = Arc::clone(&silent);
+        let closed = Arc::clone(&given_up);
         thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                thread::spawn(move || pump(client, server, None));
+                let closed = Arc::clone(&closed);
+                thread::spawn(move || {
+                    pump(client, server, None);
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
                 let flag = Arc::clone(&flag);
                 thread::spawn(move || pump(s2, c2, Some(flag)));
             }
         });
-        Proxy { port, silent }
+        Proxy {
+            port,
+            silent,
+            given_up,
+        }
     }
 
     fn silence(&self) {
         self.silent.store(true, Ordering::SeqCst);
+    }
+
+    fn given_up(&self) -> usize {
+        self.given_up.load(Ordering::SeqCst)
     }
 }
 
@@ -168,4 +186,41 @@ fn a_write_that_committed_while_its_answer_was_lost_is_never_reported_unwritten(
 fn endpoints_of(url: &str) -> String {
     let rest = url.strip_prefix("etcd://").unwrap();
     rest.split('/').next().unwrap().to_owned()
+}
+
+/// A host named `name` on the cluster at `url`, with the default sweep (30 s): what it does
+/// within seconds, its watch and campaign did, not a sweep.
+fn host_at(url: &str, name: &str) -> Env {
+    Env::with_settings(&format!(
+        r#"{{"host": "{name}", "store": {{"url": "{url}", "leaseTtlS": 2}}}}"#
+    ))
+}
+
+/// The review's first finding: the standby's campaign sat on a member it could no longer
+/// reach (a split, a bridge) until HTTP/2's keep-alive gave the connection up, while its lease,
+/// renewed through another member, kept its key the oldest: no daemon led for about 15 s. The
+/// campaign now asks one bounded request at a time, each on the first member that answers:
+/// the standby takes over through another member while the silent one's connection is still
+/// open, never having had to give it up.
+#[test]
+fn a_standby_whose_member_went_silent_takes_over_through_another() {
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let da = a.daemon();
+    wait_leading(&a);
+    let proxy = Proxy::start(first_member(&cluster));
+    let b = host_at(&url_through(&cluster, &proxy), "b");
+    let _db = b.daemon();
+    b.wait_until("b to campaign (two candidates)", || {
+        cluster.count("leader/") == 2
+    });
+    proxy.silence();
+    da.kill();
+    b.wait_until("b to take over", || log(&b).contains("leading: applying"));
+    assert_eq!(
+        proxy.given_up(),
+        0,
+        "b led only once a connection to the silent member was given up:\n{}",
+        log(&b)
+    );
 }
