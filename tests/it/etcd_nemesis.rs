@@ -224,3 +224,33 @@ fn a_standby_whose_member_went_silent_takes_over_through_another() {
         log(&b)
     );
 }
+
+/// Found by the nemesis: a sender's retry under the same Idempotency-Key, arriving at a
+/// standby while its first copy still waited in the same batch, put `in/<identity>` twice in
+/// one transaction, which etcd refuses whole ("duplicate key given in txn request"): every
+/// signal of that batch was answered 500. The identity is handed over once, and the batch
+/// with it.
+#[test]
+fn a_batch_handed_over_with_the_same_identity_twice_keeps_it_once_and_the_rest() {
+    use waitpoint::settings::Location;
+    use waitpoint::store::{Forwarded, Role, Store, etcd::Etcd};
+    let cluster = Cluster::start();
+    let b = host(&cluster, "b", "");
+    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
+        panic!()
+    };
+    let standby =
+        Etcd::connect(&loc, "b", waitpoint::home::Home::new(&b.home), Role::Daemon).unwrap();
+    let item = |key: &str| -> Forwarded {
+        serde_json::from_value(serde_json::json!({
+            "key": key, "id": "wp_000000000001", "secret_sha256": "00", "status": "ok",
+            "source": format!("http:{key}"), "host": "b",
+            "queued_at": "2026-12-04T16:00:00.000Z",
+        }))
+        .unwrap()
+    };
+    let batch = [item("first"), item("again"), item("again"), item("last")];
+    let handed = standby.forward(&batch);
+    assert!(handed.is_ok(), "{handed:?}");
+    assert_eq!(cluster.count("in/"), 3);
+}
