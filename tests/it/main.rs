@@ -17,6 +17,8 @@ mod etcd;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd_cluster;
 #[cfg(feature = "etcd")]
+mod etcd_nemesis;
+#[cfg(feature = "etcd")]
 mod etcd_security;
 mod events;
 #[cfg(feature = "failpoints")]

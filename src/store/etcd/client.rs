@@ -152,6 +152,23 @@ impl Etcd {
         })
     }
 
+    /// One transaction, through the members as [`call`](Self::call) sends it, and whether a
+    /// member asked before the one that answered went without an answer (so an earlier copy
+    /// of it may have committed: see [`Members::run_noting`]).
+    pub(super) fn txn_noting(
+        &self,
+        what: &str,
+        req: EtcdTxnReq,
+    ) -> Result<(etcd_client::TxnResponse, bool)> {
+        self.rt()
+            .block_on(self.members.run_noting(REQUEST_TIMEOUT, |mut c| {
+                let req = req.clone();
+                async move { c.txn(req).await }
+            }))
+            .map(|(v, _, retried)| (v, retried))
+            .map_err(|e| store_error(&self.loc, what, e))
+    }
+
     /// Sends `ops` in transactions of at most [`MAX_TXN_OPS`] each, one after the other: for
     /// writes that need not be whole (each op stands alone and is safe to send twice).
     pub(super) fn in_chunks(&self, what: &str, ops: Vec<TxnOp>) -> Result<()> {

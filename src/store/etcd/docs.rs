@@ -9,6 +9,7 @@ use etcd_client::{Compare, CompareOp, TxnOp};
 use crate::error::Result;
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::to_json;
+use crate::store::etcd::fence::Proof;
 use crate::store::{Doc, DocTxn, Docs};
 
 impl Etcd {
@@ -88,8 +89,11 @@ impl<T: Doc> DocTxn<T> for EtcdDocs<'_, T> {
         let mut compares = Vec::new();
         let mut ops = Vec::new();
         let mut channels = std::collections::HashSet::new();
+        // Each document as this transaction writes it (see `Proof`).
+        let mut proof = Proof::default();
         for doc in docs {
             let key = self.store.keys.doc(T::KIND, doc.id());
+            proof.value(key.clone(), to_json(doc));
             ops.push(TxnOp::put(key.clone(), to_json(doc), None));
             compares.push(match self.read.get(doc.id()) {
                 Some(rev) => Compare::mod_revision(key, CompareOp::Equal, *rev),
@@ -107,7 +111,9 @@ impl<T: Doc> DocTxn<T> for EtcdDocs<'_, T> {
             });
         }
         let what = "cannot write a timer or callback";
-        let rev = self.store.commit(what, compares, ops, T::KIND.fenced())?;
+        let rev = self
+            .store
+            .commit(what, compares, ops, T::KIND.fenced(), &proof)?;
         for doc in docs {
             self.read.insert(doc.id().to_owned(), rev);
         }

@@ -1,8 +1,12 @@
 //! The election of the daemon that applies signals: a campaign on a kept-alive lease, the
 //! fence taken when it wins and dropped the moment the lease may have run out, and the lease's
-//! renewals moved to the next member when theirs stops answering. A daemon that stops leading
-//! campaigns again on a new lease; dropping the campaign revokes its lease, so a standby takes
-//! over at once.
+//! renewals moved to the next member when theirs stops answering. The campaign is etcd's
+//! election made of bounded requests (a candidate key per lease, the oldest leads), each on the
+//! first member that answers, so no member that went silent holds it (issue 40: a campaign
+//! waiting on a cut-off member kept every daemon from leading for 15 s). A daemon that stops
+//! leading campaigns again on a new lease; its old lease is revoked, again and again while the
+//! cluster has no quorum, and dropping the campaign revokes its lease, so a standby takes over
+//! at once.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -12,7 +16,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::REQUEST_TIMEOUT;
-use crate::store::etcd::endpoints::{self, CallError, Members};
+use crate::store::etcd::endpoints::{CallError, Members};
 use crate::store::etcd::fence::Fence;
 use crate::sync::MutexExt;
 
@@ -55,7 +59,7 @@ impl Etcd {
 
 /// One lease: campaign on it, lead while it lives.
 async fn lead_once(
-    members: &Members,
+    members: &Arc<Members>,
     fence: &Mutex<Option<Fence>>,
     name: &[u8],
     host: &str,
@@ -76,29 +80,22 @@ async fn lead_once(
     let expires = Mutex::new(asked + Duration::from_secs(ttl as u64));
     let renewals = keep_alive(members, id, ttl, &expires);
     let campaign = async {
-        // A campaign waits (for as long as another daemon leads), so it is no request with a
-        // time limit: it runs on one member, and when that member fails the campaign ends and
-        // the next one, on a new lease, starts on the next member.
-        let at = members.preferred();
-        let asked = async {
-            let mut c = members.client(at).await?;
-            c.campaign(name.to_vec(), host.as_bytes().to_vec(), id)
-                .await
-        };
-        let resp = match asked.await {
-            Ok(resp) => resp,
-            Err(e) => {
-                if endpoints::unavailable(&e) {
-                    members.failed(at);
-                }
-                return Err(format!("campaign failed on {}: {e}", members.endpoint(at)));
+        // The campaign is etcd's election done here, one bounded request at a time, each on
+        // the first member that answers: this lease's key under the election's name (created
+        // once), then the oldest key under the name, read again every [`CAMPAIGN_POLL`] until
+        // it is this one. etcd's own Campaign call waits on one member; when that member was
+        // cut off, the wait sat there (for HTTP/2's keep-alive, 15 s) while the lease, renewed
+        // through another member, kept this key the oldest, and no daemon led.
+        let ours = candidate_key(name, id);
+        let leader = loop {
+            match oldest_candidate(members, name, &ours, host, id).await {
+                Ok(Some(leader)) => break leader,
+                Ok(None) => {}
+                Err(e) => tracing::debug!("campaign: {e}; asking again"),
             }
+            tokio::time::sleep(CAMPAIGN_POLL).await;
         };
-        let leader = resp.leader().ok_or("the campaign named no leader")?;
-        *fence.lock_or_recover() = Some(Fence {
-            key: leader.key().to_vec(),
-            rev: leader.rev(),
-        });
+        *fence.lock_or_recover() = Some(leader);
         tracing::info!(lease = id, "leading: this daemon applies signals now");
         on_change(true);
         // Lead until the lease is near its end without a renewal: stop a little before the
@@ -120,12 +117,96 @@ async fn lead_once(
         r = renewals => r,
         r = campaign => r,
     };
-    let _ = members
-        .run(Duration::from_secs(1), |mut c| async move {
-            c.lease_revoke(id).await
-        })
-        .await;
+    // The lease goes at once, so another daemon leads without waiting for it to run out; a
+    // cluster without a quorum cannot revoke it, and a new raft leader gives every lease its
+    // whole TTL again, so the revoke is tried until it is done (or the lease is gone), in
+    // the background: the next campaign need not wait for it.
+    tokio::spawn(revoke_until_done(Arc::clone(members), id));
     result
+}
+
+/// How often a candidate reads whether its key is now the oldest.
+const CAMPAIGN_POLL: Duration = Duration::from_millis(200);
+
+/// The key of the candidate on lease `id` under the election `name`, as etcd's own election
+/// names it (`<name>/<lease in hex>`), so `doctor`'s leader query reads it.
+fn candidate_key(name: &[u8], id: i64) -> Vec<u8> {
+    let mut key = name.to_vec();
+    key.extend_from_slice(format!("/{id:x}").as_bytes());
+    key
+}
+
+/// Puts this candidate's key (under its lease, once: a key already there is kept with its
+/// creation revision) and reads the oldest candidate, in one transaction on the first member
+/// that answers (each member given at most its attempt timeout). Returns the
+/// fence when the oldest is this one.
+async fn oldest_candidate(
+    members: &Members,
+    name: &[u8],
+    ours: &[u8],
+    host: &str,
+    id: i64,
+) -> std::result::Result<Option<Fence>, String> {
+    use etcd_client::{
+        Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+        TxnOpResponse,
+    };
+    let mut prefix = name.to_vec();
+    prefix.push(b'/');
+    let oldest = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let req = Txn::new()
+        .when(vec![Compare::create_revision(
+            ours.to_vec(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then(vec![
+            TxnOp::put(
+                ours.to_vec(),
+                host.as_bytes().to_vec(),
+                Some(PutOptions::new().with_lease(id)),
+            ),
+            TxnOp::get(prefix.clone(), Some(oldest.clone())),
+        ])
+        .or_else(vec![TxnOp::get(prefix, Some(oldest))]);
+    let (resp, _) = members
+        .run(REQUEST_TIMEOUT, |mut c| {
+            let req = req.clone();
+            async move { c.txn(req).await }
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    let first = resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g
+            .kvs()
+            .first()
+            .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+        _ => None,
+    });
+    Ok(match first {
+        Some((key, rev)) if key == ours => Some(Fence { key, rev }),
+        _ => None,
+    })
+}
+
+/// Revokes lease `id`, again every 250 ms while no member can (no quorum), for at most a
+/// minute; a lease the cluster no longer has is done.
+async fn revoke_until_done(members: Arc<Members>, id: i64) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        match members
+            .run(Duration::from_secs(2), |mut c| async move {
+                c.lease_revoke(id).await
+            })
+            .await
+        {
+            Ok(_) | Err(CallError::Refused(_)) => return,
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
 }
 
 /// Renews lease `id` while it lives, moving `expires` on with each renewal. The renewals run

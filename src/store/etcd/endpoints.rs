@@ -109,8 +109,21 @@ impl Members {
     pub async fn run<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         budget: Duration,
-        mut f: impl FnMut(Client) -> F,
+        f: impl FnMut(Client) -> F,
     ) -> Result<(T, usize), CallError> {
+        self.run_noting(budget, f).await.map(|(v, i, _)| (v, i))
+    }
+
+    /// [`run`](Self::run), also telling whether a member before the one that answered was
+    /// asked and gave no answer: that copy of the request may have been applied all the same
+    /// (a member that went silent after it passed the request on, an answer lost on the way),
+    /// so a write the answering member refused on its comparisons may be the first copy's own
+    /// doing, and is read back before it is called unwritten (`Etcd::commit`).
+    pub async fn run_noting<T, F: Future<Output = Result<T, etcd_client::Error>>>(
+        &self,
+        budget: Duration,
+        mut f: impl FnMut(Client) -> F,
+    ) -> Result<(T, usize, bool), CallError> {
         let deadline = Instant::now() + budget;
         let mut failures = Vec::new();
         let n = self.endpoints.len();
@@ -131,7 +144,7 @@ impl Members {
             match tokio::time::timeout(limit, attempt).await {
                 Ok(Ok(v)) => {
                     self.answered(i);
-                    return Ok((v, i));
+                    return Ok((v, i, !failures.is_empty()));
                 }
                 Ok(Err(e)) if !unavailable(&e) => {
                     self.answered(i);

@@ -86,16 +86,60 @@ pub(super) fn refusal(
     }
 }
 
+/// What only a commit's own transaction leaves in the cluster: keys it creates that nobody
+/// else would (a new waitpoint's random id: `None`, any value) or values nobody else would
+/// write (a record with its sequence number and arrival time, a state or timer as this commit
+/// decided it). A transaction whose first copy went unanswered and whose second copy failed
+/// its comparisons is read back through these before it is called unwritten: if the first
+/// copy committed, the second failed because of it.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Proof(pub(super) Vec<(Vec<u8>, Option<Vec<u8>>)>);
+
+impl Proof {
+    pub(super) fn key(&mut self, key: Vec<u8>) {
+        self.0.push((key, None));
+    }
+
+    pub(super) fn value(&mut self, key: Vec<u8>, value: Vec<u8>) {
+        self.0.push((key, Some(value)));
+    }
+}
+
+/// The revision at which `proof`'s transaction committed, given each of its keys as read back
+/// at one revision (its value and modification revision; `None` when absent), or `None` when
+/// that is not shown: a key missing, a value that differs. With nothing to read back (an empty
+/// proof), nothing is shown.
+pub(super) fn committed_at(proof: &Proof, found: &[Option<(Vec<u8>, i64)>]) -> Option<i64> {
+    if proof.0.is_empty() || found.len() != proof.0.len() {
+        return None;
+    }
+    let mut at = 0;
+    for ((_, want), got) in proof.0.iter().zip(found) {
+        let (value, rev) = got.as_ref()?;
+        if want.as_ref().is_some_and(|w| w != value) {
+            return None;
+        }
+        at = at.max(*rev);
+    }
+    Some(at)
+}
+
 impl Etcd {
     /// Commits `ops` if `compares` hold and, for a `fenced` write of a daemon, its leadership
     /// does too; returns the new revision. A daemon that does not lead is refused without a
     /// request; one whose lease lapsed is refused by the cluster and stops believing it leads.
+    ///
+    /// A refusal that came after a member went silent holding an earlier copy of the same
+    /// transaction is read back through `proof` (one read of its keys, at one revision) before
+    /// it is answered: when the earlier copy committed, the commit is answered as done, never
+    /// as "nothing was written".
     pub(super) fn commit(
         &self,
         what: &str,
         compares: Vec<Compare>,
         ops: Vec<TxnOp>,
         fenced: bool,
+        proof: &Proof,
     ) -> Result<i64> {
         if ops.len() > MAX_TXN_OPS {
             return Err(store_error(
@@ -106,9 +150,23 @@ impl Etcd {
         }
         let held = self.fence.lock_or_recover().clone();
         let fence = fence_for(fenced, self.role, held, self.loc.lease_ttl_s)?;
-        let resp = self.txn(what, fenced_txn(compares, ops, fence.as_ref()))?;
-        if resp.succeeded() {
-            let rev = resp.header().map_or(0, |h| h.revision());
+        let (resp, retried) = self.txn_noting(what, fenced_txn(compares, ops, fence.as_ref()))?;
+        let done = if resp.succeeded() {
+            Some(resp.header().map_or(0, |h| h.revision()))
+        } else if retried {
+            let rev = self.read_back(what, proof)?;
+            if let Some(r) = rev {
+                tracing::info!(
+                    revision = r,
+                    "{what}: an earlier copy of this transaction, sent to a member that gave no \
+                     answer, had committed; read back, it is answered as done"
+                );
+            }
+            rev
+        } else {
+            None
+        };
+        if let Some(rev) = done {
             let mut own = self.own.lock_or_recover();
             if own.len() >= OWN_REVISIONS {
                 own.pop_front();
@@ -133,14 +191,41 @@ impl Etcd {
         Err(err)
     }
 
+    /// Reads `proof`'s keys back at one revision: the revision its transaction committed at,
+    /// if it did ([`committed_at`]).
+    fn read_back(&self, what: &str, proof: &Proof) -> Result<Option<i64>> {
+        if proof.0.is_empty() {
+            return Ok(None);
+        }
+        let mut found = Vec::with_capacity(proof.0.len());
+        for chunk in proof.0.chunks(MAX_TXN_OPS) {
+            let gets = chunk
+                .iter()
+                .map(|(k, _)| TxnOp::get(k.clone(), None))
+                .collect::<Vec<_>>();
+            let resp = self.txn(what, EtcdTxnReq::new().and_then(gets))?;
+            found.extend(resp.op_responses().into_iter().map(|r| {
+                match r {
+                    etcd_client::TxnOpResponse::Get(g) => g
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
+                    _ => None,
+                }
+            }));
+        }
+        Ok(committed_at(proof, &found))
+    }
+
     /// [`commit`](Self::commit), fenced: a waitpoint's or a timer's write.
     pub(super) fn guarded(
         &self,
         what: &str,
         compares: Vec<Compare>,
         ops: Vec<TxnOp>,
+        proof: &Proof,
     ) -> Result<i64> {
-        self.commit(what, compares, ops, true)
+        self.commit(what, compares, ops, true, proof)
     }
 
     /// The creation revision of the election key this daemon leads under, if it leads.
@@ -206,6 +291,38 @@ mod tests {
             .and_then(put())
             .or_else(vec![TxnOp::get(f.key.clone(), None)]);
         assert_ne!(format!("{sent:?}"), format!("{by_mod:?}"));
+    }
+
+    #[test]
+    fn a_commit_is_shown_done_only_when_every_key_of_its_proof_is_there_as_it_wrote_it() {
+        let mut proof = Proof::default();
+        proof.key(b"wp/new".to_vec());
+        proof.value(b"rec/1".to_vec(), b"record".to_vec());
+        let found = |a: Option<(&[u8], i64)>, b: Option<(&[u8], i64)>| {
+            [a, b].map(|x| x.map(|(v, r)| (v.to_vec(), r))).to_vec()
+        };
+        // A created key shows with any value; a written one only with its value.
+        assert_eq!(
+            committed_at(
+                &proof,
+                &found(Some((b"changed since", 9)), Some((b"record", 7)))
+            ),
+            Some(9)
+        );
+        assert_eq!(
+            committed_at(&proof, &found(None, Some((b"record", 7)))),
+            None
+        );
+        assert_eq!(
+            committed_at(
+                &proof,
+                &found(Some((b"x", 7)), Some((b"another record", 7)))
+            ),
+            None
+        );
+        assert_eq!(committed_at(&proof, &found(Some((b"x", 7)), None)), None);
+        // Nothing to read back shows nothing.
+        assert_eq!(committed_at(&Proof::default(), &[]), None);
     }
 
     #[test]

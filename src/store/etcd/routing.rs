@@ -60,13 +60,18 @@ impl Etcd {
     /// Keeps signals for the leader under `in/<identity>`, in as few transactions as take
     /// them: at most [`MAX_TXN_OPS`] keys and [`MAX_TXN_BYTES`] of values each (a signal may
     /// carry 64 KiB, and etcd refuses a request past 1.5 MiB unless told otherwise).
+    ///
+    /// One identity goes once: a sender's retry that arrives while its first copy waits in the
+    /// same batch (the nemesis's clients, after a timeout) is the same signal, and etcd refuses
+    /// a whole transaction that names a key twice, which failed every signal of the batch.
     pub(super) fn hand_over(&self, items: &[Forwarded]) -> Result<()> {
         let send = |ops: Vec<TxnOp>| {
             self.txn("cannot hand signals over", EtcdTxnReq::new().and_then(ops))
                 .map(drop)
         };
         let (mut ops, mut bytes) = (Vec::new(), 0);
-        for f in items {
+        let mut seen = std::collections::HashSet::new();
+        for f in items.iter().filter(|f| seen.insert(f.key.as_str())) {
             let value = to_json(f);
             if !ops.is_empty() && (ops.len() == MAX_TXN_OPS || bytes + value.len() > MAX_TXN_BYTES)
             {

@@ -11,6 +11,7 @@ use crate::records::Waitpoint;
 use crate::request::record_key;
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::{Fetched, MAX_TXN_OPS, to_json};
+use crate::store::etcd::fence::Proof;
 use crate::store::{Change, Txn, Version};
 
 /// A transaction: the revisions it read, which every write compares.
@@ -77,10 +78,13 @@ impl Txn for EtcdTxn<'_> {
         let rev = self.read_rev(&wp.id)?;
         let key = self.store.keys.waitpoint(&wp.id);
         let compares = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let mut proof = Proof::default();
+        proof.value(key.clone(), to_json(wp));
         let new = self.store.guarded(
             "cannot write a waitpoint",
             compares,
             vec![TxnOp::put(key, to_json(wp), None)],
+            &proof,
         )?;
         self.read.insert(wp.id.clone(), new);
         Ok(())
@@ -104,8 +108,14 @@ impl Txn for EtcdTxn<'_> {
                 None,
             ));
         }
-        self.store
-            .guarded("cannot remove a waitpoint", compares, ops)?;
+        // A removal leaves nothing only it could have left: a refusal stands as it is (the
+        // waitpoint, read again, is gone or changed either way).
+        self.store.guarded(
+            "cannot remove a waitpoint",
+            compares,
+            ops,
+            &Proof::default(),
+        )?;
         self.read.remove(&wp.id);
         Ok(())
     }
@@ -120,6 +130,9 @@ impl Txn for EtcdTxn<'_> {
         }
         let mut compares = Vec::new();
         let mut ops = Vec::new();
+        // The records: written once, each with its sequence number and arrival time, so
+        // finding them as written shows this commit was applied.
+        let mut proof = Proof::default();
         for c in changes {
             let id = &c.change.state.id;
             let rev = self.read_rev(id)?;
@@ -135,6 +148,7 @@ impl Txn for EtcdTxn<'_> {
             for r in &c.change.records {
                 let k = self.store.keys.record_of(id, r);
                 compares.push(Compare::version(k.clone(), CompareOp::Equal, 0));
+                proof.value(k.clone(), to_json(r));
                 ops.push(TxnOp::put(k, to_json(r), None));
             }
             for w in &c.change.wakes {
@@ -158,7 +172,16 @@ impl Txn for EtcdTxn<'_> {
                     .map(|k| TxnOp::delete(self.store.keys.handed_over(k), None)),
             );
         }
-        let rev = self.store.guarded("cannot commit signals", compares, ops)?;
+        if proof.0.is_empty() {
+            // A batch that records nothing (a deadline, a cancel) is shown by its states.
+            for c in changes {
+                let id = &c.change.state.id;
+                proof.value(self.store.keys.waitpoint(id), to_json(&c.change.state));
+            }
+        }
+        let rev = self
+            .store
+            .guarded("cannot commit signals", compares, ops, &proof)?;
         if forgets {
             self.store.settled_by_commit(recorded);
         }

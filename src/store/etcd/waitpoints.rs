@@ -12,6 +12,7 @@ use crate::home::Home;
 use crate::names::is_waitpoint_id;
 use crate::records::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::store::etcd::client::to_json;
+use crate::store::etcd::fence::Proof;
 use crate::store::etcd::txn::EtcdTxn;
 use crate::store::etcd::{Etcd, MAX_BATCH};
 use crate::store::{Check, Docs, Forwarded, Hint, Role, Store, Txn};
@@ -88,7 +89,10 @@ impl Store for Etcd {
         }
         let absent = vec![Compare::version(key, CompareOp::Equal, 0)];
         // A command arms; the fence is a daemon's (an import runs as a command too).
-        self.guarded("cannot create a waitpoint", absent, ops)?;
+        // A waitpoint's id is random: its key there shows this create committed.
+        let mut proof = Proof::default();
+        proof.key(self.keys.waitpoint(&wp.id));
+        self.guarded("cannot create a waitpoint", absent, ops, &proof)?;
         self.channels
             .lock_or_recover()
             .insert(wp.channel.clone(), self.host.clone());

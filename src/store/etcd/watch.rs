@@ -1,11 +1,13 @@
 //! The etcd store's watch: one watch on the whole prefix, turned into the owner's hints
 //! (waitpoints that changed, timers, callbacks, signals handed over, wakes for this host),
-//! resumed where it broke off on the next member, and a resync only when the history it
-//! missed was compacted away.
+//! resumed where it broke off on the next member (when its stream breaks, or its member
+//! answers nothing, not even a progress request, for [`WATCH_SILENCE`]: a cut-off or paused
+//! member is otherwise noticed only by HTTP/2's keep-alive, 15 s later), and a resync only when
+//! the history it missed was compacted away.
 
 use std::any::Any;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use etcd_client::{EventType, WatchOptions};
 
@@ -15,6 +17,12 @@ use crate::store::etcd::Etcd;
 use crate::store::etcd::client::REQUEST_TIMEOUT;
 use crate::store::etcd::keys::Watched;
 use crate::sync::MutexExt;
+
+/// How often a watch asks its member for progress (an answer with the member's revision).
+const WATCH_PROBE: Duration = Duration::from_millis(500);
+/// How long a watch waits with nothing from its member (no event, no progress answer) before
+/// it resumes on the next member: a healthy member answers a progress request in milliseconds.
+const WATCH_SILENCE: Duration = Duration::from_millis(2000);
 
 impl Etcd {
     /// One watch on the whole prefix: waitpoints that changed, signals handed over, wakes for
@@ -44,11 +52,42 @@ impl Etcd {
                         async move { c.watch(prefix, Some(opts)).await }
                     })
                     .await;
-                if let Ok((mut stream, at)) = opened {
+                if let Ok((stream, at)) = opened {
                     // Whether the watch ended through its member's failure (the stream broke,
-                    // the member lost its leader) rather than a compaction.
+                    // the member lost its leader, it went silent) rather than a compaction.
                     let mut failed = true;
-                    while let Ok(Some(resp)) = stream.message().await {
+                    // A member cut off from this host, or paused, shows only as silence, which
+                    // HTTP/2's keep-alive takes 15 s to call broken: progress is asked for
+                    // every WATCH_PROBE, and a member that answers nothing for WATCH_SILENCE
+                    // is left for the next.
+                    let (mut asker, mut replies) = stream.split();
+                    let mut heard = Instant::now();
+                    let mut probe = tokio::time::interval(WATCH_PROBE);
+                    loop {
+                        let resp = tokio::select! {
+                            r = replies.message() => match r {
+                                Ok(Some(resp)) => resp,
+                                Ok(None) => break,
+                                Err(e) => {
+                                    tracing::warn!(member = members.endpoint(at), revision = next, "the watch broke ({e}); resuming it on the next member");
+                                    break;
+                                }
+                            },
+                            _ = probe.tick() => {
+                                if heard.elapsed() > WATCH_SILENCE {
+                                    tracing::warn!(
+                                        member = members.endpoint(at),
+                                        revision = next,
+                                        "the watch heard nothing for {} ms; resuming it on the next member",
+                                        WATCH_SILENCE.as_millis()
+                                    );
+                                    break;
+                                }
+                                let _ = asker.request_progress().await;
+                                continue;
+                            }
+                        };
+                        heard = Instant::now();
                         if resp.canceled() {
                             if resp.compact_revision() > 0 {
                                 // What happened before the compaction is gone: the owner reads

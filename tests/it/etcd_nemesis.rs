@@ -1,0 +1,256 @@
+//! The etcd store's answers under the faults `scripts/nemesis` applies (issue 40), each
+//! reproduced here on loopback against a real 3-member cluster: a member that goes silent with
+//! a request in hand is a TCP proxy in front of it that keeps passing requests on and stops
+//! passing answers back. (`tests/it/etcd.rs` holds the rest of the etcd store's tests; it is at
+//! the suite's size limit for one file.) Timing targets are the nemesis table's, not these
+//! tests': each test checks what was answered and what the cluster holds.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread;
+
+use serde_json::Value;
+
+use crate::etcd::{host, log, shown, wait_leading};
+use crate::etcd_cluster::Cluster;
+use crate::helpers::*;
+
+/// A TCP proxy in front of one member. Requests always pass; once `silence` is called the
+/// member's answers are read and dropped, as when a member is cut off after it received a
+/// request (its answer lost on the way) or holds it past the client's patience.
+struct Proxy {
+    port: u16,
+    silent: Arc<AtomicBool>,
+    /// How many of its connections the client has given up (closed): HTTP/2's keep-alive
+    /// closes one that answers nothing for 15 s, which is how a request waiting there ended
+    /// before the store stopped waiting on one member.
+    given_up: Arc<AtomicUsize>,
+}
+
+impl Proxy {
+    fn start(upstream: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let silent = Arc::new(AtomicBool::new(false));
+        let given_up = Arc::new(AtomicUsize::new(0));
+        let flag = Arc::clone(&silent);
+        let closed = Arc::clone(&given_up);
+        thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
+                    continue;
+                };
+                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                let closed = Arc::clone(&closed);
+                thread::spawn(move || {
+                    pump(client, server, None);
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+                let flag = Arc::clone(&flag);
+                thread::spawn(move || pump(s2, c2, Some(flag)));
+            }
+        });
+        Proxy {
+            port,
+            silent,
+            given_up,
+        }
+    }
+
+    fn silence(&self) {
+        self.silent.store(true, Ordering::SeqCst);
+    }
+
+    fn given_up(&self) -> usize {
+        self.given_up.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` until either closes; with `drop_when` set, what is read is thrown
+/// away instead.
+fn pump(mut from: TcpStream, mut to: TcpStream, drop_when: Option<Arc<AtomicBool>>) {
+    let mut buf = [0u8; 16384];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if drop_when.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            return;
+        }
+    }
+}
+
+/// The client port of the cluster's first member, and its URL with that member reached
+/// through `proxy` instead.
+fn first_member(cluster: &Cluster) -> u16 {
+    let rest = endpoints_of(&cluster.url());
+    let first = rest.split(',').next().unwrap();
+    first.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+fn url_through(cluster: &Cluster, proxy: &Proxy) -> String {
+    let rest = cluster.url();
+    let (_, tail) = rest.split_once(',').unwrap();
+    format!("etcd://127.0.0.1:{},{tail}", proxy.port)
+}
+
+/// A key under a lease of its own, standing for a daemon's election key: its creation revision
+/// is the fence a write carries; revoking the lease is the lease lapsing.
+fn leadership(cluster: &Cluster) -> (Vec<u8>, i64, String) {
+    let out = cluster.ctl(&["lease", "grant", "60"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // "lease 694d8c1ac5b1f60b granted with TTL(60s)"
+    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
+    let key = "t/leader/nemesis-test";
+    assert!(
+        cluster
+            .ctl(&["put", "--lease", &lease, key, "a"])
+            .status
+            .success()
+    );
+    let got = cluster.ctl(&["get", key, "-w", "json"]);
+    let v: Value = serde_json::from_slice(&got.stdout).unwrap();
+    let rev = v["kvs"][0]["create_revision"].as_i64().unwrap();
+    (key.as_bytes().to_vec(), rev, lease)
+}
+
+/// The review's third finding: the leader paused across its lease. Its commit reached a member
+/// and committed while the fence held; the member's answer never came back; after the
+/// per-member timeout the same transaction went to the next member, where the fence no longer
+/// held (the lease had lapsed), and the daemon answered "nothing was written" (a lost lease),
+/// which made an HTTP client send the signal again. The commit is read back at the revision
+/// before it is answered: it is reported done, and the cluster holds it once.
+#[test]
+fn a_write_that_committed_while_its_answer_was_lost_is_never_reported_unwritten() {
+    use waitpoint::settings::Location;
+    use waitpoint::store::{Role, Store, etcd::Etcd};
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let (id, _) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let (key, rev, lease) = leadership(&cluster);
+
+    let proxy = Proxy::start(first_member(&cluster));
+    let url = url_through(&cluster, &proxy);
+    let Location::Etcd(mut loc) = Location::parse(&url).unwrap() else {
+        panic!()
+    };
+    loc.lease_ttl_s = 2;
+    let leader =
+        Etcd::connect(&loc, "a", waitpoint::home::Home::new(&a.home), Role::Daemon).unwrap();
+    leader.believe_leading(key, rev);
+    let mut txn = leader.begin().unwrap();
+    let (mut wp, _) = txn.read(&id).unwrap().unwrap();
+    wp.label = "written once".into();
+
+    // The member goes silent; once the write is in the cluster, the lease lapses, before the
+    // daemon gives up on that member and sends the transaction to the next.
+    proxy.silence();
+    let lapse = {
+        let url = cluster.url();
+        let id = id.clone();
+        thread::spawn(move || {
+            let ctl = |args: &[&str]| {
+                std::process::Command::new(crate::etcd_cluster::ETCDCTL)
+                    .env("ETCDCTL_API", "3")
+                    .args(["--endpoints", &endpoints_of(&url)])
+                    .args(args)
+                    .output()
+                    .unwrap()
+            };
+            let written = || {
+                String::from_utf8_lossy(&ctl(&["get", &format!("t/wp/{id}")]).stdout)
+                    .contains("written once")
+            };
+            while !written() {
+                thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert!(ctl(&["lease", "revoke", &lease]).status.success());
+        })
+    };
+    let answer = txn.put(&wp);
+    lapse.join().unwrap();
+    assert!(
+        answer.is_ok(),
+        "a committed write was answered as unwritten: {answer:?}"
+    );
+    assert_eq!(shown(&a, &id)["label"], "written once");
+}
+
+/// `host:port,host:port` of an `etcd://…/prefix` URL.
+fn endpoints_of(url: &str) -> String {
+    let rest = url.strip_prefix("etcd://").unwrap();
+    rest.split('/').next().unwrap().to_owned()
+}
+
+/// A host named `name` on the cluster at `url`, with the default sweep (30 s): what it does
+/// within seconds, its watch and campaign did, not a sweep.
+fn host_at(url: &str, name: &str) -> Env {
+    Env::with_settings(&format!(
+        r#"{{"host": "{name}", "store": {{"url": "{url}", "leaseTtlS": 2}}}}"#
+    ))
+}
+
+/// The review's first finding: the standby's campaign sat on a member it could no longer
+/// reach (a split, a bridge) until HTTP/2's keep-alive gave the connection up, while its lease,
+/// renewed through another member, kept its key the oldest: no daemon led for about 15 s. The
+/// campaign now asks one bounded request at a time, each on the first member that answers:
+/// the standby takes over through another member while the silent one's connection is still
+/// open, never having had to give it up.
+#[test]
+fn a_standby_whose_member_went_silent_takes_over_through_another() {
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let da = a.daemon();
+    wait_leading(&a);
+    let proxy = Proxy::start(first_member(&cluster));
+    let b = host_at(&url_through(&cluster, &proxy), "b");
+    let _db = b.daemon();
+    b.wait_until("b to campaign (two candidates)", || {
+        cluster.count("leader/") == 2
+    });
+    proxy.silence();
+    da.kill();
+    b.wait_until("b to take over", || log(&b).contains("leading: applying"));
+    assert_eq!(
+        proxy.given_up(),
+        0,
+        "b led only once a connection to the silent member was given up:\n{}",
+        log(&b)
+    );
+}
+
+/// Found by the nemesis: a sender's retry under the same Idempotency-Key, arriving at a
+/// standby while its first copy still waited in the same batch, put `in/<identity>` twice in
+/// one transaction, which etcd refuses whole ("duplicate key given in txn request"): every
+/// signal of that batch was answered 500. The identity is handed over once, and the batch
+/// with it.
+#[test]
+fn a_batch_handed_over_with_the_same_identity_twice_keeps_it_once_and_the_rest() {
+    use waitpoint::settings::Location;
+    use waitpoint::store::{Forwarded, Role, Store, etcd::Etcd};
+    let cluster = Cluster::start();
+    let b = host(&cluster, "b", "");
+    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
+        panic!()
+    };
+    let standby =
+        Etcd::connect(&loc, "b", waitpoint::home::Home::new(&b.home), Role::Daemon).unwrap();
+    let item = |key: &str| -> Forwarded {
+        serde_json::from_value(serde_json::json!({
+            "key": key, "id": "wp_000000000001", "secret_sha256": "00", "status": "ok",
+            "source": format!("http:{key}"), "host": "b",
+            "queued_at": "2026-12-04T16:00:00.000Z",
+        }))
+        .unwrap()
+    };
+    let batch = [item("first"), item("again"), item("again"), item("last")];
+    let handed = standby.forward(&batch);
+    assert!(handed.is_ok(), "{handed:?}");
+    assert_eq!(cluster.count("in/"), 3);
+}
