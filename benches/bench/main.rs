@@ -2,7 +2,7 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `cargo bench --bench bench -- [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR]`
+//! `target/release/bench [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod agents;
@@ -99,8 +99,8 @@ fn bins() -> ours::Bins {
     let from_env = |var: &str, name: &str| {
         std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
             let exe = std::env::current_exe().unwrap();
-            // target/release/deps/bench-<hash> -> target/release/<name>
-            exe.parent().unwrap().parent().unwrap().join(name)
+            // target/release/bench -> target/release/<name>
+            exe.parent().unwrap().join(name)
         })
     };
     ours::Bins {
@@ -127,6 +127,11 @@ fn main() {
     let o = options();
     let b = bins();
     std::fs::create_dir_all(&o.base).unwrap();
+    eprintln!(
+        "bench: in {}, on {}",
+        o.base.display(),
+        floor::filesystem(&o.base)
+    );
     let mut t = Table(Vec::new());
     let mut notes: Vec<String> = Vec::new();
     let body = br#"{"id":"wp_0123456789ab","secret":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","status":"ok","message":"exit=0"}"#;
@@ -434,6 +439,11 @@ fn main() {
     if o.rows.contains(&11) {
         row_page(&o, &b, &mut t, &mut notes);
     }
+    println!(
+        "Every figure below came from {}.",
+        floor::filesystem(&o.base)
+    );
+    println!();
     println!("| measure | ours | baseline (same run) | ratio | target |");
     println!("| --- | --- | --- | --- | --- |");
     for r in &t.0 {
