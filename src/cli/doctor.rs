@@ -28,7 +28,7 @@ pub fn run(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Result<u
             crate::store::Role::Command,
         )
         .transpose()
-        .map(|opened| opened.map(|st| st.health()))
+        .map(|opened| opened.map(|st| st.cluster().map(|c| c.health()).unwrap_or_default()))
     });
     let checks = doctor::run(&doctor::Inputs {
         home,

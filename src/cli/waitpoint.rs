@@ -592,10 +592,10 @@ fn wake_on_change(
 fn watch_waitpoint(
     engine: &Engine,
     id: &str,
-) -> anyhow::Result<(Box<dyn std::any::Any>, mpsc::Receiver<()>)> {
+) -> anyhow::Result<(crate::store::Guard, mpsc::Receiver<()>)> {
     if engine.store().host().is_none() {
         let (watcher, rx) = wake_on_change(&engine.home().waitpoint_dir(id))?;
-        return Ok((Box::new(watcher), rx));
+        return Ok((crate::store::Guard::new(watcher), rx));
     }
     let (tx, rx) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);

@@ -67,7 +67,11 @@ impl Daemon {
     /// application a duplicate.
     pub(super) fn apply_forwarded(&mut self) {
         while self.engine.store().applies_signals() && !self.stopping() {
-            let batch = match self.engine.store().forwarded(engine::MAX_BATCH) {
+            // Only a shared store has signals handed over.
+            let Some(cluster) = self.engine.store().cluster() else {
+                return;
+            };
+            let batch = match cluster.forwarded(engine::MAX_BATCH) {
                 Ok(b) if b.is_empty() => return,
                 Ok(b) => b,
                 Err(e) => {
@@ -106,7 +110,11 @@ impl Daemon {
                     }
                 }
             }
-            if let Err(e) = self.engine.store().settle_forwarded(&settled) {
+            let settle = match self.engine.store().cluster() {
+                Some(cluster) => cluster.settle_forwarded(&settled),
+                None => Ok(()),
+            };
+            if let Err(e) = settle {
                 // Applied but not forgotten: the next round finds them recorded (duplicates).
                 tracing::warn!("cannot forget applied handed-over signals: {e}");
                 self.retry.failed(Instant::now());
@@ -121,7 +129,10 @@ impl Daemon {
 
     /// Delivers the wakes a shared store holds for this host's inboxes.
     pub(super) fn deliver_wakes(&mut self) {
-        match self.engine.store().deliver_pending() {
+        let Some(cluster) = self.engine.store().cluster() else {
+            return;
+        };
+        match cluster.deliver_pending() {
             Ok(0) => {}
             Ok(n) => tracing::info!(wakes = n, "delivered wakes from the shared store"),
             Err(e) => {

@@ -1,8 +1,6 @@
 //! The filesystem watch: which paths are watched, and how a notification becomes an [`Event`]
 //! (a hint; the periodic sweep stays the source of truth).
 
-use std::any::Any;
-
 use crate::store::Hint;
 
 use super::{Daemon, Event};
@@ -25,7 +23,7 @@ impl Daemon {
     /// Sets up the watcher on the drop zone, the timers and the device mirrors, and the
     /// store's watch on the waitpoints. Their callbacks only forward hints; all work happens
     /// on the loop. Both stop when the returned guards drop.
-    pub(super) fn watch(&self) -> Result<(notify::RecommendedWatcher, Box<dyn Any + Send>)> {
+    pub(super) fn watch(&self) -> Result<(notify::RecommendedWatcher, crate::store::Guard)> {
         let tx = self.tx.clone();
         let drop_zone = self.spool.dir.clone();
         crate::failpoint!(

@@ -218,7 +218,15 @@ impl Engine {
             };
             verdicts.push(verdict);
         }
-        if let Err(e) = self.store.forward(&handed) {
+        let forwarded = match self.store.cluster() {
+            Some(cluster) => cluster.forward(&handed),
+            None if handed.is_empty() => Ok(()),
+            None => Err(crate::error::Error::Conflict(
+                "this store applies signals where they arrive; there is nobody to forward to"
+                    .into(),
+            )),
+        };
+        if let Err(e) = forwarded {
             for v in &mut verdicts {
                 if matches!(v, Ok(Verdict::Queued { .. })) {
                     *v = Err(e.replicate());

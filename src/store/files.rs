@@ -10,7 +10,6 @@
 //! them durable. After a crash the lines left are re-applied ([`Files::recover`]) before any
 //! state is read. See `ARCHITECTURE.md`, "Commit order".
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -323,7 +322,7 @@ impl Store for Files {
 
     /// A watcher on the waitpoints directory: a directory renamed into place is a new waitpoint
     /// (a command made it). Changes the daemon makes itself need no hint.
-    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
+    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<super::Guard> {
         use notify::{RecursiveMode, Watcher};
         let dir = self.home.waitpoints_dir();
         create_dir_private(&dir)?;
@@ -349,7 +348,7 @@ impl Store for Files {
         watcher
             .watch(&dir, RecursiveMode::NonRecursive)
             .map_err(|e| Error::io("cannot watch", &dir, io::Error::other(e.to_string())))?;
-        Ok(Box::new(watcher))
+        Ok(super::Guard::new(watcher))
     }
 
     fn needs_recovery(&self) -> bool {
@@ -390,8 +389,8 @@ impl Store for Files {
     }
 
     /// The journal's checkpointer, which syncs the files of committed batches and empties it.
-    fn background(&self) -> Result<Box<dyn Any + Send>> {
-        Ok(Box::new(journal::Checkpointer::start(
+    fn background(&self) -> Result<super::Guard> {
+        Ok(super::Guard::new(journal::Checkpointer::start(
             self.journal()?.clone(),
         )))
     }

@@ -19,6 +19,7 @@
 //!   is what makes a second copy of a signal a duplicate.
 
 mod check;
+mod cluster;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod files;
@@ -28,13 +29,13 @@ mod index;
 pub mod signal_log;
 
 use crate::settings::Location;
-use std::any::Any;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::home::Home;
 use crate::records::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
 
 pub use check::{Check, Level};
+pub use cluster::{Cluster, Guard};
 pub use files::{Files, signal_file_name};
 pub use forward::Forwarded;
 
@@ -117,7 +118,7 @@ pub fn open_shared(
     #[cfg(not(feature = "etcd"))]
     {
         let _ = (host, home, role);
-        Err(Error::Usage(format!(
+        Err(crate::error::Error::Usage(format!(
             "store {} needs a build with the etcd store: cargo install --features etcd \
              (see docs/etcd.md)",
             loc.display()
@@ -202,7 +203,7 @@ pub trait Store: Send + Sync {
     /// entries it added.
     fn rebuild_index(&self) -> Result<usize>;
     /// Calls `hint` whenever a waitpoint appears or changes, until the returned guard drops.
-    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>>;
+    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Guard>;
     /// Whether interrupted commits may have left something to finish (cheap; a command asks
     /// before it takes the daemon's lock to [`recover`](Self::recover)). The default is a
     /// store whose transactions are whole or absent: never.
@@ -230,8 +231,8 @@ pub trait Store: Send + Sync {
     }
     /// Starts the store's own background work for a long-running owner (the daemon); it runs
     /// until the returned guard drops. The default: there is none.
-    fn background(&self) -> Result<Box<dyn Any + Send>> {
-        Ok(Box::new(()))
+    fn background(&self) -> Result<Guard> {
+        Ok(Guard::nothing())
     }
 
     /// Calls `f` with every waitpoint and its records, all as of one moment where the store
@@ -255,62 +256,14 @@ pub trait Store: Send + Sync {
     /// The callbacks.
     fn callbacks(&self) -> &dyn Docs<Callback>;
 
-    // What a store shared by several hosts adds. The defaults are the single home's: this
-    // process applies signals itself and wakes go to its own inboxes.
-
-    /// The name this host goes by in a store shared by several hosts, `None` for a store of
-    /// one home. A drop-zone file's identity is qualified with it there, so the same file
-    /// name on two hosts is two signals (see [`Forwarded`]).
-    fn host(&self) -> Option<&str> {
+    /// What the store adds as one shared by several hosts; `None` for one home's files.
+    fn cluster(&self) -> Option<&dyn Cluster> {
         None
-    }
-    /// Whether this process applies signals now. On a shared store only the leading daemon
-    /// does; every other process hands them over durably with [`forward`](Self::forward).
-    fn applies_signals(&self) -> bool {
-        true
-    }
-    /// Keeps signals for the applier, durably when this returns; one key per identity, so a
-    /// signal handed over twice is kept once.
-    fn forward(&self, items: &[Forwarded]) -> Result<()> {
-        let _ = items;
-        Err(Error::Conflict(
-            "this store applies signals where they arrive; there is nobody to forward to".into(),
-        ))
-    }
-    /// Up to `max` signals handed over and not yet applied, oldest first.
-    fn forwarded(&self, max: usize) -> Result<Vec<Forwarded>> {
-        let _ = max;
-        Ok(Vec::new())
-    }
-    /// Forgets handed-over signals once their verdicts are durable.
-    fn settle_forwarded(&self, keys: &[String]) -> Result<()> {
-        let _ = keys;
-        Ok(())
     }
     /// Delivers a wake made outside a batch commit (an outbox flush) to its session's inbox,
     /// durably when this returns: into `home` here; on a shared store, to the session's host.
     fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
         crate::delivery::deliver(home, wake)
-    }
-    /// How a shared store is (members, leader, space, history); nothing for the home's files,
-    /// which `doctor` checks itself.
-    fn health(&self) -> Vec<Check> {
-        Vec::new()
-    }
-    /// Delivers the wakes that wait in the store for this host's inboxes; returns how many.
-    fn deliver_pending(&self) -> Result<usize> {
-        Ok(0)
-    }
-    /// Campaigns to be the one daemon that applies signals, until the guard drops, telling
-    /// `on_change` when this daemon starts (`true`) or stops leading. A store of one home has
-    /// no election: its daemon always leads (the home's lock makes it the only one).
-    fn lead(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Result<Box<dyn Any + Send>> {
-        on_change(true);
-        Ok(Box::new(()))
-    }
-    /// The most signals one commit may carry (a shared store's transactions are bounded).
-    fn max_batch(&self) -> usize {
-        usize::MAX
     }
 }
 

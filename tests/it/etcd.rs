@@ -380,7 +380,7 @@ fn base64_decode(text: &str) -> Vec<u8> {
 fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() {
     use waitpoint::error::{Error, ErrorKind};
     use waitpoint::settings::Location;
-    use waitpoint::store::{Role, Store, etcd::Etcd};
+    use waitpoint::store::{Cluster as _, Role, Store, etcd::Etcd};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
     let b = host(&cluster, "b", "");

@@ -233,7 +233,7 @@ fn a_standby_whose_member_went_silent_takes_over_through_another() {
 #[test]
 fn a_batch_handed_over_with_the_same_identity_twice_keeps_it_once_and_the_rest() {
     use waitpoint::settings::Location;
-    use waitpoint::store::{Forwarded, Role, Store, etcd::Etcd};
+    use waitpoint::store::{Cluster as _, Forwarded, Role, etcd::Etcd};
     let cluster = Cluster::start();
     let b = host(&cluster, "b", "");
     let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {

@@ -3,7 +3,6 @@
 //! it), and that the engine reaches waitpoints only through it: with the memory store, the
 //! home's `waitpoints/` stays empty while waitpoints are armed, signalled and resolved.
 
-use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -164,8 +163,8 @@ impl Store for Memory {
     fn rebuild_index(&self) -> Result<usize> {
         Ok(0)
     }
-    fn watch(&self, _hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
-        Ok(Box::new(()))
+    fn watch(&self, _hint: Box<dyn Fn(Hint) + Send>) -> Result<waitpoint::store::Guard> {
+        Ok(waitpoint::store::Guard::nothing())
     }
 }
 

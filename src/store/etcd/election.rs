@@ -8,7 +8,6 @@
 //! cluster has no quorum, and dropping the campaign revokes its lease, so a standby takes over
 //! at once.
 
-use std::any::Any;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +24,7 @@ impl Etcd {
     /// daemon starts or stops leading. The lease is kept alive while the campaign waits; when
     /// a renewal fails or the lease runs out, leadership is given up at once (the fence stops
     /// writes server-side anyway) and a new campaign starts on a new lease.
-    pub fn campaign(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Box<dyn Any + Send> {
+    pub fn campaign(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> crate::store::Guard {
         let members = Arc::clone(&self.members);
         let fence = Arc::clone(&self.fence);
         let name = self.keys.election();
@@ -47,7 +46,7 @@ impl Etcd {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
-        Box::new(Campaign {
+        crate::store::Guard::new(Campaign {
             task: task.abort_handle(),
             lease,
             members: Arc::clone(&self.members),

@@ -2,7 +2,6 @@
 //! export, an import); what a shared store adds is answered by the file that owns it (the
 //! watch, the election, hand-over and routing, health).
 
-use std::any::Any;
 use std::collections::HashMap;
 
 use etcd_client::{Compare, CompareOp, TxnOp};
@@ -15,7 +14,7 @@ use crate::store::etcd::client::to_json;
 use crate::store::etcd::fence::Proof;
 use crate::store::etcd::txn::EtcdTxn;
 use crate::store::etcd::{Etcd, MAX_BATCH};
-use crate::store::{Check, Docs, Forwarded, Hint, Role, Store, Txn};
+use crate::store::{Check, Cluster, Docs, Forwarded, Guard, Hint, Role, Store, Txn};
 use crate::sync::MutexExt;
 
 impl Etcd {
@@ -213,15 +212,25 @@ impl Store for Etcd {
         Ok(0)
     }
 
-    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
+    fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Guard> {
         self.watch_all(hint)
     }
 
     // Recovery, checkpoint and background work: the trait's defaults, since a transaction
     // here is whole or absent and durable once it returns.
 
-    fn host(&self) -> Option<&str> {
-        Some(&self.host)
+    fn cluster(&self) -> Option<&dyn Cluster> {
+        Some(self)
+    }
+
+    fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
+        self.send_wake(home, wake)
+    }
+}
+
+impl Cluster for Etcd {
+    fn host(&self) -> &str {
+        &self.host
     }
 
     fn applies_signals(&self) -> bool {
@@ -240,10 +249,6 @@ impl Store for Etcd {
         self.settle_handed_over(keys)
     }
 
-    fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
-        self.send_wake(home, wake)
-    }
-
     fn deliver_pending(&self) -> Result<usize> {
         self.deliver_pending_here()
     }
@@ -252,7 +257,7 @@ impl Store for Etcd {
         self.checks()
     }
 
-    fn lead(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Result<Box<dyn Any + Send>> {
+    fn lead(&self, on_change: Box<dyn Fn(bool) + Send + Sync>) -> Result<Guard> {
         match self.role {
             Role::Daemon => Ok(self.campaign(on_change)),
             Role::Command => Err(Error::Conflict("only a daemon leads".into())),

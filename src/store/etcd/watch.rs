@@ -5,7 +5,6 @@
 //! member is otherwise noticed only by HTTP/2's keep-alive, 15 s later), and a resync only when
 //! the history it missed was compacted away.
 
-use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -34,7 +33,7 @@ impl Etcd {
     /// reported (a watch "from now" would miss it). A watch that broke is resumed on the next
     /// member; one that was cancelled because its member lost the leader too (the members are
     /// asked to require one).
-    pub(super) fn watch_all(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<Box<dyn Any + Send>> {
+    pub(super) fn watch_all(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<crate::store::Guard> {
         let members = Arc::clone(&self.members);
         let keys = self.keys.clone();
         let prefix = keys.prefix().to_owned();
@@ -131,7 +130,7 @@ impl Etcd {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
-        Ok(Box::new(AbortOnDrop(task.abort_handle())))
+        Ok(crate::store::Guard::new(AbortOnDrop(task.abort_handle())))
     }
 }
 
