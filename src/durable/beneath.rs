@@ -114,7 +114,7 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
         Some((home, rel)) => walk(&home, &rel, make),
         None => {
             if make {
-                crate::durable::mkdir_all_plain(path)?;
+                super::path::mkdir_all_plain(path)?;
             }
             match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
                 Ok(fd) => Ok(Some(fd)),
@@ -187,7 +187,7 @@ fn root_handle(home: &Registered, make: bool) -> Result<Option<Arc<OwnedFd>>> {
     let fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) if make => {
-            crate::durable::mkdir_all_plain(root)?;
+            super::path::mkdir_all_plain(root)?;
             rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty())
                 .map_err(|e| Error::io("cannot open", root, e.into()))?
         }
