@@ -33,7 +33,7 @@ mod temp;
 mod trash;
 mod unsynced;
 
-pub use beneath::{Root, confine, set_aside as set_aside_in_home};
+pub use beneath::{Root, confine};
 pub use dir::{Dir, Entry, Rewrite};
 pub use events::is_ready_kind;
 pub use lock::{FileLock, LockHolder};

@@ -62,6 +62,12 @@ impl Root {
     pub fn quarantine(&self) -> &Path {
         &self.quarantine
     }
+
+    /// Sets `path`, an entry beneath this root that is not what the home keeps there, aside
+    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up.
+    pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
+        set_aside_entry(path, &self.root, &self.quarantine, reason)
+    }
 }
 
 /// Two roots are one home when their paths are.
