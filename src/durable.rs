@@ -9,7 +9,8 @@
 //! - `path.rs`: every operation by path (open, create, list, rename, remove, fsync a
 //!   directory), each path's directory reached as `beneath.rs` says.
 //! - `dir.rs`: the same operations relative to a directory held open ([`Dir`]).
-//! - `beneath.rs`: how a path under a home is reached from its root, never through a link.
+//! - `beneath.rs`: a home's [`Root`] and how a path under it is reached from it, never
+//!   through a link.
 //! - `temp.rs`: temp files: their names and the sweep of those a crash left.
 //! - `lock.rs`, `read.rs`, `trash.rs`: the locks that serialise writers, reading records
 //!   safely, and the trash that frees replaced files off the caller's thread.
