@@ -20,7 +20,7 @@ use crate::settings::Settings;
 use crate::store::signal_log;
 // The report's lines are the store's findings: one type, which the store (the lower layer)
 // owns, so a store's health needs no translation into doctor's.
-pub use crate::store::{Check, Level};
+use crate::store::{Check, Level};
 
 fn ok(name: &'static str, detail: impl Into<String>) -> Check {
     Check {
@@ -935,7 +935,7 @@ mod tests {
         let exhausted = Err(Error::io(
             "cannot start the file watcher on",
             "/h/tmp/signals",
-            std::io::Error::from_raw_os_error(libc::EMFILE),
+            std::io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error()),
         ));
         let c = check_inotify(dir.path(), &exhausted);
         assert_eq!(c.level, Level::Warn, "{c}");

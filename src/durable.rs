@@ -35,7 +35,7 @@ mod trash;
 mod unsynced;
 
 pub use beneath::{Root, confine};
-pub use dir::{Dir, Entry, Rewrite};
+pub use dir::{Dir, Kind, Rewrite};
 pub use events::is_ready_kind;
 pub use lock::{FileLock, LockHolder};
 pub use path::{

@@ -99,9 +99,9 @@ macro_rules! failpoint {
 pub fn act<T>(name: &str, action: Option<&str>, context: &'static str, path: &Path) -> Result<T> {
     let errno = match action {
         Some("crash") => crash(),
-        Some("eio") => libc::EIO,
-        Some("enospc") => libc::ENOSPC,
-        Some("emfile") => libc::EMFILE,
+        Some("eio") => rustix::io::Errno::IO.raw_os_error(),
+        Some("enospc") => rustix::io::Errno::NOSPC.raw_os_error(),
+        Some("emfile") => rustix::io::Errno::MFILE.raw_os_error(),
         other => {
             panic!("failpoint {name}: unknown action {other:?}; use crash, eio, enospc or emfile")
         }

@@ -72,7 +72,7 @@ pub struct Target<'a> {
     pub webhook_port: u16,
     /// Whether a shim is listening (this home's daemon published it); when not, the `curl`
     /// line carries a note saying what it needs.
-    pub shim: Shim,
+    pub shim: ShimState,
     /// For a device-bound waitpoint: the spool directory on the device (`~/` is the login's
     /// home there). `None` means the spec's default, `~/.cortex/tmp/signals`.
     pub device_spool: Option<&'a str>,
@@ -80,7 +80,7 @@ pub struct Target<'a> {
 
 /// Whether the HTTP shim the `curl` line posts to is there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shim {
+pub enum ShimState {
     /// Listening: this home's daemon published its address.
     Listening,
     /// Turned on in settings, but no daemon is running it now.
@@ -203,13 +203,13 @@ printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":
             )
         }),
         curl_note: match target.shim {
-            Shim::Listening => None,
-            Shim::Configured => Some(format!(
+            ShimState::Listening => None,
+            ShimState::Configured => Some(format!(
                 "the curl line needs the daemon's HTTP shim on port {}: it is turned on in \
 settings.json but no daemon is running it now (start one: waitpoint daemon)",
                 target.webhook_port
             )),
-            Shim::Off => Some(format!(
+            ShimState::Off => Some(format!(
                 "the curl line needs the daemon's HTTP shim, which is off for this home (the \
 default): start the daemon with `waitpoint daemon --http` (port {}), or use the cli or shell line",
                 target.webhook_port

@@ -13,7 +13,7 @@
 // (libssh2) for what its Rust binding leaves out; every system call goes through rustix or std.
 #![deny(unsafe_code)]
 
-pub mod agent;
+pub mod agent_view;
 pub mod cli;
 pub mod clock;
 pub mod daemon;
@@ -27,13 +27,14 @@ pub mod failpoint;
 pub mod harness;
 pub mod home;
 pub mod howto;
+pub mod inbox;
 pub mod ingress;
 pub mod journal;
 pub mod mcp;
 pub mod names;
+pub mod operator_view;
 pub mod process;
 pub mod records;
-pub mod render;
 pub mod request;
 pub mod secret;
 pub mod sender;

@@ -188,7 +188,7 @@ pub fn run_command(
             });
         }
     };
-    let pid = child.id() as libc::pid_t;
+    let pid = child.id() as rustix::process::RawPid;
     let handle = signals.handle();
     let forwarder = std::thread::spawn(move || {
         for sig in signals.forever() {
@@ -282,7 +282,7 @@ pub fn wait_killing_group(
         Exited(io::Result<ExitStatus>),
         Stop,
     }
-    let pid = child.id() as libc::pid_t;
+    let pid = child.id() as rustix::process::RawPid;
     let (tx, rx) = mpsc::channel();
     let mut child = child;
     let exits = tx.clone();
@@ -382,7 +382,7 @@ pub enum WaitMethod {
 }
 
 /// Whether a process with this pid exists (it may belong to another user).
-pub fn process_exists(pid: libc::pid_t) -> bool {
+pub fn process_exists(pid: rustix::process::RawPid) -> bool {
     let Some(pid) = rustix::process::Pid::from_raw(pid) else {
         return false;
     };
@@ -400,7 +400,7 @@ pub fn process_exists(pid: libc::pid_t) -> bool {
 ///
 /// A wrapper lives exactly as long as what it runs, so watching one would keep a waiter alive
 /// after its harness exited (until its own timeout, a day later).
-pub fn starter_pid() -> Option<libc::pid_t> {
+pub fn starter_pid() -> Option<rustix::process::RawPid> {
     let mut pid = rustix::process::getppid()?.as_raw_nonzero().get();
     // A few levels at most: `sh -c` inside `flock` inside `nice` is already unusual.
     for _ in 0..8 {
@@ -421,7 +421,7 @@ const PASS_THROUGH: [&str; 21] = [
 ];
 
 /// A process's command name and parent, from `/proc/PID/stat`.
-fn comm_and_parent(pid: libc::pid_t) -> Option<(String, libc::pid_t)> {
+fn comm_and_parent(pid: rustix::process::RawPid) -> Option<(String, rustix::process::RawPid)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name sits in parentheses and may hold anything, spaces and ')' included; the fields
     // after the last ')' are fixed: the state, then the parent.
@@ -438,7 +438,7 @@ fn comm_and_parent(pid: libc::pid_t) -> Option<(String, libc::pid_t)> {
 
 /// Sends `signal` to process `pid`; a pid that is not positive is ignored (it would name a
 /// process group).
-pub fn send_signal(pid: libc::pid_t, signal: rustix::process::Signal) {
+pub fn send_signal(pid: rustix::process::RawPid, signal: rustix::process::Signal) {
     if let Some(pid) = rustix::process::Pid::from_raw(pid) {
         let _ = rustix::process::kill_process(pid, signal);
     }
@@ -448,7 +448,7 @@ pub fn send_signal(pid: libc::pid_t, signal: rustix::process::Signal) {
 /// them, else polls every `poll_interval`. `pid` must be positive: zero and negative values
 /// name process groups.
 pub fn wait_for_exit(
-    pid: libc::pid_t,
+    pid: rustix::process::RawPid,
     prefer_pidfd: bool,
     poll_interval: Duration,
 ) -> io::Result<WaitMethod> {
@@ -468,7 +468,7 @@ pub fn wait_for_exit(
 }
 
 /// `Ok(None)` when pidfds are unavailable (old kernel, seccomp) and the caller should poll.
-fn wait_pidfd(pid: libc::pid_t) -> io::Result<Option<WaitMethod>> {
+fn wait_pidfd(pid: rustix::process::RawPid) -> io::Result<Option<WaitMethod>> {
     use rustix::event::{PollFd, PollFlags};
     let Some(raw) = rustix::process::Pid::from_raw(pid) else {
         return Ok(None);
@@ -526,7 +526,7 @@ mod tests {
 
     fn child_and_waiter(prefer_pidfd: bool) {
         let mut child = Command::new("sleep").arg("30").spawn().unwrap();
-        let pid = child.id() as libc::pid_t;
+        let pid = child.id() as rustix::process::RawPid;
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(wait_for_exit(pid, prefer_pidfd, Duration::from_millis(20)));

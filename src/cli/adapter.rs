@@ -225,7 +225,7 @@ fn gemini_hook(engine: &Engine, a: HookArgs) -> anyhow::Result<u8> {
     }
     // The TUI is held while this hook runs (typed prompts queue, slash commands are refused):
     // only while the agent waits on something.
-    if !crate::agent::session_waits(engine, &session)? {
+    if !crate::agent_view::session_waits(engine, &session)? {
         return Ok(exit::OK);
     }
     let interrupt = super::interrupt_on_stop_signals()?;
@@ -309,11 +309,12 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
     // Codex's TUI waits on its Stop hook (it shows "Running hook" and queues what the user
     // types): it is held only while the agent waits on something, and then as long as that
     // may take, not ten minutes.
-    let timeout = if harness == Harness::Codex && !crate::agent::session_waits(engine, &session)? {
-        Duration::ZERO
-    } else {
-        timeout
-    };
+    let timeout =
+        if harness == Harness::Codex && !crate::agent_view::session_waits(engine, &session)? {
+            Duration::ZERO
+        } else {
+            timeout
+        };
     let Some(serves) = served_harness(harness, &input) else {
         // Nobody sees the thread: a wake handed over would continue it unseen. It waits for
         // the thread's resume instead.
@@ -352,7 +353,7 @@ fn hook(engine: &Engine, a: HookArgs, harness: Harness) -> anyhow::Result<u8> {
 /// wait. Codex running its threads in its managed app-server (which outlives every terminal)
 /// is served through the terminals that show the thread; `None` when there is none (the user
 /// quit while the hook ran, or the thread is driven by another client).
-fn served_harness(harness: Harness, input: &Value) -> Option<Vec<libc::pid_t>> {
+fn served_harness(harness: Harness, input: &Value) -> Option<Vec<rustix::process::RawPid>> {
     let starter = crate::process::starter_pid();
     let managed = harness == Harness::Codex
         && starter.is_some_and(harness::codex_app_server::is_managed_app_server);
@@ -385,9 +386,9 @@ fn statusline(engine: &Engine, a: StatuslineArgs) -> anyhow::Result<u8> {
             None => "default".to_owned(),
         },
     };
-    let items = crate::agent::waiting_for(engine, &session)?;
-    let rows = crate::agent::check_rows(engine, &items)?;
-    print!("{}", crate::render::check_brief(&rows));
+    let items = crate::agent_view::waiting_for(engine, &session)?;
+    let rows = crate::agent_view::check_rows(engine, &items)?;
+    print!("{}", crate::operator_view::check_brief(&rows));
     Ok(exit::OK)
 }
 
@@ -564,7 +565,7 @@ fn opencode_waiter(engine: &Engine, a: OpencodeWaiterArgs) -> anyhow::Result<u8>
             }
         }
         let _ = lines.send(None);
-        raised.raise(libc::SIGPIPE);
+        raised.raise(rustix::process::Signal::PIPE.as_raw());
     });
     let next = || plugin_says(said.recv().ok().flatten().as_deref());
     let plugin_host = crate::process::starter_pid().into_iter().collect();

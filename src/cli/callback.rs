@@ -94,7 +94,7 @@ fn callback_line(cb: &Callback) -> String {
         cb.mode.as_str(),
         status,
         cb.trigger_count,
-        crate::render::visible(cb.label.as_deref().unwrap_or(""))
+        crate::operator_view::visible(cb.label.as_deref().unwrap_or(""))
     )
 }
 
@@ -109,7 +109,7 @@ pub fn run_callback(
                   json_out: bool,
                   i: crate::engine::callbacks::IssuedCallback|
      -> anyhow::Result<()> {
-        let url = crate::agent::trigger_url(engine.home(), fallback_port, &i);
+        let url = crate::agent_view::trigger_url(engine.home(), fallback_port, &i);
         let cb = &i.callback;
         if json_out {
             let v = i.view(&url);

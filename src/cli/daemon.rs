@@ -68,7 +68,7 @@ pub fn run(home: Home, settings: Settings, http: Option<HttpConfig>) -> anyhow::
                         tracing::info!("SIGHUP: re-reading settings");
                         control.reload(s);
                     }
-                    Err(e) => tracing::error!("SIGHUP: keeping the current settings: {e}"),
+                    Err(e) => tracing::error!(error = %e, "SIGHUP: keeping the current settings"),
                 }
             } else {
                 tracing::info!(signal = sig, "shutting down on signal");

@@ -21,7 +21,7 @@ use crate::ingress::device::{
     self, Collector, DEFAULT_REMOTE_SPOOL, Device, DeviceStatus, SshOptions,
 };
 use crate::ingress::spool::FileOutcome;
-use crate::render;
+use crate::operator_view;
 
 #[derive(Debug, Args)]
 pub struct DeviceArgs {
@@ -121,7 +121,7 @@ pub fn run(
                 let v: Vec<Value> = all
                     .iter()
                     .map(|d| {
-                        render::device_view(
+                        operator_view::device_view(
                             d,
                             &device::load_status(engine.home(), &d.name).unwrap_or_default(),
                         )
@@ -150,7 +150,7 @@ pub fn run(
                     d.name,
                     format!("{}@{}:{}", d.user, d.host, d.port),
                     state_word(&st),
-                    render::device_detail(&st, engine.now())
+                    operator_view::device_detail(&st, engine.now())
                 )?;
             }
             Ok(exit::OK)
@@ -160,7 +160,7 @@ pub fn run(
             if a.json {
                 super::print_json(
                     out,
-                    &render::device_view(
+                    &operator_view::device_view(
                         &d,
                         &device::load_status(engine.home(), &d.name).unwrap_or_default(),
                     ),
@@ -195,7 +195,7 @@ pub fn run(
                 out,
                 "  state        {} {}",
                 state_word(&st),
-                render::device_detail(&st, now)
+                operator_view::device_detail(&st, now)
             )?;
             writeln!(out, "  collected    {} file(s) in all", st.total_collected)?;
             Ok(exit::OK)
@@ -422,7 +422,12 @@ fn report(
         return Ok(());
     }
     match (&st.last_error, local) {
-        (Some(e), _) => writeln!(out, "{}: unreachable: {}", d.name, render::visible(e))?,
+        (Some(e), _) => writeln!(
+            out,
+            "{}: unreachable: {}",
+            d.name,
+            operator_view::visible(e)
+        )?,
         (None, Some((landed, applied, parked))) => writeln!(
             out,
             "{}: collected {landed} file(s) (no daemon running: applied {applied}, parked {parked})",

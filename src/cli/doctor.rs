@@ -41,9 +41,13 @@ pub fn run(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Result<u
     let mut out = io::stdout().lock();
     for check in &checks {
         // A check may name a file of the home, and a name may hold anything.
-        writeln!(out, "{}", crate::render::visible_text(&check.to_string()))?;
+        writeln!(
+            out,
+            "{}",
+            crate::operator_view::visible_text(&check.to_string())
+        )?;
     }
-    Ok(if doctor::worst(&checks) == doctor::Level::Fail {
+    Ok(if doctor::worst(&checks) == crate::store::Level::Fail {
         exit::FAILURE
     } else {
         exit::OK

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use crate::agent;
+use crate::agent_view;
 use crate::home::Home;
 use crate::ingress::http;
 use crate::settings::Settings;
@@ -116,8 +116,8 @@ pub fn env_var(name: &str) -> Option<String> {
 }
 
 /// What the reply's lines depend on in this process's environment.
-pub(crate) fn line_context(home: &Home) -> anyhow::Result<agent::LineContext> {
-    Ok(agent::LineContext {
+pub(crate) fn line_context(home: &Home) -> anyhow::Result<agent_view::LineContext> {
+    Ok(agent_view::LineContext {
         fallback_port: webhook_port_env()?.unwrap_or(http::DEFAULT_PORT),
         home_is_implicit: is_implicit_default(home),
     })

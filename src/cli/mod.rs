@@ -15,10 +15,9 @@ pub mod job;
 mod logging;
 pub mod man;
 pub mod mcp;
-pub mod progress;
-pub mod setup;
-pub use crate::render;
+mod progress;
 mod sending;
+pub mod setup;
 pub mod signal;
 pub mod timer;
 pub mod transfer;
@@ -33,7 +32,6 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 
-use crate::agent;
 use crate::clock::{Clock, SystemClock};
 use crate::engine::Engine;
 use crate::error::{exit_code_for, is_broken_pipe};
@@ -60,7 +58,7 @@ pub fn cortex_signal_command() -> clap::Command {
 }
 
 /// The drain's progress bar, for the daemon command.
-pub use progress::Bar as DrainBar;
+pub use progress::DrainBar;
 /// Stderr written around the drain's progress bar, for the log layer.
 use progress::Stderr as LogStderr;
 
@@ -161,12 +159,12 @@ pub struct AgentArg {
     pub session: String,
 }
 
-/// SIGTERM, SIGINT and SIGHUP turned into an [`agent::Interrupt`] for a reader of wakes, so
+/// SIGTERM, SIGINT and SIGHUP turned into an [`crate::inbox::Interrupt`] for a reader of wakes, so
 /// one stopped with a wake in hand hands it over (or gives it back) before it exits, instead of
 /// dying with it taken.
-pub fn interrupt_on_stop_signals() -> anyhow::Result<agent::Interrupt> {
+pub fn interrupt_on_stop_signals() -> anyhow::Result<crate::inbox::Interrupt> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let interrupt = agent::Interrupt::default();
+    let interrupt = crate::inbox::Interrupt::default();
     let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])?;
     let raised = interrupt.clone();
     std::thread::Builder::new()
@@ -417,22 +415,100 @@ pub enum Command {
     Completions(completions::CompletionsArgs),
 }
 
+/// What a command needs before it can run, so that `run` prepares exactly that much.
+enum Stage {
+    /// Neither settings nor a prepared home (`doctor` must see the home as it is).
+    Bare(Bare),
+    /// The settings first.
+    Configured(Configured),
+}
+
+enum Bare {
+    Run(job::RunArgs),
+    Attach(job::AttachArgs),
+    Doctor(doctor::DoctorArgs),
+    Ui(ui::UiArgs),
+    Completions(completions::CompletionsArgs),
+    Setup(setup::SetupArgs),
+}
+
+// One value per process, moved once: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Configured {
+    /// A process that runs until stopped, opening what it needs itself.
+    Daemon(daemon::DaemonArgs),
+    Mcp(mcp::McpArgs),
+    /// A command on an engine of the prepared home, its journal replayed.
+    Engine(EngineCommand),
+}
+
+enum EngineCommand {
+    Create(waitpoint::CreateArgs),
+    Check(waitpoint::CheckArgs),
+    Show(waitpoint::ShowArgs),
+    Cancel(waitpoint::CancelArgs),
+    Next(waitpoint::NextArgs),
+    Ack(waitpoint::AckArgs),
+    Wait(waitpoint::WaitArgs),
+    Watch(waitpoint::WatchArgs),
+    Sessions(waitpoint::SessionsArgs),
+    SessionDelete(waitpoint::SessionDeleteArgs),
+    ResetSecret(waitpoint::ResetSecretArgs),
+    Timer(timer::TimerArgs),
+    Callback(callback::CallbackCommand),
+    Device(device::DeviceArgs),
+    Adapter(adapter::AdapterCommand),
+    Export(transfer::ExportArgs),
+    Import(transfer::ImportArgs),
+}
+
+impl Command {
+    fn stage(self) -> Stage {
+        use Configured::Engine;
+        use EngineCommand as E;
+        let engine = |c| Stage::Configured(Engine(c));
+        match self {
+            Command::Run(a) => Stage::Bare(Bare::Run(a)),
+            Command::Attach(a) => Stage::Bare(Bare::Attach(a)),
+            Command::Doctor(a) => Stage::Bare(Bare::Doctor(a)),
+            Command::Ui(a) => Stage::Bare(Bare::Ui(a)),
+            Command::Completions(a) => Stage::Bare(Bare::Completions(a)),
+            Command::Setup(a) => Stage::Bare(Bare::Setup(a)),
+            Command::Daemon(a) => Stage::Configured(Configured::Daemon(a)),
+            Command::Mcp(a) => Stage::Configured(Configured::Mcp(a)),
+            Command::Create(a) => engine(E::Create(a)),
+            Command::Check(a) => engine(E::Check(a)),
+            Command::Show(a) => engine(E::Show(a)),
+            Command::Cancel(a) => engine(E::Cancel(a)),
+            Command::Next(a) => engine(E::Next(a)),
+            Command::Ack(a) => engine(E::Ack(a)),
+            Command::Wait(a) => engine(E::Wait(a)),
+            Command::Watch(a) => engine(E::Watch(a)),
+            Command::Sessions(a) | Command::Session(waitpoint::SessionCommand::List(a)) => {
+                engine(E::Sessions(a))
+            }
+            Command::Session(waitpoint::SessionCommand::Delete(a)) => engine(E::SessionDelete(a)),
+            Command::ResetSecret(a) => engine(E::ResetSecret(a)),
+            Command::Timer(a) => engine(E::Timer(a)),
+            Command::Callback(a) => engine(E::Callback(a)),
+            Command::Device(a) => engine(E::Device(a)),
+            Command::Adapter(a) => engine(E::Adapter(a)),
+            Command::Export(a) => engine(E::Export(a)),
+            Command::Import(a) => engine(E::Import(a)),
+        }
+    }
+}
+
 fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> {
-    // These need neither settings nor a prepared home (doctor must see the home as it is).
-    let command = match command {
-        Command::Run(a) => return job::run(&home, a),
-        Command::Attach(a) => return job::attach(&home, a),
-        Command::Doctor(a) => return doctor::run(&home, store, a),
-        Command::Ui(a) => return ui::run(&home, a, &mut io::stdout().lock()),
-        Command::Completions(a) => return completions::run(a),
-        Command::Setup(a) => return setup::run(&home, a, &mut io::stdout().lock()),
-        other => other,
+    let command = match command.stage() {
+        Stage::Bare(bare) => return run_bare(&home, store, bare),
+        Stage::Configured(command) => command,
     };
     let mut settings = match (load_settings(&home), &command) {
         (Ok(s), _) => s,
         // A harness shows a server that exits as dead, with the reason out of sight: the MCP
         // server serves instead and answers every call with what is wrong.
-        (Err(e), Command::Mcp(a)) => {
+        (Err(e), Configured::Mcp(a)) => {
             let broken = format!("{e}; fix it, then restart the MCP server");
             tracing::error!("{broken}");
             return mcp::serve(home, store, Settings::default(), a, Some(broken));
@@ -443,53 +519,65 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         settings.store = crate::settings::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
+    match command {
+        Configured::Daemon(a) => {
+            let http = daemon::http_config(&a, &settings)?;
+            daemon::run(home, settings, http)
+        }
+        Configured::Mcp(a) => mcp::serve(home, None, settings, &a, None),
+        Configured::Engine(command) => run_on_engine(home, settings, command),
+    }
+}
+
+fn run_bare(home: &Home, store: Option<&str>, command: Bare) -> anyhow::Result<u8> {
+    match command {
+        Bare::Run(a) => job::run(home, a),
+        Bare::Attach(a) => job::attach(home, a),
+        Bare::Doctor(a) => doctor::run(home, store, a),
+        Bare::Ui(a) => ui::run(home, a, &mut io::stdout().lock()),
+        Bare::Completions(a) => completions::run(a),
+        Bare::Setup(a) => setup::run(home, a, &mut io::stdout().lock()),
+    }
+}
+
+fn run_on_engine(home: Home, settings: Settings, command: EngineCommand) -> anyhow::Result<u8> {
+    use EngineCommand as C;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    if let Command::Daemon(a) = command {
-        let http = daemon::http_config(&a, &settings)?;
-        return daemon::run(home, settings, http);
-    }
-    if let Command::Mcp(a) = &command {
-        return mcp::serve(home, None, settings, a, None);
-    }
     home.ensure()?;
     let engine = Engine::open(home, settings, clock, crate::store::Role::Command)?;
     // Before reading or changing any state: what a dead daemon left in the journal.
     engine.replay_left_journal()?;
     let mut out = io::stdout().lock();
     match command {
-        Command::Create(a) => waitpoint::create(&engine, a, &mut out),
-        Command::Check(a) => waitpoint::check(&engine, a, &mut out),
-        Command::Show(a) => waitpoint::show(&engine, a, &mut out),
-        Command::Cancel(a) => waitpoint::cancel(&engine, a, &mut out),
-        Command::Next(a) => waitpoint::next(&engine, a, &mut out),
-        Command::Ack(a) => waitpoint::ack(&engine, a, &mut out),
-        Command::Wait(a) => waitpoint::wait(&engine, a, &mut out),
-        Command::Watch(a) => waitpoint::watch(&engine, a, &mut out),
-        Command::Sessions(a) | Command::Session(waitpoint::SessionCommand::List(a)) => {
-            waitpoint::sessions(&engine, a, &mut out)
-        }
-        Command::Session(waitpoint::SessionCommand::Delete(a)) => {
-            waitpoint::session_delete(&engine, a, &mut out)
-        }
-        Command::ResetSecret(a) => {
+        C::Create(a) => waitpoint::create(&engine, a, &mut out),
+        C::Check(a) => waitpoint::check(&engine, a, &mut out),
+        C::Show(a) => waitpoint::show(&engine, a, &mut out),
+        C::Cancel(a) => waitpoint::cancel(&engine, a, &mut out),
+        C::Next(a) => waitpoint::next(&engine, a, &mut out),
+        C::Ack(a) => waitpoint::ack(&engine, a, &mut out),
+        C::Wait(a) => waitpoint::wait(&engine, a, &mut out),
+        C::Watch(a) => waitpoint::watch(&engine, a, &mut out),
+        C::Sessions(a) => waitpoint::sessions(&engine, a, &mut out),
+        C::SessionDelete(a) => waitpoint::session_delete(&engine, a, &mut out),
+        C::ResetSecret(a) => {
             let created = engine.reset_secret(&a.id, &a.session.session)?;
             waitpoint::print_created(&engine, &created, a.print, a.json, &mut out)
         }
-        Command::Timer(args) => timer::run_timer(&engine, args.into_command(), &mut out),
-        Command::Adapter(cmd) => {
+        C::Timer(args) => timer::run_timer(&engine, args.into_command(), &mut out),
+        C::Adapter(cmd) => {
             // The Codex hook writes its reply to stdout itself.
             drop(out);
             adapter::run(&engine, cmd)
         }
-        Command::Callback(cmd) => callback::run_callback(
+        C::Callback(cmd) => callback::run_callback(
             &engine,
             cmd,
             line_context(engine.home())?.fallback_port,
             &mut out,
         ),
-        Command::Export(a) => transfer::export(&engine, a, &mut out),
-        Command::Import(a) => transfer::import(&engine, a, &mut out),
-        Command::Device(a) => device::run(
+        C::Export(a) => transfer::export(&engine, a, &mut out),
+        C::Import(a) => transfer::import(&engine, a, &mut out),
+        C::Device(a) => device::run(
             &engine,
             a,
             &home_dir(),
@@ -497,13 +585,5 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
             &ssh_options(),
             &mut out,
         ),
-        Command::Daemon(_)
-        | Command::Mcp(_)
-        | Command::Run(_)
-        | Command::Attach(_)
-        | Command::Doctor(_)
-        | Command::Ui(_)
-        | Command::Completions(_)
-        | Command::Setup(_) => unreachable!("handled above"),
     }
 }

@@ -12,9 +12,9 @@ use crate::daemon::DrainProgress;
 static ACTIVE: Mutex<Option<ProgressBar>> = Mutex::new(None);
 
 /// A [`DrainProgress`] that draws an indicatif bar on stderr.
-pub struct Bar;
+pub struct DrainBar;
 
-impl DrainProgress for Bar {
+impl DrainProgress for DrainBar {
     fn start(&mut self, total: usize) {
         let bar = ProgressBar::new(total as u64);
         bar.set_style(

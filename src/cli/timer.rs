@@ -9,7 +9,8 @@ use crate::engine::Engine;
 use crate::engine::timers::TimerRequest;
 use crate::error::exit;
 
-use super::{AgentArg, print_json, render};
+use super::{AgentArg, print_json};
+use crate::operator_view;
 
 /// `waitpoint timer`: a subcommand, or the legacy creation form's flags alone.
 #[derive(Debug, Args)]
@@ -99,7 +100,7 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
             if a.json {
                 print_json(out, &t)?;
             } else {
-                writeln!(out, "{}", render::timer_line(&t))?;
+                writeln!(out, "{}", operator_view::timer_line(&t))?;
             }
         }
         TimerCommand::List(a) => {
@@ -111,7 +112,7 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
                 writeln!(out, "session {} has no timers", a.session.session)?;
             } else {
                 for t in &list {
-                    writeln!(out, "{}", render::timer_line(t))?;
+                    writeln!(out, "{}", operator_view::timer_line(t))?;
                 }
             }
         }
@@ -120,7 +121,7 @@ pub fn run_timer(engine: &Engine, cmd: TimerCommand, out: &mut impl Write) -> an
             if a.json {
                 print_json(out, &t)?;
             } else {
-                writeln!(out, "{}", render::timer_line(&t))?;
+                writeln!(out, "{}", operator_view::timer_line(&t))?;
                 writeln!(
                     out,
                     "  created {}  last fired {}",

@@ -89,8 +89,8 @@ pub fn import(
         writeln!(
             out,
             "refused {}: {}",
-            crate::render::visible(&r.what),
-            crate::render::visible(&r.reason)
+            crate::operator_view::visible(&r.what),
+            crate::operator_view::visible(&r.reason)
         )?;
     }
     writeln!(

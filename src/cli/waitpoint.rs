@@ -10,12 +10,13 @@ use clap::{Args, Subcommand};
 use notify::RecursiveMode;
 use serde_json::{Value, json};
 
-use crate::agent;
+use crate::agent_view;
 use crate::engine::{self, CreateRequest, Engine, Quorum};
 use crate::error::{Error, exit};
 use crate::records::{Outcome, Status, Waitpoint, Wake};
 
-use super::{SessionArg, print_json, render};
+use super::{SessionArg, print_json};
+use crate::operator_view;
 use crate::sync::MutexExt;
 
 #[derive(Debug, Subcommand)]
@@ -231,7 +232,7 @@ pub(super) fn create(engine: &Engine, a: CreateArgs, out: &mut impl Write) -> an
     let quorum = a.quorum.as_deref().map(parse_quorum).transpose()?;
     let session = a.session.session;
     let channel = a.channel.unwrap_or_else(|| session.clone());
-    let created = agent::create(
+    let created = agent_view::create(
         engine,
         CreateRequest {
             label: a.label,
@@ -260,7 +261,7 @@ pub(super) fn print_created(
     json_out: bool,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
-    let lines = agent::how_to_signal(engine, created, super::line_context(engine.home())?)?;
+    let lines = agent_view::how_to_signal(engine, created, super::line_context(engine.home())?)?;
     let wp = &created.waitpoint;
     if let Some(field) = print {
         let text = match field {
@@ -277,7 +278,7 @@ pub(super) fn print_created(
         return Ok(exit::OK);
     }
     if json_out {
-        print_json(out, &agent::created_reply(created, &lines))?;
+        print_json(out, &agent_view::created_reply(created, &lines))?;
         return Ok(exit::OK);
     }
     let now = engine.now();
@@ -287,9 +288,9 @@ pub(super) fn print_created(
         "  session {} · channel {} · {} · expires {} ({})",
         wp.session,
         wp.channel,
-        render::progress(wp),
+        operator_view::progress(wp),
         wp.expires_at,
-        render::time_left(wp.expires_at, now)
+        operator_view::time_left(wp.expires_at, now)
     )?;
     writeln!(
         out,
@@ -325,15 +326,15 @@ pub(super) fn print_created(
 
 pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyhow::Result<u8> {
     let session = a.session.session;
-    let items = agent::waiting_for(engine, &session)?;
+    let items = agent_view::waiting_for(engine, &session)?;
     let devices = devices_to_mention(engine, &items)?;
     if a.json {
-        let mut reply = agent::check(engine, &session, &items)?;
+        let mut reply = agent_view::check(engine, &session, &items)?;
         if !devices.is_empty() {
             let d: Vec<Value> = devices
                 .iter()
                 .map(|d| {
-                    render::device_view(
+                    operator_view::device_view(
                         d,
                         &crate::ingress::device::load_status(engine.home(), &d.name)
                             .unwrap_or_default(),
@@ -346,12 +347,12 @@ pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyh
         return Ok(exit::OK);
     }
     let now = engine.now();
-    let mut rows = agent::check_rows(engine, &items)?;
+    let mut rows = agent_view::check_rows(engine, &items)?;
     if !a.brief {
-        agent::add_refusals(&mut rows, &agent::refused_counts(engine.home())?);
+        agent_view::add_refusals(&mut rows, &agent_view::refused_counts(engine.home())?);
     }
     if a.brief {
-        write!(out, "{}", render::check_brief(&rows))?;
+        write!(out, "{}", operator_view::check_brief(&rows))?;
     } else {
         for d in &devices {
             let st = crate::ingress::device::load_status(engine.home(), &d.name)?;
@@ -360,14 +361,14 @@ pub(super) fn check(engine: &Engine, a: CheckArgs, out: &mut impl Write) -> anyh
                     out,
                     "device {} is unreachable ({}); its files wait there",
                     d.name,
-                    render::device_detail(&st, now)
+                    operator_view::device_detail(&st, now)
                 )?;
             }
         }
         write!(
             out,
             "{}",
-            render::check_table(&session, &rows, terminal_style())
+            operator_view::check_table(&session, &rows, terminal_style())
         )?;
     }
     Ok(exit::OK)
@@ -379,7 +380,7 @@ pub(super) fn sessions(
     a: SessionsArgs,
     out: &mut impl Write,
 ) -> anyhow::Result<u8> {
-    let lines = agent::sessions(engine)?;
+    let lines = agent_view::sessions(engine)?;
     if a.json {
         print_json(out, &lines)?;
         return Ok(exit::OK);
@@ -397,7 +398,7 @@ pub(super) fn sessions(
         let mut line = format!(
             "{} {:<width$}",
             if l.waiting { "○" } else { " " },
-            render::visible(&l.session)
+            operator_view::visible(&l.session)
         );
         if !l.capsule.is_empty() {
             line.push_str(&format!("  {}", l.capsule));
@@ -481,19 +482,19 @@ pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyh
     let mut watched: HashSet<String> = HashSet::new();
     let mut last = String::new();
     loop {
-        let items = agent::waiting_for(engine, &session)?;
+        let items = agent_view::waiting_for(engine, &session)?;
         for wp in &items {
             if watched.insert(wp.id.clone()) {
                 // A waitpoint removed meanwhile simply stops producing events.
                 let _ = watcher.watch(&home.waitpoint_dir(&wp.id), RecursiveMode::NonRecursive);
             }
         }
-        let rows = agent::check_rows(engine, &items)?;
+        let rows = agent_view::check_rows(engine, &items)?;
         let text = if a.json {
             let v = json!({ "session": session, "waiting": rows });
             format!("{}\n", crate::escape::json(&v))
         } else {
-            render::check_table(&session, &rows, style)
+            operator_view::check_table(&session, &rows, style)
         };
         if text != last {
             if tty && !a.json {
@@ -510,9 +511,9 @@ pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyh
 }
 
 /// Colour only on a terminal, and never with `NO_COLOR` set.
-fn terminal_style() -> render::Style {
+fn terminal_style() -> operator_view::Style {
     use std::io::IsTerminal;
-    render::Style {
+    operator_view::Style {
         color: io::stdout().is_terminal()
             && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
     }
@@ -522,16 +523,20 @@ pub(super) fn show(engine: &Engine, a: ShowArgs, out: &mut impl Write) -> anyhow
     let wp = engine.load_visible(&a.id, None)?;
     let signals = engine.known_signals(&wp)?;
     let now = engine.now();
-    let badges = render::badges(
+    let badges = operator_view::badges(
         engine.home(),
         &wp,
         engine.settings().max_wakes_per_hour,
         now,
     );
     if a.json {
-        print_json(out, &render::show_json(&wp, &signals, &badges))?;
+        print_json(out, &operator_view::show_json(&wp, &signals, &badges))?;
     } else {
-        write!(out, "{}", render::show_text(&wp, &signals, &badges, now))?;
+        write!(
+            out,
+            "{}",
+            operator_view::show_text(&wp, &signals, &badges, now)
+        )?;
     }
     Ok(exit::OK)
 }
@@ -548,9 +553,9 @@ pub(super) fn cancel(engine: &Engine, a: CancelArgs, out: &mut impl Write) -> an
     }
     let wp = engine.cancel(&a.id, &a.session.session)?;
     if a.json {
-        print_json(out, &render::public_view(&wp))?;
+        print_json(out, &operator_view::public_view(&wp))?;
     } else {
-        writeln!(out, "{}", agent::cancelled_note(&wp))?;
+        writeln!(out, "{}", agent_view::cancelled_note(&wp))?;
     }
     Ok(exit::OK)
 }
@@ -562,7 +567,7 @@ fn confirm_cancel(wp: &Waitpoint) -> anyhow::Result<bool> {
         err,
         "Cancel {} {:?}? This stops the waiting, not the job: it keeps running. [y/N] ",
         wp.id,
-        render::visible(&wp.label).as_ref()
+        operator_view::visible(&wp.label).as_ref()
     )?;
     err.flush()?;
     let mut answer = String::new();
@@ -576,8 +581,10 @@ fn confirm_cancel(wp: &Waitpoint) -> anyhow::Result<bool> {
 /// Even without a deadline the CLI looks again every minute, in case an event was lost.
 const LOOK_AGAIN: Duration = Duration::from_secs(60);
 
-fn wake_on_change(dir: &std::path::Path) -> anyhow::Result<(agent::DirWatch, mpsc::Receiver<()>)> {
-    Ok(agent::wake_on_change(dir)?)
+fn wake_on_change(
+    dir: &std::path::Path,
+) -> anyhow::Result<(crate::inbox::DirWatch, mpsc::Receiver<()>)> {
+    Ok(crate::inbox::wake_on_change(dir)?)
 }
 
 /// Told when waitpoint `id` may have changed: its directory's events on the home's files; the
@@ -607,7 +614,7 @@ fn watch_waitpoint(
 }
 
 fn wait_for_change(rx: &mpsc::Receiver<()>, deadline: Option<Instant>) -> bool {
-    agent::wait_for_change(rx, deadline, LOOK_AGAIN)
+    crate::inbox::wait_for_change(rx, deadline, LOOK_AGAIN)
 }
 
 fn deadline_of(timeout: Option<f64>) -> anyhow::Result<Option<Instant>> {
@@ -636,7 +643,7 @@ fn print_wake(out: &mut impl Write, wake: &Wake, json: bool, compact: bool) -> a
             wake.kind.as_str(),
             wake.created_at
         )?;
-        write!(out, "{}", render::visible_text(&wake.text))?;
+        write!(out, "{}", operator_view::visible_text(&wake.text))?;
     }
     out.flush()?;
     Ok(())
@@ -648,7 +655,7 @@ pub(super) fn next(engine: &Engine, a: NextArgs, out: &mut impl Write) -> anyhow
     // A stop signal between taking a wake and printing it must not lose it: the wake in hand
     // is printed, then the command ends as the signal asked (128 + its number).
     let interrupt = super::interrupt_on_stop_signals()?;
-    let inbox = agent::Inbox::open(engine.home(), &channel)?;
+    let inbox = crate::inbox::Inbox::open(engine.home(), &channel)?;
     interrupt.wake(inbox.poker());
     // Without a timeout this may block for days: someone at a terminal is told what for, and
     // how to stop (a script reading stdout is not).
@@ -733,7 +740,7 @@ pub(super) fn wait(engine: &Engine, a: WaitArgs, out: &mut impl Write) -> anyhow
         };
         if let Some(code) = code {
             if a.json {
-                print_json(out, &render::public_view(&wp))?;
+                print_json(out, &operator_view::public_view(&wp))?;
             } else {
                 let how = match wp.outcome {
                     Some(Outcome::Ok) => " ok",

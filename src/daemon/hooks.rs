@@ -107,7 +107,7 @@ impl Daemon {
                 return;
             }
             Err(e) => {
-                tracing::error!(owner = %job.owner, "cannot read wake for the hook: {e}");
+                tracing::error!(owner = %job.owner, error = %e, "cannot read wake for the hook");
                 return;
             }
         };

@@ -8,12 +8,12 @@ impl Daemon {
         match self.engine.gc_read_wakes() {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "removed read wakes older than the TTL"),
-            Err(e) => tracing::error!("cannot clean read wakes: {e}"),
+            Err(e) => tracing::error!(error = %e, "cannot clean read wakes"),
         }
         match self.engine.gc_deleted_sessions() {
             Ok(0) => {}
             Ok(n) => tracing::info!(removed = n, "forgot sessions deleted long ago"),
-            Err(e) => tracing::error!("cannot clean the records of deleted sessions: {e}"),
+            Err(e) => tracing::error!(error = %e, "cannot clean the records of deleted sessions"),
         }
         self.next_gc = self.engine.now().plus_ms(GC_EVERY_MS);
     }
@@ -24,7 +24,7 @@ impl Daemon {
             .spool
             .remove_stale_temps(self.engine.now(), STALE_TEMP_MS)
         {
-            tracing::error!("cannot clean stale temp files: {e}");
+            tracing::error!(error = %e, "cannot clean stale temp files");
         }
     }
 
@@ -36,7 +36,7 @@ impl Daemon {
         let home = self.engine.home();
         for dir in [home.waitpoints_dir(), home.sessions_dir()] {
             if let Err(e) = durable::remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS) {
-                tracing::error!("cannot clean stale temp files: {e}");
+                tracing::error!(error = %e, "cannot clean stale temp files");
             }
         }
         self.next_temp_walk = self.engine.now().plus_ms(TEMP_WALK_EVERY_MS);

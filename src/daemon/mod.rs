@@ -552,7 +552,7 @@ impl Daemon {
                 {
                     Ok(next) => self.due.set(&waitpoint, next),
                     Err(e) => {
-                        tracing::error!(waitpoint = %waitpoint, wake = %wake_id, "cannot record hook attempt: {e}");
+                        tracing::error!(waitpoint = %waitpoint, wake = %wake_id, error = %e, "cannot record hook attempt");
                         self.due
                             .set(&waitpoint, Some(self.engine.now().plus_ms(1000)));
                     }

@@ -112,7 +112,7 @@ impl Daemon {
                 ms = started.elapsed().as_millis() as u64,
                 "scanned every waitpoint"
             ),
-            Err(e) => tracing::error!("cannot scan waitpoints: {e}"),
+            Err(e) => tracing::error!(error = %e, "cannot scan waitpoints"),
         }
         match self.engine.all_timers() {
             Ok(timers) => {
@@ -121,7 +121,7 @@ impl Daemon {
                     self.due.set(&t.id, due);
                 }
             }
-            Err(e) => tracing::error!("cannot scan timers: {e}"),
+            Err(e) => tracing::error!(error = %e, "cannot scan timers"),
         }
         match self.engine.list_callbacks(None) {
             Ok(cbs) => {
@@ -132,7 +132,7 @@ impl Daemon {
                     self.due.set(&cb.id, Some(now));
                 }
             }
-            Err(e) => tracing::error!("cannot scan callbacks: {e}"),
+            Err(e) => tracing::error!(error = %e, "cannot scan callbacks"),
         }
     }
 
@@ -163,7 +163,7 @@ impl Daemon {
                 });
                 self.due.set(id, due);
             }
-            Err(e) => tracing::error!(timer = %id, "cannot read timer: {e}"),
+            Err(e) => tracing::error!(timer = %id, error = %e, "cannot read timer"),
         }
     }
 
@@ -201,7 +201,7 @@ impl Daemon {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(waitpoint = %id, "cannot service waitpoint (will retry): {e}");
+                    tracing::error!(waitpoint = %id, error = %e, "cannot service waitpoint (will retry)");
                     self.due.set(&id, Some(now.plus_ms(1000)));
                 }
             }

@@ -3,11 +3,11 @@
 //! the store through an engine of their own; its cancel is `waitpoint cancel`'s
 //! `Engine::cancel`, run on the loop like every other change.
 //!
-//! The list is not a view of its own: each session is `agent::Session` read once, its line in
+//! The list is not a view of its own: each session is `agent_view::Session` read once, its line in
 //! the session list (ring, capsule, counts) and its `wait_check` rows (intent, progress, badges
 //! with their retry errors, the latest heartbeat), so the page, the terminal and the agent
 //! cannot tell different stories. It carries no signal: a waitpoint's signals are its picture,
-//! `render::show_json` (`show --json`, never the secret's hash), asked for when the page opens
+//! `operator_view::show_json` (`show --json`, never the secret's hash), asked for when the page opens
 //! it. It is bounded: at most [`MAX_SESSIONS_SHOWN`] sessions and [`MAX_ROWS_SHOWN`] rows
 //! ([`MAX_ROWS_PER_SESSION`] a session), and it says how many it leaves out.
 //!
@@ -28,12 +28,12 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use crate::agent;
+use crate::agent_view;
 use crate::clock::{Clock, Timestamp};
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::ingress::http::ui::{UiAnswer, UiRequest};
-use crate::render;
+use crate::operator_view;
 use crate::settings::{Location, Settings};
 
 /// Sessions the list shows at most (by name); the rest are counted.
@@ -57,8 +57,8 @@ pub(super) fn cancel(engine: &Engine, id: &str, session: &str) -> Result<UiAnswe
     tracing::info!(waitpoint = %wp.id, session = %session, "cancelled from the operator page");
     Ok(UiAnswer::Json(json!({
         "result": "cancelled",
-        "waitpoint": render::public_view(&wp),
-        "note": agent::cancelled_note(&wp),
+        "waitpoint": operator_view::public_view(&wp),
+        "note": agent_view::cancelled_note(&wp),
     })))
 }
 
@@ -208,7 +208,7 @@ impl Builder {
 /// The page's list: each shown session's line and `wait_check` rows (bounded, see the module
 /// doc), `bad/` read once for the whole list, and the counts of what is not shown.
 fn list(engine: &Engine) -> Result<Value> {
-    let refused = agent::refused_counts(engine.home())?;
+    let refused = agent_view::refused_counts(engine.home())?;
     let (names, inboxes, from_index) = session_names(engine)?;
     let mut sessions_not_shown = 0;
     let mut rows_left = MAX_ROWS_SHOWN;
@@ -220,7 +220,7 @@ fn list(engine: &Engine) -> Result<Value> {
             continue;
         }
         let has_inbox = inboxes.contains(&name);
-        let mut s = agent::Session::read(engine, name)?;
+        let mut s = agent_view::Session::read(engine, name)?;
         // A name the index keeps for waitpoints since removed (it only over-approximates) is
         // no session: `waitpoint sessions` does not list it either. One whose waitpoints are
         // all cancelled or done still is.
@@ -237,7 +237,7 @@ fn list(engine: &Engine) -> Result<Value> {
         rows_not_shown += not_shown;
         s.items.truncate(shown);
         s.rows.truncate(shown);
-        agent::add_refusals(&mut s.rows, &refused);
+        agent_view::add_refusals(&mut s.rows, &refused);
         let mut check = s.check_reply();
         // The page shows the count of unread wakes (in the line), not their texts.
         check.as_object_mut().map(|o| o.remove("unread_wakes"));
@@ -252,14 +252,14 @@ fn list(engine: &Engine) -> Result<Value> {
     }))
 }
 
-/// The names the list looks at: `agent::session_names`, but on the home's files with a
+/// The names the list looks at: `agent_view::session_names`, but on the home's files with a
 /// complete index, the index's names and the inboxes, without reading every waitpoint (half of
 /// a build at 10,000); the names that have an inbox; and whether the names came from the index.
 fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>, bool)> {
     let home = engine.home();
     let inboxes: BTreeSet<String> = crate::delivery::channels(home)?.into_iter().collect();
     if engine.settings().store != Location::Files || !engine.index_is_complete() {
-        return Ok((agent::session_names(engine)?, inboxes, false));
+        return Ok((agent_view::session_names(engine)?, inboxes, false));
     }
     let mut names: BTreeSet<String> = crate::durable::list_dir(&home.session_index_root())?
         .into_iter()
@@ -318,10 +318,10 @@ fn picture(engine: &Engine, id: &str) -> Result<Value> {
         .saturating_sub(MAX_SIGNALS_SHOWN - 1)
         .max(1);
     let signals = engine.read_signals(&wp.id, first)?;
-    let mut rows = agent::check_rows(engine, std::slice::from_ref(&wp))?;
-    agent::add_refusals(&mut rows, &agent::refused_counts(engine.home())?);
+    let mut rows = agent_view::check_rows(engine, std::slice::from_ref(&wp))?;
+    agent_view::add_refusals(&mut rows, &agent_view::refused_counts(engine.home())?);
     let badges = rows.pop().map(|r| r.badges).unwrap_or_default();
-    let mut v = render::show_json(&wp, &signals, &badges);
+    let mut v = operator_view::show_json(&wp, &signals, &badges);
     v["signals_not_shown"] = json!(first - 1);
     Ok(v)
 }

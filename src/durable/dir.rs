@@ -58,7 +58,7 @@ pub enum Rewrite {
 
 /// What a name in a [`Dir`] is, looked at without following it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
+pub enum Kind {
     Symlink,
     /// A regular file: its link count, size and modification time.
     File {
@@ -149,7 +149,7 @@ impl Dir {
         let path = self.path.join(name);
         let fd = rustix::fs::openat(&self.fd, self.plain(name)?, OPEN_DIR, Mode::empty());
         Self::checked(fd, &path, || {
-            matches!(self.entry(name), Ok(Some(Entry::Symlink)))
+            matches!(self.entry(name), Ok(Some(Kind::Symlink)))
         })
     }
 
@@ -254,7 +254,7 @@ impl Dir {
     }
 
     /// What `name` is, without following it; `None` when there is no such name.
-    pub fn entry(&self, name: &OsStr) -> io::Result<Option<Entry>> {
+    pub fn entry(&self, name: &OsStr) -> io::Result<Option<Kind>> {
         let name = self.plain(name).map_err(|_| invalid())?;
         let st = match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
@@ -262,15 +262,15 @@ impl Dir {
             Err(e) => return Err(e.into()),
         };
         Ok(Some(match FileType::from_raw_mode(st.st_mode) {
-            FileType::Symlink => Entry::Symlink,
-            FileType::RegularFile => Entry::File {
+            FileType::Symlink => Kind::Symlink,
+            FileType::RegularFile => Kind::File {
                 links: st.st_nlink as u64,
                 len: st.st_size.max(0) as u64,
                 modified: UNIX_EPOCH
                     + Duration::new(st.st_mtime.max(0) as u64, st.st_mtime_nsec as u32),
             },
-            FileType::Directory => Entry::Dir,
-            _ => Entry::Other,
+            FileType::Directory => Kind::Dir,
+            _ => Kind::Other,
         }))
     }
 

@@ -111,7 +111,7 @@ impl FileLock {
             return LockHolder::Free;
         }
         let reused = pid
-            .parse::<libc::pid_t>()
+            .parse::<rustix::process::RawPid>()
             .ok()
             .filter(|p| *p > 0)
             .is_some_and(crate::process::process_exists);

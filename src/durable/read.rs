@@ -3,7 +3,7 @@
 //! reason when they are not what they should be.
 
 use super::beneath::Root;
-use super::{Dir, Entry, commit, create_dir_private, open_read, rename_durably};
+use super::{Dir, Kind, commit, create_dir_private, open_read, rename_durably};
 use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
 use std::fs::{self, File};
@@ -94,13 +94,13 @@ pub fn read_record_bytes(
     let refuse = |message: String| Ok(Err((path.to_owned(), message)));
     match dir.entry(name) {
         Ok(None) => return Ok(Ok(None)),
-        Ok(Some(Entry::File { len, .. })) if len > MAX_RECORD_BYTES => {
+        Ok(Some(Kind::File { len, .. })) if len > MAX_RECORD_BYTES => {
             return refuse(format!(
                 "is {len} bytes, more than a record may be ({MAX_RECORD_BYTES})"
             ));
         }
-        Ok(Some(Entry::File { .. })) => {}
-        Ok(Some(Entry::Symlink)) => {
+        Ok(Some(Kind::File { .. })) => {}
+        Ok(Some(Kind::Symlink)) => {
             return refuse("is a symbolic link; records must be real files".into());
         }
         Ok(Some(_)) => return refuse("is not a regular file".into()),

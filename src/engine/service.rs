@@ -43,7 +43,7 @@ impl Engine {
                 wp.outbox.push(wake);
             }
         }
-        self.check_silence(&mut wp, now)?;
+        self.queue_due_silence(&mut wp, now)?;
         if wp.status == Status::Armed && now >= wp.expires_at {
             let first = wp
                 .pending_wake
@@ -225,7 +225,7 @@ pub(super) fn note_hook_attempt(
         }
         Err(error) => {
             h.next_attempt_at = now.plus_ms(hook_backoff_ms(h.attempts));
-            tracing::warn!(owner, wake = %wake_id, attempts = h.attempts, "onWake hook failed, will retry: {error}");
+            tracing::warn!(owner, wake = %wake_id, attempts = h.attempts, error = %error, "onWake hook failed, will retry");
             h.last_error = Some(error);
         }
     }

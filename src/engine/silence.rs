@@ -110,7 +110,7 @@ impl Engine {
     }
 
     /// Puts a due silence wake of `wp` in its outbox (the caller saves and flushes it).
-    pub(super) fn check_silence(&self, wp: &mut Waitpoint, now: Timestamp) -> Result<()> {
+    pub(super) fn queue_due_silence(&self, wp: &mut Waitpoint, now: Timestamp) -> Result<()> {
         if self.silence_is_held() {
             return Ok(());
         }
@@ -246,7 +246,7 @@ it?); if the job is lost with it, cancel this waitpoint (wait_cancel). It stays 
                 local_drop_zone: &drop_zone,
                 // Only the `curl` line names the port, and it is never the recommended one.
                 webhook_port: self.settings.webhook.port.unwrap_or(0),
-                shim: howto::Shim::Off,
+                shim: howto::ShimState::Off,
                 device_spool: spool.as_deref(),
             },
         );

@@ -15,7 +15,7 @@
 use std::path::{Path, PathBuf};
 
 /// Whether process `pid` is a managed Codex app-server (`codex app-server … --managed-daemon`).
-pub fn is_managed_app_server(pid: libc::pid_t) -> bool {
+pub fn is_managed_app_server(pid: rustix::process::RawPid) -> bool {
     read_nul(&format!("/proc/{pid}/cmdline")).is_some_and(|argv| managed_app_server_argv(&argv))
 }
 
@@ -28,7 +28,7 @@ fn managed_app_server_argv(argv: &[String]) -> bool {
 /// home and that was started for this thread (`codex resume THREAD`) or, when started without
 /// naming one, in the thread's directory (`-C`/`--cd` counted). Two fresh terminals in one
 /// directory cannot be told apart; both count.
-pub fn terminals(codex_home: &Path, thread: &str, cwd: &Path) -> Vec<libc::pid_t> {
+pub fn terminals(codex_home: &Path, thread: &str, cwd: &Path) -> Vec<rustix::process::RawPid> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -37,13 +37,18 @@ pub fn terminals(codex_home: &Path, thread: &str, cwd: &Path) -> Vec<libc::pid_t
     let me = std::process::id();
     entries
         .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .parse::<rustix::process::RawPid>()
+                .ok()
+        })
         .filter(|&pid| pid as u32 != me && shows(pid, &home, thread, &cwd))
         .collect()
 }
 
 /// Whether process `pid` is a Codex terminal of `home` that may show `thread` (in `cwd`).
-fn shows(pid: libc::pid_t, home: &Path, thread: &str, cwd: &Path) -> bool {
+fn shows(pid: rustix::process::RawPid, home: &Path, thread: &str, cwd: &Path) -> bool {
     let Some(argv) = read_nul(&format!("/proc/{pid}/cmdline")) else {
         return false;
     };

@@ -11,7 +11,7 @@ use std::path::Path;
 /// The process holding thread `thread`'s writer lock under Codex's home `codex_home`, if one
 /// does. `None` too when the lock file is missing or not a regular file (no Codex wrote the
 /// thread here), or `/proc/locks` cannot be read.
-pub fn holder(codex_home: Option<&Path>, thread: &str) -> Option<libc::pid_t> {
+pub fn holder(codex_home: Option<&Path>, thread: &str) -> Option<rustix::process::RawPid> {
     // A thread id that is not a plain token never names a path (`Harness::session_name`).
     crate::harness::Harness::Codex.session_name(thread)?;
     let lock = codex_home?
@@ -28,8 +28,8 @@ pub fn holder(codex_home: Option<&Path>, thread: &str) -> Option<libc::pid_t> {
 /// The pid of a granted lock on the file `(dev, ino)` in `/proc/locks`'s text. A line is
 /// `N: FLOCK  ADVISORY  WRITE PID MAJ:MIN:INODE START END` (major and minor in hex); a waiter
 /// still blocked on a lock has `->` after its number and is not a holder.
-fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<libc::pid_t> {
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
+fn holder_in(locks: &str, dev: u64, ino: u64) -> Option<rustix::process::RawPid> {
+    let (major, minor) = (rustix::fs::major(dev), rustix::fs::minor(dev));
     locks.lines().find_map(|line| {
         let mut fields = line.split_whitespace().skip(1);
         let kind = fields.next()?;
@@ -56,7 +56,7 @@ mod tests {
         let locks = "1: FLOCK  ADVISORY  WRITE 4242 00:2a:777 0 EOF\n\
                      1: -> FLOCK  ADVISORY  WRITE 5151 00:2a:888 0 EOF\n\
                      2: POSIX  ADVISORY  READ 99 fd:01:777 0 EOF\n";
-        let dev = libc::makedev(0, 0x2a);
+        let dev = rustix::fs::makedev(0, 0x2a);
         assert_eq!(holder_in(locks, dev, 777), Some(4242));
         assert_eq!(
             holder_in(locks, dev, 888),
@@ -64,7 +64,10 @@ mod tests {
             "a blocked waiter holds nothing"
         );
         assert_eq!(holder_in(locks, dev, 999), None);
-        assert_eq!(holder_in(locks, libc::makedev(0xfd, 1), 777), Some(99));
+        assert_eq!(
+            holder_in(locks, rustix::fs::makedev(0xfd, 1), 777),
+            Some(99)
+        );
     }
 
     #[test]
@@ -78,7 +81,7 @@ mod tests {
         file.lock().unwrap();
         assert_eq!(
             holder(Some(home.path()), "t-1"),
-            Some(std::process::id() as libc::pid_t)
+            Some(std::process::id() as rustix::process::RawPid)
         );
         file.unlock().unwrap();
         assert_eq!(holder(Some(home.path()), "t-1"), None);

@@ -13,7 +13,7 @@ use crate::harness::{Caller, Harness};
 /// has `-p`/`--prompt`, or its standard input is not a terminal. Nobody is idle in such a run,
 /// and a hook that waited would hold it up. A process that cannot be read counts as headless:
 /// better a wake delivered by a resume later than a run held up.
-pub fn is_headless(pid: libc::pid_t) -> bool {
+pub fn is_headless(pid: rustix::process::RawPid) -> bool {
     let Ok(argv) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
         return true;
     };
@@ -47,7 +47,7 @@ fn open_transcript(path: &Path) -> Option<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .custom_flags((rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
         .open(path)
         .ok()?;
     f.metadata().ok()?.is_file().then_some(f)

@@ -25,21 +25,21 @@ pub fn records_dir(home: &Home) -> PathBuf {
     home.root().join("harness-pids")
 }
 
-fn record_file(home: &Home, pid: libc::pid_t) -> PathBuf {
+fn record_file(home: &Home, pid: rustix::process::RawPid) -> PathBuf {
     records_dir(home).join(format!("{pid}.json"))
 }
 
 /// "Process `pid`, started at `started`, is in `caller`'s session."
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct ProcessRecord {
-    pid: libc::pid_t,
+    pid: rustix::process::RawPid,
     started: u64,
     caller: Caller,
 }
 
 /// When process `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`);
 /// `None` when it is gone.
-pub fn start_ticks(pid: libc::pid_t) -> Option<u64> {
+pub fn start_ticks(pid: rustix::process::RawPid) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name sits in parentheses and may hold anything; the fields after the last ')' are
     // fixed: the state is the first, the start time the twentieth.
@@ -51,13 +51,13 @@ pub fn start_ticks(pid: libc::pid_t) -> Option<u64> {
 /// server of a harness's, the harness process whose record names the session.
 /// (Here, not called as `process::starter_pid` from the front ends: `mcp` may not import
 /// `process`, by the layer table.)
-pub fn starter() -> Option<libc::pid_t> {
+pub fn starter() -> Option<rustix::process::RawPid> {
     crate::process::starter_pid()
 }
 
 /// Records that harness process `pid` is in `caller`'s session (its `SessionStart` hook, at
 /// start, on `/clear` and on a resume), and removes the records of processes that are gone.
-pub fn record_process(home: &Home, pid: libc::pid_t, caller: &Caller) -> Result<()> {
+pub fn record_process(home: &Home, pid: rustix::process::RawPid, caller: &Caller) -> Result<()> {
     let Some(started) = start_ticks(pid) else {
         // Gone already: nobody will call for it.
         return Ok(());
@@ -75,12 +75,12 @@ pub fn record_process(home: &Home, pid: libc::pid_t, caller: &Caller) -> Result<
 
 /// The session harness process `pid` is in now, if its record is there and names this very
 /// process (not an earlier one under the same pid).
-pub fn caller_of_process(home: &Home, pid: libc::pid_t) -> Option<Caller> {
+pub fn caller_of_process(home: &Home, pid: rustix::process::RawPid) -> Option<Caller> {
     let record = read_record(home, pid)?;
     (Some(record.started) == start_ticks(pid)).then_some(record.caller)
 }
 
-fn read_record(home: &Home, pid: libc::pid_t) -> Option<ProcessRecord> {
+fn read_record(home: &Home, pid: rustix::process::RawPid) -> Option<ProcessRecord> {
     let found: Option<ProcessRecord> =
         durable::read_json_or_set_aside(home.root_dir(), &record_file(home, pid))
             .ok()
@@ -98,7 +98,7 @@ fn read_record(home: &Home, pid: libc::pid_t) -> Option<ProcessRecord> {
 
 /// Forgets process `pid` (its `SessionEnd` on exit), if its record still names `session`: a
 /// `/clear` has written the next session's already.
-pub fn forget_process(home: &Home, pid: libc::pid_t, session: &str) -> Result<()> {
+pub fn forget_process(home: &Home, pid: rustix::process::RawPid, session: &str) -> Result<()> {
     if read_record(home, pid).is_some_and(|r| r.caller.session() == session) {
         let file = record_file(home, pid);
         match durable::unlink(&file) {
@@ -113,7 +113,7 @@ pub fn forget_process(home: &Home, pid: libc::pid_t, session: &str) -> Result<()
 /// The running harness process whose record names `session`, if any: the session is open there
 /// (a TUI between turns, a `-p` run), so a resume in a second process would write the same
 /// conversation from two places.
-pub fn open_in(home: &Home, session: &str) -> Option<libc::pid_t> {
+pub fn open_in(home: &Home, session: &str) -> Option<rustix::process::RawPid> {
     pids(home)
         .into_iter()
         .find(|&pid| caller_of_process(home, pid).is_some_and(|c| c.session() == session))
@@ -121,12 +121,12 @@ pub fn open_in(home: &Home, session: &str) -> Option<libc::pid_t> {
 
 /// The pids that have a record; at most [`MAX_RECORDS`] are looked at, so a folder filled by
 /// hand costs a bounded time.
-fn pids(home: &Home) -> Vec<libc::pid_t> {
+fn pids(home: &Home) -> Vec<rustix::process::RawPid> {
     durable::list_names(&records_dir(home))
         .unwrap_or_default()
         .into_iter()
         .filter_map(|n| n.strip_suffix(".json")?.parse().ok())
-        .filter(|&pid: &libc::pid_t| pid > 0)
+        .filter(|&pid: &rustix::process::RawPid| pid > 0)
         .take(MAX_RECORDS)
         .collect()
 }
@@ -159,7 +159,7 @@ mod tests {
     fn a_process_record_names_the_session_until_clear_moves_it_and_exit_forgets_it() {
         let dir = tempfile::tempdir().unwrap();
         let home = Home::new(dir.path());
-        let me = std::process::id() as libc::pid_t;
+        let me = std::process::id() as rustix::process::RawPid;
         assert_eq!(caller_of_process(&home, me), None);
         record_process(&home, me, &caller("a1")).unwrap();
         assert_eq!(caller_of_process(&home, me), Some(caller("a1")));
@@ -181,7 +181,7 @@ mod tests {
             .arg("30")
             .spawn()
             .unwrap();
-        let pid = child.id() as libc::pid_t;
+        let pid = child.id() as rustix::process::RawPid;
         record_process(&home, pid, &caller("gone")).unwrap();
         assert_eq!(caller_of_process(&home, pid), Some(caller("gone")));
         // The same pid started at another time is another process.
@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(caller_of_process(&home, pid), None);
         child.kill().unwrap();
         child.wait().unwrap();
-        let me = std::process::id() as libc::pid_t;
+        let me = std::process::id() as rustix::process::RawPid;
         record_process(&home, me, &caller("live")).unwrap();
         assert!(!file.exists(), "the gone process's record is pruned");
     }
@@ -202,7 +202,7 @@ mod tests {
     fn a_linked_record_is_not_followed() {
         let dir = tempfile::tempdir().unwrap();
         let home = Home::new(dir.path());
-        let me = std::process::id() as libc::pid_t;
+        let me = std::process::id() as rustix::process::RawPid;
         record_process(&home, me, &caller("a1")).unwrap();
         let file = record_file(&home, me);
         let outside = dir.path().join("outside.json");

@@ -339,11 +339,11 @@ pub fn take_pending(
     home: &Home,
     waiter: &Waiter,
     timeout: Duration,
-    interrupt: &crate::agent::Interrupt,
+    interrupt: &crate::inbox::Interrupt,
 ) -> Result<Vec<Wake>> {
     let deadline = Some(Instant::now() + timeout);
     let session = &waiter.session;
-    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    let mut inbox = crate::inbox::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
     if let Some((file, _)) = &waiter.abandoned {
         // Not watchable (gone, another kind of file): the test is still asked every minute.
@@ -373,10 +373,10 @@ pub fn take_pending(
 pub fn unread_pending(
     home: &Home,
     waiter: &Waiter,
-    interrupt: &crate::agent::Interrupt,
+    interrupt: &crate::inbox::Interrupt,
 ) -> Result<Vec<Wake>> {
     let session = &waiter.session;
-    let mut inbox = crate::agent::Inbox::open(home, session)?;
+    let mut inbox = crate::inbox::Inbox::open(home, session)?;
     inbox.watch_also(&home.sessions_dir().join(session))?;
     interrupt.wake(inbox.poker());
     waiter.watch_harness(inbox.poker());
@@ -407,7 +407,7 @@ pub struct Waiter {
     token: String,
     record: PathBuf,
     /// The harness's processes: the waiter serves them, and leaves once every one has exited.
-    harness: Vec<libc::pid_t>,
+    harness: Vec<rustix::process::RawPid>,
     harness_gone: Arc<AtomicBool>,
     /// A file whose change may mean the harness gave up on this waiter, and the test of it.
     abandoned: Option<(PathBuf, Abandoned)>,
@@ -426,7 +426,7 @@ struct WaiterRecord {
     pid: u32,
     token: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    harness_pids: Vec<libc::pid_t>,
+    harness_pids: Vec<rustix::process::RawPid>,
 }
 
 fn waiter_record(home: &Home, session: &str) -> PathBuf {
@@ -445,7 +445,11 @@ impl Waiter {
     /// that started it, or the terminals that show the session; none when not known). Blocks
     /// while a resume of this session is running, which holds the lock
     /// exclusively; the wake it delivers is read by the time this returns.
-    pub fn start(home: &Home, session: &str, harness: Vec<libc::pid_t>) -> Result<Waiter> {
+    pub fn start(
+        home: &Home,
+        session: &str,
+        harness: Vec<rustix::process::RawPid>,
+    ) -> Result<Waiter> {
         crate::request::check_name("session", session)?;
         let presence = presence_lock(home, session)?;
         let lock = home.sessions_dir().join(session).join("waiter.lock");
@@ -671,7 +675,7 @@ pub fn resume_or_yield(
     let (channel, id) = (&wake.channel, &wake.wake_id);
     let presence = presence_lock(home, channel).map_err(|e| e.to_string())?;
     let (_watcher, changes) =
-        crate::agent::wake_on_change(&home.inbox_new(channel)).map_err(|e| e.to_string())?;
+        crate::inbox::wake_on_change(&home.inbox_new(channel)).map_err(|e| e.to_string())?;
     if !delivery::is_unread(home, channel, id) {
         return Ok(Handed::AlreadyRead);
     }
@@ -686,7 +690,7 @@ pub fn resume_or_yield(
             tracing::info!(wake = %id, thread = %r.target, pid, "the thread is open in Codex; the wake waits for its turn's end or its exit");
             said = true;
         }
-        if !crate::agent::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
+        if !crate::inbox::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
             return Err(format!(
                 "thread {} stayed open in Codex (process {pid}) for {} s; the wake waits for \
                  its next turn's end or its exit",
@@ -706,7 +710,7 @@ pub fn resume_or_yield(
         }
         // A live waiter holds the session: it takes the wake. The lock's release (its harness
         // exited first) sends no event, hence the second's look again.
-        if !crate::agent::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
+        if !crate::inbox::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {
             return Err(format!(
                 "session {channel} has a live waiter, which did not take the wake within {} s",
                 timeout.as_secs()
@@ -765,7 +769,7 @@ pub fn codex_stop_reply(wakes: &[Wake]) -> String {
 pub fn give_back(home: &Home, wakes: &[Wake]) {
     for w in wakes {
         if let Err(e) = delivery::untake(home, &w.channel, &w.wake_id) {
-            tracing::error!(wake = %w.wake_id, "cannot put a wake back: {e}");
+            tracing::error!(wake = %w.wake_id, error = %e, "cannot put a wake back");
         }
     }
 }

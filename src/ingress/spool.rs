@@ -13,7 +13,7 @@ use std::io::{self, Read};
 use std::path::PathBuf;
 
 use crate::clock::Timestamp;
-use crate::durable::{self, Dir, Entry};
+use crate::durable::{self, Dir, Kind};
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
@@ -459,7 +459,7 @@ impl Spool {
             if !name.ends_with(".tmp") {
                 continue;
             }
-            let Ok(Some(Entry::File { modified, .. })) = dz.entry(OsStr::new(&name)) else {
+            let Ok(Some(Kind::File { modified, .. })) = dz.entry(OsStr::new(&name)) else {
                 continue;
             };
             let mtime = Timestamp::from_system(modified);
@@ -480,7 +480,7 @@ pub const SETTLE_MS: u128 = 2_000;
 /// clock (mtimes), not the engine's, because it asks about the file, not about waitpoints.
 fn is_fresh(dz: &Dir, name: &str) -> bool {
     match dz.entry(OsStr::new(name)) {
-        Ok(Some(Entry::File { modified, .. })) => modified
+        Ok(Some(Kind::File { modified, .. })) => modified
             .elapsed()
             .is_ok_and(|age| age.as_millis() < SETTLE_MS),
         _ => false,
@@ -520,8 +520,8 @@ fn read_regular(dz: &Dir, name: &OsStr) -> std::result::Result<Vec<u8>, ReadErro
     // Look before opening: opening a device or a socket can have effects of its own, so only
     // what is a regular file now is opened at all (and checked again once open, for races).
     match dz.entry(name) {
-        Ok(Some(Entry::Symlink)) => return Err(ReadError::Refused(SYMLINK.into())),
-        Ok(Some(Entry::File { .. })) => {}
+        Ok(Some(Kind::Symlink)) => return Err(ReadError::Refused(SYMLINK.into())),
+        Ok(Some(Kind::File { .. })) => {}
         Ok(Some(_)) => return Err(ReadError::Refused(NOT_REGULAR.into())),
         Ok(None) => return Err(ReadError::Gone),
         Err(e) => return Err(ReadError::Io(e)),
@@ -534,12 +534,14 @@ fn read_regular(dz: &Dir, name: &OsStr) -> std::result::Result<Vec<u8>, ReadErro
                 io::ErrorKind::PermissionDenied => {
                     ReadError::Refused("cannot be read (permission denied)".into())
                 }
-                _ if e.raw_os_error() == Some(libc::ELOOP) => ReadError::Refused(SYMLINK.into()),
-                // Swapped for a socket (ENXIO) or a device (ENODEV) since the look.
-                _ if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ENODEV)) => {
-                    ReadError::Refused(NOT_REGULAR.into())
-                }
-                _ => ReadError::Io(e),
+                _ => match rustix::io::Errno::from_io_error(&e) {
+                    Some(rustix::io::Errno::LOOP) => ReadError::Refused(SYMLINK.into()),
+                    // Swapped for a socket (ENXIO) or a device (ENODEV) since the look.
+                    Some(rustix::io::Errno::NXIO | rustix::io::Errno::NODEV) => {
+                        ReadError::Refused(NOT_REGULAR.into())
+                    }
+                    _ => ReadError::Io(e),
+                },
             });
         }
     };

@@ -27,7 +27,7 @@ use rmcp::{
 };
 use serde_json::{Value, json};
 
-use crate::agent::{self, LineContext};
+use crate::agent_view::{self, LineContext};
 use crate::delivery;
 use crate::engine::callbacks;
 use crate::engine::timers::TimerRequest;
@@ -35,8 +35,8 @@ use crate::engine::{CreateRequest, Engine};
 use crate::error::Error;
 use crate::escape;
 use crate::harness::{self, Caller};
+use crate::operator_view;
 use crate::records::Timer;
-use crate::render;
 
 use crate::sync::MutexExt;
 pub use params::MAX_WAIT_NEXT_S;
@@ -129,7 +129,7 @@ struct Inner {
     ingress_offered: std::sync::Mutex<HashSet<String>>,
     /// The process that started us (shells and wrappers passed over): a harness's (Gemini CLI,
     /// Claude Code), whose `SessionStart` hook records which session it is in.
-    parent: Option<libc::pid_t>,
+    parent: Option<rustix::process::RawPid>,
 }
 
 /// The MCP server: the agent tools of the spec, for one session.
@@ -198,7 +198,7 @@ fn reply(value: Value, note: String) -> CallToolResult {
 fn timer_note(t: &Timer) -> String {
     format!(
         "{}\nIts wakes come back to this session.",
-        render::timer_line(t)
+        operator_view::timer_line(t)
     )
 }
 
@@ -276,7 +276,7 @@ impl Inner {
     fn with_default_ingress(&self, session: &str, mut reply: CallToolResult) -> CallToolResult {
         let home = self.engine.home();
         if reply.is_error == Some(true)
-            || !agent::shim_listening(home)
+            || !agent_view::shim_listening(home)
             || !self
                 .ingress_offered
                 .lock_or_recover()
@@ -298,7 +298,7 @@ impl Inner {
         }
         match self.engine.reset_default_callback(session, None) {
             Ok(issued) => {
-                let url = agent::trigger_url(home, self.lines.fallback_port, &issued);
+                let url = agent_view::trigger_url(home, self.lines.fallback_port, &issued);
                 // Before the tool's own note, which stays the reply's last word.
                 let at = reply.content.len().saturating_sub(1);
                 reply.content.insert(at, ContentBlock::text(format!(
@@ -380,8 +380,8 @@ impl Server {
             req.recheck_after_ms = p.recheck_after_ms;
             req.started_within_ms = p.started_within_s.map(|s| s.saturating_mul(1000));
             req.heartbeat_within_ms = p.heartbeat_within_s.map(|s| s.saturating_mul(1000));
-            let created = agent::create(&inner.engine, req)?;
-            let lines = agent::how_to_signal(&inner.engine, &created, inner.lines)?;
+            let created = agent_view::create(&inner.engine, req)?;
+            let lines = agent_view::how_to_signal(&inner.engine, &created, inner.lines)?;
             let wp = &created.waitpoint;
             let mut note = format!(
                 "Armed {} ({:?}), expires {}. Append this to the job's command ({}):\n  {}\n",
@@ -398,14 +398,14 @@ impl Server {
                 "Start the job with that line in it, then end your turn; the wake comes back \
                  to this session.",
             );
-            if !agent::daemon_running(inner.engine.home()) {
+            if !agent_view::daemon_running(inner.engine.home()) {
                 note.push_str(&format!(
                     "\nNo waitpoint daemon is running for {}: signals wait in its spool, and no \
                      wake arrives until `waitpoint daemon` runs there.",
                     inner.engine.home().root().display()
                 ));
             }
-            Ok(reply(agent::created_reply(&created, &lines), note))
+            Ok(reply(agent_view::created_reply(&created, &lines), note))
         })
         .await
     }
@@ -419,8 +419,8 @@ impl Server {
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, McpError> {
         self.run(&ctx, move |inner, session| {
-            let items = agent::waiting_for(&inner.engine, session)?;
-            let v = agent::check(&inner.engine, session, &items)?;
+            let items = agent_view::waiting_for(&inner.engine, session)?;
+            let v = agent_view::check(&inner.engine, session, &items)?;
             let note = check_note(&v);
             Ok(reply(v, note))
         })
@@ -438,8 +438,8 @@ impl Server {
     ) -> Result<CallToolResult, McpError> {
         self.run(&ctx, move |inner, session| {
             let wp = inner.engine.cancel(&p.id, session)?;
-            let note = crate::agent::cancelled_note(&wp);
-            Ok(reply(render::public_view(&wp), note))
+            let note = crate::agent_view::cancelled_note(&wp);
+            Ok(reply(operator_view::public_view(&wp), note))
         })
         .await
     }
@@ -471,7 +471,7 @@ impl Server {
             let session = inner.session_for(caller.as_ref())?;
             inner.engine.replay_left_journal()?;
             let deadline = Some(started + timeout);
-            let taken = agent::Inbox::open(inner.engine.home(), &session)?.take(
+            let taken = crate::inbox::Inbox::open(inner.engine.home(), &session)?.take(
                 deadline,
                 CANCEL_CHECK,
                 &|| flag.load(Ordering::Relaxed) || inner.gone.is_set(),
@@ -622,7 +622,8 @@ impl Server {
         self.run(&ctx, move |inner, session| {
             let mode = p.delivery_mode.unwrap_or_default().mode();
             let issued = inner.engine.create_callback(mode, session, p.label)?;
-            let url = agent::trigger_url(inner.engine.home(), inner.lines.fallback_port, &issued);
+            let url =
+                agent_view::trigger_url(inner.engine.home(), inner.lines.fallback_port, &issued);
             let note = format!(
                 "Created external trigger {} ({}). Its trigger_url is a secret shown only in \
                  this reply: give it to the sender exactly as issued, and do not print it into a \
@@ -761,7 +762,7 @@ fn new_unread(
     let home = inner.engine.home();
     let dir = home.inbox_new(session);
     crate::durable::create_dir_private(&dir)?;
-    let (_watcher, rx) = agent::wake_on_change(&dir)?;
+    let (_watcher, rx) = crate::inbox::wake_on_change(&dir)?;
     loop {
         if inner.gone.is_set() {
             return Ok(Vec::new());
@@ -773,7 +774,7 @@ fn new_unread(
         if !fresh.is_empty() {
             return Ok(fresh);
         }
-        agent::wait_for_change(&rx, None, CANCEL_CHECK);
+        crate::inbox::wait_for_change(&rx, None, CANCEL_CHECK);
     }
 }
 

@@ -77,6 +77,12 @@ struct Key {
     max: u64,
 }
 
+impl Key {
+    fn range(&self) -> String {
+        format!("an integer from {} to {}", self.min, self.max)
+    }
+}
+
 const TTL: Key = Key {
     json: "waitpointTtlMs",
     env: "CORTEX_WAITPOINT_TTL_MS",
@@ -113,128 +119,191 @@ impl Settings {
             path: settings_file.to_owned(),
             message,
         };
-        if let Some(t) = text {
-            serde_json::from_str::<Unique>(t).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        }
-        let object = match text {
-            None => serde_json::Map::new(),
-            Some(t) => match serde_json::from_str::<Value>(t) {
-                Ok(Value::Object(map)) => map,
-                Ok(_) => return Err(bad("must be a JSON object".into())),
-                Err(e) => return Err(bad(format!("not valid JSON: {e}"))),
-            },
-        };
-        let get = |key: &Key| -> Result<Option<u64>> {
-            let range = format!("an integer from {} to {}", key.min, key.max);
-            if let Some(v) = object.get(key.json) {
-                return match v.as_u64() {
-                    Some(n) if (key.min..=key.max).contains(&n) => Ok(Some(n)),
-                    _ => Err(bad(format!("key `{}` must be {range}, not {v}", key.json))),
-                };
-            }
-            match env(key.env) {
-                None => Ok(None),
-                Some(raw) => match raw.trim().parse::<u64>() {
-                    Ok(n) if (key.min..=key.max).contains(&n) => Ok(Some(n)),
-                    _ => Err(Error::Usage(format!(
-                        "environment variable {} must be {range}, not {raw:?}",
-                        key.env
-                    ))),
-                },
-            }
-        };
-        let on_wake = match object.get("onWake") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(items)) if !items.is_empty() => Some(
-                items
-                    .iter()
-                    .map(|v| v.as_str().map(str::to_owned))
-                    .collect::<Option<Vec<String>>>()
-                    .filter(|argv| !argv[0].is_empty())
-                    .ok_or_else(|| {
-                        bad("key `onWake` must be an array of strings (argv), e.g. [\"notify-send\", \"wake\"]".into())
-                    })?,
-            ),
-            Some(v) => {
-                return Err(bad(format!(
-                    "key `onWake` must be a non-empty array of strings (argv, never a shell string), not {v}"
-                )));
-            }
-        };
-        let on_wake_timeout_ms = match object.get("onWakeTimeoutMs") {
-            None => None,
-            Some(v) => match v.as_u64() {
-                Some(n) if (1..=3_600_000).contains(&n) => Some(n),
-                _ => {
-                    return Err(bad(format!(
-                        "key `onWakeTimeoutMs` must be an integer from 1 to 3600000, not {v}"
-                    )));
-                }
-            },
-        };
-        let webhook = match object.get("webhook") {
-            None => WebhookSettings::default(),
-            Some(Value::Object(w)) => WebhookSettings {
-                enabled: match w.get("enabled") {
-                    None => false,
-                    Some(Value::Bool(b)) => *b,
-                    Some(v) => {
-                        return Err(bad(format!(
-                            "key `webhook.enabled` must be true or false, not {v}"
-                        )));
+        let file = match text {
+            None => SettingsFile::default(),
+            Some(t) => {
+                serde_json::from_str::<Unique>(t)
+                    .map_err(|e| bad(format!("not valid JSON: {e}")))?;
+                match serde_json::from_str::<Value>(t) {
+                    // An object only: a derived struct would take an array positionally.
+                    Ok(v @ Value::Object(_)) => {
+                        serde_json::from_value(v).map_err(|e| bad(e.to_string()))?
                     }
-                },
-                port: match w.get("port") {
-                    None => None,
-                    Some(v) => match v.as_u64().and_then(|n| u16::try_from(n).ok()) {
-                        Some(p) => Some(p),
-                        None => {
-                            return Err(bad(format!(
-                                "key `webhook.port` must be an integer from 0 to 65535, not {v}"
-                            )));
-                        }
-                    },
-                },
-            },
-            Some(v) => return Err(bad(format!("key `webhook` must be an object, not {v}"))),
+                    Ok(_) => return Err(bad("must be a JSON object".into())),
+                    Err(e) => return Err(bad(format!("not valid JSON: {e}"))),
+                }
+            }
         };
-        let store = match object.get("store") {
-            Some(v) => Location::from_setting(v).map_err(bad)?,
+        // A key the file leaves out falls back to its environment variable.
+        let from_env = |key: &Key, given: Option<u64>| -> Result<Option<u64>> {
+            if given.is_some() {
+                return Ok(given);
+            }
+            let Some(raw) = env(key.env) else {
+                return Ok(None);
+            };
+            match raw.trim().parse::<u64>() {
+                Ok(n) if (key.min..=key.max).contains(&n) => Ok(Some(n)),
+                _ => Err(Error::Usage(format!(
+                    "environment variable {} must be {}, not {raw:?}",
+                    key.env,
+                    key.range()
+                ))),
+            }
+        };
+        let store = match file.store {
+            Some(v) => Location::from_setting(&v).map_err(bad)?,
             None => match env("CORTEX_STORE") {
                 Some(url) => Location::parse(&url)
                     .map_err(|e| bad(format!("environment variable CORTEX_STORE: {e}")))?,
                 None => Location::Files,
             },
         };
-        let host = match object.get("host") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(h))
-                if !h.is_empty()
-                    && h.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
-            {
-                Some(h.clone())
-            }
-            Some(v) => {
-                return Err(bad(format!(
-                    "key `host` must be a name of letters, digits, - _ and ., not {v}"
-                )));
-            }
-        };
         let d = Settings::default();
         Ok(Settings {
             store,
-            host,
-            webhook,
-            on_wake,
-            on_wake_timeout_ms: on_wake_timeout_ms.unwrap_or(d.on_wake_timeout_ms),
-            ttl_ms: get(&TTL)?.unwrap_or(d.ttl_ms),
-            sweep_ms: get(&SWEEP)?.unwrap_or(d.sweep_ms),
-            max_wakes_per_hour: get(&WAKES)?
+            host: file.host,
+            webhook: file.webhook.unwrap_or_default(),
+            on_wake: file.on_wake,
+            on_wake_timeout_ms: file.on_wake_timeout_ms.unwrap_or(d.on_wake_timeout_ms),
+            ttl_ms: from_env(&TTL, file.waitpoint_ttl_ms)?.unwrap_or(d.ttl_ms),
+            sweep_ms: from_env(&SWEEP, file.waitpoint_sweep_ms)?.unwrap_or(d.sweep_ms),
+            max_wakes_per_hour: from_env(&WAKES, file.waitpoint_max_wakes_per_hour)?
                 .map(|n| n as u32)
                 .unwrap_or(d.max_wakes_per_hour),
         })
     }
+}
+
+/// `settings.json` as written. Every key may be absent, and a key not named here is left to
+/// other tools; each present key is checked by its own reader, whose error names the key and
+/// says what it must be.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SettingsFile {
+    #[serde(default, deserialize_with = "ttl")]
+    waitpoint_ttl_ms: Option<u64>,
+    #[serde(default, deserialize_with = "sweep")]
+    waitpoint_sweep_ms: Option<u64>,
+    #[serde(default, deserialize_with = "wakes")]
+    waitpoint_max_wakes_per_hour: Option<u64>,
+    #[serde(default, deserialize_with = "on_wake")]
+    on_wake: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "on_wake_timeout")]
+    on_wake_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "webhook")]
+    webhook: Option<WebhookSettings>,
+    /// Read by [`Location::from_setting`], which knows its forms.
+    #[serde(default)]
+    store: Option<Value>,
+    #[serde(default, deserialize_with = "host")]
+    host: Option<String>,
+}
+
+/// `"webhook"`: its own keys; others in the object are left to other tools.
+#[derive(serde::Deserialize)]
+struct WebhookFile {
+    #[serde(default, deserialize_with = "webhook_enabled")]
+    enabled: Option<bool>,
+    #[serde(default, deserialize_with = "webhook_port")]
+    port: Option<u16>,
+}
+
+type De<T, E> = std::result::Result<T, E>;
+
+/// The key's value if `accept` takes it, else an error naming the key and what it must be.
+fn key_value<'de, D: Deserializer<'de>, T>(
+    d: D,
+    key: &str,
+    must_be: &str,
+    accept: impl FnOnce(&Value) -> Option<T>,
+) -> De<T, D::Error> {
+    let v = Value::deserialize(d)?;
+    accept(&v).ok_or_else(|| de::Error::custom(format!("key `{key}` must be {must_be}, not {v}")))
+}
+
+fn ranged<'de, D: Deserializer<'de>>(d: D, key: &Key) -> De<Option<u64>, D::Error> {
+    key_value(d, key.json, &key.range(), |v| {
+        v.as_u64()
+            .filter(|n| (key.min..=key.max).contains(n))
+            .map(Some)
+    })
+}
+
+fn ttl<'de, D: Deserializer<'de>>(d: D) -> De<Option<u64>, D::Error> {
+    ranged(d, &TTL)
+}
+
+fn sweep<'de, D: Deserializer<'de>>(d: D) -> De<Option<u64>, D::Error> {
+    ranged(d, &SWEEP)
+}
+
+fn wakes<'de, D: Deserializer<'de>>(d: D) -> De<Option<u64>, D::Error> {
+    ranged(d, &WAKES)
+}
+
+fn on_wake_timeout<'de, D: Deserializer<'de>>(d: D) -> De<Option<u64>, D::Error> {
+    key_value(d, "onWakeTimeoutMs", "an integer from 1 to 3600000", |v| {
+        v.as_u64().filter(|n| (1..=3_600_000).contains(n)).map(Some)
+    })
+}
+
+/// An argv, never a shell string; `null` is no command.
+fn on_wake<'de, D: Deserializer<'de>>(d: D) -> De<Option<Vec<String>>, D::Error> {
+    let must_be = "a non-empty array of strings (argv, never a shell string), e.g. \
+                   [\"notify-send\", \"wake\"]";
+    key_value(d, "onWake", must_be, |v| match v {
+        Value::Null => Some(None),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| i.as_str().map(str::to_owned))
+            .collect::<Option<Vec<String>>>()
+            .filter(|argv| argv.first().is_some_and(|p| !p.is_empty()))
+            .map(Some),
+        _ => None,
+    })
+}
+
+fn webhook<'de, D: Deserializer<'de>>(d: D) -> De<Option<WebhookSettings>, D::Error> {
+    let v = Value::deserialize(d)?;
+    if !v.is_object() {
+        return Err(de::Error::custom(format!(
+            "key `webhook` must be an object, not {v}"
+        )));
+    }
+    let w: WebhookFile = serde_json::from_value(v).map_err(de::Error::custom)?;
+    Ok(Some(WebhookSettings {
+        enabled: w.enabled.unwrap_or(false),
+        port: w.port,
+    }))
+}
+
+fn webhook_enabled<'de, D: Deserializer<'de>>(d: D) -> De<Option<bool>, D::Error> {
+    key_value(d, "webhook.enabled", "true or false", |v| {
+        v.as_bool().map(Some)
+    })
+}
+
+fn webhook_port<'de, D: Deserializer<'de>>(d: D) -> De<Option<u16>, D::Error> {
+    key_value(d, "webhook.port", "an integer from 0 to 65535", |v| {
+        v.as_u64().and_then(|n| u16::try_from(n).ok()).map(Some)
+    })
+}
+
+/// A host name of letters, digits, `-`, `_` and `.`; `null` is none.
+fn host<'de, D: Deserializer<'de>>(d: D) -> De<Option<String>, D::Error> {
+    let must_be = "a name of letters, digits, - _ and .";
+    key_value(d, "host", must_be, |v| match v {
+        Value::Null => Some(None),
+        Value::String(h)
+            if !h.is_empty()
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
+        {
+            Some(Some(h.clone()))
+        }
+        _ => None,
+    })
 }
 
 /// Reads the settings file only if it can be trusted: what it says decides what runs (`onWake`),
@@ -257,7 +326,7 @@ fn read_trusted(path: &Path) -> Result<Option<String>> {
     // O_NONBLOCK: a FIFO swapped in since the look must not block the open.
     let file = match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32)
         .open(path)
     {
         Ok(f) => f,
@@ -454,6 +523,29 @@ mod tests {
             let err = Settings::resolve(Path::new("s"), Some(bad), no_env).unwrap_err();
             assert!(err.to_string().contains("webhook"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn each_key_says_what_it_must_be_and_only_an_object_is_settings() {
+        let err = |text: &str| {
+            Settings::resolve(Path::new("s"), Some(text), no_env)
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(
+            err(r#"{"waitpointTtlMs": 0}"#)
+                .contains("key `waitpointTtlMs` must be an integer from 1 to 2592000000, not 0"),
+            "{}",
+            err(r#"{"waitpointTtlMs": 0}"#)
+        );
+        assert!(err(r#"{"host": "a b"}"#).contains("key `host` must be a name"));
+        assert!(err(r#"{"onWakeTimeoutMs": -1}"#).contains("key `onWakeTimeoutMs`"));
+        // A derived reader would take an array's items as the keys in order.
+        assert!(err("[1000, 500]").contains("must be a JSON object"));
+        assert!(err(r#"{"a": 1, "a": 2}"#).contains("key `a` is given twice"));
+        let nulls = r#"{"onWake": null, "host": null, "otherTool": {"x": 1}}"#;
+        let s = Settings::resolve(Path::new("s"), Some(nulls), no_env).unwrap();
+        assert_eq!((s.on_wake, s.host), (None, None));
     }
 
     #[test]

@@ -658,6 +658,51 @@ fn an_open_codex_session_continues_its_turn_with_its_wake_without_a_keystroke() 
     );
 }
 
+#[test]
+fn two_codex_threads_in_one_project_each_see_and_get_only_their_own() {
+    let env = Env::new();
+    let server = ModelServer::start(agent);
+    let mut codex = codex_env(&env, &server);
+    setup(&env, &codex.project, &["codex"]);
+    codex.trust_hooks();
+    let _daemon = daemon(&env, "codex", &codex.vars());
+    codex.exec("arm cx-iso-a", &[], LIMIT).ok();
+    let a = armed(&server, "cx-iso-a");
+    codex.exec("arm cx-iso-b", &[], LIMIT).ok();
+    let b = armed(&server, "cx-iso-b");
+    assert_ne!(a.harness_session, b.harness_session);
+    let in_b = ["resume", b.harness_session.as_str()];
+    codex.exec("check what I wait on", &in_b, LIMIT).ok();
+    let listed = server.wait_for_request(
+        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
+        LIMIT,
+    );
+    let listed = listed.tool_result().unwrap();
+    assert!(
+        listed.contains(&b.id) && !listed.contains(&a.id),
+        "{listed}"
+    );
+    codex.exec(&format!("cancel {}", a.id), &in_b, LIMIT).ok();
+    server.wait_for_request(
+        |r| {
+            r.tool_result()
+                .is_some_and(|t| t.contains("not this session's"))
+        },
+        LIMIT,
+    );
+    assert_eq!(env.state(&a.id)["status"], "armed");
+
+    job_reports(&env, &a);
+    woken_in(&server, &a.harness_session, &a);
+    let wrong = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.session_id() == Some(b.harness_session.as_str()))
+        .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
+    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
+    read_once(&env, &format!("codex-{}", a.harness_session), &a);
+}
+
 /// An open Codex TUI whose user pressed Esc while the Stop hook waited: the waiter is gone, and
 /// the thread stays open (Codex's writer lock held). Then a daemon starts and the job reports,
 /// so the resume meets the open thread. Returns the TUI, the waitpoint, its session, the daemon.

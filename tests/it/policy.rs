@@ -166,7 +166,7 @@ fn wakes_this_hour_badge_shows_from_two_below_the_cap() {
         use waitpoint::clock::Clock;
         let wp = live.engine.load(&id).unwrap().unwrap();
         let home = waitpoint::home::Home::new(&env.home);
-        waitpoint::cli::render::badges(&home, &wp, 4, live.clock.now())
+        waitpoint::operator_view::badges(&home, &wp, 4, live.clock.now())
             .into_iter()
             .find(|b| b.kind == "wakes_this_hour")
             .map(|b| b.text)

@@ -3,11 +3,11 @@
 
 use std::sync::Arc;
 
-use waitpoint::cli::render::{self, Style};
 use waitpoint::clock::{Clock, ManualClock};
 use waitpoint::engine::{Engine, Quorum};
 use waitpoint::home::Home;
 use waitpoint::ingress::parse_signal;
+use waitpoint::operator_view::{self, Style};
 use waitpoint::request::Source;
 use waitpoint::settings::Settings;
 
@@ -74,10 +74,10 @@ fn check_table_with_badges() {
     clock.advance_ms(30 * 60_000);
     let home = Home::new(&env.home);
     let items = engine.list().unwrap();
-    let rows = render::check_items(&home, &items, &[], 12, clock.now());
-    let table = render::check_table("default", &rows, Style { color: false });
+    let rows = operator_view::check_items(&home, &items, &[], 12, clock.now());
+    let table = operator_view::check_table("default", &rows, Style { color: false });
     insta::assert_snapshot!(stable(&table, &[&a, &b]));
-    insta::assert_snapshot!("check_brief", render::check_brief(&rows));
+    insta::assert_snapshot!("check_brief", operator_view::check_brief(&rows));
 }
 
 #[test]
@@ -108,7 +108,7 @@ fn show_with_members_and_signals() {
     let wp = engine.load(&a).unwrap().unwrap();
     let signals = engine.read_signals(&a, 1).unwrap();
     let home = Home::new(&env.home);
-    let badges = render::badges(&home, &wp, 12, clock.now());
-    let text = render::show_text(&wp, &signals, &badges, clock.now());
+    let badges = operator_view::badges(&home, &wp, 12, clock.now());
+    let text = operator_view::show_text(&wp, &signals, &badges, clock.now());
     insta::assert_snapshot!(stable(&text, &[&a]));
 }

@@ -51,13 +51,6 @@ pub struct Collector {
     pub(super) left: Vec<LeftFile>,
 }
 
-/// What one round did.
-#[derive(Debug, Default)]
-pub struct Round {
-    /// Files now in the mirror (including ones a previous round claimed).
-    pub landed: Vec<String>,
-}
-
 impl Collector {
     pub fn new(device: Device, home: Home, opts: SshOptions) -> Self {
         let watchdog = Watchdog::new(&device.name);

@@ -122,7 +122,7 @@ impl Fleet {
         let devices = match list(&self.home) {
             Ok(d) => d,
             Err(e) => {
-                tracing::error!("cannot list devices: {e}");
+                tracing::error!(error = %e, "cannot list devices");
                 return;
             }
         };
@@ -161,7 +161,7 @@ impl Fleet {
                 tracing::info!(device = %name, host = %device.host, interval_ms = interval, "device collector started");
                 self.running.insert(name, Running { device, tx });
             }
-            Err(e) => tracing::error!(device = %name, "cannot start collector thread: {e}"),
+            Err(e) => tracing::error!(device = %name, error = %e, "cannot start collector thread"),
         }
     }
 
@@ -232,7 +232,7 @@ pub(super) fn collector_thread(
         match &error {
             None => tracing::debug!(device = %name, files = landed.len(), "device round done"),
             Some(e) => {
-                tracing::warn!(device = %name, failures = status.failures, "device unreachable (files wait there): {e}");
+                tracing::warn!(device = %name, failures = status.failures, error = %e, "device unreachable (files wait there)");
                 notify(DeviceEvent::Unreachable {
                     device: name.clone(),
                     since: status.last_success_at.unwrap_or(collector.device.added_at),

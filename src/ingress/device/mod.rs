@@ -43,7 +43,7 @@ mod fleet;
 mod sftp_long;
 mod ssh;
 
-pub use claim::{Collector, RemoteEntry, Round};
+pub use claim::{Collector, RemoteEntry};
 pub use fleet::{DeviceEvent, Fleet, backoff_ms, hint_for};
 pub use ssh::{Connection, SshOptions, connect, probe};
 

@@ -392,7 +392,7 @@ impl Connection {
                         continue;
                     }
                 };
-                tracing::warn!(device = %device.name, file = name, "a remote signal file is left on the device, untouched: {reason}");
+                tracing::warn!(device = %device.name, file = name, reason = %reason, "a remote signal file is left on the device, untouched");
                 left.push(LeftFile::new(name, reason, Some(stat)));
             }
         }

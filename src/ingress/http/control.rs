@@ -322,7 +322,7 @@ pub fn answer(
         Err(e @ Error::NotFound { .. }) => (404, error_body(&e)),
         Err(e @ Error::Conflict(_)) => (409, error_body(&e)),
         Err(e) => {
-            tracing::error!("a control operation failed: {e}");
+            tracing::error!(error = %e, "a control operation failed");
             (
                 500,
                 json!({ "result": "error", "error": "the daemon could not finish the operation (see its log); it may or may not have taken effect" }),

@@ -62,7 +62,7 @@ mod routes;
 mod serve;
 pub mod ui;
 
-pub use routes::{MissBudget, MissBudgets, Source};
+pub use routes::{MissBudget, MissBudgets, Requester};
 pub use serve::{connection_cap, descriptor_limit};
 
 /// The port used when neither `--port`, settings nor `WEBHOOK_PORT` name one.
@@ -316,7 +316,7 @@ impl Shim {
         }
         self.serving.stop();
         if let Err(e) = durable::remove_durably(&self.address_file) {
-            tracing::error!("cannot remove the webhook address file: {e}");
+            tracing::error!(error = %e, "cannot remove the webhook address file");
         }
         tracing::info!(addr = %self.addr, "webhook stopped");
     }

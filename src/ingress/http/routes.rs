@@ -26,35 +26,37 @@ use std::sync::mpsc;
 /// comes from 127.0.0.1, so the address alone would make one budget of everybody's), or the
 /// address where the kernel's table does not say.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Source {
+pub enum Requester {
     User(u32),
     Address(std::net::IpAddr),
     Unknown,
 }
 
-/// A miss budget per [`Source`]: one sender's unknown ids and wrong secrets cost only that
+/// A miss budget per [`Requester`]: one sender's unknown ids and wrong secrets cost only that
 /// sender its access, never a sender whose requests authenticate.
 #[derive(Debug, Default)]
 pub struct MissBudgets {
-    by_source: std::collections::HashMap<Source, MissBudget>,
+    by_requester: std::collections::HashMap<Requester, MissBudget>,
 }
 
 impl MissBudgets {
-    /// Whether `source`'s window already holds [`MISS_BUDGET`] misses.
-    pub fn spent(&mut self, source: &Source, now: Timestamp) -> bool {
-        self.by_source.get_mut(source).is_some_and(|b| b.spent(now))
+    /// Whether `requester`'s window already holds [`MISS_BUDGET`] misses.
+    pub fn spent(&mut self, requester: &Requester, now: Timestamp) -> bool {
+        self.by_requester
+            .get_mut(requester)
+            .is_some_and(|b| b.spent(now))
     }
 
-    /// Counts a miss against `source`.
-    pub fn record(&mut self, source: Source, now: Timestamp) {
-        self.by_source.entry(source).or_default().record(now);
+    /// Counts a miss against `requester`.
+    pub fn record(&mut self, requester: Requester, now: Timestamp) {
+        self.by_requester.entry(requester).or_default().record(now);
     }
 
-    /// Seconds until `source`'s oldest counted miss leaves the window.
-    pub fn frees_in_s(&mut self, source: &Source, now: Timestamp) -> u64 {
+    /// Seconds until `requester`'s oldest counted miss leaves the window.
+    pub fn frees_in_s(&mut self, requester: &Requester, now: Timestamp) -> u64 {
         let oldest = self
-            .by_source
-            .get_mut(source)
+            .by_requester
+            .get_mut(requester)
             .and_then(|b| {
                 b.forget_before(now);
                 b.misses.front().copied()
@@ -64,15 +66,15 @@ impl MissBudgets {
         (left.max(0) as u64).div_ceil(1000).max(1)
     }
 
-    /// Whether any source has a miss in its window (if none, nobody's budget can be spent and
-    /// the source of a request need not be looked up). Forgets sources with none.
+    /// Whether any requester has a miss in its window (if none, nobody's budget can be spent and
+    /// the requester of a request need not be looked up). Forgets requesters with none.
     pub fn any(&mut self, now: Timestamp) -> bool {
-        self.by_source.retain(|_, b| b.misses_in_window(now) > 0);
-        !self.by_source.is_empty()
+        self.by_requester.retain(|_, b| b.misses_in_window(now) > 0);
+        !self.by_requester.is_empty()
     }
 }
 
-/// The miss budget of one source: timestamps of its misses inside the sliding window.
+/// The miss budget of one requester: timestamps of its misses inside the sliding window.
 #[derive(Debug, Default)]
 pub struct MissBudget {
     misses: VecDeque<Timestamp>,
@@ -326,9 +328,9 @@ pub(super) fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<
     if !budgets.any(now) {
         return None;
     }
-    let source = source_of(shared, peer);
-    budgets.spent(&source, now).then(|| Reply {
-        retry_after_s: Some(budgets.frees_in_s(&source, now)),
+    let requester = requester_of(shared, peer);
+    budgets.spent(&requester, now).then(|| Reply {
+        retry_after_s: Some(budgets.frees_in_s(&requester, now)),
         ..refused(
             429,
             "too many unknown ids, wrong secrets or bad tokens in the last minute; try again later",
@@ -338,21 +340,21 @@ pub(super) fn budget_spent(shared: &Shared, peer: Option<SocketAddr>) -> Option<
 
 /// Counts one miss against the sender's budget.
 pub(super) fn record_miss(shared: &Shared, peer: Option<SocketAddr>) {
-    let source = source_of(shared, peer);
+    let requester = requester_of(shared, peer);
     shared
         .budget
         .lock_or_recover()
-        .record(source, shared.clock.now());
+        .record(requester, shared.clock.now());
 }
 
 /// Whose budget a request from `peer` draws on.
-fn source_of(shared: &Shared, peer: Option<SocketAddr>) -> Source {
+fn requester_of(shared: &Shared, peer: Option<SocketAddr>) -> Requester {
     match peer {
-        None => Source::Unknown,
+        None => Requester::Unknown,
         Some(p) => shared
             .peers
             .uid(p, shared.addr)
-            .map_or(Source::Address(p.ip()), Source::User),
+            .map_or(Requester::Address(p.ip()), Requester::User),
     }
 }
 
@@ -454,11 +456,11 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             )
         }
         Err(e) if let Some(r) = unavailable(&e) => {
-            tracing::warn!("callback not delivered: {e}");
+            tracing::warn!(error = %e, "callback not delivered");
             r
         }
         Err(e) => {
-            tracing::error!("cannot deliver a callback: {e}");
+            tracing::error!(error = %e, "cannot deliver a callback");
             reply(
                 500,
                 json!({ "result": "error", "error": "the daemon could not deliver the callback (see its log)" }),
@@ -531,11 +533,11 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             )
         }
         Err(e) if let Some(r) = unavailable(&e) => {
-            tracing::warn!(waitpoint = %id, "webhook signal not recorded: {e}");
+            tracing::warn!(waitpoint = %id, error = %e, "webhook signal not recorded");
             r
         }
         Err(e) => {
-            tracing::error!(waitpoint = %id, "cannot record a webhook signal: {e}");
+            tracing::error!(waitpoint = %id, error = %e, "cannot record a webhook signal");
             reply(
                 500,
                 // The failure may have come after the batch's journal line was durable (its
@@ -702,8 +704,8 @@ mod tests {
             on.budget
                 .lock()
                 .unwrap()
-                .by_source
-                .get_mut(&Source::Unknown)
+                .by_requester
+                .get_mut(&Requester::Unknown)
                 .map_or(0, |b| b.misses_in_window(Timestamp::from_millis(0))),
             1,
             "a wrong token spends the budget; a missing one does not"

@@ -168,7 +168,7 @@ async fn accept(
             Err(e) => {
                 // Out of descriptors (EMFILE, ENFILE) or the like: make room if we can, and
                 // do not spin on a backlog that cannot be accepted yet.
-                tracing::warn!("webhook cannot accept a connection: {e}");
+                tracing::warn!(error = %e, "webhook cannot accept a connection");
                 Conns::evict_least_active(&conns);
                 tokio::select! {
                     _ = &mut stop => return,

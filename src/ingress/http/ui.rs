@@ -430,7 +430,7 @@ fn login_with_code(
             )
         }
         Err(e) => {
-            tracing::error!("operator page: cannot read the login code: {e}");
+            tracing::error!(error = %e, "operator page: cannot read the login code");
             text(500, "cannot read the login code (see the daemon's log)")
         }
     }
@@ -509,7 +509,7 @@ fn view(shared: &Shared, head: &Head, login: &Login) -> Reply {
         Ok(Ok(UiAnswer::View { etag, json, builds })) => (etag, json, builds),
         Ok(Ok(UiAnswer::Json(_))) => return text(500, "the daemon answered the list wrongly"),
         Ok(Err(e)) => {
-            tracing::error!("operator page: cannot compose the view: {e}");
+            tracing::error!(error = %e, "operator page: cannot compose the view");
             return text(
                 500,
                 "the daemon could not read the waitpoints (see its log)",
@@ -548,7 +548,7 @@ fn waitpoint(shared: &Shared, query: &str) -> Reply {
         Ok(Ok(UiAnswer::View { .. })) => text(500, "the daemon answered the waitpoint wrongly"),
         Ok(Err(Error::NotFound { .. })) => text(404, "no such waitpoint"),
         Ok(Err(e)) => {
-            tracing::error!("operator page: cannot read a waitpoint: {e}");
+            tracing::error!(error = %e, "operator page: cannot read a waitpoint");
             text(500, "the daemon could not read the waitpoint (see its log)")
         }
         Err(r) => r,
@@ -614,7 +614,7 @@ fn cancel(shared: &Shared, head: &Head, body: Option<&[u8]>, login: &Login) -> R
                 Error::Conflict(_) => 409,
                 Error::Invalid { .. } | Error::Usage(_) => 400,
                 _ => {
-                    tracing::error!("operator page: cannot cancel: {e}");
+                    tracing::error!(error = %e, "operator page: cannot cancel");
                     return text(500, "the daemon could not cancel it (see its log)");
                 }
             };

@@ -4,7 +4,7 @@
 
 use super::{BAD, QueuedPark, Spool, read_regular};
 use crate::clock::Timestamp;
-use crate::durable::{self, Dir, Entry};
+use crate::durable::{self, Dir, Kind};
 use crate::error::{Error, Result};
 use crate::secret;
 use serde_json::Value;
@@ -93,8 +93,8 @@ impl Spool {
         let entry = dz
             .entry(source)
             .map_err(|e| Error::io("cannot inspect", dz.path().join(name), e))?;
-        let hard_linked = matches!(entry, Some(Entry::File { links, .. }) if links > 1);
-        let lone_file = matches!(entry, Some(Entry::File { links: 1, .. }));
+        let hard_linked = matches!(entry, Some(Kind::File { links, .. }) if links > 1);
+        let lone_file = matches!(entry, Some(Kind::File { links: 1, .. }));
         let redacted = bytes.and_then(redact_secret);
         let note = match &redacted {
             Some((_, Some(fp))) => format!(
@@ -133,7 +133,7 @@ with any secret-like text redacted)\n",
             }
             None => dz.rename_durably(source, &bad, &target)?,
         }
-        tracing::warn!(waitpoint, file = ?name, parked = %bad.path().join(&target).display(), "parked refused spool file: {reason}");
+        tracing::warn!(waitpoint, file = ?name, parked = %bad.path().join(&target).display(), reason = %reason, "parked refused spool file");
         Ok(())
     }
 

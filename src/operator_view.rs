@@ -266,7 +266,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
     out
 }
 
-/// The badge of a waitpoint `n` of whose signals were refused (see `agent::add_refusals`).
+/// The badge of a waitpoint `n` of whose signals were refused (see `agent_view::add_refusals`).
 pub fn refused_badge(n: usize) -> Badge {
     Badge {
         kind: "refused",
