@@ -282,7 +282,7 @@ pub fn refused_counts(home: &Home) -> Result<std::collections::HashMap<String, u
             continue;
         }
         // A parked copy that is a link, huge or unreadable names nothing here.
-        let Ok(Ok(Some(bytes))) = crate::durable::read_record_bytes(home.root(), &path) else {
+        let Ok(Ok(Some(bytes))) = crate::durable::read_record_bytes(home.root_dir(), &path) else {
             continue;
         };
         let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {

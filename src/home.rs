@@ -26,8 +26,9 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use crate::durable::{Dir, create_dir_private};
+use crate::durable::{Dir, Root, create_dir_private};
 use crate::error::{Error, Result};
 
 /// The file name of a waitpoint's signal log, in its directory.
@@ -37,6 +38,8 @@ pub const SIGNAL_LOG: &str = "signals.jsonl";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Home {
     root: PathBuf,
+    /// The root directory itself, held: what every path of this home is reached from.
+    dir: Arc<Root>,
 }
 
 impl Home {
@@ -52,8 +55,8 @@ impl Home {
                 .unwrap_or(root)
         };
         // Every path of this home is reached beneath its root from now on (durable/beneath.rs).
-        crate::durable::confine(&root, &root.join("quarantine"));
-        Home { root }
+        let dir = crate::durable::confine(&root, &root.join("quarantine"));
+        Home { root, dir }
     }
 
     fn fixed_dirs(&self) -> [PathBuf; 11] {
@@ -116,6 +119,12 @@ impl Home {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The root directory, for the operations that take it rather than a path to look it up by
+    /// (`durable::read_json_or_set_aside`).
+    pub fn root_dir(&self) -> &Root {
+        &self.dir
     }
 
     pub fn settings_file(&self) -> PathBuf {

@@ -16,8 +16,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::request::MAX_DATA_CHARS;
-
 /// The last lines of a command's output, bounded in lines and characters.
 #[derive(Debug, Clone)]
 pub struct Tail {
@@ -78,6 +76,12 @@ impl Tail {
     /// The newest non-blank line, without its newline.
     pub fn last_line(&self) -> Option<String> {
         self.last.as_ref().map(|l| l.trim_end().to_owned())
+    }
+
+    /// How many bytes of an unfinished line to hold for this tail: a UTF-8 character takes at
+    /// most four, so a line cut to this many bytes still fills the character cap.
+    fn line_bytes(&self) -> usize {
+        self.max_chars * 4
     }
 }
 
@@ -347,7 +351,7 @@ pub fn collect_output(rx: &mpsc::Receiver<Vec<u8>>) -> Vec<u8> {
 /// Copies `source` to `sink` and into the tail. A sink that fails (our stdout closed) stops
 /// the copying, never the reading, so the command is not blocked on a full pipe.
 fn pump(mut source: Box<dyn Read + Send>, mut sink: Box<dyn Write + Send>, tail: &Mutex<Tail>) {
-    let mut splitter = LineSplitter::new(MAX_DATA_CHARS * 4);
+    let mut splitter = LineSplitter::new(tail.lock().expect("tail lock").line_bytes());
     let mut buf = [0u8; 8192];
     let mut sink_ok = true;
     loop {

@@ -81,7 +81,7 @@ pub fn import(
         ))
         .into());
     }
-    let (copied, refused) = crate::store::import::import_home(from.root(), engine.store())?;
+    let (copied, refused) = crate::store::import::import_home(from.root_dir(), engine.store())?;
     for id in &copied.skipped {
         writeln!(out, "skipped {id}: the store has it already")?;
     }

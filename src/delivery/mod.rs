@@ -94,9 +94,7 @@ pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
         }
         // A wake taken by another reader between the listing and the read is simply gone; one
         // that does not parse is set aside, so the good ones behind it are still read.
-        if let Some(w) =
-            durable::read_json_or_set_aside::<Wake>(&home.quarantine_dir(), home.root(), &path)?
-        {
+        if let Some(w) = durable::read_json_or_set_aside::<Wake>(home.root_dir(), &path)? {
             wakes.push(w);
         }
     }

@@ -5,7 +5,7 @@
 //! reads) takes a path, as its callers build them from [`Home`](crate::home::Home). For a path
 //! under a registered home ([`confine`]) the operation does not resolve the path as the kernel
 //! would, following any link on the way: it takes the home's root (which may itself be a link
-//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Registered`]), then the
+//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Root`]), then the
 //! directory holding the last component
 //! relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts
 //! on the last component through that handle (`openat`, `renameat`, `unlinkat` with
@@ -34,12 +34,15 @@ use crate::durable::DIR_MODE;
 use crate::error::{Error, Result};
 use crate::sync::{MutexExt, RwLockExt};
 
-/// The registered homes.
-static HOMES: RwLock<Vec<Arc<Registered>>> = RwLock::new(Vec::new());
+/// The registered homes: the index from which a path-based operation finds the [`Root`] its
+/// path lies beneath, kept until every caller hands its home's root in (as the record readers
+/// of `read.rs` do).
+static HOMES: RwLock<Vec<Arc<Root>>> = RwLock::new(Vec::new());
 
-/// A registered home: its root, its quarantine, and the root's handle once reached.
+/// A home's root directory: its path, its quarantine, and its handle once reached. Every path
+/// beneath the home is reached from it; [`Home`](crate::home::Home) holds it.
 #[derive(Debug)]
-struct Registered {
+pub struct Root {
     root: PathBuf,
     quarantine: PathBuf,
     /// The root, held open once reached: every operation would otherwise open it again (one
@@ -49,21 +52,52 @@ struct Registered {
     handle: Mutex<Option<Arc<OwnedFd>>>,
 }
 
-/// Registers a home: from now on every path under `root` is reached beneath it, and links met
-/// on the way are set aside into `quarantine` (see the module docs). Idempotent.
-pub fn confine(root: &Path, quarantine: &Path) {
-    let mut homes = HOMES.write_or_recover();
-    if !homes.iter().any(|h| h.root == root) {
-        homes.push(Arc::new(Registered {
-            root: root.to_owned(),
-            quarantine: quarantine.to_owned(),
-            handle: Mutex::new(None),
-        }));
+impl Root {
+    /// The root's path, as the user made it (it may be a link).
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where what stands in the way of the home's layout is set aside.
+    pub fn quarantine(&self) -> &Path {
+        &self.quarantine
+    }
+
+    /// Sets `path`, an entry beneath this root that is not what the home keeps there, aside
+    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up.
+    pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
+        set_aside_entry(path, &self.root, &self.quarantine, reason)
     }
 }
 
+/// Two roots are one home when their paths are.
+impl PartialEq for Root {
+    fn eq(&self, other: &Self) -> bool {
+        self.root == other.root
+    }
+}
+
+impl Eq for Root {}
+
+/// Registers a home and returns its root: from now on every path under `root` is reached
+/// beneath it, and links met on the way are set aside into `quarantine` (see the module docs).
+/// Idempotent: a home registered before returns the root it was given then.
+pub fn confine(root: &Path, quarantine: &Path) -> Arc<Root> {
+    let mut homes = HOMES.write_or_recover();
+    if let Some(home) = homes.iter().find(|h| h.root == root) {
+        return Arc::clone(home);
+    }
+    let home = Arc::new(Root {
+        root: root.to_owned(),
+        quarantine: quarantine.to_owned(),
+        handle: Mutex::new(None),
+    });
+    homes.push(Arc::clone(&home));
+    home
+}
+
 /// The registered home `path` lies under (the deepest one) and the path relative to its root.
-fn home_of(path: &Path) -> Option<(Arc<Registered>, PathBuf)> {
+fn home_of(path: &Path) -> Option<(Arc<Root>, PathBuf)> {
     let homes = HOMES.read_or_recover();
     homes
         .iter()
@@ -114,7 +148,7 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
         Some((home, rel)) => walk(&home, &rel, make),
         None => {
             if make {
-                crate::durable::mkdir_all_plain(path)?;
+                super::path::mkdir_all_plain(path)?;
             }
             match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
                 Ok(fd) => Ok(Some(fd)),
@@ -133,13 +167,18 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
 /// walks and names the culprit. `Some(Err)` of kind `NotFound` when it is missing.
 pub fn open_read_fast(path: &Path) -> Option<io::Result<OwnedFd>> {
     let (home, rel) = home_of(path)?;
+    open_read_fast_in(&home, &rel)
+}
+
+/// [`open_read_fast`] of `rel` beneath `home`, the root handed in rather than looked up.
+pub fn open_read_fast_in(home: &Root, rel: &Path) -> Option<io::Result<OwnedFd>> {
     if rel.as_os_str().is_empty() {
         return None;
     }
-    let root_fd = root_handle(&home, false).ok()??;
+    let root_fd = root_handle(home, false).ok()??;
     let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
-    match rustix::fs::openat2(&*root_fd, &rel, flags, Mode::empty(), resolve) {
+    match rustix::fs::openat2(&*root_fd, rel, flags, Mode::empty(), resolve) {
         Ok(fd) => Some(Ok(fd)),
         // Truly missing (`NO_SYMLINKS` says ELOOP for a link), unless the held root itself
         // was removed and made again: the walk opens the root afresh.
@@ -157,7 +196,7 @@ const OPEN_DIR: OFlags = OFlags::RDONLY
 
 /// The directory `rel` beneath `root`, no link followed: one `openat2` when nothing is
 /// unusual, else one component at a time, setting aside what stands where a directory should.
-fn walk(home: &Registered, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
+fn walk(home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
     let (root, quarantine) = (home.root.as_path(), home.quarantine.as_path());
     let Some(root_fd) = root_handle(home, make)? else {
         return Ok(None);
@@ -178,7 +217,7 @@ fn walk(home: &Registered, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
 
 /// The held-open handle of `home`'s root, opened when first asked for (and made when
 /// `make`); `Ok(None)` when it is missing and not made.
-fn root_handle(home: &Registered, make: bool) -> Result<Option<Arc<OwnedFd>>> {
+fn root_handle(home: &Root, make: bool) -> Result<Option<Arc<OwnedFd>>> {
     let mut held = home.handle.lock_or_recover();
     if let Some(fd) = held.as_ref() {
         return Ok(Some(Arc::clone(fd)));
@@ -187,7 +226,7 @@ fn root_handle(home: &Registered, make: bool) -> Result<Option<Arc<OwnedFd>>> {
     let fd = match rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
         Ok(fd) => fd,
         Err(Errno::NOENT) if make => {
-            crate::durable::mkdir_all_plain(root)?;
+            super::path::mkdir_all_plain(root)?;
             rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty())
                 .map_err(|e| Error::io("cannot open", root, e.into()))?
         }

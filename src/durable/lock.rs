@@ -1,11 +1,15 @@
 //! Advisory file locks (`flock`): the daemon's lock on the home and the per-waitpoint locks that
 //! serialise writers, with who holds one and whether it is stale.
 
-use super::{beneath, not_found, open_or_create};
+use super::{beneath, not_found, open_or_create, open_read};
 use crate::error::{Error, Result};
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
+
+/// The most of a lock file read for its holder's pid: a holder writes a pid and a newline, so
+/// whatever else a file under the lock's name holds is neither read nor shown.
+const PID_BYTES: u64 = 64;
 
 /// An exclusive advisory lock on a file, released on drop.
 #[derive(Debug)]
@@ -64,25 +68,42 @@ impl FileLock {
 
     /// True when some process holds the lock at `path` right now.
     pub fn is_held(path: &Path) -> bool {
-        match File::open(path) {
-            Ok(f) => match f.try_lock() {
+        match Self::open_existing(path) {
+            Some(f) => match f.try_lock() {
                 Ok(()) => {
                     let _ = f.unlock();
                     false
                 }
                 Err(_) => true,
             },
-            Err(_) => false,
+            None => false,
         }
+    }
+
+    /// The lock file at `path` opened to be looked at, if it is one: reached as every file of
+    /// the home is (`beneath.rs`) and opened without blocking, so a link is not followed out of
+    /// the home and a FIFO planted under the lock's name holds no reader; only a regular file
+    /// counts, as only a regular file can be the lock a daemon takes.
+    fn open_existing(path: &Path) -> Option<File> {
+        open_read(path)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+    }
+
+    /// The pid the holder wrote at `path` (at most [`PID_BYTES`] read), or empty.
+    fn written_pid(path: &Path) -> String {
+        let mut pid = String::new();
+        if let Some(f) = Self::open_existing(path) {
+            let _ = f.take(PID_BYTES).read_to_string(&mut pid);
+        }
+        pid.trim().to_owned()
     }
 
     /// Who holds the lock at `path`, by the one test that counts (the lock itself) and the pid
     /// its holder wrote there. `doctor` and `cortex-signal` both say it this way, so they never
     /// disagree about a daemon that died.
     pub fn holder(path: &Path) -> LockHolder {
-        let pid = fs::read_to_string(path)
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default();
+        let pid = Self::written_pid(path);
         if Self::is_held(path) {
             return LockHolder::Held { pid };
         }

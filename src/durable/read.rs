@@ -2,6 +2,7 @@
 //! the home without following links, bounded in size, and set aside into `quarantine/` with a
 //! reason when they are not what they should be.
 
+use super::beneath::Root;
 use super::{Dir, Kind, commit, create_dir_private, open_read, rename_durably};
 use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
@@ -23,7 +24,7 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 }
 
 /// Reads one record of a collection (a waitpoint, timer, callback or wake among many): a file
-/// that does not parse is set aside into `quarantine` with its reason and skipped (`None`), so
+/// that does not parse is set aside into `root`'s quarantine with its reason and skipped (`None`), so
 /// one bad record stops nothing else. If even setting it aside fails, it is skipped all the
 /// same, and the log says why.
 ///
@@ -31,11 +32,7 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 /// and read only if it is a regular file of at most [`MAX_RECORD_BYTES`]: a record (or the
 /// directory holding it) that is a link, a FIFO or huge is set aside the same way, unread, so
 /// nothing outside the home is read and nothing blocks or fills memory.
-pub fn read_json_or_set_aside<T: DeserializeOwned>(
-    quarantine: &Path,
-    root: &Path,
-    path: &Path,
-) -> Result<Option<T>> {
+pub fn read_json_or_set_aside<T: DeserializeOwned>(root: &Root, path: &Path) -> Result<Option<T>> {
     let (culprit, message) = match read_record_bytes(root, path)? {
         Ok(None) => return Ok(None),
         Ok(Some(b)) => match serde_json::from_slice(&b) {
@@ -44,7 +41,7 @@ pub fn read_json_or_set_aside<T: DeserializeOwned>(
         },
         Err(refused) => refused,
     };
-    match set_aside(quarantine, root, &culprit, &message) {
+    match set_aside(root.quarantine(), root.path(), &culprit, &message) {
         Ok(to) => tracing::warn!(
             file = %culprit.display(),
             quarantined = %to.display(),
@@ -68,10 +65,10 @@ type Refused = (PathBuf, String);
 /// The bytes of the record at `path` beneath `root` (see [`read_json_or_set_aside`]);
 /// `None` when it does not exist.
 pub fn read_record_bytes(
-    root: &Path,
+    root: &Root,
     path: &Path,
 ) -> Result<std::result::Result<Option<Vec<u8>>, Refused>> {
-    let Ok(rel) = path.strip_prefix(root) else {
+    let Ok(rel) = path.strip_prefix(root.path()) else {
         return read_bytes_if_exists(path).map(Ok);
     };
     let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
@@ -84,7 +81,7 @@ pub fn read_record_bytes(
     if let Some(bytes) = read_record_fast(root, rel)? {
         return Ok(bytes);
     }
-    let dir = match Dir::open_beneath(root, parent) {
+    let dir = match Dir::open_beneath(root.path(), parent) {
         Err(e) if e.is_not_found() => return Ok(Ok(None)),
         // A directory on the way swapped for a link: the link goes aside, not what it names.
         Err(Error::Insecure { path: p, message })
@@ -132,15 +129,15 @@ pub fn read_record_bytes(
 /// [`read_record_bytes`]'s one-call path: `None` when the slow path must decide.
 #[allow(clippy::type_complexity)]
 pub(super) fn read_record_fast(
-    root: &Path,
+    root: &Root,
     rel: &Path,
 ) -> Result<Option<std::result::Result<Option<Vec<u8>>, Refused>>> {
-    // Under a registered home, from its held root (no root opened per record).
+    // From the home's held root (no root opened, nor looked up, per record).
     // `Err(true)`: missing; `Err(false)`: the slow path must say why.
-    let open = || match super::beneath::open_read_fast(&root.join(rel)) {
+    let open = || match super::beneath::open_read_fast_in(root, rel) {
         Some(Ok(fd)) => Ok(File::from(fd)),
         Some(Err(e)) => Err(e.kind() == io::ErrorKind::NotFound),
-        None => open_beneath_root(root, rel).map(File::from),
+        None => open_beneath_root(root.path(), rel).map(File::from),
     };
     let reopen = || open().map_err(|_| io::Error::from(io::ErrorKind::NotFound));
     let file = match open() {
@@ -160,14 +157,15 @@ pub(super) fn read_record_fast(
     let mut bytes = Vec::with_capacity(meta.len() as usize);
     file.take(MAX_RECORD_BYTES + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| Error::io("cannot read", root.join(rel), e))?;
+        .map_err(|e| Error::io("cannot read", root.path().join(rel), e))?;
     if bytes.len() as u64 > MAX_RECORD_BYTES {
         return Ok(None);
     }
     Ok(Some(Ok(Some(bytes))))
 }
 
-/// `rel` opened for reading beneath `root` (opened here: a root no home registered), no link
+/// `rel` opened for reading beneath `root` (opened here afresh: the held one was removed since,
+/// or cannot say in one call), no link
 /// followed; `Err(true)` when it is missing, `Err(false)` when the slow path must say why.
 fn open_beneath_root(root: &Path, rel: &Path) -> std::result::Result<std::os::fd::OwnedFd, bool> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};

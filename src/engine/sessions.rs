@@ -73,8 +73,7 @@ impl Engine {
     pub fn session_deleted_at(&self, session: &str) -> Result<Option<Timestamp>> {
         check_name("session", session)?;
         let found: Option<DeletedSession> = crate::durable::read_json_or_set_aside(
-            &self.home.quarantine_dir(),
-            self.home.root(),
+            self.home.root_dir(),
             &self.deleted_record(session),
         )?;
         Ok(found.filter(|d| d.session == session).map(|d| d.deleted_at))

@@ -225,11 +225,8 @@ pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
 pub fn recall(home: &Home, session: &str) -> Result<Option<Caller>> {
     crate::request::check_name("session", session)?;
     // Reached beneath the home without following a link, size-capped; a bad one is set aside.
-    let found: Option<Caller> = durable::read_json_or_set_aside(
-        &home.quarantine_dir(),
-        home.root(),
-        &record_file(home, session),
-    )?;
+    let found: Option<Caller> =
+        durable::read_json_or_set_aside(home.root_dir(), &record_file(home, session))?;
     // A record edited by hand into a session id that is not a plain token never reaches an argv.
     Ok(found.filter(|c| c.harness.session_name(&c.session_id).is_some()))
 }

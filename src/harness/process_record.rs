@@ -81,13 +81,10 @@ pub fn caller_of_process(home: &Home, pid: rustix::process::RawPid) -> Option<Ca
 }
 
 fn read_record(home: &Home, pid: rustix::process::RawPid) -> Option<ProcessRecord> {
-    let found: Option<ProcessRecord> = durable::read_json_or_set_aside(
-        &home.quarantine_dir(),
-        home.root(),
-        &record_file(home, pid),
-    )
-    .ok()
-    .flatten();
+    let found: Option<ProcessRecord> =
+        durable::read_json_or_set_aside(home.root_dir(), &record_file(home, pid))
+            .ok()
+            .flatten();
     // A record edited by hand into another pid, or a session id that is not a plain token,
     // names nothing.
     found.filter(|r| {

@@ -535,8 +535,7 @@ impl Waiter {
         // Reached beneath the home without following a link; one that is not a record (a link,
         // huge, not JSON) is set aside, and this waiter leaves as for a removed one.
         let found = crate::durable::read_json_or_set_aside::<WaiterRecord>(
-            &self.home.quarantine_dir(),
-            self.home.root(),
+            self.home.root_dir(),
             &self.record,
         );
         match found {
@@ -618,14 +617,10 @@ fn begin_resume(
     r: &Resume,
 ) -> std::result::Result<Option<Handed>, String> {
     let path = resume_record(home, &wake.channel);
-    let earlier = crate::durable::read_json_or_set_aside::<ResumeRecord>(
-        &home.quarantine_dir(),
-        home.root(),
-        &path,
-    )
-    .ok()
-    .flatten()
-    .filter(|e| e.wake_id == wake.wake_id);
+    let earlier = crate::durable::read_json_or_set_aside::<ResumeRecord>(home.root_dir(), &path)
+        .ok()
+        .flatten()
+        .filter(|e| e.wake_id == wake.wake_id);
     let started_at_ms = match &earlier {
         Some(e) => {
             // File times are coarser than our clock: a little before, not a turn missed.

@@ -67,11 +67,7 @@ impl Files {
         if !is_waitpoint_id(id) {
             return Ok(None);
         }
-        durable::read_json_or_set_aside(
-            &self.home.quarantine_dir(),
-            self.home.root(),
-            &self.home.waitpoint_file(id),
-        )
+        durable::read_json_or_set_aside(self.home.root_dir(), &self.home.waitpoint_file(id))
     }
 
     /// Every waitpoint, oldest first (a full scan).
@@ -580,11 +576,7 @@ impl<T: Doc> Docs<T> for Files {
             };
             if T::KIND.is_id(id)
                 && !pending.iter().any(|p| p.id() == id)
-                && let Some(d) = durable::read_json_or_set_aside(
-                    &self.home.quarantine_dir(),
-                    self.home.root(),
-                    &path,
-                )?
+                && let Some(d) = durable::read_json_or_set_aside(self.home.root_dir(), &path)?
             {
                 out.push(d);
             }
@@ -614,12 +606,10 @@ const INTENT: &str = ".intent.json";
 /// The documents of an intent a crash or a writer in progress left (see [`INTENT`]).
 fn pending_docs<T: Doc>(files: &Files) -> Result<Vec<T>> {
     let path = T::KIND.dir(&files.home).join(INTENT);
-    Ok(durable::read_json_or_set_aside::<Vec<T>>(
-        &files.home.quarantine_dir(),
-        files.home.root(),
-        &path,
-    )?
-    .unwrap_or_default())
+    Ok(
+        durable::read_json_or_set_aside::<Vec<T>>(files.home.root_dir(), &path)?
+            .unwrap_or_default(),
+    )
 }
 
 impl<'a, T: Doc> FileDocs<'a, T> {

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use serde::de::DeserializeOwned;
 
-use crate::durable::{self, Dir};
+use crate::durable::{self, Dir, Root};
 use crate::error::Result;
 use crate::names::{is_timer_id, is_waitpoint_id};
 use crate::records::{SignalRecord, Timer, Waitpoint};
@@ -32,7 +32,7 @@ pub struct Refused {
 /// `to`. An id `to` has already is left alone and listed in `skipped`; a waitpoint or timer
 /// with any file that is unreadable, oversized, a link, or naming ids that break the rules is
 /// refused whole, with its reason, and the import goes on.
-pub fn import_home(root: &Path, to: &dyn Store) -> Result<(Copied, Vec<Refused>)> {
+pub fn import_home(root: &Root, to: &dyn Store) -> Result<(Copied, Vec<Refused>)> {
     let mut copied = Copied::default();
     let mut refused = Vec::new();
     let mut refuse = |what: &str, reason: String| {
@@ -41,7 +41,7 @@ pub fn import_home(root: &Path, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
             reason,
         })
     };
-    match Dir::open_beneath(root, Path::new("waitpoints")) {
+    match Dir::open_beneath(root.path(), Path::new("waitpoints")) {
         Ok(dir) => {
             let mut names = dir.names()?;
             names.sort();
@@ -72,7 +72,7 @@ pub fn import_home(root: &Path, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
         Err(e) if e.is_not_found() => {}
         Err(e) => refuse("waitpoints", e.to_string()),
     }
-    match Dir::open_beneath(root, Path::new("timers")) {
+    match Dir::open_beneath(root.path(), Path::new("timers")) {
         Ok(dir) => {
             let mut names = dir.names()?;
             names.sort();
@@ -108,7 +108,7 @@ pub fn import_home(root: &Path, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
 
 /// A waitpoint of the source and its records, or why it cannot be imported.
 fn read_waitpoint(
-    root: &Path,
+    root: &Root,
     id: &str,
 ) -> std::result::Result<(Waitpoint, Vec<SignalRecord>), String> {
     let wp: Waitpoint = read_one(root, &format!("waitpoints/{id}/waitpoint.json"))?;
@@ -120,7 +120,7 @@ fn read_waitpoint(
     }
     let mut records = Vec::new();
     let signals = format!("waitpoints/{id}/signals");
-    let dir = match Dir::open_beneath(root, Path::new(&signals)) {
+    let dir = match Dir::open_beneath(root.path(), Path::new(&signals)) {
         Ok(d) => Some(d),
         Err(e) if e.is_not_found() => None,
         Err(e) => return Err(e.to_string()),
@@ -144,7 +144,7 @@ fn read_waitpoint(
     }
     // The log (a line a crash cut short is not a record, as for the home's own readers).
     let log = format!("waitpoints/{id}/signals.jsonl");
-    match durable::read_record_bytes(root, &root.join(&log)) {
+    match durable::read_record_bytes(root, &root.path().join(&log)) {
         Ok(Ok(Some(bytes))) => {
             let parsed = super::signal_log::parse(&bytes);
             if let Some((line, why)) = parsed.damaged.first() {
@@ -164,13 +164,13 @@ fn read_waitpoint(
 
 /// One record of the source at `rel` beneath `root`, read as [`durable::read_record_bytes`]
 /// reads (no link, no FIFO, capped), parsed with the records' rules; never moved.
-fn read_one<T: DeserializeOwned>(root: &Path, rel: &str) -> std::result::Result<T, String> {
-    let path = root.join(rel);
+fn read_one<T: DeserializeOwned>(root: &Root, rel: &str) -> std::result::Result<T, String> {
+    let path = root.path().join(rel);
     let bytes = match durable::read_record_bytes(root, &path) {
         Ok(Ok(Some(b))) => b,
         Ok(Ok(None)) => return Err(format!("{rel} is missing")),
         Ok(Err((culprit, why))) => {
-            let at = culprit.strip_prefix(root).unwrap_or(&culprit);
+            let at = culprit.strip_prefix(root.path()).unwrap_or(&culprit);
             return Err(format!("{} {why}", at.display()));
         }
         Err(e) => return Err(e.to_string()),

@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::durable;
+use crate::durable::{self, Root};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::records::SignalRecord;
@@ -57,7 +57,7 @@ pub fn lines(records: &[SignalRecord]) -> Vec<u8> {
 /// Every record of waitpoint `id`: the log's, and any in the older one-file-each form.
 pub fn read(home: &Home, id: &str) -> Result<Logged> {
     let path = home.signal_log(id);
-    let mut logged = match read_log(&path)? {
+    let mut logged = match read_log(home.root_dir(), &path)? {
         Some((bytes, head_unread)) => {
             let parsed = parse_tail(&bytes, head_unread);
             for (line, why) in &parsed.damaged {
@@ -102,7 +102,7 @@ pub fn read_from(home: &Home, id: &str, first_seq: u64) -> Result<Vec<SignalReco
     let path = home.signal_log(id);
     let mut window = TAIL_FIRST_READ;
     loop {
-        let Some((bytes, head_unread)) = read_log_tail(&path, window)? else {
+        let Some((bytes, head_unread)) = read_log_tail(home.root_dir(), &path, window)? else {
             return Ok(Vec::new());
         };
         let parsed = parse_tail(&bytes, head_unread);
@@ -126,12 +126,12 @@ const TAIL_FIRST_READ: u64 = 64 * 1024;
 /// The log's newest bytes (at most [`MAX_LOG_READ`]) and whether older ones were left unread,
 /// or `None` when there is none; only a regular file is read (a FIFO does not block, a link is
 /// not followed).
-fn read_log(path: &Path) -> Result<Option<(Vec<u8>, bool)>> {
-    read_log_tail(path, MAX_LOG_READ)
+fn read_log(root: &Root, path: &Path) -> Result<Option<(Vec<u8>, bool)>> {
+    read_log_tail(root, path, MAX_LOG_READ)
 }
 
 /// [`read_log`] to at most `cap` bytes from the end.
-fn read_log_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
+fn read_log_tail(root: &Root, path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
     // A link, a FIFO or a directory under the log's name is not ours: it is set aside (with a
     // reason, logged) and read as no log, so it costs only itself and the next append makes
     // a real one.
@@ -144,7 +144,7 @@ fn read_log_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
             if link(&e)
                 || matches!(&e, Error::Corrupt { message, .. } if message == durable::NOT_REGULAR) =>
         {
-            durable::set_aside_in_home(path, "is not a regular file where the home keeps a log")
+            root.set_aside(path, "is not a regular file where the home keeps a log")
                 .map(|()| None)
         }
         other => other,

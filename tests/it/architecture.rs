@@ -27,7 +27,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &["error", "escape", "names", "records", "secret"],
     ),
     ("howto", &["records"]),
-    ("process", &["request", "secret"]),
+    ("process", &["secret"]),
     // Durable files: atomic commits, the home's layout, the journal, the inboxes, settings.
     (
         "durable",

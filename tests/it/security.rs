@@ -413,6 +413,37 @@ fn settings_that_are_not_a_small_regular_file_are_refused_without_hanging() {
 }
 
 #[test]
+fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_neither_waited_on_nor_followed() {
+    // Who holds the daemon's lock is read by every `doctor` and `cortex-signal`, with no
+    // daemon to have checked the home first: a FIFO under the lock's name must not hold the
+    // reader, and a link must not have a file outside the home read as the holder's pid.
+    let env = Env::new();
+    let lock = env.home.join("daemon.lock");
+    let no_daemon = |what: &str| {
+        let out = bounded(&env, &["doctor"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("daemon"))
+            .unwrap_or("");
+        assert!(
+            line.contains("no daemon is running") && !text.contains("4242"),
+            "{what}: {line}\n{}",
+            env.report(&out)
+        );
+    };
+    let fifo = std::ffi::CString::new(lock.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    no_daemon("a FIFO");
+    fs::remove_file(&lock).unwrap();
+    let outside = env.home.join("../not-a-lock");
+    fs::write(&outside, "4242\n").unwrap();
+    std::os::unix::fs::symlink(&outside, &lock).unwrap();
+    no_daemon("a link out of the home");
+}
+
+#[test]
 fn payload_text_reaches_a_wake_only_as_framed_data() {
     let env = Env::new();
     let _d = env.daemon();
