@@ -20,10 +20,10 @@ use crate::settings::Settings;
 use crate::store::signal_log;
 // The report's lines are the store's findings: one type, which the store (the lower layer)
 // owns, so a store's health needs no translation into doctor's.
-use crate::store::{Check, Level};
+use crate::store::{Finding, Level};
 
-fn ok(name: &'static str, detail: impl Into<String>) -> Check {
-    Check {
+fn ok(name: &'static str, detail: impl Into<String>) -> Finding {
+    Finding {
         name,
         level: Level::Ok,
         detail: detail.into(),
@@ -36,8 +36,8 @@ fn bad(
     level: Level,
     detail: impl Into<String>,
     fix: impl Into<String>,
-) -> Check {
-    Check {
+) -> Finding {
+    Finding {
         name,
         level,
         detail: detail.into(),
@@ -64,7 +64,7 @@ pub struct Inputs<'a> {
     pub inotify_instance: Result<(), Error>,
     /// How the shared store the settings name is ([`crate::store::Store::health`]), or why
     /// it could not be asked; `None` for the home's own files.
-    pub store: Option<Result<Vec<Check>, Error>>,
+    pub store: Option<Result<Vec<Finding>, Error>>,
     /// The `PATH` a daemon started from here would search for `onWake`'s program (the caller's
     /// own); a running daemon's own `PATH` is read from `/proc` instead when it can be.
     pub path: Option<std::ffi::OsString>,
@@ -91,7 +91,7 @@ pub fn probe_inotify(home: &Home) -> Result<(), Error> {
 }
 
 /// Runs every check, in the order they are printed.
-pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
+pub fn run(inputs: &Inputs<'_>) -> Vec<Finding> {
     let home = inputs.home;
     let mut checks = vec![check_home(home)];
     if fs::symlink_metadata(home.root()).is_err() {
@@ -116,10 +116,10 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Check> {
 }
 
 /// The shared store's findings as report lines.
-fn store_checks(store: &Option<Result<Vec<Check>, Error>>) -> Vec<Check> {
+fn store_checks(store: &Option<Result<Vec<Finding>, Error>>) -> Vec<Finding> {
     match store {
         None => Vec::new(),
-        Some(Err(e)) => vec![Check {
+        Some(Err(e)) => vec![Finding {
             name: "store",
             level: Level::Fail,
             detail: format!("cannot open the store: {e}"),
@@ -132,7 +132,7 @@ fn store_checks(store: &Option<Result<Vec<Check>, Error>>) -> Vec<Check> {
 }
 
 /// The worst level in a report.
-pub fn worst(checks: &[Check]) -> Level {
+pub fn worst(checks: &[Finding]) -> Level {
     checks.iter().map(|c| c.level).max().unwrap_or(Level::Ok)
 }
 
@@ -140,7 +140,7 @@ fn euid() -> u32 {
     rustix::process::geteuid().as_raw()
 }
 
-fn check_home(home: &Home) -> Check {
+fn check_home(home: &Home) -> Finding {
     let root = home.root();
     let meta = match fs::symlink_metadata(root) {
         Ok(m) => m,
@@ -259,7 +259,7 @@ fn some_paths<'a>(paths: impl Iterator<Item = &'a Path>, count: usize) -> String
 /// owns or can write, a settings.json others can write) is a FAIL, found by the daemon's own
 /// checks, so the two cannot disagree; any other path looser than private (a home made with a
 /// plain `mkdir`, 0755) is a WARN with the command that fixes it.
-fn check_modes(home: &Home, walk: &Walk) -> Check {
+fn check_modes(home: &Home, walk: &Walk) -> Finding {
     if let Err(e) = home.check_private() {
         let text = e.to_string();
         // The daemon's refusal names its fix (`…; fix: chmod go-w DIR; refusing …`): it goes
@@ -361,7 +361,7 @@ fn check_modes(home: &Home, walk: &Walk) -> Check {
     )
 }
 
-fn check_settings(home: &Home, settings: &Result<Settings, Error>) -> Check {
+fn check_settings(home: &Home, settings: &Result<Settings, Error>) -> Finding {
     match settings {
         Ok(s) => ok(
             "settings",
@@ -383,7 +383,7 @@ the daemon refuses to start until then",
     }
 }
 
-fn check_drop_zone(home: &Home) -> Check {
+fn check_drop_zone(home: &Home) -> Finding {
     let dz = home.drop_zone();
     let create = format!(
         "mkdir -m 700 -p {} (the daemon also creates it when it starts)",
@@ -428,7 +428,7 @@ fn read_number(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-fn check_inotify(dir: &Path, instance: &Result<(), Error>) -> Check {
+fn check_inotify(dir: &Path, instance: &Result<(), Error>) -> Finding {
     if let Err(e) = instance {
         return bad(
             "inotify",
@@ -482,7 +482,7 @@ fn check_inotify(dir: &Path, instance: &Result<(), Error>) -> Check {
     }
 }
 
-fn check_daemon(home: &Home) -> Check {
+fn check_daemon(home: &Home) -> Finding {
     let lock = home.daemon_lock();
     let holder = FileLock::holder(&lock);
     let start = "start it: `waitpoint daemon`, or `systemctl --user start waitpoint` with \
@@ -521,7 +521,7 @@ fn check_on_wake(
     home: &Home,
     settings: &Result<Settings, Error>,
     path: Option<&std::ffi::OsStr>,
-) -> Check {
+) -> Finding {
     const NAME: &str = "on-wake";
     let Ok(settings) = settings else {
         return ok(NAME, "not checked: the settings do not resolve (above)");
@@ -631,7 +631,7 @@ fn daemon_path(home: &Home) -> Option<std::ffi::OsString> {
         .map(|v| std::ffi::OsStr::from_bytes(v).to_owned())
 }
 
-fn check_shim(home: &Home) -> Check {
+fn check_shim(home: &Home) -> Finding {
     let path = home.webhook_address_file();
     // Read as its owner writes it (`records::WebhookAddress`), not guessed at.
     let record = match durable::read_json::<WebhookAddress>(&path) {
@@ -687,7 +687,7 @@ back to the spool meanwhile",
     }
 }
 
-fn check_devices(home: &Home) -> Check {
+fn check_devices(home: &Home) -> Finding {
     // The records through their owner's loader, reached through its connect loop.
     let devices = match device::list(home) {
         Ok(d) => d,
@@ -736,7 +736,7 @@ fn check_devices(home: &Home) -> Check {
 
 /// Segments a running daemon checkpoints within a few seconds; left without one, they hold
 /// committed signals whose files may be incomplete until a daemon replays them.
-fn check_journal(home: &Home) -> Check {
+fn check_journal(home: &Home) -> Finding {
     let numbers = crate::journal::list_segments(&home.journal_dir()).unwrap_or_default();
     let segments = numbers.len();
     for seg in crate::journal::list_segment_paths(&home.journal_dir(), &numbers) {
@@ -776,7 +776,7 @@ cleanly; their files may be incomplete until they are replayed"
     )
 }
 
-fn check_temps(walk: &Walk) -> Check {
+fn check_temps(walk: &Walk) -> Finding {
     if walk.stale_temps.is_empty() {
         return ok("temp-files", "no stale *.tmp files");
     }
@@ -793,7 +793,7 @@ fn check_temps(walk: &Walk) -> Check {
     )
 }
 
-fn check_logs(walk: &Walk) -> Check {
+fn check_logs(walk: &Walk) -> Finding {
     if walk.big_logs.is_empty() {
         return ok("logs", "every signal log is within what a reader reads");
     }
@@ -819,7 +819,7 @@ to its newest lines (whole lines only)",
     )
 }
 
-fn check_bad(home: &Home) -> Check {
+fn check_bad(home: &Home) -> Finding {
     let bad_dir = home.bad_dir();
     let parked = durable::list_dir(&bad_dir)
         .unwrap_or_default()
@@ -843,7 +843,7 @@ fn check_bad(home: &Home) -> Check {
     )
 }
 
-fn check_quarantine(home: &Home) -> Check {
+fn check_quarantine(home: &Home) -> Finding {
     let dir = home.quarantine_dir();
     let set_aside = durable::list_dir(&dir)
         .unwrap_or_default()
@@ -879,7 +879,7 @@ fn chmod(path: &Path, mode: u32) {
 mod tests {
     use super::*;
 
-    fn inputs_for(home: &Home) -> Vec<Check> {
+    fn inputs_for(home: &Home) -> Vec<Finding> {
         let settings = Ok(Settings::default());
         run(&Inputs {
             home,
@@ -891,7 +891,7 @@ mod tests {
         })
     }
 
-    fn find<'a>(checks: &'a [Check], name: &str) -> &'a Check {
+    fn find<'a>(checks: &'a [Finding], name: &str) -> &'a Finding {
         checks.iter().find(|c| c.name == name).unwrap()
     }
 

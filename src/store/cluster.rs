@@ -5,7 +5,7 @@
 //! `dyn Store` below answer as a cluster of one would (this process applies signals, its
 //! daemon always leads, a batch is unbounded).
 
-use super::{Check, Forwarded, Store};
+use super::{Finding, Forwarded, Store};
 use crate::error::Result;
 
 /// A store shared by several hosts ([`Store::cluster`]).
@@ -31,7 +31,7 @@ pub trait Cluster: Send + Sync {
     /// The most signals one commit may carry (the store's transactions are bounded).
     fn max_batch(&self) -> usize;
     /// How the store is (members, leader, space, history), for `doctor`.
-    fn health(&self) -> Vec<Check>;
+    fn health(&self) -> Vec<Finding>;
 }
 
 /// Work a store keeps running for its caller (a watch, background work, a campaign) until this

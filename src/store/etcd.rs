@@ -50,7 +50,7 @@ use crate::sync::MutexExt;
 
 /// The most signals one commit carries: with a record, a state and a wake each, and the
 /// handed-over keys deleted after, a batch stays well under etcd's default 128 operations.
-pub const MAX_BATCH: usize = 30;
+pub const MAX_SIGNALS_PER_TXN: usize = 30;
 /// How many identity keys [`Etcd`] remembers as forgotten by a commit.
 const SETTLED_KEYS: usize = 4096;
 /// How many of its own commit revisions a store remembers for its watch.

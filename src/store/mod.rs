@@ -18,11 +18,11 @@
 //! - a recorded identity stays recorded as long as its waitpoint ([`Store::identities`]), which
 //!   is what makes a second copy of a signal a duplicate.
 
-mod check;
 mod cluster;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod files;
+mod finding;
 mod forward;
 pub mod import;
 mod index;
@@ -34,9 +34,9 @@ use crate::error::Result;
 use crate::home::Home;
 use crate::records::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
 
-pub use check::{Check, Level};
 pub use cluster::{Cluster, Guard};
 pub use files::{Files, signal_file_name};
+pub use finding::{Finding, Level};
 pub use forward::Forwarded;
 
 /// What [`copy_all`] did.

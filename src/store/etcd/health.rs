@@ -10,10 +10,10 @@ use etcd_client::{Client, GetOptions};
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::REQUEST_TIMEOUT;
 use crate::store::etcd::endpoints::CallError;
-use crate::store::{Check, Level};
+use crate::store::{Finding, Level};
 
-fn finding(name: &'static str, level: Level, detail: String, fix: Option<&str>) -> Check {
-    Check {
+fn finding(name: &'static str, level: Level, detail: String, fix: Option<&str>) -> Finding {
+    Finding {
         name,
         level,
         detail,
@@ -26,7 +26,7 @@ fn finding(name: &'static str, level: Level, detail: String, fix: Option<&str>) 
 const UNCOMPACTED_WARN: i64 = 100_000;
 
 /// The checks of `doctor` on the cluster: each member asked on its own, then the cluster.
-async fn cluster(store: &Etcd) -> Vec<Check> {
+async fn cluster(store: &Etcd) -> Vec<Finding> {
     use Level::{Fail, Ok, Warn};
     let mut out = Vec::new();
     let total = store.loc.endpoints.len();
@@ -179,7 +179,7 @@ async fn cluster(store: &Etcd) -> Vec<Check> {
 impl Etcd {
     /// Every check, the cluster's first; when no member answers or none has a leader, only
     /// those.
-    pub(super) fn checks(&self) -> Vec<Check> {
+    pub(super) fn checks(&self) -> Vec<Finding> {
         let mut out = self.rt().block_on(cluster(self));
         if out
             .iter()

@@ -13,8 +13,8 @@ use crate::records::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::store::etcd::client::to_json;
 use crate::store::etcd::fence::Proof;
 use crate::store::etcd::txn::EtcdTxn;
-use crate::store::etcd::{Etcd, MAX_BATCH};
-use crate::store::{Check, Cluster, Docs, Forwarded, Guard, Hint, Role, Store, Txn};
+use crate::store::etcd::{Etcd, MAX_SIGNALS_PER_TXN};
+use crate::store::{Cluster, Docs, Finding, Forwarded, Guard, Hint, Role, Store, Txn};
 use crate::sync::MutexExt;
 
 impl Etcd {
@@ -253,7 +253,7 @@ impl Cluster for Etcd {
         self.deliver_pending_here()
     }
 
-    fn health(&self) -> Vec<Check> {
+    fn health(&self) -> Vec<Finding> {
         self.checks()
     }
 
@@ -265,6 +265,6 @@ impl Cluster for Etcd {
     }
 
     fn max_batch(&self) -> usize {
-        MAX_BATCH
+        MAX_SIGNALS_PER_TXN
     }
 }

@@ -1,5 +1,5 @@
 //! One finding of a health check: what `doctor` prints a line of, and what a store reports
-//! about itself ([`Store::health`](crate::store::Store::health)).
+//! about itself ([`Cluster::health`](crate::store::Cluster::health)).
 //!
 //! It lives with the store, not with `doctor`, because the store is the lower layer: `doctor`
 //! imports the store, never the reverse, so the one type both speak has to be visible from
@@ -28,7 +28,7 @@ impl fmt::Display for Level {
 /// One line of the report: what was checked, its verdict, what was found and, when it is not
 /// OK, how to fix it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Check {
+pub struct Finding {
     pub name: &'static str,
     pub level: Level,
     pub detail: String,
@@ -36,7 +36,7 @@ pub struct Check {
     pub fix: Option<String>,
 }
 
-impl fmt::Display for Check {
+impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:<4} {:<10} {}", self.level, self.name, self.detail)?;
         if let Some(fix) = &self.fix {
