@@ -373,7 +373,8 @@ fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> R
     tracing::warn!(
         path = %at.display(),
         quarantined = %to.display(),
-        "{reason}; set aside, not followed"
+        reason = %reason,
+        "set aside, not followed"
     );
     Ok(())
 }

@@ -45,11 +45,14 @@ pub fn read_json_or_set_aside<T: DeserializeOwned>(root: &Root, path: &Path) -> 
         Ok(to) => tracing::warn!(
             file = %culprit.display(),
             quarantined = %to.display(),
-            "a record that cannot be read was set aside: {message}"
+            reason = %message,
+            "a record that cannot be read was set aside"
         ),
         Err(e) => tracing::error!(
             file = %culprit.display(),
-            "a record that cannot be read is skipped, and could not be set aside ({e}): {message}"
+            reason = %message,
+            error = %e,
+            "a record that cannot be read is skipped, and could not be set aside"
         ),
     }
     Ok(None)

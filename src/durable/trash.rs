@@ -120,7 +120,7 @@ impl Trash {
                 Ok(0) => {}
                 Ok(files) => tracing::debug!(files, "emptied the trash"),
                 Err(e) => {
-                    tracing::error!("cannot empty the trash (trying again): {e}");
+                    tracing::error!(error = %e, "cannot empty the trash (trying again)");
                     let mut s = self.lock_state();
                     s.pending = true;
                     let _ = self.arrived.wait_timeout(s, REAPER_RETRY);
@@ -186,7 +186,7 @@ impl Drop for Reaper {
             let _ = t.join();
         }
         if let Err(e) = self.trash.empty() {
-            tracing::error!("cannot empty the trash at stop (the next start does): {e}");
+            tracing::error!(error = %e, "cannot empty the trash at stop (the next start does)");
         }
     }
 }

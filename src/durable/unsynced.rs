@@ -192,7 +192,7 @@ fn put_in_place(
                 None => dir.unlink(temp),
             };
             if let Err(e) = gone {
-                tracing::warn!("cannot dispose of a replaced file: {e}");
+                tracing::warn!(error = %e, "cannot dispose of a replaced file");
             }
         }
         return Ok(());
