@@ -225,6 +225,43 @@ fn a_standby_whose_member_went_silent_takes_over_through_another() {
     );
 }
 
+/// The review's second finding: a leader's watch on a member cut off from it heard nothing,
+/// and a signal a standby handed over waited for HTTP/2's keep-alive to end the watch (up to
+/// 15.5 s). The watch asks its member for progress and resumes on the next member when the
+/// member stays silent, saying so: the signal is applied while the silent member's connection
+/// is still open. A first signal is applied before it, however it is (the leader's requests
+/// that were on the silent member fail and its retry pass reads what was handed over), so the
+/// second one has only the watch to tell the leader of it.
+#[test]
+fn a_signal_handed_over_while_the_leaders_watch_member_is_silent_is_applied_through_another() {
+    let cluster = Cluster::start();
+    let proxy = Proxy::start(first_member(&cluster));
+    let a = host_at(&url_through(&cluster, &proxy), "a");
+    let b = host(&cluster, "b", "");
+    let (id, secret) = id_secret(&b.arm("train", &["--session", "s1", "--max-signals", "10"]));
+    let _da = a.daemon();
+    wait_leading(&a);
+    let _db = b.daemon();
+    proxy.silence();
+    for (n, name) in ["first", "second"].into_iter().enumerate() {
+        b.drop_file(name, &body(&id, &secret, r#","status":"progress""#));
+        b.wait_until("the signal applied", || {
+            shown(&b, &id)["counters"]["signals"] == n as u64 + 1
+        });
+    }
+    assert_eq!(
+        proxy.given_up(),
+        0,
+        "the signal was applied only once a connection to the silent member was given up:\n{}",
+        log(&a)
+    );
+    assert!(
+        log(&a).contains("the watch heard nothing"),
+        "the watch's move is logged:\n{}",
+        log(&a)
+    );
+}
+
 /// Found by the nemesis: a sender's retry under the same Idempotency-Key, arriving at a
 /// standby while its first copy still waited in the same batch, put `in/<identity>` twice in
 /// one transaction, which etcd refuses whole ("duplicate key given in txn request"): every
