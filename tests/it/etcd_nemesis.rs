@@ -262,6 +262,54 @@ fn a_signal_handed_over_while_the_leaders_watch_member_is_silent_is_applied_thro
     );
 }
 
+/// The review's fourth finding: on a lost lease the shim answered 500 "unknown" without
+/// `Retry-After`, where docs/etcd.md promises 503 with `Retry-After` set to the lease's TTL.
+/// The leader's lease ends at the cluster (as after a pause past it) while the daemon, renewing
+/// every 10 s under a 30 s lease, still believes it leads: a signal posted to its shim is
+/// refused by the fence, and answered so.
+#[test]
+fn a_signal_posted_to_a_leader_whose_lease_ended_is_answered_503_with_retry_after() {
+    let cluster = Cluster::start();
+    let a = Env::with_settings(&format!(
+        r#"{{"host": "a", "webhook": {{"enabled": true, "port": 0}}, "store": {{"url": "{}", "leaseTtlS": 30}}}}"#,
+        cluster.url()
+    ));
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let _da = a.daemon();
+    wait_leading(&a);
+    let port = a.webhook_port();
+    let got = cluster.ctl(&["get", "--prefix", "t/leader/", "-w", "json"]);
+    let v: Value = serde_json::from_slice(&got.stdout).unwrap();
+    let lease = v["kvs"][0]["lease"]
+        .as_i64()
+        .expect("the leader key's lease");
+    let revoked = cluster.ctl(&["lease", "revoke", &format!("{lease:x}")]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "30", "-XPOST"])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "Idempotency-Key: k1",
+        ])
+        .args(["--data-binary", &body(&id, &secret, "")])
+        .arg(format!("http://127.0.0.1:{port}/webhook/signal"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let (head, answer) = text.split_once("\n\n").expect(&text);
+    assert!(head.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("retry-after: 30")),
+        "{text}"
+    );
+    let answer: Value = serde_json::from_str(answer).expect(answer);
+    assert_eq!(answer["result"], "unavailable", "{answer}");
+    assert_eq!(answer["retry_after_s"], 30, "{answer}");
+}
+
 /// Found by the nemesis: a sender's retry under the same Idempotency-Key, arriving at a
 /// standby while its first copy still waited in the same batch, put `in/<identity>` twice in
 /// one transaction, which etcd refuses whole ("duplicate key given in txn request"): every
