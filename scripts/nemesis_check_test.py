@@ -178,6 +178,10 @@ class CheckerTest(unittest.TestCase):
         rows, findings = h.run(strict=True)
         self.assertEqual(rows["member-kill"]["stall"], 8.9)
         self.assertTrue(any("slow: no progress for 8.9 s" in f for f in findings), findings)
+        # A fault under which nothing can progress (a lost quorum) has no stall target.
+        phases = [dict(PHASES[0], stall_target=False), PHASES[1]]
+        _, findings = nc.check(h.ops, phases, h.export, h.wakes, 5.0, True)
+        self.assertFalse(any("slow: no progress" in f for f in findings), findings)
 
     def test_the_command_reads_a_run_directory_prints_the_table_and_fails_on_an_anomaly(self):
         h = Clean()

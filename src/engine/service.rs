@@ -299,6 +299,13 @@ pub(super) fn next_due_after(wp: &Waitpoint, handed_out: Timestamp) -> Option<Ti
 /// [`next_due_after`], the silence watches left out unless `silence`.
 fn next_due_parts(wp: &Waitpoint, handed_out: Timestamp, silence: bool) -> Option<Timestamp> {
     let mut due: Vec<Timestamp> = Vec::new();
+    // Wakes in the outbox are a delivery that was interrupted (its flush failed): due at once,
+    // whoever asks. A daemon that re-read such a waitpoint on a hint once scheduled nothing
+    // for it (an expired one has no other due time), and its wake stayed in the outbox
+    // (issue 40's nemesis, after a split healed).
+    if !wp.outbox.is_empty() {
+        due.push(Timestamp::from_millis(i64::MIN));
+    }
     if let Some(p) = &wp.pending_wake {
         due.push(p.due_at);
     }
@@ -335,4 +342,30 @@ pub fn latest_wake(home: &Home, wp: &Waitpoint) -> Result<Option<Wake>> {
         return Ok(None);
     }
     delivery::find(home, &wp.channel, &wp.wake_id(wp.counters.wakes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An expired waitpoint whose deadline wake is still in its outbox (the flush failed) is
+    /// due at once, so whoever schedules it from a read finishes the delivery; with the outbox
+    /// empty it has nothing due before its retention ends.
+    #[test]
+    fn a_waitpoint_with_wakes_in_its_outbox_is_due_at_once() {
+        let mut wp: Waitpoint =
+            serde_json::from_str(include_str!("../../layouts/waitpoint.example.json")).unwrap();
+        wp.status = Status::Expired;
+        wp.pending_wake = None;
+        wp.hook_deliveries.clear();
+        wp.outbox.clear();
+        let idle = next_due(&wp);
+        assert!(
+            idle.is_none_or(|t| t > Timestamp::from_millis(0)),
+            "{idle:?}"
+        );
+        wp.outbox
+            .push(serde_json::from_str(include_str!("../../layouts/wake.example.json")).unwrap());
+        assert_eq!(next_due(&wp), Some(Timestamp::from_millis(i64::MIN)));
+    }
 }

@@ -225,6 +225,91 @@ fn a_standby_whose_member_went_silent_takes_over_through_another() {
     );
 }
 
+/// The review's second finding: a leader's watch on a member cut off from it heard nothing,
+/// and a signal a standby handed over waited for HTTP/2's keep-alive to end the watch (up to
+/// 15.5 s). The watch asks its member for progress and resumes on the next member when the
+/// member stays silent, saying so: the signal is applied while the silent member's connection
+/// is still open. A first signal is applied before it, however it is (the leader's requests
+/// that were on the silent member fail and its retry pass reads what was handed over), so the
+/// second one has only the watch to tell the leader of it.
+#[test]
+fn a_signal_handed_over_while_the_leaders_watch_member_is_silent_is_applied_through_another() {
+    let cluster = Cluster::start();
+    let proxy = Proxy::start(first_member(&cluster));
+    let a = host_at(&url_through(&cluster, &proxy), "a");
+    let b = host(&cluster, "b", "");
+    let (id, secret) = id_secret(&b.arm("train", &["--session", "s1", "--max-signals", "10"]));
+    let _da = a.daemon();
+    wait_leading(&a);
+    let _db = b.daemon();
+    proxy.silence();
+    for (n, name) in ["first", "second"].into_iter().enumerate() {
+        b.drop_file(name, &body(&id, &secret, r#","status":"progress""#));
+        b.wait_until("the signal applied", || {
+            shown(&b, &id)["counters"]["signals"] == n as u64 + 1
+        });
+    }
+    assert_eq!(
+        proxy.given_up(),
+        0,
+        "the signal was applied only once a connection to the silent member was given up:\n{}",
+        log(&a)
+    );
+    assert!(
+        log(&a).contains("the watch heard nothing"),
+        "the watch's move is logged:\n{}",
+        log(&a)
+    );
+}
+
+/// The review's fourth finding: on a lost lease the shim answered 500 "unknown" without
+/// `Retry-After`, where docs/etcd.md promises 503 with `Retry-After` set to the lease's TTL.
+/// The leader's lease ends at the cluster (as after a pause past it) while the daemon, renewing
+/// every 10 s under a 30 s lease, still believes it leads: a signal posted to its shim is
+/// refused by the fence, and answered so.
+#[test]
+fn a_signal_posted_to_a_leader_whose_lease_ended_is_answered_503_with_retry_after() {
+    let cluster = Cluster::start();
+    let a = Env::with_settings(&format!(
+        r#"{{"host": "a", "webhook": {{"enabled": true, "port": 0}}, "store": {{"url": "{}", "leaseTtlS": 30}}}}"#,
+        cluster.url()
+    ));
+    let (id, secret) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let _da = a.daemon();
+    wait_leading(&a);
+    let port = a.webhook_port();
+    let got = cluster.ctl(&["get", "--prefix", "t/leader/", "-w", "json"]);
+    let v: Value = serde_json::from_slice(&got.stdout).unwrap();
+    let lease = v["kvs"][0]["lease"]
+        .as_i64()
+        .expect("the leader key's lease");
+    let revoked = cluster.ctl(&["lease", "revoke", &format!("{lease:x}")]);
+    assert!(revoked.status.success(), "{revoked:?}");
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "30", "-XPOST"])
+        .args([
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "Idempotency-Key: k1",
+        ])
+        .args(["--data-binary", &body(&id, &secret, "")])
+        .arg(format!("http://127.0.0.1:{port}/webhook/signal"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).replace('\r', "");
+    let (head, answer) = text.split_once("\n\n").expect(&text);
+    assert!(head.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("retry-after: 30")),
+        "{text}"
+    );
+    let answer: Value = serde_json::from_str(answer).expect(answer);
+    assert_eq!(answer["result"], "unavailable", "{answer}");
+    assert_eq!(answer["retry_after_s"], 30, "{answer}");
+}
+
 /// Found by the nemesis: a sender's retry under the same Idempotency-Key, arriving at a
 /// standby while its first copy still waited in the same batch, put `in/<identity>` twice in
 /// one transaction, which etcd refuses whole ("duplicate key given in txn request"): every
