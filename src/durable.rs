@@ -506,7 +506,7 @@ impl Unsynced {
         if work.len() <= INLINE_UNSYNCED {
             return work.iter().try_for_each(write);
         }
-        each_on_cores(&work, write)
+        each_concurrently(&work, write)
     }
 }
 
@@ -631,42 +631,6 @@ fn each_concurrently<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<()> + Sync) 
             .collect()
     });
     results.into_iter().collect()
-}
-
-/// Runs `f` on every item, split among as many threads as there are cores (this one among
-/// them), and returns the first error. For work that is mostly the CPU's, not the device's: a
-/// batch's unsynced files (creating, writing and renaming a file without fsync is kernel work
-/// on the page and inode caches). Eight threads a batch, as for fsyncs, cost a dozen system
-/// calls each to start and spun on the same directory and inode-table locks.
-fn each_on_cores<T: Sync>(items: &[T], f: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = items.len().min(cores).min(SYNC_THREADS);
-    if threads <= 1 {
-        return items.iter().try_for_each(&f);
-    }
-    // Every item is tried, the first error kept: a failure leaves no more unwritten than
-    // eight threads of one item each did (the fault walks count on it).
-    let part = |t: usize| {
-        items
-            .iter()
-            .skip(t)
-            .step_by(threads)
-            .map(&f)
-            .fold(Ok(()), Result::and)
-    };
-    std::thread::scope(|scope| {
-        let others: Vec<_> = (1..threads)
-            .map(|t| {
-                let part = &part;
-                scope.spawn(move || part(t))
-            })
-            .collect();
-        let mine = part(0);
-        others
-            .into_iter()
-            .map(|h| h.join().expect("a writing thread panicked"))
-            .fold(mine, Result::and)
-    })
 }
 
 /// Pretty JSON with a trailing newline: stable key order (struct order), pleasant for `jq`/`diff`.

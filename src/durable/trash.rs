@@ -94,27 +94,23 @@ impl Trash {
 
     /// Moves each of `names` from the directory `from` here, through both handles, as
     /// [`Trash::take_all`] does for paths.
-    ///
-    /// On this thread, one after another: every move changes the same two directories, so
-    /// moves on several threads only queue for the directories' locks, and starting the
-    /// threads cost more than the moves (about a dozen system calls each, per batch). The
-    /// reaper is woken once, after the last.
     pub fn take_all_from(&self, from: &Dir, names: &[&str]) -> Result<()> {
-        let mut arrived = false;
-        let taken = names.iter().try_for_each(|name| {
-            match from.rename_to(std::ffi::OsStr::new(name), &self.dir, &self.fresh_name()) {
-                Ok(()) => {
-                    arrived = true;
-                    Ok(())
-                }
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                Err(_) => from.unlink(name),
+        let take = |name: &&str| match from.rename_to(
+            std::ffi::OsStr::new(name),
+            &self.dir,
+            &self.fresh_name(),
+        ) {
+            Ok(()) => {
+                self.note_arrival();
+                Ok(())
             }
-        });
-        if arrived {
-            self.note_arrival();
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(_) => from.unlink(name),
+        };
+        if names.len() <= INLINE_UNSYNCED {
+            return names.iter().try_for_each(take);
         }
-        taken
+        each_concurrently(names, take)
     }
 
     /// The reaper thread's loop: empties the trash whenever something arrived, until stopped.
