@@ -2,7 +2,7 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `target/release/bench [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR]`
+//! `target/release/bench [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR] [--ours-only]`
 //! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod agents;
@@ -31,6 +31,9 @@ struct Options {
     base: PathBuf,
     /// Keep the homes (`--keep`), e.g. to read a daemon's log after a run.
     keep: bool,
+    /// Row 1 with ours alone, one round per shape (`--ours-only`): for profiling the daemon
+    /// (run with `WAITPOINT_BIN` set to a wrapper that runs it under `strace` or `perf`).
+    ours_only: bool,
     /// The previous release's binaries (`--previous DIR`, holding `waitpoint` and
     /// `cortex-signal`), run interleaved with ours on the same files where a row supports it.
     previous: Option<ours::Bins>,
@@ -44,6 +47,7 @@ fn options() -> Options {
         rows: vec![1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11],
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
+        ours_only: false,
         previous: None,
     };
     let mut args = std::env::args().skip(1);
@@ -80,6 +84,7 @@ fn options() -> Options {
             "--idle" => o.idle = Duration::from_secs(args.next().unwrap().parse().unwrap()),
             "--dir" => o.base = PathBuf::from(args.next().unwrap()),
             "--keep" => o.keep = true,
+            "--ours-only" => o.ours_only = true,
             "--previous" => {
                 let dir = PathBuf::from(args.next().unwrap());
                 o.previous = Some(ours::Bins {
@@ -634,7 +639,13 @@ fn etcd_version() -> String {
 /// each ratio compares figures taken seconds apart, and the medians are printed. Ours runs
 /// last in even rounds and first in odd ones, so a steady drift favours neither side.
 fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>, body: &[u8]) {
-    let rounds = if o.quick { 3 } else { 5 };
+    let rounds = if o.ours_only {
+        1
+    } else if o.quick {
+        3
+    } else {
+        5
+    };
     let med = |v: &[f64]| ours::p(v, 50.0);
     let list = |v: &[f64]| {
         v.iter()
@@ -660,6 +671,15 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 )
             };
             let ingest = || ours::ingest(b, &setup);
+            if o.ours_only {
+                let x = ingest();
+                eprintln!("  ours {:.0} signals/s ({:.0} us CPU)", x.rate, x.cpu_us);
+                if !o.keep {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    let _ = std::fs::remove_dir_all(&setup.peer_stage);
+                }
+                continue;
+            }
             let (x, q) = if round % 2 == 1 {
                 let x = ingest();
                 (x, peer())
@@ -698,6 +718,9 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 let _ = std::fs::remove_dir_all(dir.with_extension("peer"));
                 let _ = std::fs::remove_dir_all(&setup.peer_stage);
             }
+        }
+        if o.ours_only {
+            continue;
         }
         let column = |f: &dyn Fn(&[f64; 9]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
         // One table row: ours (column `a`) against a baseline (column `b`), both medians, and

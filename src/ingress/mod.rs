@@ -69,6 +69,12 @@ pub enum SpoolBody {
 /// Parses a spool file: a signal, a callback trigger (a `callback` key), or a miss record (the
 /// one key [`MISS_KEY`]).
 pub fn parse_spool_body(bytes: &[u8]) -> Result<SpoolBody, String> {
+    // Almost every file is a signal: one typed pass settles it. A body it takes has no
+    // `callback` or miss key (a signal's fields are closed), so the passes below would have
+    // found the same signal; anything else takes them, and their errors are what is told.
+    if let Ok(signal) = parse_signal(bytes) {
+        return Ok(SpoolBody::Signal(signal));
+    }
     let value = (bytes.len() <= MAX_BODY_BYTES)
         .then(|| serde_json::from_slice::<Value>(bytes).ok())
         .flatten();
@@ -200,6 +206,24 @@ mod tests {
             let why = parse_spool_body(bad.as_bytes()).unwrap_err();
             assert!(why.contains("not a valid miss record"), "{bad}: {why}");
         }
+    }
+
+    /// `parse_spool_body` tries the typed signal first and takes what it accepts: that is only
+    /// right while a signal's fields are closed, so that a body carrying a `callback` or miss
+    /// key beside a signal's fields is never taken for a signal.
+    #[test]
+    fn a_signal_shaped_body_with_a_callback_or_miss_key_is_judged_as_that_not_as_a_signal() {
+        let signal = format!(r#""id":"{ID}","secret":"s""#);
+        let callback = format!(r#"{{{signal},"callback":"cb_x","mode":"wake"}}"#);
+        let why = parse_spool_body(callback.as_bytes()).unwrap_err();
+        assert!(why.contains("not a valid callback trigger"), "{why}");
+        let miss = format!(r#"{{{signal},"{MISS_KEY}":"{ID}"}}"#);
+        let why = parse_spool_body(miss.as_bytes()).unwrap_err();
+        assert!(why.contains("not a valid miss record"), "{why}");
+        assert!(matches!(
+            parse_spool_body(format!("{{{signal}}}").as_bytes()),
+            Ok(SpoolBody::Signal(r)) if r.id == ID
+        ));
     }
 
     #[test]
