@@ -1,9 +1,9 @@
 //! Typed errors of the library and the one table that maps them to exit codes.
 //!
-//! Every fallible library function returns [`Error`]. Binaries add context with `anyhow` at the edge
-//! and ask [`Error::kind`] (through [`exit_code_for`]) which exit status to use, so the mapping from
-//! failure to exit code lives here and nowhere else. What each code means is written once, in
-//! [`exit::TABLE`], which waitpoint(1)'s EXIT STATUS is generated from.
+//! Every fallible library function returns [`Error`]. Binaries add context with `anyhow` at the
+//! edge and ask [`Error::kind`] (through [`exit_code_for`]) which exit status to use, so the
+//! mapping from failure to exit code lives here and nowhere else. What each code means is written
+//! once, in [`exit::TABLE`], which waitpoint(1)'s EXIT STATUS is generated from.
 
 use std::path::PathBuf;
 

@@ -19,9 +19,9 @@
 //!   devices/<name>.json                a device the daemon collects signal files from over SSH
 //!   devices/<name>.poll                a request to collect now (`device poll`), removed when done
 //!   devices/<name>/status.json         the collector's state: last success, last error, backoff
-//!   devices/<name>/spool/              the local mirror of the device's spool, swept like tmp/signals/
-//!   index/sessions/<name>/<id>         empty marker: waitpoint <id> has session or channel <name>
-//!   index/sessions.complete            present once every waitpoint has its markers
+//!   devices/<name>/spool/              the local mirror of the device's spool, swept like
+//! tmp/signals/ index/sessions/<name>/<id>         empty marker: waitpoint <id> has session or
+//! channel <name> index/sessions.complete            present once every waitpoint has its markers
 //! ```
 
 use std::fs;

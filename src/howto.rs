@@ -29,7 +29,8 @@ pub struct HowToSignal {
     /// When no HTTP shim is listening for this home: what the `curl` line needs first.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub curl_note: Option<String>,
-    /// With `heartbeat_within` (and no device): the job wrapped in `waitpoint run --heartbeat`, which reports
+    /// With `heartbeat_within` (and no device): the job wrapped in `waitpoint run --heartbeat`,
+    /// which reports
     /// `progress` every interval while it lives and the result when it ends (put the command
     /// where the line says `COMMAND`).
     #[serde(skip_serializing_if = "Option::is_none")]

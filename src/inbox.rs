@@ -49,8 +49,9 @@ fn watch_into(dir: &Path, tx: mpsc::Sender<()>) -> Result<DirWatch> {
         Err(e) if is_limit(&e) => {
             tracing::warn!(
                 dir = %dir.display(),
-                "inotify cannot be had ({e}); looking every {} ms instead",
-                POLL_EVERY.as_millis()
+                error = %e,
+                every_ms = POLL_EVERY.as_millis() as u64,
+                "inotify cannot be had; looking at intervals instead"
             );
             let config = notify::Config::default().with_poll_interval(POLL_EVERY);
             let mut poller =

@@ -5,9 +5,9 @@
 //! records, waitpoint states, inbox wakes) are written with an atomic rename but without their
 //! own fsync. A checkpoint makes those files durable with one `syncfs(2)` of the home's
 //! filesystem and then deletes the segments it covered, so the journal holds only the last
-//! few seconds of work ([`CHECKPOINT_EVERY`]). After a crash, [`Journal::entries`] hands the surviving lines to the
-//! engine, which re-applies them; applying an entry is idempotent, so a segment replayed twice
-//! (a crash between the `syncfs` and the delete) does no harm.
+//! few seconds of work ([`CHECKPOINT_EVERY`]). After a crash, [`Journal::entries`] hands the
+//! surviving lines to the engine, which re-applies them; applying an entry is idempotent, so a
+//! segment replayed twice (a crash between the `syncfs` and the delete) does no harm.
 //!
 //! This module knows segments, lines and syncs; it does not know what a line means (the engine
 //! does, in `engine/batch.rs`).
@@ -158,7 +158,12 @@ impl Journal {
                     .set_len(before)
                     .and_then(|()| segment.file.sync_data());
                 if let Err(undo) = rolled_back {
-                    tracing::error!(segment = %path.display(), "cannot cut a failed journal append off ({undo}); closing the segment and replaying it before the next batch");
+                    tracing::error!(
+                        segment = %path.display(),
+                        error = %undo,
+                        "cannot cut a failed journal append off; closing the segment and \
+                         replaying it before the next batch",
+                    );
                     self.rotate();
                     self.needs_replay = true;
                 }
@@ -273,7 +278,11 @@ pub fn read_segment(path: &Path) -> Result<Vec<Entry>> {
             break;
         }
         let Some(complete) = bytes.strip_suffix(b"\n") else {
-            tracing::warn!(segment = %path.display(), line, "skipping a torn journal line (an append a crash cut short)");
+            tracing::warn!(
+                segment = %path.display(),
+                line,
+                "skipping a torn journal line (an append a crash cut short)",
+            );
             break;
         };
         if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(complete) {
@@ -373,14 +382,17 @@ fn checkpoint_in_background(journal: &Shared) {
         match j.fs.try_clone() {
             Ok(fs) => (covered, fs, j.dir.clone()),
             Err(e) => {
-                tracing::error!("cannot checkpoint the journal (kept for the next try): {e}");
+                tracing::error!(
+                    error = %e,
+                    "cannot checkpoint the journal (kept for the next try)",
+                );
                 return;
             }
         }
     };
     let done = syncfs(&fs, &dir).and_then(|()| lock(journal).finish_checkpoint(&covered));
     if let Err(e) = done {
-        tracing::error!("cannot checkpoint the journal (kept for the next try): {e}");
+        tracing::error!(error = %e, "cannot checkpoint the journal (kept for the next try)");
     }
 }
 
@@ -395,7 +407,10 @@ impl Drop for Checkpointer {
             let _ = t.join();
         }
         if let Err(e) = lock(&self.journal).checkpoint() {
-            tracing::error!("cannot checkpoint the journal at stop (a restart replays it): {e}");
+            tracing::error!(
+                error = %e,
+                "cannot checkpoint the journal at stop (a restart replays it)",
+            );
         }
     }
 }

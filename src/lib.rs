@@ -7,7 +7,8 @@
 //! (the home's files, or an etcd cluster); the [`journal`] makes each batch of signals durable
 //! with one fsync and [`durable`] commits every file atomically; [`delivery`] puts wakes in
 //! session inboxes. The [`daemon`] runs that pipeline in one loop. The binaries are thin:
-//! [`cli`] holds every clap type and turns arguments into validated requests. See `ARCHITECTURE.md`.
+//! [`cli`] holds every clap type and turns arguments into validated requests. See
+//! `ARCHITECTURE.md`.
 
 // No unsafe code but in `ingress::device::sftp_long`, the one place that calls a C library
 // (libssh2) for what its Rust binding leaves out; every system call goes through rustix or std.

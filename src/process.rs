@@ -146,9 +146,9 @@ pub fn shell_code(status: ExitStatus) -> i32 {
 
 /// Runs `program args` with inherited standard input, copying its standard output and error
 /// to `out` and `err` as they come and keeping the last lines in `tail` (which the caller may
-/// read meanwhile: a heartbeat's message). While it runs, SIGTERM and SIGHUP sent to us are passed on to it, and
-/// SIGINT and SIGQUIT (which a terminal already sends to the whole foreground group) do not
-/// kill us, so the outcome is always reported.
+/// read meanwhile: a heartbeat's message). While it runs, SIGTERM and SIGHUP sent to us are passed
+/// on to it, and SIGINT and SIGQUIT (which a terminal already sends to the whole foreground group)
+/// do not kill us, so the outcome is always reported.
 pub fn run_command(
     program: &OsString,
     args: &[OsString],

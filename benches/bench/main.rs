@@ -2,8 +2,9 @@
 //! the same run, and prints one markdown table. Never a test: nothing here asserts a timing.
 //!
 //! Run through `scripts/bench` (which builds the release binaries and passes their paths), or
-//! `target/release/bench [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR] [--ours-only]`
-//! with `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
+//! `target/release/bench [--quick] [--sizes 1000,10000,100000] [--idle SECS] [--rows
+//! 1,2,3,4,5,6,7,8,9,10,11] [--dir DIR] [--keep] [--previous DIR] [--ours-only]` with
+//! `WAITPOINT_BIN` and `CORTEX_SIGNAL_BIN` set.
 
 mod agents;
 #[cfg(feature = "etcd")]

@@ -472,7 +472,8 @@ fn resume(engine: &Engine, a: ResumeArgs, harness: Harness) -> anyhow::Result<u8
     hand_over(engine, &wake, &r)
 }
 
-/// The harness's own directory (its transcripts, Codex's thread locks), as it finds it itself: Claude Code under
+/// The harness's own directory (its transcripts, Codex's thread locks), as it finds it itself:
+/// Claude Code under
 /// `$CLAUDE_CONFIG_DIR` (else `~/.claude`), Codex under `$CODEX_HOME` (else `~/.codex`). The
 /// daemon runs this adapter with the environment it was started with, the user's.
 fn harness_home_of(harness: Harness) -> Option<std::path::PathBuf> {

@@ -83,7 +83,8 @@ pub struct AddArgs {
     /// known_hosts file the host key must be in [default: ~/.ssh/known_hosts]
     #[arg(long, value_name = "FILE")]
     pub known_hosts: Option<PathBuf>,
-    /// Collection interval for this device in ms (0: only on `device poll`) [default: waitpointSweepMs]
+    /// Collection interval for this device in ms (0: only on `device poll`) [default:
+    /// waitpointSweepMs]
     #[arg(long, value_name = "MS")]
     pub sweep_ms: Option<u64>,
     /// Print the record as JSON

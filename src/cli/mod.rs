@@ -312,11 +312,12 @@ pub enum Command {
     ///
     /// For an agent harness to start as an MCP server (`claude mcp add waitpoint -- waitpoint
     /// mcp`): the tools wait_create, wait_check, wait_cancel, wait_next, CreateTimer,
-    /// ListTimers, GetTimer, CancelTimer, CreateExternalTrigger and CancelExternalTrigger, acting for the harness's own session (Claude Code's
-    /// session, each Codex thread, the OpenCode session its plugin names in each call's
-    /// harness_session argument) unless --session or $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait
-    /// in the spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to
-    /// stdout; warnings go to stderr. It exits 0 when the client closes stdin.
+    /// ListTimers, GetTimer, CancelTimer, CreateExternalTrigger and CancelExternalTrigger, acting
+    /// for the harness's own session (Claude Code's session, each Codex thread, the OpenCode
+    /// session its plugin names in each call's harness_session argument) unless --session or
+    /// $CORTEX_SESSION names one. It needs no running daemon; without one, signals wait in the
+    /// spool and wakes come once `waitpoint daemon` runs. Only the protocol is written to stdout;
+    /// warnings go to stderr. It exits 0 when the client closes stdin.
     Mcp(mcp::McpArgs),
     /// Configure an agent harness for waitpoints: its MCP server, hooks and status line
     ///
@@ -368,10 +369,11 @@ pub enum Command {
     /// Checks the home's ownership and modes, settings.json, the drop zone, the inotify
     /// limits, whether a daemon holds the lock (and whether a dead one left it stale), whether
     /// the daemon can start onWake's program (an executable absolute path, or a name on the
-    /// running daemon's PATH, else on this shell's), the HTTP shim's address file, each device's reachability, stale *.tmp files and parked refused
-    /// files. Nothing is changed. Each line starts with OK, WARN or FAIL; the exit status is 1
-    /// when any check FAILs. A FAIL of the modes is what the daemon refuses to start on (a home
-    /// or settings.json other users can write); modes merely looser than private are a WARN.
+    /// running daemon's PATH, else on this shell's), the HTTP shim's address file, each device's
+    /// reachability, stale *.tmp files and parked refused files. Nothing is changed. Each line
+    /// starts with OK, WARN or FAIL; the exit status is 1 when any check FAILs. A FAIL of the modes
+    /// is what the daemon refuses to start on (a home or settings.json other users can write);
+    /// modes merely looser than private are a WARN.
     Doctor(doctor::DoctorArgs),
     /// Print the operator page's address, with a one-time login code
     ///
@@ -410,8 +412,9 @@ pub enum Command {
     Import(transfer::ImportArgs),
     /// Print a completion script for bash, zsh or fish
     ///
-    /// For example: `waitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint`,
-    /// or `--program cortex-signal` for the signal command.
+    /// For example: `waitpoint completions bash >
+    /// ~/.local/share/bash-completion/completions/waitpoint`, or `--program cortex-signal` for the
+    /// signal command.
     Completions(completions::CompletionsArgs),
 }
 

@@ -1,5 +1,5 @@
-//! `waitpoint setup claude-code|codex|gemini`: reads the harness's and the home's configuration files,
-//! asks `crate::setup` for the merge, prints each change and writes the files that change
+//! `waitpoint setup claude-code|codex|gemini`: reads the harness's and the home's configuration
+//! files, asks `crate::setup` for the merge, prints each change and writes the files that change
 //! (nothing with `--dry-run`).
 
 use std::io::Write;

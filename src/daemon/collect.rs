@@ -37,16 +37,32 @@ fn log_forwarded(req: &crate::request::SignalRequest, source: &Source, v: &Verdi
     let origin = source.origin();
     match v {
         Verdict::Accepted { id, seq, wake, .. } => {
-            tracing::info!(waitpoint = %id, seq, source = %origin, woke = wake.is_some(), "handed-over signal accepted")
+            tracing::info!(
+                waitpoint = %id,
+                seq,
+                source = %origin,
+                woke = wake.is_some(),
+                "handed-over signal accepted",
+            )
         }
         Verdict::Duplicate { id, .. } => {
             tracing::info!(waitpoint = %id, source = %origin, "handed-over signal is a duplicate")
         }
         Verdict::Closed { id, status, .. } => {
-            tracing::info!(waitpoint = %id, source = %origin, "late handed-over signal: already {}", status.as_str())
+            tracing::info!(
+                waitpoint = %id,
+                source = %origin,
+                "late handed-over signal: already {}",
+                status.as_str(),
+            )
         }
         Verdict::Refused(r) => {
-            tracing::warn!(waitpoint = %req.id, source = %origin, "handed-over signal refused: {}", r.reason())
+            tracing::warn!(
+                waitpoint = %req.id,
+                source = %origin,
+                "handed-over signal refused: {}",
+                r.reason(),
+            )
         }
         Verdict::Queued { .. } => {}
     }
@@ -75,7 +91,7 @@ impl Daemon {
                 Ok(b) if b.is_empty() => return,
                 Ok(b) => b,
                 Err(e) => {
-                    tracing::warn!("cannot read handed-over signals (will retry): {e}");
+                    tracing::warn!(error = %e, "cannot read handed-over signals (will retry)");
                     self.retry.failed(Instant::now());
                     return;
                 }
@@ -90,7 +106,11 @@ impl Daemon {
                         keys.push(f.key.clone());
                     }
                     None => {
-                        tracing::warn!(key = %f.key, source = %f.source, "dropping a handed-over signal whose source does not parse");
+                        tracing::warn!(
+                            key = %f.key,
+                            source = %f.source,
+                            "dropping a handed-over signal whose source does not parse",
+                        );
                         settled.push(f.key.clone());
                     }
                 }
@@ -106,7 +126,12 @@ impl Daemon {
                     }
                     Err(e) => {
                         failed = true;
-                        tracing::warn!(waitpoint = %req.id, source = %source.origin(), "cannot apply a handed-over signal (kept for another try): {e}");
+                        tracing::warn!(
+                            waitpoint = %req.id,
+                            source = %source.origin(),
+                            error = %e,
+                            "cannot apply a handed-over signal (kept for another try)",
+                        );
                     }
                 }
             }
@@ -116,7 +141,7 @@ impl Daemon {
             };
             if let Err(e) = settle {
                 // Applied but not forgotten: the next round finds them recorded (duplicates).
-                tracing::warn!("cannot forget applied handed-over signals: {e}");
+                tracing::warn!(error = %e, "cannot forget applied handed-over signals");
                 self.retry.failed(Instant::now());
                 return;
             }
@@ -136,7 +161,10 @@ impl Daemon {
             Ok(0) => {}
             Ok(n) => tracing::info!(wakes = n, "delivered wakes from the shared store"),
             Err(e) => {
-                tracing::warn!("cannot deliver wakes from the shared store (will retry): {e}");
+                tracing::warn!(
+                    error = %e,
+                    "cannot deliver wakes from the shared store (will retry)",
+                );
                 self.retry.failed(Instant::now());
             }
         }
@@ -285,7 +313,8 @@ impl Daemon {
             Err(e) => {
                 tracing::error!(
                     waitpoints = ids.len(),
-                    "cannot read changed waitpoints: {e}"
+                    error = %e,
+                    "cannot read changed waitpoints"
                 )
             }
         }
@@ -356,7 +385,11 @@ impl Daemon {
         let turn: Vec<_> = self.to_park.drain(..n).collect();
         for (q, parked) in turn.iter().zip(self.spool.park_queued(&turn)) {
             if let Err(e) = parked {
-                tracing::error!(file = ?q.name, "cannot park refused signal file (kept for the next sweep): {e}");
+                tracing::error!(
+                    file = ?q.name,
+                    error = %e,
+                    "cannot park refused signal file (kept for the next sweep)",
+                );
             }
             self.parking.remove(&q.name);
         }
@@ -375,7 +408,11 @@ impl Daemon {
             Ok(_) => {}
             // The file stays in the spool; a retry pass soon (or the next sweep) tries again.
             Err(e) => {
-                tracing::error!(file = ?name, "cannot collect signal file (kept for retry): {e}");
+                tracing::error!(
+                    file = ?name,
+                    error = %e,
+                    "cannot collect signal file (kept for retry)",
+                );
                 self.retry.failed(Instant::now());
             }
         }
@@ -399,7 +436,7 @@ impl Daemon {
 
     pub(super) fn pending_names(&self) -> Vec<String> {
         self.spool.pending().unwrap_or_else(|e| {
-            tracing::error!("cannot list the drop zone: {e}");
+            tracing::error!(error = %e, "cannot list the drop zone");
             Vec::new()
         })
     }
@@ -497,7 +534,8 @@ impl Daemon {
                 tracing::error!(
                     device,
                     file,
-                    "cannot collect mirrored signal file (kept for retry): {e}"
+                    error = %e,
+                    "cannot collect mirrored signal file (kept for retry)"
                 );
                 self.retry.failed(Instant::now());
             }
@@ -513,7 +551,7 @@ impl Daemon {
             let names = match device::mirror(&home, &name).pending() {
                 Ok(names) => names,
                 Err(e) => {
-                    tracing::error!(device = %name, "cannot list the device mirror: {e}");
+                    tracing::error!(device = %name, error = %e, "cannot list the device mirror");
                     continue;
                 }
             };
@@ -540,7 +578,11 @@ impl Daemon {
             match self.engine.notice_device_outage(&id, since, error) {
                 Ok(next) => self.due.set(&id, next),
                 Err(e) => {
-                    tracing::error!(waitpoint = %id, "cannot tell of the device outage (next round retries): {e}")
+                    tracing::error!(
+                        waitpoint = %id,
+                        error = %e,
+                        "cannot tell of the device outage (next round retries)",
+                    )
                 }
             }
         }

@@ -97,7 +97,11 @@ impl Daemon {
         let stdin = match delivery::read_delivered(home, &job.channel, &job.wake_id) {
             Ok(Some(b)) => b,
             Ok(None) => {
-                tracing::warn!(owner = %job.owner, wake = %job.wake_id, "wake no longer in the inbox; not running the hook for it");
+                tracing::warn!(
+                    owner = %job.owner,
+                    wake = %job.wake_id,
+                    "wake no longer in the inbox; not running the hook for it",
+                );
                 let _ = self.tx.send(Event::HookDone {
                     owner: job.owner,
                     wake_id: job.wake_id,

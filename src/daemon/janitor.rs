@@ -1,4 +1,5 @@
-//! Clean-up: read wakes past their TTL, records of sessions deleted long ago, retention of closed waitpoints, stale temp files.
+//! Clean-up: read wakes past their TTL, records of sessions deleted long ago, retention of closed
+//! waitpoints, stale temp files.
 
 use super::{Daemon, GC_EVERY_MS, STALE_TEMP_MS, TEMP_WALK_EVERY_MS};
 use crate::durable;

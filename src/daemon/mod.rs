@@ -6,9 +6,10 @@
 //!
 //! Inputs arrive as [`Event`]s on one channel: hints from the filesystem watcher (inotify via
 //! `notify`), signals from the optional HTTP shim (`ingress::http`), and requests from whoever
-//! holds the [`DaemonControl`] (shutdown, a nudge to re-check the clock). Timers are the loop's own: the periodic sweep of the drop zone, which is
-//! the source of truth (inotify is only a hint and may overflow), and a deadline queue, so a
-//! deadline fires on time without scanning every waitpoint.
+//! holds the [`DaemonControl`] (shutdown, a nudge to re-check the clock). Timers are the loop's
+//! own: the periodic sweep of the drop zone, which is the source of truth (inotify is only a hint
+//! and may overflow), and a deadline queue, so a deadline fires on time without scanning every
+//! waitpoint.
 //!
 //! Devices (`ingress::device`) run one collector thread each; they only copy files into local
 //! mirrors and report [`Event::Device`], and the loop applies the mirrored files like drop-zone
@@ -261,7 +262,8 @@ fn raise_descriptor_limit() {
             ),
             Err(e) => tracing::warn!(
                 soft = limit.current,
-                "cannot raise the open-descriptor limit to the hard one: {e}"
+                error = %e,
+                "cannot raise the open-descriptor limit to the hard one"
             ),
         }
     }
@@ -366,8 +368,8 @@ impl Daemon {
             Err(e) if self.engine.settings().sweep_ms > 0 => {
                 tracing::warn!(
                     sweep_ms = self.engine.settings().sweep_ms,
-                    "no file watcher ({e}); finding signals by the sweep alone, every {} ms",
-                    self.engine.settings().sweep_ms
+                    error = %e,
+                    "no file watcher; finding signals by the sweep alone"
                 );
                 None
             }
@@ -552,7 +554,12 @@ impl Daemon {
                 {
                     Ok(next) => self.due.set(&waitpoint, next),
                     Err(e) => {
-                        tracing::error!(waitpoint = %waitpoint, wake = %wake_id, error = %e, "cannot record hook attempt");
+                        tracing::error!(
+                            waitpoint = %waitpoint,
+                            wake = %wake_id,
+                            error = %e,
+                            "cannot record hook attempt",
+                        );
                         self.due
                             .set(&waitpoint, Some(self.engine.now().plus_ms(1000)));
                     }

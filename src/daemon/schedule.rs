@@ -149,7 +149,8 @@ impl Daemon {
                 "session index rebuilt"
             ),
             Err(e) => tracing::error!(
-                "cannot rebuild the session index (readers scan instead; will retry at the next sweep): {e}"
+                error = %e,
+                "cannot rebuild the session index (readers scan instead; will retry at the next sweep)"
             ),
         }
     }
@@ -201,7 +202,11 @@ impl Daemon {
                     }
                 }
                 Err(e) => {
-                    tracing::error!(waitpoint = %id, error = %e, "cannot service waitpoint (will retry)");
+                    tracing::error!(
+                        waitpoint = %id,
+                        error = %e,
+                        "cannot service waitpoint (will retry)",
+                    );
                     self.due.set(&id, Some(now.plus_ms(1000)));
                 }
             }

@@ -7,8 +7,8 @@
 //! the session list (ring, capsule, counts) and its `wait_check` rows (intent, progress, badges
 //! with their retry errors, the latest heartbeat), so the page, the terminal and the agent
 //! cannot tell different stories. It carries no signal: a waitpoint's signals are its picture,
-//! `operator_view::show_json` (`show --json`, never the secret's hash), asked for when the page opens
-//! it. It is bounded: at most [`MAX_SESSIONS_SHOWN`] sessions and [`MAX_ROWS_SHOWN`] rows
+//! `operator_view::show_json` (`show --json`, never the secret's hash), asked for when the page
+//! opens it. It is bounded: at most [`MAX_SESSIONS_SHOWN`] sessions and [`MAX_ROWS_SHOWN`] rows
 //! ([`MAX_ROWS_PER_SESSION`] a session), and it says how many it leaves out.
 //!
 //! With 10,000 waitpoints the list was 12 MB, built on the loop at every poll of every open

@@ -24,8 +24,8 @@ pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 }
 
 /// Reads one record of a collection (a waitpoint, timer, callback or wake among many): a file
-/// that does not parse is set aside into `root`'s quarantine with its reason and skipped (`None`), so
-/// one bad record stops nothing else. If even setting it aside fails, it is skipped all the
+/// that does not parse is set aside into `root`'s quarantine with its reason and skipped (`None`),
+/// so one bad record stops nothing else. If even setting it aside fails, it is skipped all the
 /// same, and the log says why.
 ///
 /// The record is reached from `root` one directory at a time, none followed if it is a link,

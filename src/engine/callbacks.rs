@@ -97,7 +97,12 @@ impl Engine {
         let mut txn = self.store.callbacks().begin_docs()?;
         let issued = self.new_callback(mode, session, label, false)?;
         txn.put(&issued.callback)?;
-        tracing::info!(callback = %issued.callback.id, session, mode = mode.as_str(), "callback created");
+        tracing::info!(
+            callback = %issued.callback.id,
+            session,
+            mode = mode.as_str(),
+            "callback created",
+        );
         Ok(issued)
     }
 
@@ -236,7 +241,11 @@ impl Engine {
         for cb in &revoked {
             tracing::info!(callback = %cb.id, session, "default callback revoked by a reset");
         }
-        tracing::info!(callback = %issued.callback.id, session, "default callback issued by a reset");
+        tracing::info!(
+            callback = %issued.callback.id,
+            session,
+            "default callback issued by a reset",
+        );
         Ok(issued)
     }
 
@@ -281,7 +290,12 @@ impl Engine {
             return Ok(Trigger::Duplicate { id: cb.id });
         }
         if let Err(retry_at) = self.take_event_wake(&cb.session) {
-            tracing::warn!(callback = %cb.id, session = %cb.session, until = %retry_at, "callback refused at the agent's hourly wake limit");
+            tracing::warn!(
+                callback = %cb.id,
+                session = %cb.session,
+                until = %retry_at,
+                "callback refused at the agent's hourly wake limit",
+            );
             return Ok(Trigger::Limited {
                 id: cb.id,
                 retry_at,

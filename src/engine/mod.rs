@@ -379,7 +379,11 @@ impl Engine {
         if newest > wp.counters.signals {
             let pending = self.read_signals(&wp.id, wp.counters.signals + 1)?;
             for record in &pending {
-                tracing::warn!(waitpoint = %wp.id, seq = record.seq, "replaying a signal recorded before a crash");
+                tracing::warn!(
+                    waitpoint = %wp.id,
+                    seq = record.seq,
+                    "replaying a signal recorded before a crash",
+                );
                 self.step(wp, record)?;
             }
             txn.put(wp)?;
@@ -431,7 +435,13 @@ impl Engine {
     fn mark_delivered(&self, wp: &mut Waitpoint) {
         let now = self.clock.now();
         for wake in &wp.outbox {
-            tracing::info!(waitpoint = %wp.id, wake = %wake.wake_id, channel = %wake.channel, "{}", wake.summary);
+            tracing::info!(
+                waitpoint = %wp.id,
+                wake = %wake.wake_id,
+                channel = %wake.channel,
+                "{}",
+                wake.summary,
+            );
         }
         let delivered: Vec<Wake> = std::mem::take(&mut wp.outbox);
         if self.settings.on_wake.is_some() {
@@ -472,7 +482,11 @@ impl Engine {
         let secret = secret::generate();
         wp.secret_sha256 = secret::hash(&secret);
         txn.put(&wp)?;
-        tracing::info!(waitpoint = %id, session, "secret reset; the old one is refused from now on");
+        tracing::info!(
+            waitpoint = %id,
+            session,
+            "secret reset; the old one is refused from now on",
+        );
         Ok(Created {
             waitpoint: wp,
             secret,

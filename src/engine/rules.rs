@@ -257,8 +257,9 @@ pub struct CompletedRound {
 /// `fail` when `fail_fast` is on. `max_signals` is how many times the waitpoint may wake you
 /// (the spec's words): a round that starts the `max_signals`th wake resolves it; earlier ones keep
 /// a monitor open, and a round that folds into a wake already held (the grace window, the hourly
-/// cap) starts no wake of its own, so it resolves nothing. A signal that reaches a waitpoint no longer armed (only possible inside
-/// the grace window) is recorded and carried by the pending wake, and changes nothing else.
+/// cap) starts no wake of its own, so it resolves nothing. A signal that reaches a waitpoint no
+/// longer armed (only possible inside the grace window) is recorded and carried by the pending
+/// wake, and changes nothing else.
 pub fn apply_signal(wp: &mut Waitpoint, rec: &SignalRecord) -> Option<CompletedRound> {
     wp.counters.signals = rec.seq;
     super::silence::note_report(wp, rec);
@@ -381,8 +382,8 @@ pub fn release_pending(wp: &mut Waitpoint, now: Timestamp, cap: u32) -> Option<P
 }
 
 /// Expires an armed waitpoint whose deadline has passed. `pending` are the signals no wake has
-/// carried yet (a report held back by the cap included), folded ones counted. Returns the deadline notice for the
-/// wake.
+/// carried yet (a report held back by the cap included), folded ones counted. Returns the deadline
+/// notice for the wake.
 pub fn expire(wp: &mut Waitpoint, pending: &Carried, now: Timestamp) -> DeadlineNotice {
     let arrived = pending.count(wp);
     let pending = &pending.records;

@@ -39,7 +39,10 @@ impl Engine {
                 let pending = self.carried(&wp, wp.round.start_seq.max(1), &[])?;
                 let wake =
                     rules::compose_wake(&mut wp, WakeKind::Recheck, None, &pending, None, 1, now);
-                tracing::info!(waitpoint = %wp.id, "recheck time reached with nothing terminal; recheck wake sent");
+                tracing::info!(
+                    waitpoint = %wp.id,
+                    "recheck time reached with nothing terminal; recheck wake sent",
+                );
                 wp.outbox.push(wake);
             }
         }
@@ -225,7 +228,13 @@ pub(super) fn note_hook_attempt(
         }
         Err(error) => {
             h.next_attempt_at = now.plus_ms(hook_backoff_ms(h.attempts));
-            tracing::warn!(owner, wake = %wake_id, attempts = h.attempts, error = %error, "onWake hook failed, will retry");
+            tracing::warn!(
+                owner,
+                wake = %wake_id,
+                attempts = h.attempts,
+                error = %error,
+                "onWake hook failed, will retry",
+            );
             h.last_error = Some(error);
         }
     }

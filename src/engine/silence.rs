@@ -132,7 +132,10 @@ impl Engine {
             None => {
                 wp.silence.not_started_sent = true;
                 let line = self.signal_line(wp);
-                tracing::info!(waitpoint = %wp.id, "nothing reported within started_within; wake sent");
+                tracing::info!(
+                    waitpoint = %wp.id,
+                    "nothing reported within started_within; wake sent",
+                );
                 compose(wp, WakeKind::NotStarted, not_started(wp, &line), None, now)
             }
             Some(last) => {
@@ -221,7 +224,11 @@ round), longer than heartbeat_within ({}): {error}",
 it?); if the job is lost with it, cancel this waitpoint (wait_cancel). It stays armed."
             ),
         ];
-        tracing::info!(waitpoint = %wp.id, device = %device, "device unreachable past heartbeat_within; wake sent");
+        tracing::info!(
+            waitpoint = %wp.id,
+            device = %device,
+            "device unreachable past heartbeat_within; wake sent",
+        );
         let wake = compose(&mut wp, WakeKind::DeviceUnreachable, lines, None, now);
         wp.outbox.push(wake);
         txn.put(&wp)?;

@@ -1,12 +1,12 @@
-//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI, Gemini CLI): how each
-//! tells us who is calling, the waitpoint session that follows from it, and the record of it kept
-//! beside the session's inbox (`sessions/<s>/harness.json`) so that a wake for a closed session
-//! can resume the right harness session in the right directory.
+//! The agent harnesses a waitpoint session can live in (Claude Code, the Codex CLI, Gemini CLI):
+//! how each tells us who is calling, the waitpoint session that follows from it, and the record of
+//! it kept beside the session's inbox (`sessions/<s>/harness.json`) so that a wake for a closed
+//! session can resume the right harness session in the right directory.
 //!
 //! A harness is one [`Harness`] variant: where it names its session (an environment variable, a
 //! hook's standard input, an MCP request's `_meta`), how it is configured (`crate::setup`), and
-//! how a live and a closed session are woken (`crate::harness::wake`). Nothing here reads the process
-//! environment itself: front ends pass a lookup, so the rules are tested without one.
+//! how a live and a closed session are woken (`crate::harness::wake`). Nothing here reads the
+//! process environment itself: front ends pass a lookup, so the rules are tested without one.
 
 pub mod codex_app_server;
 pub mod codex_lock;

@@ -687,7 +687,12 @@ pub fn resume_or_yield(
         && let Some(pid) = super::codex_lock::holder(r.harness_home.as_deref(), &r.target)
     {
         if !said {
-            tracing::info!(wake = %id, thread = %r.target, pid, "the thread is open in Codex; the wake waits for its turn's end or its exit");
+            tracing::info!(
+                wake = %id,
+                thread = %r.target,
+                pid,
+                "the thread is open in Codex; the wake waits for its turn's end or its exit",
+            );
             said = true;
         }
         if !crate::inbox::wait_for_change(&changes, Some(deadline), Duration::from_secs(1)) {

@@ -5,8 +5,9 @@
 //! without following symlinks and without blocking on FIFOs, so nothing outside the spool is
 //! ever read. Every pass opens the spool afresh beneath the home's root ([`durable::Dir`]), each
 //! directory on the way not followed if it is a link, and lists, reads, parks and removes
-//! through that handle only: a spool or `bad/` swapped for a link is refused, never followed. Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing
-//! is deleted unparsed. A file leaves the spool only after its effect is durable.
+//! through that handle only: a spool or `bad/` swapped for a link is refused, never followed.
+//! Whatever the engine refuses is parked under `bad/` with a `.reason` file; nothing is deleted
+//! unparsed. A file leaves the spool only after its effect is durable.
 
 use std::ffi::OsStr;
 use std::io::{self, Read};
@@ -388,7 +389,13 @@ impl Spool {
         match verdict {
             Verdict::Refused(refusal) => {
                 let reason = refusal.reason();
-                tracing::warn!(waitpoint = %request.id, file = ?name, secret_fp = %request.secret.fingerprint(), "refused signal file: {reason}");
+                tracing::warn!(
+                    waitpoint = %request.id,
+                    file = ?name,
+                    secret_fp = %request.secret.fingerprint(),
+                    reason = %reason,
+                    "refused signal file",
+                );
                 self.park(
                     dz,
                     name,
@@ -400,16 +407,35 @@ impl Spool {
                 return Ok(Some(FileOutcome::Parked(reason)));
             }
             Verdict::Accepted { id, seq, wake, .. } => {
-                tracing::info!(waitpoint = %id, seq, file = ?name, woke = wake.is_some(), "signal accepted");
+                tracing::info!(
+                    waitpoint = %id,
+                    seq,
+                    file = ?name,
+                    woke = wake.is_some(),
+                    "signal accepted",
+                );
             }
             Verdict::Duplicate { id, .. } => {
-                tracing::info!(waitpoint = %id, file = ?name, "duplicate signal (already recorded); removing");
+                tracing::info!(
+                    waitpoint = %id,
+                    file = ?name,
+                    "duplicate signal (already recorded); removing",
+                );
             }
             Verdict::Closed { id, status, .. } => {
-                tracing::info!(waitpoint = %id, file = ?name, "late signal: waitpoint already {}; removing", status.as_str());
+                tracing::info!(
+                    waitpoint = %id,
+                    file = ?name,
+                    "late signal: waitpoint already {}; removing",
+                    status.as_str(),
+                );
             }
             Verdict::Queued { id } => {
-                tracing::info!(waitpoint = %id, file = ?name, "signal handed over to the leading daemon; removing");
+                tracing::info!(
+                    waitpoint = %id,
+                    file = ?name,
+                    "signal handed over to the leading daemon; removing",
+                );
             }
         }
         Ok(None)
@@ -426,7 +452,7 @@ impl Spool {
     ) -> Result<FileOutcome> {
         let identity = self.source_of(name).identity();
         let refuse = |reason: String| -> Result<FileOutcome> {
-            tracing::warn!(file = ?name, "refused callback file: {reason}");
+            tracing::warn!(file = ?name, reason = %reason, "refused callback file");
             self.park(dz, name, &reason, Some(bytes), None, engine.now())?;
             Ok(FileOutcome::Parked(reason))
         };

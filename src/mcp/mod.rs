@@ -125,7 +125,8 @@ struct Inner {
     opencode_dir: Option<std::path::PathBuf>,
     /// The harness sessions already remembered in `harness.json`, by waitpoint session.
     remembered: std::sync::Mutex<std::collections::HashMap<String, Caller>>,
-    /// The sessions whose default ingress this server has looked after ([`Inner::with_default_ingress`]).
+    /// The sessions whose default ingress this server has looked after
+    /// ([`Inner::with_default_ingress`]).
     ingress_offered: std::sync::Mutex<HashSet<String>>,
     /// The process that started us (shells and wrappers passed over): a harness's (Gemini CLI,
     /// Claude Code), whose `SessionStart` hook records which session it is in.
@@ -156,7 +157,7 @@ pub fn serve_stdio(config: Config) -> anyhow::Result<()> {
         if server.inner.started_by.is_some()
             && let Err(e) = server.inner.session_for(None)
         {
-            tracing::warn!("cannot remember the harness session: {e}");
+            tracing::warn!(error = %e, "cannot remember the harness session");
         }
         let inner = server.inner.clone();
         let service = server
@@ -257,7 +258,7 @@ impl Server {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => refusal(&e),
             Err(e) => {
-                tracing::error!("an MCP tool call failed inside: {e}");
+                tracing::error!(error = %e, "an MCP tool call failed inside");
                 CallToolResult::error(vec![ContentBlock::text(format!(
                     "internal error: {e}; nothing is known to have changed"
                 ))])
@@ -292,7 +293,7 @@ impl Inner {
             Ok(false) => {}
             Ok(true) => return reply,
             Err(e) => {
-                tracing::warn!(session, "cannot look for the default ingress: {e}");
+                tracing::warn!(session, error = %e, "cannot look for the default ingress");
                 return reply;
             }
         }
@@ -311,7 +312,7 @@ impl Inner {
                     issued.callback.mode.delivery_name()
                 )));
             }
-            Err(e) => tracing::warn!(session, "cannot issue the default ingress: {e}"),
+            Err(e) => tracing::warn!(session, error = %e, "cannot issue the default ingress"),
         }
         reply
     }
@@ -498,7 +499,11 @@ impl Server {
                     if let Ok(Ok(Some(w))) = job.await
                         && let Err(e) = delivery::untake(self.inner.engine.home(), &w.channel, &w.wake_id)
                     {
-                        tracing::error!(wake = %w.wake_id, "a cancelled wait_next could not put its wake back: {e}");
+                        tracing::error!(
+                            wake = %w.wake_id,
+                            error = %e,
+                            "a cancelled wait_next could not put its wake back",
+                        );
                     }
                     return Err(McpError::internal_error("cancelled", None));
                 }
@@ -723,7 +728,7 @@ async fn ring_channel(peer: rmcp::Peer<RoleServer>, inner: Arc<Inner>) {
         let fresh = match tokio::task::spawn_blocking(move || new_unread(&i, &known)).await {
             Ok(Ok(fresh)) if !fresh.is_empty() => fresh,
             Ok(Err(e)) => {
-                tracing::error!("the Claude channel stopped watching the inbox: {e}");
+                tracing::error!(error = %e, "the Claude channel stopped watching the inbox");
                 return;
             }
             _ => return,

@@ -11,8 +11,9 @@
 //! - session and channel never change, so nothing else touches the index.
 //!
 //! A home made before the index existed has waitpoints without markers. Readers trust the index
-//! only once `index/sessions.complete` exists, which [`Files::rebuild_index`](super::Store::rebuild_index) writes after a
-//! full scan (the daemon runs it at start when the file is missing); until then they scan.
+//! only once `index/sessions.complete` exists, which
+//! [`Files::rebuild_index`](super::Store::rebuild_index) writes after a full scan (the daemon runs
+//! it at start when the file is missing); until then they scan.
 
 use std::fs;
 

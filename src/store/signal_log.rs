@@ -61,7 +61,13 @@ pub fn read(home: &Home, id: &str) -> Result<Logged> {
         Some((bytes, head_unread)) => {
             let parsed = parse_tail(&bytes, head_unread);
             for (line, why) in &parsed.damaged {
-                tracing::warn!(waitpoint = %id, path = %path.display(), line, why = %why, "a line of the signal log does not parse and is skipped");
+                tracing::warn!(
+                    waitpoint = %id,
+                    path = %path.display(),
+                    line,
+                    why = %why,
+                    "a line of the signal log does not parse and is skipped",
+                );
             }
             Logged {
                 records: parsed.records.into_values().collect(),

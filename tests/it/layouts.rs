@@ -154,7 +154,8 @@ fn every_layout_has_an_example_that_validates() {
         let example = layouts_dir().join(format!("{kind}.example.json"));
         assert!(example.exists(), "layouts/{kind}.example.json is missing");
         schemas.check(kind, &example);
-        // Further examples of one layout (a wake of each silence kind): `<kind>.<what>.example.json`.
+        // Further examples of one layout (a wake of each silence kind):
+        // `<kind>.<what>.example.json`.
         for e in std::fs::read_dir(layouts_dir()).unwrap().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let more = name

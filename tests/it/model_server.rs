@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// What the server answers, without asking the script, to the harness's side requests (Claude Code asks for a session title
-/// in a request that offers no tools), so scripts only deal with conversation turns.
+/// What the server answers, without asking the script, to the harness's side requests (Claude Code
+/// asks for a session title in a request that offers no tools), so scripts only deal with
+/// conversation turns.
 const HOUSEKEEPING_REPLY: &str = r#"{"title": "Scripted session"}"#;
 
 /// A client that connects and then says nothing must not pin a thread forever.

@@ -90,7 +90,10 @@ impl Collector {
         if let Some(c) = &self.conn
             && c.keepalive().is_err()
         {
-            tracing::info!(device = %self.device.name, "SSH session lost; will reconnect next round");
+            tracing::info!(
+                device = %self.device.name,
+                "SSH session lost; will reconnect next round",
+            );
             self.conn = None;
         }
     }
@@ -138,17 +141,32 @@ impl Collector {
         let watchdog = &self.watchdog;
         watchdog.arm(&conn.stream);
         let (entries, left) = conn.list_and_left(device, tag)?;
-        tracing::debug!(device = %device.name, files = entries.len(), left = left.len(), "listed the remote spool");
+        tracing::debug!(
+            device = %device.name,
+            files = entries.len(),
+            left = left.len(),
+            "listed the remote spool",
+        );
         #[cfg(feature = "failpoints")]
         fail::fail_point!(crate::failpoint::DEVICE_AFTER_LIST);
         self.left = left;
         let leave = |left: &mut Vec<LeftFile>, file: &str, claimed: &Path, why: LeftFile| {
-            tracing::warn!(device = %device.name, file, "a remote signal file is left on the device: {}", why.reason);
+            tracing::warn!(
+                device = %device.name,
+                file,
+                "a remote signal file is left on the device: {}",
+                why.reason,
+            );
             if let Err(e) = conn
                 .sftp
                 .rename(claimed, &remote_dir(&device.spool).join(file), None)
             {
-                tracing::error!(device = %device.name, file, "cannot give the file its name back: {e}");
+                tracing::error!(
+                    device = %device.name,
+                    file,
+                    error = %e,
+                    "cannot give the file its name back",
+                );
             }
             left.push(why);
         };
@@ -285,7 +303,11 @@ impl Collector {
             }
         };
         if let Err(e) = save_status(&self.home, &self.device.name, &status) {
-            tracing::error!(device = %self.device.name, "cannot record collector state: {e}");
+            tracing::error!(
+                device = %self.device.name,
+                error = %e,
+                "cannot record collector state",
+            );
         }
         (landed, error, status)
     }

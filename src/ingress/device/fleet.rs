@@ -158,7 +158,12 @@ impl Fleet {
             .spawn(move || collector_thread(collector, rx, interval, clock, notify));
         match spawned {
             Ok(_) => {
-                tracing::info!(device = %name, host = %device.host, interval_ms = interval, "device collector started");
+                tracing::info!(
+                    device = %name,
+                    host = %device.host,
+                    interval_ms = interval,
+                    "device collector started",
+                );
                 self.running.insert(name, Running { device, tx });
             }
             Err(e) => tracing::error!(device = %name, error = %e, "cannot start collector thread"),
@@ -232,7 +237,12 @@ pub(super) fn collector_thread(
         match &error {
             None => tracing::debug!(device = %name, files = landed.len(), "device round done"),
             Some(e) => {
-                tracing::warn!(device = %name, failures = status.failures, error = %e, "device unreachable (files wait there)");
+                tracing::warn!(
+                    device = %name,
+                    failures = status.failures,
+                    error = %e,
+                    "device unreachable (files wait there)",
+                );
                 notify(DeviceEvent::Unreachable {
                     device: name.clone(),
                     since: status.last_success_at.unwrap_or(collector.device.added_at),

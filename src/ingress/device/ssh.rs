@@ -100,12 +100,14 @@ impl Watchdog {
                         None => st = cv.wait_or_recover(st),
                         Some((at, _)) if *at > now => {
                             let wait = *at - now;
-                            st = cv
-                                .wait_timeout_or_recover(st, wait)
-                                .0;
+                            st = cv.wait_timeout_or_recover(st, wait).0;
                         }
                         Some((_, stream)) => {
-                            tracing::warn!(device = %label, "SSH step overran {}s; dropping the connection", STEP_DEADLINE.as_secs());
+                            tracing::warn!(
+                                device = %label,
+                                "SSH step overran {}s; dropping the connection",
+                                STEP_DEADLINE.as_secs(),
+                            );
                             let _ = stream.shutdown(Shutdown::Both);
                             st.armed = None;
                             st.fired = true;
@@ -392,7 +394,12 @@ impl Connection {
                         continue;
                     }
                 };
-                tracing::warn!(device = %device.name, file = name, reason = %reason, "a remote signal file is left on the device, untouched");
+                tracing::warn!(
+                    device = %device.name,
+                    file = name,
+                    reason = %reason,
+                    "a remote signal file is left on the device, untouched",
+                );
                 left.push(LeftFile::new(name, reason, Some(stat)));
             }
         }

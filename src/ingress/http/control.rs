@@ -259,7 +259,12 @@ pub fn run(engine: &Engine, request: ControlRequest) -> Result<ControlOutcome> {
             authority_class,
         } => {
             let issued = engine.reset_default_callback(&agent, mode)?;
-            tracing::info!(agent = %agent, callback = %issued.callback.id, authority_class = authority_class.as_deref().unwrap_or("-"), "default callback reset over HTTP");
+            tracing::info!(
+                agent = %agent,
+                callback = %issued.callback.id,
+                authority_class = authority_class.as_deref().unwrap_or("-"),
+                "default callback reset over HTTP",
+            );
             Ok(ControlOutcome::Reset(issued))
         }
         ControlRequest::CreateTimer {
@@ -289,7 +294,12 @@ pub fn run(engine: &Engine, request: ControlRequest) -> Result<ControlOutcome> {
             authority_class,
         } => {
             let t = engine.cancel_timer(&timer_id, &agent)?;
-            tracing::info!(agent = %agent, timer = %t.id, authority_class = authority_class.as_deref().unwrap_or("-"), "timer cancelled over HTTP");
+            tracing::info!(
+                agent = %agent,
+                timer = %t.id,
+                authority_class = authority_class.as_deref().unwrap_or("-"),
+                "timer cancelled over HTTP",
+            );
             Ok(ControlOutcome::Timer(t))
         }
     }

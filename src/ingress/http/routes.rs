@@ -1,7 +1,7 @@
 //! The shim's routes, apart from its transport: what each request means (the signal route, the
-//! callback routes, the control routes, `/healthz`; the operator page's are in `ui.rs`), the miss budget, and the status code each
-//! verdict is answered with. Nothing here touches a socket, so it is tested with requests built
-//! in memory.
+//! callback routes, the control routes, `/healthz`; the operator page's are in `ui.rs`), the miss
+//! budget, and the status code each verdict is answered with. Nothing here touches a socket, so it
+//! is tested with requests built in memory.
 
 use super::head::{Head, Reply, body_length, callback_rest, is_loopback_host, refused, reply};
 use super::{

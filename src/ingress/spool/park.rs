@@ -133,7 +133,13 @@ with any secret-like text redacted)\n",
             }
             None => dz.rename_durably(source, &bad, &target)?,
         }
-        tracing::warn!(waitpoint, file = ?name, parked = %bad.path().join(&target).display(), reason = %reason, "parked refused spool file");
+        tracing::warn!(
+            waitpoint,
+            file = ?name,
+            parked = %bad.path().join(&target).display(),
+            reason = %reason,
+            "parked refused spool file",
+        );
         Ok(())
     }
 

@@ -273,7 +273,7 @@ impl Etcd {
     /// Moves a value that does not parse to `bad/`, with the reason, so it stops nothing else.
     pub(super) fn set_aside(&self, key: &[u8], value: &[u8], reason: &str) -> Result<()> {
         let name = String::from_utf8_lossy(key).into_owned();
-        tracing::warn!(key = %name, "set aside a value that does not parse: {reason}");
+        tracing::warn!(key = %name, reason = %reason, "set aside a value that does not parse");
         let record = serde_json::json!({
             "key": name,
             "reason": reason,

@@ -38,7 +38,11 @@ impl Etcd {
                 if let Err(e) =
                     lead_once(&members, &fence, &name, &host, ttl, &held, &on_change).await
                 {
-                    tracing::warn!(store = %shown, "leadership: {e}; campaigning again");
+                    tracing::warn!(
+                        store = %shown,
+                        error = %e,
+                        "leadership lost; campaigning again",
+                    );
                 }
                 if fence.lock_or_recover().take().is_some() {
                     on_change(false);
@@ -90,7 +94,7 @@ async fn lead_once(
             match oldest_candidate(members, name, &ours, host, id).await {
                 Ok(Some(leader)) => break leader,
                 Ok(None) => {}
-                Err(e) => tracing::debug!("campaign: {e}; asking again"),
+                Err(e) => tracing::debug!(error = %e, "campaign: asking again"),
             }
             tokio::time::sleep(CAMPAIGN_POLL).await;
         };
@@ -251,7 +255,10 @@ async fn keep_alive(
                     return Err(format!("cannot keep the lease alive: {e}"));
                 }
                 Err(e) => {
-                    tracing::warn!("lease renewal: {e}; trying again while the lease lasts");
+                    tracing::warn!(
+                        error = %e,
+                        "lease renewal failed; trying again while the lease lasts",
+                    );
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -274,7 +281,8 @@ async fn keep_alive(
                 };
                 tracing::warn!(
                     member = members.endpoint(*at),
-                    "lease renewals stopped ({why}); renewing through the next member"
+                    why = %why,
+                    "lease renewals stopped; renewing through the next member"
                 );
                 members.failed(*at);
                 stream = None;

@@ -104,8 +104,8 @@ impl Members {
     }
 
     /// Runs `f` on the members in turn, the preferred one first, until one answers or refuses,
-    /// within `budget` in all (each member but the last at most [`ATTEMPT_TIMEOUT`]); returns the answer and
-    /// which member gave it (for a stream, whose breaking is that member's failure).
+    /// within `budget` in all (each member but the last at most [`ATTEMPT_TIMEOUT`]); returns the
+    /// answer and which member gave it (for a stream, whose breaking is that member's failure).
     pub async fn run<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         budget: Duration,

@@ -195,7 +195,7 @@ impl Txn for EtcdTxn<'_> {
                 .is_ok_and(|h| h == self.store.host)
         });
         if ours && let Err(e) = self.store.deliver_pending_here() {
-            tracing::warn!("wakes stay in the store for the next delivery: {e}");
+            tracing::warn!(error = %e, "wakes stay in the store for the next delivery");
         }
         Ok(())
     }

@@ -112,13 +112,20 @@ impl Store for Etcd {
             match serde_json::from_slice::<SignalRecord>(&v) {
                 Ok(r) => records.entry(id).or_default().push(r),
                 Err(e) => {
-                    tracing::warn!(key = %String::from_utf8_lossy(&k), "skipping a record that does not parse: {e}")
+                    tracing::warn!(
+                        key = %String::from_utf8_lossy(&k),
+                        error = %e,
+                        "skipping a record that does not parse",
+                    )
                 }
             }
         }
         for (k, v) in self.range(&self.keys.waitpoints(), false, at)? {
             let Ok(wp) = serde_json::from_slice::<Waitpoint>(&v) else {
-                tracing::warn!(key = %String::from_utf8_lossy(&k), "skipping a waitpoint that does not parse");
+                tracing::warn!(
+                    key = %String::from_utf8_lossy(&k),
+                    "skipping a waitpoint that does not parse",
+                );
                 continue;
             };
             let mut recs = records.remove(&wp.id).unwrap_or_default();

@@ -68,7 +68,12 @@ impl Etcd {
                                 Ok(Some(resp)) => resp,
                                 Ok(None) => break,
                                 Err(e) => {
-                                    tracing::warn!(member = members.endpoint(at), revision = next, "the watch broke ({e}); resuming it on the next member");
+                                    tracing::warn!(
+                                        member = members.endpoint(at),
+                                        revision = next,
+                                        error = %e,
+                                        "the watch broke; resuming it on the next member",
+                                    );
                                     break;
                                 }
                             },
