@@ -1,16 +1,14 @@
-//! Collection: the drop zone (hinted files, batches, the sweep, the startup drain), device
-//! mirrors, signals over HTTP, and what follows a verdict (parking refusals a few at a time,
-//! scheduling the wake's owner).
+//! Collection: the drop zone (hinted files, batches, the sweep, the startup drain), signals
+//! over HTTP, and what follows a verdict (parking refusals a few at a time, scheduling the
+//! wake's owner). A device's mirror is collected in `devices.rs`, what the leader of a shared
+//! store applies for other hosts in `leading.rs`.
 
 use super::{BACKLOG_LOG_EVERY, BACKLOG_REPORT_MIN, Daemon, Event, PARK_PER_TURN};
-use crate::clock::Timestamp;
 use crate::engine::{self, Engine, Verdict};
 use crate::error::Result;
-use crate::ingress::device::{self, DeviceEvent};
 use crate::ingress::http::Submission;
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool};
 use crate::request::Source;
-use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -32,42 +30,6 @@ pub fn collect_files(
     spool.settle_batch(engine, read, verdicts)
 }
 
-/// The log line of a handed-over signal's verdict.
-fn log_forwarded(req: &crate::request::SignalRequest, source: &Source, v: &Verdict) {
-    let origin = source.origin();
-    match v {
-        Verdict::Accepted { id, seq, wake, .. } => {
-            tracing::info!(
-                waitpoint = %id,
-                seq,
-                source = %origin,
-                woke = wake.is_some(),
-                "handed-over signal accepted",
-            )
-        }
-        Verdict::Duplicate { id, .. } => {
-            tracing::info!(waitpoint = %id, source = %origin, "handed-over signal is a duplicate")
-        }
-        Verdict::Closed { id, status, .. } => {
-            tracing::info!(
-                waitpoint = %id,
-                source = %origin,
-                "late handed-over signal: already {}",
-                status.as_str(),
-            )
-        }
-        Verdict::Refused(r) => {
-            tracing::warn!(
-                waitpoint = %req.id,
-                source = %origin,
-                "handed-over signal refused: {}",
-                r.reason(),
-            )
-        }
-        Verdict::Queued { .. } => {}
-    }
-}
-
 /// [`collect_files`] for one file.
 pub fn collect_file(spool: &Spool, engine: &Engine, name: &str) -> Result<FileOutcome> {
     let (_, outcome) = collect_files(spool, engine, &[name.to_owned()])
@@ -77,99 +39,6 @@ pub fn collect_file(spool: &Spool, engine: &Engine, name: &str) -> Result<FileOu
 }
 
 impl Daemon {
-    /// The leading daemon of a shared store applies what other hosts handed over, a batch at
-    /// a time, and forgets each once its verdict is durable. One that failed stays for the
-    /// next round (this daemon's or the next leader's): its identity makes a second
-    /// application a duplicate.
-    pub(super) fn apply_forwarded(&mut self) {
-        while self.engine.store().applies_signals() && !self.stopping() {
-            // Only a shared store has signals handed over.
-            let Some(cluster) = self.engine.store().cluster() else {
-                return;
-            };
-            let batch = match cluster.forwarded(engine::MAX_BATCH) {
-                Ok(b) if b.is_empty() => return,
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read handed-over signals (will retry)");
-                    self.retry.failed(Instant::now());
-                    return;
-                }
-            };
-            let mut items = Vec::new();
-            let mut keys = Vec::new();
-            let mut settled = Vec::new();
-            for f in &batch {
-                match f.request() {
-                    Some(item) => {
-                        items.push(item);
-                        keys.push(f.key.clone());
-                    }
-                    None => {
-                        tracing::warn!(
-                            key = %f.key,
-                            source = %f.source,
-                            "dropping a handed-over signal whose source does not parse",
-                        );
-                        settled.push(f.key.clone());
-                    }
-                }
-            }
-            let verdicts = self.engine.apply_forwarded(&items);
-            let mut failed = false;
-            for ((key, (req, source)), verdict) in keys.into_iter().zip(&items).zip(verdicts) {
-                match verdict {
-                    Ok(v) => {
-                        log_forwarded(req, source, &v);
-                        self.after_verdict(&v);
-                        settled.push(key);
-                    }
-                    Err(e) => {
-                        failed = true;
-                        tracing::warn!(
-                            waitpoint = %req.id,
-                            source = %source.origin(),
-                            error = %e,
-                            "cannot apply a handed-over signal (kept for another try)",
-                        );
-                    }
-                }
-            }
-            let settle = match self.engine.store().cluster() {
-                Some(cluster) => cluster.settle_forwarded(&settled),
-                None => Ok(()),
-            };
-            if let Err(e) = settle {
-                // Applied but not forgotten: the next round finds them recorded (duplicates).
-                tracing::warn!(error = %e, "cannot forget applied handed-over signals");
-                self.retry.failed(Instant::now());
-                return;
-            }
-            if failed {
-                self.retry.failed(Instant::now());
-                return;
-            }
-        }
-    }
-
-    /// Delivers the wakes a shared store holds for this host's inboxes.
-    pub(super) fn deliver_wakes(&mut self) {
-        let Some(cluster) = self.engine.store().cluster() else {
-            return;
-        };
-        match cluster.deliver_pending() {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(wakes = n, "delivered wakes from the shared store"),
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "cannot deliver wakes from the shared store (will retry)",
-                );
-                self.retry.failed(Instant::now());
-            }
-        }
-    }
-
     /// Tries again, before the next sweep, what failed commits kept back (see `retry`): the
     /// drop zone, the device mirrors, what other hosts handed over, this host's wakes.
     pub(super) fn retry_kept_back(&mut self) {
@@ -179,23 +48,6 @@ impl Daemon {
         self.apply_forwarded();
         self.deliver_wakes();
         self.retry.pass_done();
-    }
-
-    /// Leadership of a shared store moved. A new leader forgets what it believed about any
-    /// waitpoint (another daemon applied signals meanwhile), schedules every waitpoint's
-    /// deadline afresh and applies what was handed over while nobody led.
-    pub(super) fn on_leading(&mut self, on: bool, change: u64) {
-        if on {
-            tracing::info!("leading: applying signals and running deadlines for every host");
-            if change > self.scanned_after {
-                self.engine.forget_all();
-                self.rescan_waitpoints();
-            }
-            self.apply_forwarded();
-            self.sweep_spool();
-        } else {
-            tracing::warn!("no longer leading: handing signals over to the leader");
-        }
     }
 
     /// The first sweep at start: like any sweep, plus progress and summary lines when the
@@ -478,24 +330,6 @@ impl Daemon {
         }
     }
 
-    pub(super) fn on_device(&mut self, event: DeviceEvent) {
-        match event {
-            DeviceEvent::Landed { device, files } => {
-                for file in files {
-                    self.collect_mirrored(&device, &file);
-                }
-            }
-            DeviceEvent::File { device, file } => self.collect_mirrored(&device, &file),
-            DeviceEvent::Record(_) => self.devices.reconcile(),
-            DeviceEvent::Poll(name) => self.devices.poll(&name),
-            DeviceEvent::Unreachable {
-                device,
-                since,
-                error,
-            } => self.device_outage(&device, since, &error),
-        }
-    }
-
     /// Every route's accepted signal ends here: its waitpoint's next due time joins the queue
     /// (a grace window, a hook delivery), so no ingress path can skip the wake rules.
     pub(super) fn after_verdict(&mut self, verdict: &Verdict) {
@@ -521,89 +355,5 @@ impl Daemon {
             self.due.set(callback, Some(self.engine.now()));
             self.run_due();
         }
-    }
-
-    /// Applies one file from a device's mirror; on error it stays there for the next sweep.
-    pub(super) fn collect_mirrored(&mut self, device: &str, file: &str) {
-        let spool = device::mirror(self.engine.home(), device);
-        match collect_file(&spool, &self.engine, file) {
-            Ok(FileOutcome::Consumed(verdict)) => self.after_verdict(&verdict),
-            Ok(FileOutcome::Triggered(callback)) => self.after_trigger(&callback),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(
-                    device,
-                    file,
-                    error = %e,
-                    "cannot collect mirrored signal file (kept for retry)"
-                );
-                self.retry.failed(Instant::now());
-            }
-        }
-    }
-
-    /// Collects every file waiting in any device mirror (also of devices since removed: those
-    /// files were already taken off the device). Returns how many there were.
-    pub(super) fn sweep_devices(&mut self) -> usize {
-        let home = self.engine.home().clone();
-        let mut n = 0;
-        for name in device::mirrored_devices(&home) {
-            let names = match device::mirror(&home, &name).pending() {
-                Ok(names) => names,
-                Err(e) => {
-                    tracing::error!(device = %name, error = %e, "cannot list the device mirror");
-                    continue;
-                }
-            };
-            n += names.len();
-            for file in names {
-                self.collect_mirrored(&name, &file);
-            }
-        }
-        n
-    }
-
-    /// A device is out of reach: each armed waitpoint bound to it with a heartbeat window is
-    /// told, once per outage, when the outage has outlasted its window (checked at each failed
-    /// round, so at most one backoff late).
-    pub(super) fn device_outage(&mut self, device: &str, since: Timestamp, error: &str) {
-        // On a shared store the leader changes waitpoints; a standby's write would be refused.
-        if !self.engine.store().applies_signals() {
-            return;
-        }
-        let Some(ids) = self.silent_devices.get(device).cloned() else {
-            return;
-        };
-        for id in ids {
-            match self.engine.notice_device_outage(&id, since, error) {
-                Ok(next) => self.due.set(&id, next),
-                Err(e) => {
-                    tracing::error!(
-                        waitpoint = %id,
-                        error = %e,
-                        "cannot tell of the device outage (next round retries)",
-                    )
-                }
-            }
-        }
-    }
-
-    /// Remembers which armed waitpoints watch their device's reachability.
-    pub(super) fn note_device_watch(&mut self, wp: &crate::records::Waitpoint) {
-        note_device_watch(&mut self.silent_devices, wp);
-    }
-}
-
-/// Adds `wp` to `silent` under its device when it is armed with a heartbeat window: who hears
-/// of that device's outage.
-pub(super) fn note_device_watch(
-    silent: &mut HashMap<String, HashSet<String>>,
-    wp: &crate::records::Waitpoint,
-) {
-    if let Some(d) = &wp.device
-        && wp.silence.heartbeat_within_ms.is_some()
-        && wp.status == crate::records::Status::Armed
-    {
-        silent.entry(d.clone()).or_default().insert(wp.id.clone());
     }
 }

@@ -38,8 +38,10 @@ use crate::ingress::spool::Spool;
 use crate::settings::{DAY_MS, Settings};
 
 mod collect;
+mod devices;
 mod hooks;
 mod janitor;
+mod leading;
 mod retry;
 mod schedule;
 mod ui;

@@ -99,7 +99,7 @@ impl Daemon {
         let silent = &mut self.silent_devices;
         let scan = self.engine.for_each_waitpoint(|wp| {
             scanned += 1;
-            super::collect::note_device_watch(silent, &wp);
+            super::devices::note_device_watch(silent, &wp);
             let at = engine::next_due(&wp);
             // Finish interrupted deliveries at once; everything else waits its turn in the queue.
             let at = if wp.outbox.is_empty() { at } else { Some(now) };
