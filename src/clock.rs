@@ -98,7 +98,8 @@ pub fn human_duration(ms: i64) -> String {
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let bad = || {
         format!(
-            "{text:?} is not a duration: write it like 90s, 10m, 1h30m or 2d (a bare number is seconds)"
+            "{text:?} is not a duration: write it like 90s, 10m, 1h30m or 2d (a bare number is \
+             seconds)"
         )
     };
     let t = text.trim();

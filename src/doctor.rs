@@ -857,7 +857,8 @@ fn check_quarantine(home: &Home) -> Finding {
         "records",
         Level::Warn,
         format!(
-            "{set_aside} record(s) that did not parse set aside in {}; the rest went on without them",
+            "{set_aside} record(s) that did not parse set aside in {}; the rest went on without \
+             them",
             dir.display()
         ),
         format!(

@@ -150,7 +150,8 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
     let status_of_s = r#"$([ $s -eq 0 ] && echo ok || echo fail)"#;
     // The body goes to curl on stdin (printf is the shell's own), so the secret is in no argv.
     let curl = format!(
-        "s=$?; printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
+        "s=$?; printf \
+         '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
 \"{status_of_s}\" \"$s\" | curl -sS -XPOST http://127.0.0.1:{port}/webhook/signal \
 -H 'content-type: application/json' --data-binary @-",
         port = target.webhook_port,
@@ -165,7 +166,8 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
     // is elsewhere): eight bytes from /dev/urandom through POSIX `od`, after the seconds (which
     // keep names in arrival order) and the shell's pid.
     let shell = format!(
-        "s=$?; d={drop_zone}; f=\"$d/$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n')\"; \
+        "s=$?; d={drop_zone}; f=\"$d/$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \
+         \\n')\"; \
 mkdir -p \"$d\"; \
 printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
 \"{status_of_s}\" \"$s\" > \"$f.tmp\" && mv \"$f.tmp\" \"$f.json\"",

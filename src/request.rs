@@ -144,7 +144,11 @@ pub fn check_member_name(name: &str) -> Result<(), String> {
     // The one rule for text shown outside the frame: a name it would have to spell out is no
     // name (a line separator, a bidi override, an invisible tag character).
     if name.chars().any(crate::escape::is_hidden) {
-        return Err("member name contains control characters or invisible ones (a line separator, a bidi control, a format character)".into());
+        return Err(
+            "member name contains control characters or invisible ones (a line separator, \
+                    a bidi control, a format character)"
+                .into(),
+        );
     }
     Ok(())
 }

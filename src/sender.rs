@@ -491,7 +491,11 @@ mod tests {
 
     #[test]
     fn replies_are_read_for_code_and_body() {
-        let r = parse_reply(b"HTTP/1.1 410 Gone\r\nContent-Length: 3\r\n\r\n{\"result\":\"closed\",\"message\":\"already resolved\"}\n").unwrap();
+        let r = parse_reply(
+            b"HTTP/1.1 410 Gone\r\nContent-Length: \
+                              3\r\n\r\n{\"result\":\"closed\",\"message\":\"already resolved\"}\n",
+        )
+        .unwrap();
         assert_eq!(r.code, 410);
         assert_eq!(r.result().as_deref(), Some("closed"));
         assert_eq!(r.summary(), "already resolved");

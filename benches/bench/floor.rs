@@ -205,7 +205,8 @@ fn answer(stream: TcpStream) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
-    let reply = b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 22\r\n\r\n{\"result\":\"accepted\"}\n";
+    let reply = b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: \
+                  22\r\n\r\n{\"result\":\"accepted\"}\n";
     let mut line = String::new();
     loop {
         line.clear();

@@ -308,7 +308,8 @@ fn main() {
         let setup = ours::ingest_setup(&o.base.join("ingest-5"), 1_000, 1);
         let drop_zone = ours::ingest(&b, &setup).rate;
         t.row(
-            "5. HTTP shim, 64 keep-alive clients, accepted signals/s, against the drop-zone ingest (1,000 x 1) of this run",
+            "5. HTTP shim, 64 keep-alive clients, accepted signals/s, against the drop-zone \
+             ingest (1,000 x 1) of this run",
             format!("{:.0}", many.signals.rate()),
             format!("{drop_zone:.0} (drop-zone ingest)"),
             format!("{:.2}x", many.signals.rate() / drop_zone),
@@ -476,7 +477,10 @@ fn row_page(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>)
     let c = page::page_cost(b, &o.base.join("page"), n, n_lat, pages, idle);
     let _ = std::fs::remove_dir_all(o.base.join("page"));
     t.row(
-        &format!("11. {n} waitpoints, {pages} pages polling every 500 ms: daemon CPU while idle (% of a core)"),
+        &format!(
+            "11. {n} waitpoints, {pages} pages polling every 500 ms: daemon CPU while idle \
+                  (% of a core)"
+        ),
         format!("{:.2}", c.idle_cpu_pct.1),
         format!("{:.2} (no page)", c.idle_cpu_pct.0),
         "-".into(),
@@ -499,7 +503,8 @@ fn row_page(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>)
         "-",
     );
     t.row(
-        "11. same, a poll right after each of 5 back-to-back changes: waits its turn (builds spaced to a twentieth of a core), built and sent, median (ms)",
+        "11. same, a poll right after each of 5 back-to-back changes: waits its turn (builds \
+         spaced to a twentieth of a core), built and sent, median (ms)",
         format!("{:.1}", ours::p(&c.build_ms, 50.0)),
         "-".into(),
         "-".into(),
@@ -737,7 +742,8 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
         };
         against(
             &format!(
-                "1. durable ingest, {n_wp} waitpoints x {per} signals, against the SQLite peer (signals/s)"
+                "1. durable ingest, {n_wp} waitpoints x {per} signals, against the SQLite peer \
+                 (signals/s)"
             ),
             0,
             1,

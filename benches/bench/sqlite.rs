@@ -88,11 +88,15 @@ pub fn ingest(dir: &Path, stage: &Path, names: &[String], armed: &[Armed]) -> Pe
         let tx = c.transaction().unwrap();
         {
             let mut get = tx
-                .prepare_cached("SELECT secret_sha256, status, max_signals, signals FROM waitpoints WHERE id = ?1")
+                .prepare_cached(
+                    "SELECT secret_sha256, status, max_signals, signals FROM \
+                                 waitpoints WHERE id = ?1",
+                )
                 .unwrap();
             let mut record = tx
                 .prepare_cached(
-                    "INSERT OR IGNORE INTO signals (identity, waitpoint, seq, status, message, received_at)
+                    "INSERT OR IGNORE INTO signals (identity, waitpoint, seq, status, message, \
+                     received_at)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 )
                 .unwrap();

@@ -129,7 +129,8 @@ pub fn run_callback(
             let spool = engine.home().drop_zone();
             writeln!(
                 out,
-                "  without the HTTP shim: put {{\"callback\":\"{}\",\"mode\":\"{}\"}} in {}/<fresh name>.json",
+                "  without the HTTP shim: put {{\"callback\":\"{}\",\"mode\":\"{}\"}} in \
+                 {}/<fresh name>.json",
                 i.token,
                 cb.mode.as_str(),
                 spool.display()

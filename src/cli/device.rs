@@ -205,7 +205,8 @@ pub fn run(
             device::remove(home, &a.name)?;
             writeln!(
                 out,
-                "removed device {} (files on it stay there; files already mirrored are still applied)",
+                "removed device {} (files on it stay there; files already mirrored are still \
+                 applied)",
                 a.name
             )?;
             Ok(exit::OK)
@@ -304,7 +305,8 @@ fn test(
     } else {
         writeln!(
             out,
-            "ok: {} — host key verified against {}, authenticated as {}; spool {}: {waiting} file(s) waiting{}; connect {} ms, list {list_ms} ms",
+            "ok: {} — host key verified against {}, authenticated as {}; spool {}: {waiting} \
+             file(s) waiting{}; connect {} ms, list {list_ms} ms",
             d.name,
             d.known_hosts.display(),
             d.user,
@@ -431,7 +433,8 @@ fn report(
         )?,
         (None, Some((landed, applied, parked))) => writeln!(
             out,
-            "{}: collected {landed} file(s) (no daemon running: applied {applied}, parked {parked})",
+            "{}: collected {landed} file(s) (no daemon running: applied {applied}, parked \
+             {parked})",
             d.name
         )?,
         (None, None) => writeln!(

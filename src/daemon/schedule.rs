@@ -150,7 +150,8 @@ impl Daemon {
             ),
             Err(e) => tracing::error!(
                 error = %e,
-                "cannot rebuild the session index (readers scan instead; will retry at the next sweep)"
+                "cannot rebuild the session index (readers scan instead; will retry at the next \
+                 sweep)"
             ),
         }
     }

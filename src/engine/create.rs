@@ -147,7 +147,8 @@ impl Engine {
                     return invalid(
                         "expires_in_hours",
                         format!(
-                            "must be at least {MIN_TTL_HOURS_SHOWN} (one second) and at most {max_h}, not {h:?}"
+                            "must be at least {MIN_TTL_HOURS_SHOWN} (one second) and at most \
+                             {max_h}, not {h:?}"
                         ),
                     );
                 }

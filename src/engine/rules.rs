@@ -531,7 +531,8 @@ window folded {rounds} reports into it",
     });
     if let Some(d) = &digest {
         text.push_str(&format!(
-            "Signals: {} arrived for this wake; shown here are the newest {} (at most {WAKE_REPORTS} \
+            "Signals: {} arrived for this wake; shown here are the newest {} (at most \
+             {WAKE_REPORTS} \
 reports and {WAKE_HEARTBEATS} heartbeats); the rest are counted, and `waitpoint show {}` lists \
 every one the log kept.\n",
             d.signals, d.shown, wp.id
@@ -626,7 +627,8 @@ fn deadline_headline(wp: &Waitpoint, n: &DeadlineNotice, pending: u64, waited: &
             "deadline passed after {waited}; only heartbeats arrived ({pending}), no result"
         ),
         DeadlineCase::SomeMembers => format!(
-            "deadline passed after {waited}; only some members reported (reported: {}; missing: {})",
+            "deadline passed after {waited}; only some members reported (reported: {}; missing: \
+             {})",
             names(&n.reported),
             names(&n.missing)
         ),

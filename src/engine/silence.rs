@@ -269,7 +269,8 @@ fn not_started(wp: &Waitpoint, line: &str) -> Vec<String> {
             human_duration(within)
         ),
         format!(
-            "The line to end the job's command with (how_to_signal.recommended; {SECRET_PLACEHOLDER} \
+            "The line to end the job's command with (how_to_signal.recommended; \
+             {SECRET_PLACEHOLDER} \
 is the secret wait_create returned, which is not stored anywhere):\n  {line}"
         ),
         format!(

@@ -640,7 +640,8 @@ fn begin_resume(
                 seen => tracing::info!(
                     wake = %wake.wake_id,
                     ?seen,
-                    "a resume of this wake was started before; its turn is not in the transcript, so it is started again"
+                    "a resume of this wake was started before; its turn is not in the transcript, \
+                     so it is started again"
                 ),
             }
             e.started_at_ms
@@ -791,7 +792,8 @@ mod tests {
             cause_line(codex),
             Some("Error: thread 019a already has an active writer")
         );
-        let node = "file:///x/cli.js:12\n    throw e;\nTypeError: cannot read x\n    at f (cli.js:1:2)\n    at g (cli.js:3:4)\n";
+        let node = "file:///x/cli.js:12\n    throw e;\nTypeError: cannot read x\n    at f \
+                    (cli.js:1:2)\n    at g (cli.js:3:4)\n";
         assert_eq!(cause_line(node), Some("TypeError: cannot read x"));
         assert_eq!(cause_line("just one line\n"), Some("just one line"));
         assert_eq!(cause_line("  \n"), None);

@@ -315,7 +315,8 @@ fn read_trusted(path: &Path) -> Result<Option<String>> {
         path: path.to_owned(),
         message,
     };
-    const NOT_REGULAR: &str = "is not a regular file (a FIFO, socket, device or directory); settings are read only from one";
+    const NOT_REGULAR: &str = "is not a regular file (a FIFO, socket, device or directory); \
+                               settings are read only from one";
     // Look before opening: opening a device can have effects of its own.
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() => return Err(refuse(NOT_REGULAR.into())),

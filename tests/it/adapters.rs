@@ -24,8 +24,10 @@ impl StandIn {
         let record = dir.join("record");
         fs::create_dir_all(&record).unwrap();
         let script = format!(
-            "#!/bin/sh\nr='{r}'\nprintf '%s\\n' \"$@\" > \"$r/argv.tmp\"\ncat > \"$r/stdin\"\nenv > \"$r/env\"\npwd > \"$r/cwd\"\n\
-             if [ -e \"$r/fail\" ]; then printf '%s\\n' '{failing_reply}'; else printf '%s\\n' '{reply}'; fi\n\
+            "#!/bin/sh\nr='{r}'\nprintf '%s\\n' \"$@\" > \"$r/argv.tmp\"\ncat > \"$r/stdin\"\nenv \
+             > \"$r/env\"\npwd > \"$r/cwd\"\n\
+             if [ -e \"$r/fail\" ]; then printf '%s\\n' '{failing_reply}'; else printf '%s\\n' \
+                       '{reply}'; fi\n\
              mv \"$r/argv.tmp\" \"$r/argv\"\n",
             r = record.display()
         );
@@ -831,7 +833,8 @@ fn one_sessions_long_run_holds_up_no_other_sessions_wake() {
     // a run for any other session ends at once.
     let script = format!(
         "d='{m}'; touch \"$d/$WAITPOINT_CHANNEL.started\"; \
-         if [ \"$WAITPOINT_CHANNEL\" = slow ]; then while [ ! -e \"$d/release\" ]; do sleep 0.05; done; fi; \
+         if [ \"$WAITPOINT_CHANNEL\" = slow ]; then while [ ! -e \"$d/release\" ]; do sleep 0.05; \
+                done; fi; \
          touch \"$d/$WAITPOINT_CHANNEL.done\""
     );
     let env = Env::with_settings(
@@ -902,7 +905,8 @@ fn resume_killed_mid_turn(on_wake: &[&str], timeout_ms: u64) {
     let transcript = config.path().join("projects/-work-proj/sess-123.jsonl");
     fs::create_dir_all(transcript.parent().unwrap()).unwrap();
     let script = format!(
-        "#!/bin/sh\necho $$ >> '{runs}/pids'\ncat >> '{t}'\nsleep 300 &\necho $! >> '{runs}/pids'\nwait\n",
+        "#!/bin/sh\necho $$ >> '{runs}/pids'\ncat >> '{t}'\nsleep 300 &\necho $! >> \
+         '{runs}/pids'\nwait\n",
         runs = runs.display(),
         t = transcript.display()
     );
@@ -946,7 +950,8 @@ fn a_resume_of_a_conversation_that_does_not_exist_is_not_retried_and_the_wake_st
     let dir = env.home.join("..").join("standin-none");
     fs::create_dir_all(&dir).unwrap();
     let script = format!(
-        "#!/bin/sh\necho run >> '{}/runs'\ncat >/dev/null\necho 'No conversation found with session ID: sess-new' >&2\nexit 1\n",
+        "#!/bin/sh\necho run >> '{}/runs'\ncat >/dev/null\necho 'No conversation found with \
+         session ID: sess-new' >&2\nexit 1\n",
         dir.display()
     );
     let (_daemon, id) = claude_script_woken(&env, &dir, &script, &[]);

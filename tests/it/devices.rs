@@ -711,7 +711,8 @@ fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
     crate::invariants::report(
         "8-trust-devices",
         &[(
-            "trust: a hard-linked device file: left on the device and listed in status.json (real sshd on 127.0.0.1)",
+            "trust: a hard-linked device file: left on the device and listed in status.json (real \
+             sshd on 127.0.0.1)",
             format!(
                 "{} of 1 left, {} counted",
                 left.as_array().map_or(0, Vec::len),

@@ -558,11 +558,13 @@ fn cli_refusals_name_the_request_field_and_add_the_flag() {
         // A negative number is a value, not an unknown flag; too small to signal in, refused.
         (
             vec!["--expires-in-hours", "-1"],
-            "expires_in_hours must be at least 0.0003 (one second) and at most 720, not -1.0 (the flag --expires-in-hours)",
+            "expires_in_hours must be at least 0.0003 (one second) and at most 720, not -1.0 (the \
+             flag --expires-in-hours)",
         ),
         (
             vec!["--expires-in-hours", "1e-300"],
-            "expires_in_hours must be at least 0.0003 (one second) and at most 720, not 1e-300 (the flag --expires-in-hours)",
+            "expires_in_hours must be at least 0.0003 (one second) and at most 720, not 1e-300 \
+             (the flag --expires-in-hours)",
         ),
     ] {
         let mut all = vec!["create", "--label", "t", "--intent", "i"];

@@ -502,7 +502,8 @@ impl Drop for DaemonGuard {
         let _ = self.child.wait();
         if std::thread::panicking() {
             eprintln!(
-                "--- daemon {} stderr, {} (last {REPORT_LINES} lines)\n{}\n--- {} (last {REPORT_LINES} lines)\n{}",
+                "--- daemon {} stderr, {} (last {REPORT_LINES} lines)\n{}\n--- {} (last \
+                 {REPORT_LINES} lines)\n{}",
                 self.child.id(),
                 self.stderr_path.display(),
                 tail(&self.stderr_path, REPORT_LINES),

@@ -612,7 +612,8 @@ fn a_huge_declared_content_length_is_413_without_the_daemon_allocating_it() {
         let clients: Vec<_> = (0..9)
             .map(|i| {
                 let head = format!(
-                    "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
+                    "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \
+                     {}\r\n\r\n",
                     claim(i)
                 );
                 std::thread::spawn(move || {

@@ -74,7 +74,8 @@ fn more_connections_than_descriptors_cost_no_signal_and_no_daemon() {
             1 => s.write_all(b"POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"),
             _ => s.write_all(
                 format!(
-                    "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{}",
+                    "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \
+                     {}\r\n\r\n{}",
                     signal.len(),
                     &signal[..signal.len() / 2]
                 )
@@ -102,7 +103,8 @@ fn more_connections_than_descriptors_cost_no_signal_and_no_daemon() {
     crate::invariants::report(
         "9-http-descriptors",
         &[(
-            "descriptors: loopback connections (idle, half a head, half a body) beyond a limit of 256, then a signal over HTTP and one in the drop zone: applied / daemon deaths",
+            "descriptors: loopback connections (idle, half a head, half a body) beyond a limit of \
+             256, then a signal over HTTP and one in the drop zone: applied / daemon deaths",
             format!("{} held: 2 of 2 / 0", held.len()),
         )],
     );

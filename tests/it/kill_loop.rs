@@ -410,11 +410,13 @@ fn http_senders_through_kills_are_each_recorded_exactly_once() {
         "1b-kill-loop-http",
         &[
             (
-                "kill loop over HTTP: `cortex-signal` senders (answered 202 / no answer, spooled / shim down, spooled)",
+                "kill loop over HTTP: `cortex-signal` senders (answered 202 / no answer, spooled \
+                 / shim down, spooled)",
                 format!("{} ({answered} / {unanswered} / {unreachable})", said.len()),
             ),
             (
-                "kill loop over HTTP: daemon killed between the commit and the reply (the spooled copy found a duplicate)",
+                "kill loop over HTTP: daemon killed between the commit and the reply (the spooled \
+                 copy found a duplicate)",
                 cut.to_string(),
             ),
             (

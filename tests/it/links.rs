@@ -128,7 +128,8 @@ fn paths_swapped_for_links_while_the_daemon_runs_receive_nothing_and_are_set_asi
     crate::invariants::report(
         "trust-links",
         &[(
-            "trust: waitpoints/<id>/signals.jsonl, sessions/<s>/wakes/new, index/sessions/<s> swapped \
+            "trust: waitpoints/<id>/signals.jsonl, sessions/<s>/wakes/new, index/sessions/<s> \
+             swapped \
              for links while running: files outside the home / links set aside with a reason",
             format!("0 / {aside}"),
         )],

@@ -27,7 +27,8 @@ pub(crate) fn dep(rel: &str) -> PathBuf {
     let p = deps().join(rel);
     assert!(
         p.exists(),
-        "{} is missing: the MCP tests need the official clients (run scripts/test-deps; scripts/test does)",
+        "{} is missing: the MCP tests need the official clients (run scripts/test-deps; \
+         scripts/test does)",
         p.display()
     );
     p
@@ -636,7 +637,8 @@ fn refused_requests_are_tool_errors_naming_the_request_field() {
         ),
         (
             json!({"heartbeat_within_s": u64::MAX}),
-            "heartbeat_within_s must be shorter than the waitpoint's lifetime (7d 0h), not 106751991167d 7h",
+            "heartbeat_within_s must be shorter than the waitpoint's lifetime (7d 0h), not \
+             106751991167d 7h",
         ),
         (
             json!({"started_within_s": 1_000_000}),

@@ -337,7 +337,8 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
     invariants::report(
         "8-trust-records",
         &[(
-            "trust: records that are a link out of the home, a FIFO, or over 16 MB: set aside unread, the rest listed",
+            "trust: records that are a link out of the home, a FIFO, or over 16 MB: set aside \
+             unread, the rest listed",
             format!("{set_aside} of {}", expected.len()),
         )],
     );

@@ -175,7 +175,8 @@ fn secrets_are_compared_in_constant_time_on_their_hashes() {
         "7-security-ct",
         &[(
             "security: secret comparison",
-            "SHA-256 of the candidate vs. the stored hash with constant_time_eq; `Secret` neither prints nor serialises (type-checked and run)"
+            "SHA-256 of the candidate vs. the stored hash with constant_time_eq; `Secret` neither \
+             prints nor serialises (type-checked and run)"
                 .into(),
         )],
     );
@@ -525,7 +526,8 @@ fn printed_lines_keep_the_secret_out_of_argv_and_run_keeps_it_from_the_job() {
         fs::write(
             &path,
             format!(
-                "#!/bin/sh\nr='{d}/{name}'\nprintf '%s\\n' \"$@\" > \"$r.argv\"\nenv > \"$r.env\"\ncat > \"$r.stdin\"\n",
+                "#!/bin/sh\nr='{d}/{name}'\nprintf '%s\\n' \"$@\" > \"$r.argv\"\nenv > \
+                 \"$r.env\"\ncat > \"$r.stdin\"\n",
                 d = bin.display()
             ),
         )
@@ -645,7 +647,8 @@ fn a_symlink_where_a_home_directory_should_be_is_refused_at_start() {
     invariants::report(
         "8-trust-links-at-start",
         &[(
-            "trust: home directories replaced by links before the start: refused (exit 1, naming the path)",
+            "trust: home directories replaced by links before the start: refused (exit 1, naming \
+             the path)",
             format!(
                 "{} of 5 ({}); files outside touched: {}",
                 refused.len(),
@@ -757,7 +760,8 @@ fn directories_swapped_for_symlinks_while_running_send_nothing_outside() {
     invariants::report(
         "8-trust-links-running",
         &[(
-            "trust: home directories swapped for links while running (trash, drop zone, bad/, a parent of the drop zone): files outside the home read, moved, removed or written",
+            "trust: home directories swapped for links while running (trash, drop zone, bad/, a \
+             parent of the drop zone): files outside the home read, moved, removed or written",
             format!("{changed} (4 swaps; contents compared)"),
         )],
     );

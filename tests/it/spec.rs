@@ -502,7 +502,8 @@ fn the_shell_line_names_every_file_afresh_under_dash_and_without_gnu_date() {
     let fake = bin.join("date");
     fs::write(
         &fake,
-        "#!/bin/sh\ncase \"$1\" in *%N*) printf '%s\\n' \"${1#+}\";; *) exec /bin/date \"$@\";; esac\n",
+        "#!/bin/sh\ncase \"$1\" in *%N*) printf '%s\\n' \"${1#+}\";; *) exec /bin/date \"$@\";; \
+         esac\n",
     )
     .unwrap();
     use std::os::unix::fs::PermissionsExt;

@@ -60,7 +60,8 @@ impl Sshd {
         }
         if !Path::new(SSHD).exists() {
             panic!(
-                "{SSHD} is missing: the SSH device tests need a real sshd (apt-get install openssh-server; scripts/test-deps does this)"
+                "{SSHD} is missing: the SSH device tests need a real sshd (apt-get install \
+                 openssh-server; scripts/test-deps does this)"
             );
         }
         let dir = tempfile::tempdir().expect("temp dir");
@@ -110,7 +111,8 @@ impl Sshd {
     fn spawn(&mut self) -> Result<(), String> {
         let d = self.dir.path();
         let config = format!(
-            "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile {d}/authorized_keys\n\
+            "Port {port}\nListenAddress 127.0.0.1\nHostKey {d}/host_key\nAuthorizedKeysFile \
+             {d}/authorized_keys\n\
 PidFile {d}/sshd.pid\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
 PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\nMaxStartups 50\n\
 MaxSessions 50\nLogLevel ERROR\n",

@@ -198,7 +198,8 @@ login address for the operator page:",
     ),
     Example(
         "Check the installation; install bash completions:",
-        "waitpoint doctor\nwaitpoint completions bash > ~/.local/share/bash-completion/completions/waitpoint",
+        "waitpoint doctor\nwaitpoint completions bash > \
+         ~/.local/share/bash-completion/completions/waitpoint",
     ),
     SeeAlso(&[
         ("cortex-signal", "1"),

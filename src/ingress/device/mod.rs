@@ -181,7 +181,8 @@ pub fn load(home: &Home, name: &str) -> Result<Option<Device>> {
 pub fn require(home: &Home, name: &str) -> Result<Device> {
     load(home, name)?.ok_or_else(|| {
         Error::Usage(format!(
-            "no device named {name:?}; `waitpoint device list` shows them, `waitpoint device add` adds one"
+            "no device named {name:?}; `waitpoint device list` shows them, `waitpoint device add` \
+             adds one"
         ))
     })
 }

@@ -248,7 +248,8 @@ pub(super) fn verify_host_key(session: &Session, device: &Device) -> Result<(), 
         format!("-p {} ", device.port)
     };
     let how = format!(
-        "if this is the right machine (compare with `ssh-keygen -lf` of its host key), add it with:\n  ssh-keyscan {port_flag}-t {} {} >> {}",
+        "if this is the right machine (compare with `ssh-keygen -lf` of its host key), add it \
+         with:\n  ssh-keyscan {port_flag}-t {} {} >> {}",
         keyscan_type(kind),
         device.host,
         kh.display()
@@ -256,12 +257,14 @@ pub(super) fn verify_host_key(session: &Session, device: &Device) -> Result<(), 
     match known.check_port(&device.host, device.port, key) {
         CheckResult::Match => Ok(()),
         CheckResult::NotFound => Err(DeviceError::HostKey(format!(
-            "device {:?}: unknown host key for {shown} ({fingerprint}); it is not in {}. Refusing to connect; {how}",
+            "device {:?}: unknown host key for {shown} ({fingerprint}); it is not in {}. Refusing \
+             to connect; {how}",
             device.name,
             kh.display()
         ))),
         CheckResult::Mismatch => Err(DeviceError::HostKey(format!(
-            "device {:?}: the host key of {shown} ({fingerprint}) does NOT match the one in {} — the machine was reinstalled, or someone is in the middle. Refusing to connect. Once you have checked, remove the old line with `ssh-keygen -R '{shown}' -f {}`, then {how}",
+            "device {:?}: the host key of {shown} ({fingerprint}) does NOT match the one in {} — \
+             the machine was reinstalled, or someone is in the middle. Refusing to connect. Once you have checked, remove the old line with `ssh-keygen -R '{shown}' -f {}`, then {how}",
             device.name,
             kh.display(),
             kh.display()
@@ -289,7 +292,8 @@ pub(super) fn authenticate(
             .userauth_pubkey_file(&device.user, None, identity, None)
             .map_err(|e| {
                 auth_err(format!(
-                    "key {} was not accepted: {} (a key with a passphrase must be loaded into ssh-agent instead)",
+                    "key {} was not accepted: {} (a key with a passphrase must be loaded into \
+                     ssh-agent instead)",
                     identity.display(),
                     e.message()
                 ))

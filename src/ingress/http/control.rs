@@ -227,7 +227,8 @@ fn authority_class(raw: Option<String>) -> std::result::Result<Option<String>, R
             Err((
                 400,
                 format!(
-                    "authority_class must be 1-{MAX_AUTHORITY_CLASS_CHARS} letters, digits or _ - . :"
+                    "authority_class must be 1-{MAX_AUTHORITY_CLASS_CHARS} letters, digits or _ - \
+                     . :"
                 ),
             ))
         }
@@ -335,7 +336,8 @@ pub fn answer(
             tracing::error!(error = %e, "a control operation failed");
             (
                 500,
-                json!({ "result": "error", "error": "the daemon could not finish the operation (see its log); it may or may not have taken effect" }),
+                json!({ "result": "error", "error": "the daemon could not finish the operation \
+                                                     (see its log); it may or may not have taken effect" }),
             )
         }
     }

@@ -151,7 +151,8 @@ pub(super) fn route(
         },
         _ => reply(
             404,
-            json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), the operator page under /ui/ (run `waitpoint ui`), and GET /healthz" }),
+            json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST \
+                                                     /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), the operator page under /ui/ (run `waitpoint ui`), and GET /healthz" }),
         ),
     }
 }
@@ -219,7 +220,8 @@ fn control_route(
         Operator::Off => {
             return refused(
                 404,
-                "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to turn them on",
+                "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to \
+                 turn them on",
             );
         }
         Operator::Spent(r) => return r,
@@ -227,7 +229,8 @@ fn control_route(
         Operator::Missing => {
             return refused(
                 401,
-                "the control routes need the operator token: Authorization: Bearer $CORTEX_WEBHOOK_TOKEN",
+                "the control routes need the operator token: Authorization: Bearer \
+                 $CORTEX_WEBHOOK_TOKEN",
             );
         }
     }
@@ -374,7 +377,8 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     else {
         return reply(
             404,
-            json!({ "result": "not_found", "error": "callback routes are /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
+            json!({ "result": "not_found", "error": "callback routes are \
+                                                     /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
         );
     };
     if let Some(r) = budget_spent(shared, peer) {
@@ -424,7 +428,8 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     match outcome {
         Ok(Trigger::Delivered { id, wake_id }) => reply(
             202,
-            json!({ "result": "accepted", "id": id, "wake_id": wake_id, "message": "delivered; an accepted callback does not prove that work completed" }),
+            json!({ "result": "accepted", "id": id, "wake_id": wake_id, "message": "delivered; an \
+                accepted callback does not prove that work completed" }),
         ),
         Ok(Trigger::Duplicate { id }) => reply(202, json!({ "result": "duplicate", "id": id })),
         Ok(Trigger::Limited { id, retry_at }) => {
@@ -434,7 +439,8 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
                 json!({
                     "result": "refused",
                     "id": id,
-                    "error": "the agent's timers and callbacks woke it as often as an hour allows; nothing was delivered",
+                    "error": "the agent's timers and callbacks woke it as often as an hour \
+                              allows; nothing was delivered",
                     "retry_after_s": after_s}),
             );
             limited.retry_after_s = Some(after_s as u64);
@@ -463,7 +469,8 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             tracing::error!(error = %e, "cannot deliver a callback");
             reply(
                 500,
-                json!({ "result": "error", "error": "the daemon could not deliver the callback (see its log)" }),
+                json!({ "result": "error", "error": "the daemon could not deliver the callback \
+                                                     (see its log)" }),
             )
         }
     }
@@ -502,11 +509,13 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
         ),
         Ok(Verdict::Duplicate { id, .. }) => reply(
             202,
-            json!({ "result": "duplicate", "id": id, "message": "already recorded under this Idempotency-Key; not counted again" }),
+            json!({ "result": "duplicate", "id": id, "message": "already recorded under this \
+                Idempotency-Key; not counted again" }),
         ),
         Ok(Verdict::Queued { id }) => reply(
             202,
-            json!({ "result": "queued", "id": id, "message": "kept by the cluster; the leading daemon counts it" }),
+            json!({ "result": "queued", "id": id, "message": "kept by the cluster; the leading \
+                daemon counts it" }),
         ),
         Ok(Verdict::Closed { id, status, .. }) => reply(
             410,
@@ -543,7 +552,8 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
                 // The failure may have come after the batch's journal line was durable (its
                 // files then come with the replay), so "not recorded" would be a guess: the
                 // truth is that the outcome is unknown, and a retry under the same key is safe.
-                json!({ "result": "unknown", "error": "the daemon could not finish recording the signal (see its log); it may or may not count: send it again with the same Idempotency-Key, which counts once" }),
+                json!({ "result": "unknown", "error": "the daemon could not finish recording the \
+                                                       signal (see its log); it may or may not count: send it again with the same Idempotency-Key, which counts once" }),
             )
         }
     }
@@ -611,7 +621,8 @@ mod tests {
     fn web_pages_and_foreign_hosts_are_refused_before_the_budget() {
         let s = shared(None, || Verdict::Refused(Refusal::UnknownId));
         let from_page = head(
-            "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nOrigin: https://evil.example\nContent-Length: 2\n\n",
+            "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nOrigin: \
+             https://evil.example\nContent-Length: 2\n\n",
         );
         assert_eq!(route(&s, &from_page, Some(b"{}"), None).code, 403);
         let rebound = head("GET /healthz HTTP/1.1\nHost: evil.example\n\n");
@@ -645,7 +656,8 @@ mod tests {
         let callback =
             head("POST /api/callbacks/wake/tok HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 0\n\n");
         let control = head(
-            "GET /api/agents/a1/timers HTTP/1.1\nHost: 127.0.0.1\nAuthorization: Bearer operator-token-0123456789\n\n",
+            "GET /api/agents/a1/timers HTTP/1.1\nHost: 127.0.0.1\nAuthorization: Bearer \
+             operator-token-0123456789\n\n",
         );
         for (route_name, h, body) in [
             ("signal", &signal, BODY),

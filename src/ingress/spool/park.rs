@@ -98,7 +98,8 @@ impl Spool {
         let redacted = bytes.and_then(redact_secret);
         let note = match &redacted {
             Some((_, Some(fp))) => format!(
-                "{now} refused {name:?}: {reason}\n(secret redacted in this copy; sha256 starts {fp})\n"
+                "{now} refused {name:?}: {reason}\n(secret redacted in this copy; sha256 starts \
+                 {fp})\n"
             ),
             Some((_, None)) => {
                 format!(

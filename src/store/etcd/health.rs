@@ -60,10 +60,19 @@ async fn cluster(store: &Etcd) -> Vec<Finding> {
         (0, _) => finding(
             "cluster",
             Fail,
-            format!("no member of {} answers: {}", store.loc.display(), silent.join("; ")),
+            format!(
+                "no member of {} answers: {}",
+                store.loc.display(),
+                silent.join("; ")
+            ),
             Some("start the etcd members, or fix `store` in settings.json"),
         ),
-        (n, true) => finding("cluster", Ok, format!("{n} of {total} members answer: {}", answered.join(", ")), None),
+        (n, true) => finding(
+            "cluster",
+            Ok,
+            format!("{n} of {total} members answer: {}", answered.join(", ")),
+            None,
+        ),
         (n, false) if n < majority => finding(
             "cluster",
             Fail,
@@ -80,7 +89,10 @@ async fn cluster(store: &Etcd) -> Vec<Finding> {
             "cluster",
             Warn,
             format!("{n} of {total} members answer; not: {}", silent.join("; ")),
-            Some("restart the silent members: the cluster stays writable only while a majority answers"),
+            Some(
+                "restart the silent members: the cluster stays writable only while a majority \
+                  answers",
+            ),
         ),
     });
     if answered.is_empty() {
@@ -123,13 +135,30 @@ async fn cluster(store: &Etcd) -> Vec<Finding> {
         .map(|(a, _)| a);
     let size = format!("database {} kB", db / 1024);
     out.push(match alarms {
-        Err(e) => finding("space", Warn, format!("{size}; cannot read alarms: {e}"), None),
-        Result::Ok(a) if a.alarms().iter().any(|m| m.alarm() == etcd_client::AlarmType::Nospace) => finding(
+        Err(e) => finding(
             "space",
-            Fail,
-            format!("{size}: the cluster is out of space (NOSPACE): it refuses writes; signals stay spooled where they arrived"),
-            Some("etcdctl compact <revision>; etcdctl defrag; etcdctl alarm disarm; or raise --quota-backend-bytes"),
+            Warn,
+            format!("{size}; cannot read alarms: {e}"),
+            None,
         ),
+        Result::Ok(a)
+            if a.alarms()
+                .iter()
+                .any(|m| m.alarm() == etcd_client::AlarmType::Nospace) =>
+        {
+            finding(
+                "space",
+                Fail,
+                format!(
+                    "{size}: the cluster is out of space (NOSPACE): it refuses writes; signals \
+                     stay spooled where they arrived"
+                ),
+                Some(
+                    "etcdctl compact <revision>; etcdctl defrag; etcdctl alarm disarm; or raise \
+                  --quota-backend-bytes",
+                ),
+            )
+        }
         Result::Ok(_) => finding("space", Ok, format!("{size}, no space alarm"), None),
     });
     let name = store.keys.election();

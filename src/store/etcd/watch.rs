@@ -82,7 +82,8 @@ impl Etcd {
                                     tracing::warn!(
                                         member = members.endpoint(at),
                                         revision = next,
-                                        "the watch heard nothing for {} ms; resuming it on the next member",
+                                        "the watch heard nothing for {} ms; resuming it on the \
+                                         next member",
                                         WATCH_SILENCE.as_millis()
                                     );
                                     break;
