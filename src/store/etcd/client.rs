@@ -203,14 +203,20 @@ impl Etcd {
     /// The values and revisions of waitpoints `ids`, one etcd transaction of gets (all at one
     /// revision) per [`MAX_TXN_OPS`]; `None` for one that does not exist.
     pub(super) fn fetch(&self, ids: &[&str]) -> Result<Vec<Fetched>> {
-        let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(MAX_TXN_OPS) {
+        let keys: Vec<Vec<u8>> = ids.iter().map(|id| self.keys.waitpoint(id)).collect();
+        self.get_keys("cannot read waitpoints", &keys)
+    }
+
+    /// Each key's value and modification revision (`None` for one absent), read by
+    /// transactions of at most [`MAX_TXN_OPS`] gets each.
+    pub(super) fn get_keys(&self, what: &str, keys: &[Vec<u8>]) -> Result<Vec<Fetched>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_TXN_OPS) {
             let ops = chunk
                 .iter()
-                .map(|id| TxnOp::get(self.keys.waitpoint(id), None))
+                .map(|k| TxnOp::get(k.clone(), None))
                 .collect::<Vec<_>>();
-            let req = EtcdTxnReq::new().and_then(ops);
-            let resp = self.txn("cannot read waitpoints", req)?;
+            let resp = self.txn(what, EtcdTxnReq::new().and_then(ops))?;
             out.extend(resp.op_responses().into_iter().map(|r| {
                 match r {
                     etcd_client::TxnOpResponse::Get(g) => g

@@ -197,23 +197,8 @@ impl Etcd {
         if proof.0.is_empty() {
             return Ok(None);
         }
-        let mut found = Vec::with_capacity(proof.0.len());
-        for chunk in proof.0.chunks(MAX_TXN_OPS) {
-            let gets = chunk
-                .iter()
-                .map(|(k, _)| TxnOp::get(k.clone(), None))
-                .collect::<Vec<_>>();
-            let resp = self.txn(what, EtcdTxnReq::new().and_then(gets))?;
-            found.extend(resp.op_responses().into_iter().map(|r| {
-                match r {
-                    etcd_client::TxnOpResponse::Get(g) => g
-                        .kvs()
-                        .first()
-                        .map(|kv| (kv.value().to_vec(), kv.mod_revision())),
-                    _ => None,
-                }
-            }));
-        }
+        let keys: Vec<Vec<u8>> = proof.0.iter().map(|(k, _)| k.clone()).collect();
+        let found = self.get_keys(what, &keys)?;
         Ok(committed_at(proof, &found))
     }
 
