@@ -6,6 +6,7 @@
 
 use serde_json::{Value, json};
 
+use crate::delivery;
 use crate::durable::FileLock;
 use crate::engine::{self, Created, Engine};
 use crate::error::Result;
@@ -123,7 +124,7 @@ pub fn waiting_for(engine: &Engine, session: &str) -> Result<Vec<Waitpoint>> {
         .into_iter()
         .filter(|wp| {
             wp.status == Status::Armed
-                || (wp.status != Status::Cancelled && engine::has_undelivered_wake(home, wp))
+                || (wp.status != Status::Cancelled && delivery::has_undelivered_wake(home, wp))
         })
         .collect())
 }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::clock::{Timestamp, human_duration};
+use crate::delivery;
 use crate::engine::{self, rules::HOUR_MS};
 use crate::escape;
 use crate::home::Home;
@@ -255,7 +256,7 @@ pub fn badges(home: &Home, wp: &Waitpoint, cap: u32, now: Timestamp) -> Vec<Badg
             attention: true,
         });
     }
-    if wp.status != Status::Armed && engine::has_undelivered_wake(home, wp) {
+    if wp.status != Status::Armed && delivery::has_undelivered_wake(home, wp) {
         out.push(Badge {
             kind: "unread",
             text: "wake not yet read".to_owned(),

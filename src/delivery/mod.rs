@@ -14,7 +14,59 @@ use crate::clock::Timestamp;
 use crate::durable::{self, commit_json, create_dir_private, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
-use crate::records::Wake;
+use crate::records::{HookDelivery, Waitpoint, Wake};
+
+/// This host's inboxes, as the store hands them to the engine: the one way the engine reaches
+/// a session's inbox (delivering, clearing read wakes, removing a deleted session's), so the
+/// engine knows neither the home's layout nor this module. Readers (`next`, `wait_next`, the
+/// adapters) use the functions below on the home directly.
+#[derive(Debug, Clone)]
+pub struct Inboxes {
+    home: Home,
+}
+
+impl Inboxes {
+    pub fn new(home: Home) -> Inboxes {
+        Inboxes { home }
+    }
+
+    /// See [`deliver`].
+    pub fn deliver(&self, wake: &Wake) -> Result<()> {
+        deliver(&self.home, wake)
+    }
+
+    /// See [`stage`]; a replay (`replay`) stages only a wake that is not already intact in
+    /// `new/` (see [`is_intact_in_new`]).
+    pub fn stage(&self, wake: &Wake, replay: bool, files: &mut durable::Unsynced) {
+        if !replay || !is_intact_in_new(&self.home, wake) {
+            stage(&self.home, wake, files);
+        }
+    }
+
+    /// Whether the wake is still unread in `new/`.
+    pub fn is_unread(&self, channel: &str, wake_id: &str) -> bool {
+        is_unread(&self.home, channel, wake_id)
+    }
+
+    /// See [`remove_inbox`].
+    pub fn remove(&self, session: &str) -> Result<()> {
+        remove_inbox(&self.home, session)
+    }
+
+    /// See [`remove_read_older_than`].
+    pub fn remove_read_older_than(&self, now: Timestamp, ttl_ms: i64) -> Result<usize> {
+        remove_read_older_than(&self.home, now, ttl_ms)
+    }
+}
+
+/// A waitpoint's wakes that are still on their way to the session: pending, in the outbox,
+/// awaiting the hook, or unread in the inbox.
+pub fn has_undelivered_wake(home: &Home, wp: &Waitpoint) -> bool {
+    !wp.outbox.is_empty()
+        || wp.pending_wake.is_some()
+        || wp.hook_deliveries.iter().any(HookDelivery::is_pending)
+        || (wp.counters.wakes > 0 && is_unread(home, &wp.channel, &wp.wake_id(wp.counters.wakes)))
+}
 
 fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
     dir.join(format!("{wake_id}.json"))

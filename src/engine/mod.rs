@@ -43,10 +43,7 @@ pub use create::{
 };
 pub use prejudge::{Prejudged, prejudge};
 pub use rules::Refusal;
-pub use service::{
-    HookJob, RETAIN_MS, Service, has_undelivered_wake, hook_backoff_ms, latest_wake, next_due,
-    retention_ends,
-};
+pub use service::{HookJob, RETAIN_MS, Service, hook_backoff_ms, next_due, retention_ends};
 use service::{hooks_due, in_grace_window, next_hook_after};
 pub use sessions::SessionDeleted;
 
@@ -419,7 +416,7 @@ impl Engine {
             return Ok(());
         }
         for wake in &wp.outbox {
-            self.store.deliver(&self.home, wake)?;
+            self.store.deliver(wake)?;
         }
         crate::failpoint!(
             crate::failpoint::ENGINE_AFTER_DELIVERY,

@@ -3,9 +3,7 @@
 
 use super::{Engine, rules, silence};
 use crate::clock::Timestamp;
-use crate::delivery;
 use crate::error::Result;
-use crate::home::Home;
 use crate::records::{HoldReason, HookDelivery, Status, Waitpoint, Wake, WakeKind};
 use crate::request::Owner;
 
@@ -137,7 +135,7 @@ impl Engine {
     /// queues its `onWake` delivery on the owner's record.
     pub(super) fn deliver_owned(&self, wake: &Wake, hooks: &mut Vec<HookDelivery>) -> Result<()> {
         // Through the store: on one shared by several hosts, to the session's host.
-        self.store.deliver(&self.home, wake)?;
+        self.store.deliver(wake)?;
         if self.settings.on_wake.is_some() {
             hooks.push(HookDelivery {
                 wake_id: wake.wake_id.clone(),
@@ -330,27 +328,6 @@ fn next_due_parts(wp: &Waitpoint, handed_out: Timestamp, silence: bool) -> Optio
     due.extend(next_hook_after(&wp.hook_deliveries, handed_out));
     due.extend(retention_ends(wp));
     due.into_iter().min()
-}
-
-/// A waitpoint's wakes that are still on their way to the session: pending, in the outbox,
-/// awaiting the hook, or unread in the inbox.
-pub fn has_undelivered_wake(home: &Home, wp: &Waitpoint) -> bool {
-    !wp.outbox.is_empty()
-        || wp.pending_wake.is_some()
-        || wp.hook_deliveries.iter().any(HookDelivery::is_pending)
-        || (wp.counters.wakes > 0
-            && delivery::is_unread(home, &wp.channel, &wp.wake_id(wp.counters.wakes)))
-}
-
-/// The wake most recently produced for a waitpoint, wherever it is now.
-pub fn latest_wake(home: &Home, wp: &Waitpoint) -> Result<Option<Wake>> {
-    if let Some(w) = wp.outbox.last() {
-        return Ok(Some(w.clone()));
-    }
-    if wp.counters.wakes == 0 {
-        return Ok(None);
-    }
-    delivery::find(home, &wp.channel, &wp.wake_id(wp.counters.wakes))
 }
 
 #[cfg(test)]

@@ -4,7 +4,6 @@
 
 use super::Engine;
 use crate::clock::Timestamp;
-use crate::delivery;
 use crate::error::{Error, Result};
 use crate::records::Status;
 use crate::request::check_name;
@@ -38,7 +37,7 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        delivery::remove_inbox(&self.home, session)?;
+        self.store.inboxes().remove(session)?;
         // The cancelled waitpoints are kept for three days and name the session: the record
         // keeps it out of the session lists meanwhile (until it is used again).
         crate::durable::create_dir_private(&self.home.deleted_sessions_dir())?;
@@ -115,7 +114,9 @@ impl Engine {
 
     /// Removes delivered wakes older than the TTL from every session's `cur/`.
     pub fn gc_read_wakes(&self) -> Result<usize> {
-        delivery::remove_read_older_than(&self.home, self.clock.now(), self.settings.ttl_ms as i64)
+        self.store
+            .inboxes()
+            .remove_read_older_than(self.clock.now(), self.settings.ttl_ms as i64)
     }
 }
 

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use etcd_client::ConnectOptions;
 
-use crate::home::Home;
+use crate::delivery::Inboxes;
 use crate::settings::location::EtcdLocation;
 use crate::store::Role;
 use crate::store::etcd::endpoints::Members;
@@ -66,8 +66,8 @@ pub struct Etcd {
     /// Every key, under the location's prefix.
     keys: Keys,
     host: String,
-    /// This host's home: where the wakes for its sessions are delivered.
-    home: Home,
+    /// This host's inboxes: where the wakes for its sessions are delivered.
+    inboxes: Inboxes,
     role: Role,
     /// `Some` while this daemon leads.
     fence: Arc<Mutex<Option<Fence>>>,

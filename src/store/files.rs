@@ -15,6 +15,7 @@ use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::clock::Clock;
+use crate::delivery::Inboxes;
 use crate::durable::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -34,6 +35,8 @@ pub(super) const STAGING_PREFIX: &str = ".new-";
 /// The home's waitpoints. Cheap to build; one per engine, shared across a settings reload.
 pub struct Files {
     pub(super) home: Home,
+    /// The home's inboxes, where a batch's wakes are staged.
+    inboxes: Inboxes,
     clock: Arc<dyn Clock>,
     /// The journal batches commit through; opened by the first batch (only the daemon, or a
     /// command run while no daemon is, applies batches).
@@ -46,6 +49,7 @@ pub struct Files {
 impl Files {
     pub fn new(home: Home, clock: Arc<dyn Clock>, trash: Arc<OnceLock<Arc<Trash>>>) -> Files {
         Files {
+            inboxes: Inboxes::new(home.clone()),
             home,
             clock,
             journal: OnceLock::new(),
@@ -108,9 +112,7 @@ impl Files {
             // The wakes first: a small batch is written in this order, and the wake is what a
             // waiting reader looks for.
             for wake in &change.wakes {
-                if !replay || !crate::delivery::is_intact_in_new(&self.home, wake) {
-                    crate::delivery::stage(&self.home, wake, &mut files);
-                }
+                self.inboxes.stage(wake, replay, &mut files);
             }
             // The records: one append to the waitpoint's log; a replay writes what the log
             // lacks, and the whole log again if it ends in a line a crash cut short.
@@ -167,6 +169,10 @@ impl Files {
 }
 
 impl Store for Files {
+    fn inboxes(&self) -> &Inboxes {
+        &self.inboxes
+    }
+
     fn begin(&self) -> Result<Box<dyn Txn + '_>> {
         Ok(Box::new(FileTxn {
             files: self,

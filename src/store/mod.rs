@@ -30,6 +30,7 @@ pub mod signal_log;
 
 use crate::settings::Location;
 
+use crate::delivery::Inboxes;
 use crate::error::Result;
 use crate::home::Home;
 use crate::records::{Callback, JournalChange, SignalRecord, Timer, Waitpoint, Wake};
@@ -260,10 +261,13 @@ pub trait Store: Send + Sync {
     fn cluster(&self) -> Option<&dyn Cluster> {
         None
     }
+    /// This host's inboxes: where the wakes for the sessions it serves land.
+    fn inboxes(&self) -> &Inboxes;
     /// Delivers a wake made outside a batch commit (an outbox flush) to its session's inbox,
-    /// durably when this returns: into `home` here; on a shared store, to the session's host.
-    fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
-        crate::delivery::deliver(home, wake)
+    /// durably when this returns: into this host's [`inboxes`](Store::inboxes) here; on a
+    /// shared store, to the session's host.
+    fn deliver(&self, wake: &Wake) -> Result<()> {
+        self.inboxes().deliver(wake)
     }
 }
 

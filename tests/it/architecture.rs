@@ -66,7 +66,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         "engine",
         &[
             "clock",
-            "delivery",
             "durable",
             "error",
             "escape",
@@ -106,7 +105,9 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Front ends: what people, agents and harnesses see and run.
     (
         "operator_view",
-        &["clock", "engine", "escape", "home", "ingress", "records"],
+        &[
+            "clock", "delivery", "engine", "escape", "home", "ingress", "records",
+        ],
     ),
     (
         "inbox",

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use waitpoint::clock::SystemClock;
+use waitpoint::delivery::Inboxes;
 use waitpoint::engine::{CreateRequest, Engine, Verdict};
 use waitpoint::error::{Error, Result};
 use waitpoint::home::Home;
@@ -30,7 +31,7 @@ struct Entry {
 /// A store in memory, shaped like a revisioned key-value store: each write bumps the
 /// waitpoint's revision and each commit is checked against the revisions it read.
 struct Memory {
-    home: Home,
+    inboxes: Inboxes,
     /// Timers and callbacks stay the home's files here (this test is about waitpoints).
     timers: waitpoint::store::Files,
     entries: Mutex<BTreeMap<String, Entry>>,
@@ -54,7 +55,7 @@ fn lease_lost() -> Error {
 impl Memory {
     fn new(home: &Home) -> Memory {
         Memory {
-            home: home.clone(),
+            inboxes: Inboxes::new(home.clone()),
             timers: waitpoint::store::Files::new(
                 home.clone(),
                 Arc::new(SystemClock),
@@ -75,6 +76,9 @@ struct MemoryTxn<'a> {
 }
 
 impl Store for Memory {
+    fn inboxes(&self) -> &Inboxes {
+        &self.inboxes
+    }
     fn begin(&self) -> Result<Box<dyn Txn + '_>> {
         Ok(Box::new(MemoryTxn {
             store: self,
@@ -216,7 +220,7 @@ impl Txn for MemoryTxn<'_> {
         }
         for c in changes {
             for wake in &c.change.wakes {
-                waitpoint::delivery::deliver(&self.store.home, wake)?;
+                self.store.inboxes.deliver(wake)?;
             }
             let e = entries.get_mut(&c.change.state.id).unwrap();
             for r in &c.change.records {

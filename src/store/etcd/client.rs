@@ -120,7 +120,7 @@ impl Etcd {
             loc: loc.clone(),
             keys: Keys::new(&loc.prefix),
             host: host.to_owned(),
-            home,
+            inboxes: crate::delivery::Inboxes::new(home),
             role,
             options: probe,
             fence: Arc::new(Mutex::new(None)),

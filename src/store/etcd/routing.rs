@@ -6,7 +6,6 @@
 use etcd_client::{GetOptions, SortOrder, SortTarget, Txn as EtcdTxnReq, TxnOp};
 
 use crate::error::Result;
-use crate::home::Home;
 use crate::records::Wake;
 use crate::store::Forwarded;
 use crate::store::etcd::Etcd;
@@ -40,12 +39,11 @@ impl Etcd {
     /// its key goes: a crash in between delivers it again under the same name, which is a
     /// no-op for a reader. Returns how many it delivered.
     pub(super) fn deliver_pending_here(&self) -> Result<usize> {
-        let home = &self.home;
         let prefix = self.keys.wakes_for(&self.host);
         let mut n = 0;
         for (key, value) in self.range(&prefix, false, 0)? {
             match serde_json::from_slice::<Wake>(&value) {
-                Ok(wake) => crate::delivery::deliver(home, &wake)?,
+                Ok(wake) => self.inboxes.deliver(&wake)?,
                 Err(e) => self.set_aside(&key, &value, &e.to_string())?,
             }
             self.call("cannot settle a delivered wake", |mut c| {
@@ -131,9 +129,9 @@ impl Etcd {
 
     /// Delivers a wake here when its channel's host is this one; otherwise keeps it for that
     /// host.
-    pub(super) fn send_wake(&self, home: &Home, wake: &Wake) -> Result<()> {
+    pub(super) fn send_wake(&self, wake: &Wake) -> Result<()> {
         if self.host_of(&wake.channel)? == self.host {
-            return crate::delivery::deliver(home, wake);
+            return self.inboxes.deliver(wake);
         }
         let op = self.wake_op(wake)?;
         let req = EtcdTxnReq::new().and_then(vec![op]);

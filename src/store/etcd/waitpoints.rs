@@ -6,8 +6,8 @@ use std::collections::HashMap;
 
 use etcd_client::{Compare, CompareOp, TxnOp};
 
+use crate::delivery::Inboxes;
 use crate::error::{Error, Result};
-use crate::home::Home;
 use crate::names::is_waitpoint_id;
 use crate::records::{Callback, SignalRecord, Timer, Waitpoint, Wake};
 use crate::store::etcd::client::to_json;
@@ -230,8 +230,12 @@ impl Store for Etcd {
         Some(self)
     }
 
-    fn deliver(&self, home: &Home, wake: &Wake) -> Result<()> {
-        self.send_wake(home, wake)
+    fn inboxes(&self) -> &Inboxes {
+        &self.inboxes
+    }
+
+    fn deliver(&self, wake: &Wake) -> Result<()> {
+        self.send_wake(wake)
     }
 }
 
