@@ -151,7 +151,8 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
     // The body goes to curl on stdin (printf is the shell's own), so the secret is in no argv.
     let curl = format!(
         "s=$?; printf \
-         '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
+         '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\
+         \"message\":\"exit=%s\"{member_json}}}' \
 \"{status_of_s}\" \"$s\" | curl -sS -XPOST http://127.0.0.1:{port}/webhook/signal \
 -H 'content-type: application/json' --data-binary @-",
         port = target.webhook_port,
@@ -169,7 +170,8 @@ pub fn build(wp: &Waitpoint, secret: &str, target: &Target<'_>) -> HowToSignal {
         "s=$?; d={drop_zone}; f=\"$d/$(date +%s)-$$-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \
          \\n')\"; \
 mkdir -p \"$d\"; \
-printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\"message\":\"exit=%s\"{member_json}}}' \
+printf '{{\"id\":\"{id}\",\"secret\":\"{secret}\",\"status\":\"%s\",\
+\"message\":\"exit=%s\"{member_json}}}' \
 \"{status_of_s}\" \"$s\" > \"$f.tmp\" && mv \"$f.tmp\" \"$f.json\"",
         id = wp.id,
     );

@@ -828,7 +828,11 @@ mod tests {
     #[test]
     fn claude_project_setup_keeps_what_is_there_and_is_idempotent() {
         let c = ctx(Some("/data/my home"));
-        let settings = r#"{"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}]}, "statusLine": {"type": "command", "command": "my-line"}}"#;
+        let settings = concat!(
+            r#"{"model": "opus", "hooks": {"Stop": [{"hooks": [{"type": "command", "#,
+            r#""command": "notify-send done"}]}]}, "statusLine": {"type": "command", "#,
+            r#""command": "my-line"}}"#
+        );
         let first = run(
             Harness::Claude,
             Scope::Project,

@@ -47,7 +47,12 @@ pub struct TimerCreateArgs {
     /// Delay before the first firing, in milliseconds (positive)
     // Required, but an `Option`: in the legacy form (`timer --after-ms N`) these flags sit
     // beside the subcommands, and clap waives the requirement when a subcommand is given.
-    #[arg(long, value_name = "N", required = true, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(
+        long,
+        value_name = "N",
+        required = true,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
     pub after_ms: Option<u64>,
     /// Repeat every N milliseconds after that (positive)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]

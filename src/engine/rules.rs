@@ -747,8 +747,7 @@ mod tests {
     }
 
     #[test]
-    fn past_the_logs_bounds_a_report_a_wake_must_carry_is_kept_and_one_folded_into_a_held_wake_is_not()
-     {
+    fn past_the_log_bounds_a_report_a_wake_must_carry_is_kept_one_for_a_held_wake_is_folded() {
         let mut wp = armed(100);
         // The byte budget spent by one report.
         assert_eq!(

@@ -312,7 +312,11 @@ mod tests {
 
     #[test]
     fn a_codex_exec_run_is_told_by_its_transcript() {
-        let exec = br#"{"type":"session_meta","payload":{"id":"t","source":"exec","originator":"codex_exec"}}"#;
+        let exec = concat!(
+            r#"{"type":"session_meta","payload":{"id":"t","source":"exec","#,
+            r#""originator":"codex_exec"}}"#
+        )
+        .as_bytes();
         assert!(codex_is_exec(exec));
         assert!(codex_is_exec(&exec[..60]), "cut short, after the field");
         let tui = br#"{"type":"session_meta","payload":{"id":"t","source":"cli"}}

@@ -145,14 +145,12 @@ fn read_log_tail(root: &Root, path: &Path, cap: u64) -> Result<Option<(Vec<u8>, 
         matches!(e, Error::Io { source, .. }
             if source.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()))
     };
+    let is_not_regular =
+        |e: &Error| matches!(e, Error::Corrupt { message, .. } if message == durable::NOT_REGULAR);
     match durable::read_tail(path, cap) {
-        Err(e)
-            if link(&e)
-                || matches!(&e, Error::Corrupt { message, .. } if message == durable::NOT_REGULAR) =>
-        {
-            root.set_aside(path, "is not a regular file where the home keeps a log")
-                .map(|()| None)
-        }
+        Err(e) if link(&e) || is_not_regular(&e) => root
+            .set_aside(path, "is not a regular file where the home keeps a log")
+            .map(|()| None),
         other => other,
     }
 }

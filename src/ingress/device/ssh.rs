@@ -264,7 +264,9 @@ pub(super) fn verify_host_key(session: &Session, device: &Device) -> Result<(), 
         ))),
         CheckResult::Mismatch => Err(DeviceError::HostKey(format!(
             "device {:?}: the host key of {shown} ({fingerprint}) does NOT match the one in {} — \
-             the machine was reinstalled, or someone is in the middle. Refusing to connect. Once you have checked, remove the old line with `ssh-keygen -R '{shown}' -f {}`, then {how}",
+                the machine was reinstalled, or someone is in the middle. Refusing to connect. \
+                Once you have checked, remove the old line with `ssh-keygen -R '{shown}' -f {}`, \
+                then {how}",
             device.name,
             kh.display(),
             kh.display()

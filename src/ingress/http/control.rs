@@ -184,7 +184,8 @@ fn no_route() -> Refused {
         404,
         "no such control route; they are POST /api/control/agents/:agent_id/reset-callback, \
          POST /api/control/agents/:id/timers, GET /api/agents/:id/timers, \
-         GET /api/agents/:id/timers/:timer_id and POST /api/control/agents/:id/timers/:timer_id/cancel"
+         GET /api/agents/:id/timers/:timer_id and POST \
+         /api/control/agents/:id/timers/:timer_id/cancel"
             .to_owned(),
     )
 }
@@ -337,7 +338,7 @@ pub fn answer(
             (
                 500,
                 json!({ "result": "error", "error": "the daemon could not finish the operation \
-                                                     (see its log); it may or may not have taken effect" }),
+                    (see its log); it may or may not have taken effect" }),
             )
         }
     }

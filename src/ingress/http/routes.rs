@@ -152,7 +152,9 @@ pub(super) fn route(
         _ => reply(
             404,
             json!({ "result": "not_found", "error": "this shim serves POST /webhook/signal, POST \
-                                                     /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and /api/agents/ (with the operator token), the operator page under /ui/ (run `waitpoint ui`), and GET /healthz" }),
+                /api/callbacks/<mode>/<token>, the control routes under /api/control/agents/ and \
+                /api/agents/ (with the operator token), the operator page under /ui/ (run \
+                `waitpoint ui`), and GET /healthz" }),
         ),
     }
 }
@@ -378,7 +380,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
         return reply(
             404,
             json!({ "result": "not_found", "error": "callback routes are \
-                                                     /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
+                /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
         );
     };
     if let Some(r) = budget_spent(shared, peer) {
@@ -505,7 +507,13 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
             ..
         }) => reply(
             202,
-            json!({ "result": "accepted", "id": id, "seq": seq, "woke": wake.is_some(), "status": status.as_str() }),
+            json!({
+                "result": "accepted",
+                "id": id,
+                "seq": seq,
+                "woke": wake.is_some(),
+                "status": status.as_str()
+            }),
         ),
         Ok(Verdict::Duplicate { id, .. }) => reply(
             202,
@@ -519,7 +527,12 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
         ),
         Ok(Verdict::Closed { id, status, .. }) => reply(
             410,
-            json!({ "result": "closed", "id": id, "status": status.as_str(), "message": format!("already {}", status.as_str()) }),
+            json!({
+                "result": "closed",
+                "id": id,
+                "status": status.as_str(),
+                "message": format!("already {}", status.as_str())
+            }),
         ),
         Ok(Verdict::Refused(Refusal::UnknownId)) => {
             miss("unknown waitpoint id");
@@ -553,7 +566,8 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
                 // files then come with the replay), so "not recorded" would be a guess: the
                 // truth is that the outcome is unknown, and a retry under the same key is safe.
                 json!({ "result": "unknown", "error": "the daemon could not finish recording the \
-                                                       signal (see its log); it may or may not count: send it again with the same Idempotency-Key, which counts once" }),
+                    signal (see its log); it may or may not count: send it again with the same \
+                    Idempotency-Key, which counts once" }),
             )
         }
     }

@@ -83,7 +83,7 @@ pub const SESSION_TTL_MS: i64 = 12 * 3_600_000;
 pub const MAX_SESSIONS: usize = 64;
 /// Every page response's Content-Security-Policy: the page's own files and nothing else.
 pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src \
-                       'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
+    'self'; img-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 /// The page's files, as served.
 pub const INDEX_HTML: &str = include_str!("ui/index.html");
