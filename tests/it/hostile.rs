@@ -83,6 +83,8 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+// One case a line, so the table reads as a table (docs/style.md).
+#[rustfmt::skip]
 fn corpus(c: &Ctx) -> Vec<Case> {
     let (bid, bsecret) = (&c.barrier.0, &c.barrier.1);
     let id = &c.monitor.0;
