@@ -8,17 +8,19 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::harness::{self, Claude, claude_first_run, codex_env, harness_bin};
-use crate::helpers::{CORTEX_SIGNAL, DaemonGuard, Env, WAITPOINT, cpu_time};
+use crate::agent_scenario::{
+    AgentHarness, Armed, HOOK_HEADER, armed, job_reports, play, read_once, setup,
+    ten_turns_then_one_idle_waiter, turns_saying, two_sessions_each_see_and_get_only_their_own,
+    waiters_of, woken_in,
+};
+use crate::harness::{self, Claude, Codex, claude_first_run, codex_env, harness_bin};
+use crate::helpers::{DaemonGuard, Env, WAITPOINT};
 use crate::model_server::{ModelServer, Reply, Request};
 
 /// The bound on each harness run and each wait: a hang stops here; nothing is timed.
 const LIMIT: Duration = Duration::from_secs(90);
-
-/// What a hook hands an open session: the first line of `adapter::hook_text`.
-const HOOK_HEADER: &str = "wake(s) for this session";
 
 /// The agent, scripted: "arm LABEL" arms a waitpoint, "check" lists what it waits on, "cancel
 /// ID" disarms one; after a tool's result it ends its turn; a wake's text gets "woken".
@@ -32,101 +34,6 @@ fn agent(r: &Request) -> Reply {
         return Reply::text("a title");
     }
     play(r, &said, &|t| format!("mcp__waitpoint__{t}"))
-}
-
-/// The scripted agent's turn, whatever the harness: what the user `said` decides it, and
-/// `tool` names the MCP server `waitpoint`'s tools the harness's way.
-pub(crate) fn play(r: &Request, said: &str, tool: &dyn Fn(&str) -> String) -> Reply {
-    if r.tool_result().is_some() {
-        return Reply::text("noted; ending my turn");
-    }
-    if said.contains("Waitpoint wp_") {
-        return Reply::text("woken");
-    }
-    let word_after = |cue: &str| {
-        said.split_once(cue)
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .map(str::to_owned)
-    };
-    if let Some(label) = word_after("arm ") {
-        let intent = format!("the job {label}; when it lands, read its result");
-        return Reply::tool(
-            tool("wait_create"),
-            json!({"label": label, "intent": intent}),
-        );
-    }
-    if let Some(id) = word_after("cancel ") {
-        return Reply::tool(tool("wait_cancel"), json!({"id": id}));
-    }
-    if said.contains("check") {
-        return Reply::tool(tool("wait_check"), json!({}));
-    }
-    if said.trim().starts_with("turn ") {
-        // A model that thinks a moment: the turn's end (and its hook) comes well after its
-        // request, so the test can tell this turn's waiter from the previous one's.
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    Reply::text("ok")
-}
-
-/// The first JSON object in a tool result's text (the structured reply; a note follows it).
-pub(crate) fn reply_json(text: &str) -> Value {
-    let start = text
-        .find('{')
-        .unwrap_or_else(|| panic!("no JSON in {text}"));
-    serde_json::Deserializer::from_str(&text[start..])
-        .into_iter::<Value>()
-        .next()
-        .unwrap()
-        .unwrap()
-}
-
-/// A waitpoint the agent armed: its id, secret and the harness session that armed it.
-pub(crate) struct Armed {
-    pub id: String,
-    pub secret: String,
-    pub harness_session: String,
-}
-
-/// Waits for the result of a `wait_create` whose label is `label`.
-fn armed(server: &ModelServer, label: &str) -> Armed {
-    let r = server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("\"secret\"") && t.contains(label))
-        },
-        LIMIT,
-    );
-    let v = reply_json(&r.tool_result().unwrap());
-    Armed {
-        id: v["id"].as_str().unwrap().to_owned(),
-        secret: v["secret"].as_str().unwrap().to_owned(),
-        harness_session: r.session_id().expect("a session header").to_owned(),
-    }
-}
-
-/// The job's signal line, run as a job runs it: the secret in the environment, never in argv.
-pub(crate) fn job_reports(env: &Env, a: &Armed) {
-    let out = env
-        .command(CORTEX_SIGNAL)
-        .env("CORTEX_SIGNAL_ID", &a.id)
-        .env("CORTEX_SIGNAL_SECRET", &a.secret)
-        .args(["--exit-code", "0", "--message", "exit=0"])
-        .output()
-        .unwrap();
-    env.ok("cortex-signal", &out);
-}
-
-/// `waitpoint setup ARGS` as a new user runs it, in the project.
-pub(crate) fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
-    let out = env
-        .command(WAITPOINT)
-        .arg("setup")
-        .args(args)
-        .current_dir(project)
-        .output()
-        .unwrap();
-    env.ok("waitpoint setup", &out)
 }
 
 /// The daemon, started outside the project, able to run `harness` for a resume.
@@ -147,136 +54,10 @@ fn claude_by_setup<'e>(env: &'e Env, server: &ModelServer) -> Claude<'e> {
     claude
 }
 
-/// The wake files of a session's inbox folder (`new` or `cur`) for waitpoint `id`.
-pub(crate) fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
-    env.inbox(session, folder)
-        .iter()
-        .filter(|w| w["waitpoint_id"] == id || w["text"].as_str().is_some_and(|t| t.contains(id)))
-        .count()
-}
-
-/// Waits until `a`'s wake is read in `session`'s inbox, and checks it is read once: in `cur/`
-/// exactly once, no longer in `new/`.
-pub(crate) fn read_once(env: &Env, session: &str, a: &Armed) {
-    env.wait_until("the wake read once", || {
-        wakes_of(env, session, "cur", &a.id) == 1
-    });
-    assert_eq!(wakes_of(env, session, "new", &a.id), 0);
-}
-
-/// The model turns (requests offering the agent's tools) whose newest user message holds
-/// `needle`.
-fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
-    server
-        .requests()
-        .into_iter()
-        .filter(|r| r.offers_tool("mcp__waitpoint__wait_create"))
-        .filter(|r| r.last_user_text().contains(needle))
-        .collect()
-}
-
-/// Waits for the model turn of harness session `session` that carries `a`'s wake.
-fn woken_in(server: &ModelServer, session: &str, a: &Armed) -> Request {
-    let wake = format!("Waitpoint {}", a.id);
-    server.wait_for_request(
-        |r| r.session_id() == Some(session) && r.last_user_text().contains(&wake),
-        LIMIT,
-    )
-}
-
 /// The live waiters of this home: `adapter claude-hook` processes naming it (setup writes
 /// `--home` into the hooks).
 fn waiters(env: &Env) -> Vec<u32> {
     waiters_of(env, "adapter claude-hook")
-}
-
-/// The live processes of this home running `adapter` (`adapter claude-hook`, ...).
-pub(crate) fn waiters_of(env: &Env, adapter: &str) -> Vec<u32> {
-    let home = env.home.display().to_string();
-    let mut found = Vec::new();
-    for entry in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit_once(')')
-            .is_some_and(|(_, r)| r.starts_with(" Z"));
-        // The waiter itself, not the `sh -c` Claude Code runs it under.
-        let ours = stat.contains("(waitpoint)");
-        // Hooks name the home in their command line, the daemon's `onWake` runs in theirs.
-        let environ = fs::read(entry.path().join("environ")).unwrap_or_default();
-        let in_home = cmdline.contains(&home)
-            || String::from_utf8_lossy(&environ)
-                .split('\0')
-                .any(|v| v == format!("WAITPOINT_HOME={home}"));
-        if ours && cmdline.contains(adapter) && in_home && !zombie {
-            found.push(pid);
-        }
-    }
-    found
-}
-
-/// Clock ticks since boot, the unit of a process's start time.
-fn boot_ticks() -> u64 {
-    let uptime: f64 = fs::read_to_string("/proc/uptime")
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    // SAFETY: sysconf reads a constant of the system.
-    (uptime * unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64) as u64
-}
-
-/// When process `pid` started, in clock ticks since boot (`u64::MAX` when it is gone).
-fn started_ticks(pid: u32) -> u64 {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.to_owned();
-            rest.split_whitespace().nth(19)?.parse().ok()
-        })
-        .unwrap_or(u64::MAX)
-}
-
-/// Ten turns (`turn(n)` sends turn `n` and returns once the model has it): after each, the
-/// session's one waiter (of `waiters`) is the one its end started and the one `waiter.json`
-/// names. Then ten seconds of that idle waiter cost under 50 ms of CPU.
-pub(crate) fn ten_turns_then_one_idle_waiter(
-    env: &Env,
-    session: &str,
-    waiters: &dyn Fn(&Env) -> Vec<u32>,
-    mut turn: impl FnMut(u32),
-) {
-    let record = env.home.join("sessions").join(session).join("waiter.json");
-    let recorded = || {
-        fs::read_to_string(&record)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["pid"].as_u64())
-            .map(|p| p as u32)
-    };
-    let mut one = Vec::new();
-    for n in 1..=10 {
-        turn(n);
-        let asked = boot_ticks();
-        env.wait_until("the turn's own waiter, alone", || {
-            one = waiters(env);
-            matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
-        });
-    }
-    let before = cpu_time(one[0]);
-    // The measurement: ten seconds of an idle waiter.
-    std::thread::sleep(Duration::from_secs(10));
-    let used = cpu_time(one[0]) - before;
-    assert!(
-        used < Duration::from_millis(50),
-        "an idle waiter used {used:?} in 10 s"
-    );
 }
 
 /// Waits until `a`'s wake reached its harness session by the session's waiter (the hook's text,
@@ -547,41 +328,18 @@ fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
     let server = ModelServer::start(agent);
     let claude = claude_by_setup(&env, &server);
     let _daemon = daemon(&env, "claude", &claude.vars());
-    claude.print("arm iso-a", &[], LIMIT).ok();
-    let a = armed(&server, "iso-a");
-    claude.print("arm iso-b", &[], LIMIT).ok();
-    let b = armed(&server, "iso-b");
-    assert_ne!(a.harness_session, b.harness_session);
-    let in_b = ["--resume", b.harness_session.as_str()];
-    claude.print("check what I wait on", &in_b, LIMIT).ok();
-    let listed = server.wait_for_request(
-        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
-        LIMIT,
-    );
-    let listed = listed.tool_result().unwrap();
-    assert!(
-        listed.contains(&b.id) && !listed.contains(&a.id),
-        "{listed}"
-    );
-    claude.print(&format!("cancel {}", a.id), &in_b, LIMIT).ok();
-    server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("not this session's"))
-        },
-        LIMIT,
-    );
-    assert_eq!(env.state(&a.id)["status"], "armed");
+    two_sessions_each_see_and_get_only_their_own(&env, &server, &claude);
+}
 
-    job_reports(&env, &a);
-    woken_in(&server, &a.harness_session, &a);
-    let wrong = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.session_id() == Some(b.harness_session.as_str()))
-        .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
-    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
-    read_once(&env, &format!("claude-{}", a.harness_session), &a);
+impl AgentHarness for Claude<'_> {
+    fn turn(&self, prompt: &str, session: Option<&str>) {
+        let resume = session.map(|s| ["--resume", s]);
+        self.print(prompt, resume.as_ref().map_or(&[][..], |a| &a[..]), LIMIT)
+            .ok();
+    }
+    fn channel(&self, harness_session: &str) -> String {
+        format!("claude-{harness_session}")
+    }
 }
 
 #[test]
@@ -666,41 +424,18 @@ fn two_codex_threads_in_one_project_each_see_and_get_only_their_own() {
     setup(&env, &codex.project, &["codex"]);
     codex.trust_hooks();
     let _daemon = daemon(&env, "codex", &codex.vars());
-    codex.exec("arm cx-iso-a", &[], LIMIT).ok();
-    let a = armed(&server, "cx-iso-a");
-    codex.exec("arm cx-iso-b", &[], LIMIT).ok();
-    let b = armed(&server, "cx-iso-b");
-    assert_ne!(a.harness_session, b.harness_session);
-    let in_b = ["resume", b.harness_session.as_str()];
-    codex.exec("check what I wait on", &in_b, LIMIT).ok();
-    let listed = server.wait_for_request(
-        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
-        LIMIT,
-    );
-    let listed = listed.tool_result().unwrap();
-    assert!(
-        listed.contains(&b.id) && !listed.contains(&a.id),
-        "{listed}"
-    );
-    codex.exec(&format!("cancel {}", a.id), &in_b, LIMIT).ok();
-    server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("not this session's"))
-        },
-        LIMIT,
-    );
-    assert_eq!(env.state(&a.id)["status"], "armed");
+    two_sessions_each_see_and_get_only_their_own(&env, &server, &codex);
+}
 
-    job_reports(&env, &a);
-    woken_in(&server, &a.harness_session, &a);
-    let wrong = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.session_id() == Some(b.harness_session.as_str()))
-        .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
-    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
-    read_once(&env, &format!("codex-{}", a.harness_session), &a);
+impl AgentHarness for Codex<'_> {
+    fn turn(&self, prompt: &str, session: Option<&str>) {
+        let resume = session.map(|s| ["resume", s]);
+        self.exec(prompt, resume.as_ref().map_or(&[][..], |a| &a[..]), LIMIT)
+            .ok();
+    }
+    fn channel(&self, harness_session: &str) -> String {
+        format!("codex-{harness_session}")
+    }
 }
 
 /// An open Codex TUI whose user pressed Esc while the Stop hook waited: the waiter is gone, and

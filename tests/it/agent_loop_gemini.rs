@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::agent_loop::{
-    Armed, job_reports, play, read_once, reply_json, setup, ten_turns_then_one_idle_waiter,
-    waiters_of,
+use crate::agent_scenario::{
+    AgentHarness, Armed, HOOK_HEADER, job_reports, play, read_once, reply_json, setup,
+    ten_turns_then_one_idle_waiter, two_sessions_each_see_and_get_only_their_own, waiters_of,
 };
 use crate::harness::{Run, Tmux, project_dir, run_bounded};
 use crate::helpers::{DaemonGuard, Env, WAITPOINT};
@@ -24,9 +24,6 @@ use crate::model_server::{ModelServer, Reply, Request};
 
 /// The bound on each harness run and each wait: a hang stops here; nothing is timed.
 const LIMIT: Duration = Duration::from_secs(90);
-
-/// What the hook hands an open session: the first line of `wake::hook_text`.
-const HOOK_HEADER: &str = "wake(s) for this session";
 
 /// The dummy key Gemini sends to the model server.
 const API_KEY: &str = "waitpoint-test-gemini-key";
@@ -404,41 +401,29 @@ fn two_gemini_sessions_in_one_project_each_see_and_get_only_their_own() {
     let server = ModelServer::start(agent);
     let gemini = gemini_by_setup(&env, &server);
     let _daemon = daemon(&env, &gemini);
-    gemini.print("arm iso-a", &[]).ok();
-    let a = armed(&server, "iso-a");
-    gemini.print("arm iso-b", &[]).ok();
-    let b = armed(&server, "iso-b");
-    assert_ne!(a.harness_session, b.harness_session);
-    let in_b = ["--resume", b.harness_session.as_str()];
-    gemini.print("check what I wait on", &in_b).ok();
-    let listed = server.wait_for_request(
-        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
-        LIMIT,
-    );
-    let listed = listed.tool_result().unwrap();
-    assert!(
-        listed.contains(&b.id) && !listed.contains(&a.id),
-        "{listed}"
-    );
-    gemini.print(&format!("cancel {}", a.id), &in_b).ok();
-    server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("not this session's"))
-        },
-        LIMIT,
-    );
-    assert_eq!(env.state(&a.id)["status"], "armed");
+    two_sessions_each_see_and_get_only_their_own(&env, &server, &gemini);
+}
 
-    job_reports(&env, &a);
-    woken_in(&server, &a);
-    let wrong = server
-        .requests()
-        .into_iter()
-        .filter(|r| in_conversation_of(r, &b))
-        .any(|r| said(&r).contains(&format!("Waitpoint {}", a.id)));
-    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
-    read_once(&env, &session_of(&a), &a);
+/// Gemini's requests carry no session id: a conversation is told by its history, the
+/// waitpoint session by the reply (see [`armed`]).
+impl AgentHarness for Gemini<'_> {
+    fn turn(&self, prompt: &str, session: Option<&str>) {
+        let resume = session.map(|s| ["--resume", s]);
+        self.print(prompt, resume.as_ref().map_or(&[][..], |a| &a[..]))
+            .ok();
+    }
+    fn armed(&self, server: &ModelServer, label: &str) -> Armed {
+        armed(server, label)
+    }
+    fn channel(&self, harness_session: &str) -> String {
+        format!("gemini-{harness_session}")
+    }
+    fn in_conversation(&self, r: &Request, a: &Armed) -> bool {
+        in_conversation_of(r, a)
+    }
+    fn said(&self, r: &Request) -> String {
+        said(r)
+    }
 }
 
 #[test]
@@ -534,7 +519,10 @@ fn a_gemini_session_open_between_turns_is_not_resumed_beside_itself_and_its_next
     env.wait_until("a refused resume", || {
         env.daemon_log_tail(200).contains("is open in gemini")
     });
-    assert_eq!(crate::agent_loop::wakes_of(&env, &session, "new", &a.id), 1);
+    assert_eq!(
+        crate::agent_scenario::wakes_of(&env, &session, "new", &a.id),
+        1
+    );
     // The next turn's end takes it, in place.
     submit(&tmux, &server, "turn after the job");
     let woken = woken_in(&server, &a);

@@ -17,15 +17,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use crate::agent_scenario::{
+    AgentHarness, HOOK_HEADER, armed, job_reports, read_once, setup, turns_saying,
+    two_sessions_each_see_and_get_only_their_own, waiters_of, wakes_of, woken_in,
+};
 use crate::harness::Tmux;
-use crate::helpers::{CORTEX_SIGNAL, DaemonGuard, Env, WAITPOINT, cpu_time};
+use crate::helpers::{DaemonGuard, Env, WAITPOINT, cpu_time};
 use crate::model_server::{ModelServer, Reply, Request};
 
 /// The bound on each run and each wait: a hang stops here; nothing is timed.
 const LIMIT: Duration = Duration::from_secs(120);
-
-/// What the plugin hands an open session: the first line of `wake::hook_text`.
-const HOOK_HEADER: &str = "wake(s) for this session";
 
 /// `$WAITPOINT_TEST_DEPS/opencode`, checked: the binary and the plugin package seed.
 fn deps() -> PathBuf {
@@ -169,18 +170,6 @@ impl OpenCode<'_> {
     }
 }
 
-/// `waitpoint setup ARGS` as a new user runs it, in the project.
-fn setup(env: &Env, project: &Path, args: &[&str]) -> String {
-    let out = env
-        .command(WAITPOINT)
-        .arg("setup")
-        .args(args)
-        .current_dir(project)
-        .output()
-        .unwrap();
-    env.ok("waitpoint setup", &out)
-}
-
 fn opencode_by_setup<'e>(env: &'e Env, server: &ModelServer) -> OpenCode<'e> {
     let oc = opencode_env(env, server);
     setup(env, &oc.project, &["opencode", "--project"]);
@@ -200,103 +189,9 @@ fn daemon(env: &Env, oc: &OpenCode) -> DaemonGuard {
     env.daemon_with_env(&all)
 }
 
-/// A waitpoint the agent armed: its id, secret and the OpenCode session that armed it.
-struct Armed {
-    id: String,
-    secret: String,
-    harness_session: String,
-}
-
-fn reply_json(text: &str) -> Value {
-    let start = text
-        .find('{')
-        .unwrap_or_else(|| panic!("no JSON in {text}"));
-    serde_json::Deserializer::from_str(&text[start..])
-        .into_iter::<Value>()
-        .next()
-        .unwrap()
-        .unwrap()
-}
-
-fn armed(server: &ModelServer, label: &str) -> Armed {
-    let r = server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("\"secret\"") && t.contains(label))
-        },
-        LIMIT,
-    );
-    let v = reply_json(&r.tool_result().unwrap());
-    Armed {
-        id: v["id"].as_str().unwrap().to_owned(),
-        secret: v["secret"].as_str().unwrap().to_owned(),
-        harness_session: r.session_id().expect("a session header").to_owned(),
-    }
-}
-
-fn job_reports(env: &Env, a: &Armed) {
-    let out = env
-        .command(CORTEX_SIGNAL)
-        .env("CORTEX_SIGNAL_ID", &a.id)
-        .env("CORTEX_SIGNAL_SECRET", &a.secret)
-        .args(["--exit-code", "0", "--message", "exit=0"])
-        .output()
-        .unwrap();
-    env.ok("cortex-signal", &out);
-}
-
-fn wakes_of(env: &Env, session: &str, folder: &str, id: &str) -> usize {
-    env.inbox(session, folder)
-        .iter()
-        .filter(|w| w["waitpoint_id"] == id || w["text"].as_str().is_some_and(|t| t.contains(id)))
-        .count()
-}
-
-fn read_once(env: &Env, session: &str, a: &Armed) {
-    env.wait_until("the wake read once", || {
-        wakes_of(env, session, "cur", &a.id) == 1
-    });
-    assert_eq!(wakes_of(env, session, "new", &a.id), 0);
-}
-
-/// The model turns (requests offering the agent's tools) whose newest user message holds
-/// `needle`.
-fn turns_saying(server: &ModelServer, needle: &str) -> Vec<Request> {
-    server
-        .requests()
-        .into_iter()
-        .filter(|r| r.offers_tool("mcp__waitpoint__wait_create"))
-        .filter(|r| r.last_user_text().contains(needle))
-        .collect()
-}
-
-fn woken_in(server: &ModelServer, session: &str, a: &Armed) -> Request {
-    let wake = format!("Waitpoint {}", a.id);
-    server.wait_for_request(
-        |r| r.session_id() == Some(session) && r.last_user_text().contains(&wake),
-        LIMIT,
-    )
-}
-
 /// The live OpenCode waiters of this home: `adapter opencode-waiter` processes naming it.
 fn waiters(env: &Env) -> Vec<u32> {
-    let home = env.home.display().to_string();
-    let mut found = Vec::new();
-    for entry in fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let cmdline = fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        let stat = fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-        let zombie = stat
-            .rsplit_once(')')
-            .is_some_and(|(_, r)| r.starts_with(" Z"));
-        if cmdline.contains("adapter opencode-waiter") && cmdline.contains(&home) && !zombie {
-            found.push(pid);
-        }
-    }
-    found
+    waiters_of(env, "adapter opencode-waiter")
 }
 
 #[test]
@@ -371,45 +266,19 @@ fn two_opencode_sessions_in_one_project_each_see_and_get_only_their_own() {
     let server = ModelServer::start(agent);
     let oc = opencode_by_setup(&env, &server);
     let _daemon = daemon(&env, &oc);
-    let (ok, out, _) = oc.run("arm iso-a", &[]);
-    assert!(ok, "{out}");
-    let a = armed(&server, "iso-a");
-    let (ok, out, _) = oc.run("arm iso-b", &[]);
-    assert!(ok, "{out}");
-    let b = armed(&server, "iso-b");
-    assert_ne!(a.harness_session, b.harness_session);
-    let in_b = ["--session", b.harness_session.as_str()];
-    let (ok, out, _) = oc.run("check what I wait on", &in_b);
-    assert!(ok, "{out}");
-    let listed = server.wait_for_request(
-        |r| r.tool_result().is_some_and(|t| t.contains("\"waiting\"")),
-        LIMIT,
-    );
-    let listed = listed.tool_result().unwrap();
-    assert!(
-        listed.contains(&b.id) && !listed.contains(&a.id),
-        "{listed}"
-    );
-    let (ok, out, _) = oc.run(&format!("cancel {}", a.id), &in_b);
-    assert!(ok, "{out}");
-    server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("not this session's"))
-        },
-        LIMIT,
-    );
-    assert_eq!(env.state(&a.id)["status"], "armed");
+    two_sessions_each_see_and_get_only_their_own(&env, &server, &oc);
+}
 
-    job_reports(&env, &a);
-    woken_in(&server, &a.harness_session, &a);
-    let wrong = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.session_id() == Some(b.harness_session.as_str()))
-        .any(|r| r.last_user_text().contains(&format!("Waitpoint {}", a.id)));
-    assert!(!wrong, "B was woken with A's wake:\n{}", server.summary());
-    read_once(&env, &format!("opencode-{}", a.harness_session), &a);
+impl AgentHarness for OpenCode<'_> {
+    /// A run that fails is a failure of the scenario, said with what OpenCode printed.
+    fn turn(&self, prompt: &str, session: Option<&str>) {
+        let in_session = session.map(|s| ["--session", s]);
+        let (ok, out, _) = self.run(prompt, in_session.as_ref().map_or(&[][..], |a| &a[..]));
+        assert!(ok, "{out}");
+    }
+    fn channel(&self, harness_session: &str) -> String {
+        format!("opencode-{harness_session}")
+    }
 }
 
 #[test]

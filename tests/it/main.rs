@@ -7,6 +7,7 @@ mod adapters;
 mod agent_loop;
 mod agent_loop_gemini;
 mod agent_loop_opencode;
+mod agent_scenario;
 mod architecture;
 #[cfg(feature = "failpoints")]
 mod crash_points;
