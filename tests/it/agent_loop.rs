@@ -332,13 +332,14 @@ fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
 }
 
 impl AgentHarness for Claude<'_> {
-    fn turn(&self, prompt: &str, session: Option<&str>) {
-        let resume = session.map(|s| ["--resume", s]);
-        self.print(prompt, resume.as_ref().map_or(&[][..], |a| &a[..]), LIMIT)
-            .ok();
+    fn name(&self) -> &'static str {
+        "claude"
     }
-    fn channel(&self, harness_session: &str) -> String {
-        format!("claude-{harness_session}")
+    fn resume_flag(&self) -> &'static str {
+        "--resume"
+    }
+    fn run_headless(&self, prompt: &str, args: &[&str]) {
+        self.print(prompt, args, LIMIT).ok();
     }
 }
 
@@ -428,13 +429,14 @@ fn two_codex_threads_in_one_project_each_see_and_get_only_their_own() {
 }
 
 impl AgentHarness for Codex<'_> {
-    fn turn(&self, prompt: &str, session: Option<&str>) {
-        let resume = session.map(|s| ["resume", s]);
-        self.exec(prompt, resume.as_ref().map_or(&[][..], |a| &a[..]), LIMIT)
-            .ok();
+    fn name(&self) -> &'static str {
+        "codex"
     }
-    fn channel(&self, harness_session: &str) -> String {
-        format!("codex-{harness_session}")
+    fn resume_flag(&self) -> &'static str {
+        "resume"
+    }
+    fn run_headless(&self, prompt: &str, args: &[&str]) {
+        self.exec(prompt, args, LIMIT).ok();
     }
 }
 

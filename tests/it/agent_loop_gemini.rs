@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::agent_scenario::{
-    AgentHarness, Armed, HOOK_HEADER, job_reports, play, read_once, reply_json, setup,
+    AgentHarness, Armed, HOOK_HEADER, armed_as, armed_reply, job_reports, play, read_once, setup,
     ten_turns_then_one_idle_waiter, two_sessions_each_see_and_get_only_their_own, waiters_of,
 };
 use crate::harness::{Run, Tmux, project_dir, run_bounded};
@@ -186,23 +186,12 @@ fn daemon(env: &Env, gemini: &Gemini) -> DaemonGuard {
 /// The waitpoint `label` the agent armed: its id, secret and the Gemini session it belongs to
 /// (the reply names the waitpoint session, `gemini-<session id>`).
 fn armed(server: &ModelServer, label: &str) -> Armed {
-    let r = server.wait_for_request(
-        |r| {
-            r.tool_result()
-                .is_some_and(|t| t.contains("\"secret\"") && t.contains(label))
-        },
-        LIMIT,
-    );
-    let v = reply_json(&r.tool_result().unwrap());
+    let (_, v) = armed_reply(server, label);
     let session = v["session"].as_str().expect("the waitpoint's session");
-    Armed {
-        id: v["id"].as_str().unwrap().to_owned(),
-        secret: v["secret"].as_str().unwrap().to_owned(),
-        harness_session: session
-            .strip_prefix("gemini-")
-            .unwrap_or_else(|| panic!("not a Gemini session: {session}"))
-            .to_owned(),
-    }
+    let harness_session = session
+        .strip_prefix("gemini-")
+        .unwrap_or_else(|| panic!("not a Gemini session: {session}"));
+    armed_as(&v, harness_session)
 }
 
 /// The waitpoint session of `a`.
@@ -407,16 +396,17 @@ fn two_gemini_sessions_in_one_project_each_see_and_get_only_their_own() {
 /// Gemini's requests carry no session id: a conversation is told by its history, the
 /// waitpoint session by the reply (see [`armed`]).
 impl AgentHarness for Gemini<'_> {
-    fn turn(&self, prompt: &str, session: Option<&str>) {
-        let resume = session.map(|s| ["--resume", s]);
-        self.print(prompt, resume.as_ref().map_or(&[][..], |a| &a[..]))
-            .ok();
+    fn name(&self) -> &'static str {
+        "gemini"
+    }
+    fn resume_flag(&self) -> &'static str {
+        "--resume"
+    }
+    fn run_headless(&self, prompt: &str, args: &[&str]) {
+        self.print(prompt, args).ok();
     }
     fn armed(&self, server: &ModelServer, label: &str) -> Armed {
         armed(server, label)
-    }
-    fn channel(&self, harness_session: &str) -> String {
-        format!("gemini-{harness_session}")
     }
     fn in_conversation(&self, r: &Request, a: &Armed) -> bool {
         in_conversation_of(r, a)

@@ -18,11 +18,12 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::agent_scenario::{
-    AgentHarness, HOOK_HEADER, armed, job_reports, read_once, setup, turns_saying,
-    two_sessions_each_see_and_get_only_their_own, waiters_of, wakes_of, woken_in,
+    AgentHarness, HOOK_HEADER, armed, idle_waiter_spends_almost_nothing, job_reports, play,
+    read_once, setup, turns_saying, two_sessions_each_see_and_get_only_their_own, waiters_of,
+    wakes_of, woken_in,
 };
 use crate::harness::Tmux;
-use crate::helpers::{DaemonGuard, Env, WAITPOINT, cpu_time};
+use crate::helpers::{DaemonGuard, Env, WAITPOINT};
 use crate::model_server::{ModelServer, Reply, Request};
 
 /// The bound on each run and each wait: a hang stops here; nothing is timed.
@@ -48,32 +49,7 @@ fn deps() -> PathBuf {
 /// The agent, scripted: "arm LABEL" arms a waitpoint, "check" lists what it waits on, "cancel
 /// ID" disarms one; after a tool's result it ends its turn; a wake's text gets "woken".
 fn agent(r: &Request) -> Reply {
-    if r.tool_result().is_some() {
-        return Reply::text("noted; ending my turn");
-    }
-    let said = r.last_user_text();
-    if said.contains("Waitpoint wp_") {
-        return Reply::text("woken");
-    }
-    let word_after = |cue: &str| {
-        said.split_once(cue)
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .map(str::to_owned)
-    };
-    if let Some(label) = word_after("arm ") {
-        let intent = format!("the job {label}; when it lands, read its result");
-        return Reply::tool(
-            "mcp__waitpoint__wait_create",
-            json!({"label": label, "intent": intent}),
-        );
-    }
-    if let Some(id) = word_after("cancel ") {
-        return Reply::tool("mcp__waitpoint__wait_cancel", json!({"id": id}));
-    }
-    if said.contains("check") {
-        return Reply::tool("mcp__waitpoint__wait_check", json!({}));
-    }
-    Reply::text("ok")
+    play(r, &r.last_user_text(), &|t| format!("mcp__waitpoint__{t}"))
 }
 
 /// OpenCode for one test: the user's config naming the model server as its one provider, the
@@ -270,14 +246,16 @@ fn two_opencode_sessions_in_one_project_each_see_and_get_only_their_own() {
 }
 
 impl AgentHarness for OpenCode<'_> {
-    /// A run that fails is a failure of the scenario, said with what OpenCode printed.
-    fn turn(&self, prompt: &str, session: Option<&str>) {
-        let in_session = session.map(|s| ["--session", s]);
-        let (ok, out, _) = self.run(prompt, in_session.as_ref().map_or(&[][..], |a| &a[..]));
-        assert!(ok, "{out}");
+    fn name(&self) -> &'static str {
+        "opencode"
     }
-    fn channel(&self, harness_session: &str) -> String {
-        format!("opencode-{harness_session}")
+    fn resume_flag(&self) -> &'static str {
+        "--session"
+    }
+    /// A run that fails is a failure of the scenario, said with what OpenCode printed.
+    fn run_headless(&self, prompt: &str, args: &[&str]) {
+        let (ok, out, _) = self.run(prompt, args);
+        assert!(ok, "{out}");
     }
 }
 
@@ -302,14 +280,7 @@ fn an_open_opencode_session_is_woken_in_place_once_by_one_idle_waiter() {
     });
     let one = waiters(&env);
     assert_eq!(one.len(), 1, "{one:?}");
-    let before = cpu_time(one[0]);
-    // The measurement: ten seconds of an idle waiter.
-    std::thread::sleep(Duration::from_secs(10));
-    let used = cpu_time(one[0]) - before;
-    assert!(
-        used < Duration::from_millis(50),
-        "an idle waiter used {used:?} in 10 s"
-    );
+    idle_waiter_spends_almost_nothing(one[0]);
     job_reports(&env, &a);
     // No keystroke: the plugin hands the wake to the idle session, in the same session.
     let woken = woken_in(&server, &a.harness_session, &a);

@@ -75,6 +75,12 @@ pub(crate) struct Armed {
 
 /// Waits for the result of a `wait_create` whose label is `label`.
 pub(crate) fn armed(server: &ModelServer, label: &str) -> Armed {
+    let (r, v) = armed_reply(server, label);
+    armed_as(&v, r.session_id().expect("a session header"))
+}
+
+/// The request carrying the result of a `wait_create` whose label is `label`, and the reply.
+pub(crate) fn armed_reply(server: &ModelServer, label: &str) -> (Request, Value) {
     let r = server.wait_for_request(
         |r| {
             r.tool_result()
@@ -83,10 +89,15 @@ pub(crate) fn armed(server: &ModelServer, label: &str) -> Armed {
         LIMIT,
     );
     let v = reply_json(&r.tool_result().unwrap());
+    (r, v)
+}
+
+/// The waitpoint a `wait_create` reply `v` armed, in `harness_session`.
+pub(crate) fn armed_as(v: &Value, harness_session: &str) -> Armed {
     Armed {
         id: v["id"].as_str().unwrap().to_owned(),
         secret: v["secret"].as_str().unwrap().to_owned(),
-        harness_session: r.session_id().expect("a session header").to_owned(),
+        harness_session: harness_session.to_owned(),
     }
 }
 
@@ -230,10 +241,15 @@ pub(crate) fn ten_turns_then_one_idle_waiter(
             matches!(one.as_slice(), [p] if started_ticks(*p) > asked && recorded() == Some(*p))
         });
     }
-    let before = cpu_time(one[0]);
+    idle_waiter_spends_almost_nothing(one[0]);
+}
+
+/// Ten seconds of the idle waiter `pid` cost under 50 ms of CPU.
+pub(crate) fn idle_waiter_spends_almost_nothing(pid: u32) {
+    let before = cpu_time(pid);
     // The measurement: ten seconds of an idle waiter.
     std::thread::sleep(Duration::from_secs(10));
-    let used = cpu_time(one[0]) - before;
+    let used = cpu_time(pid) - before;
     assert!(
         used < Duration::from_millis(50),
         "an idle waiter used {used:?} in 10 s"
@@ -243,16 +259,29 @@ pub(crate) fn ten_turns_then_one_idle_waiter(
 /// How a harness runs the shared scenarios: a headless turn, and how its requests and inboxes
 /// name a session.
 pub(crate) trait AgentHarness {
-    /// Runs one headless turn saying `prompt`, in a new session or in harness session
-    /// `session`; what it printed is not judged here (the model's requests are).
-    fn turn(&self, prompt: &str, session: Option<&str>);
+    /// The harness's name in a waitpoint session: `claude` in `claude-<session id>`.
+    fn name(&self) -> &'static str;
+    /// How a headless run is told the session to go on in: `--resume`, `resume`, `--session`.
+    fn resume_flag(&self) -> &'static str;
+    /// Runs the harness headless with `args`, saying `prompt`; what it printed is not judged
+    /// here (the model's requests are).
+    fn run_headless(&self, prompt: &str, args: &[&str]);
+    /// One turn saying `prompt`, in a new session or in harness session `session`.
+    fn turn(&self, prompt: &str, session: Option<&str>) {
+        match session {
+            Some(s) => self.run_headless(prompt, &[self.resume_flag(), s]),
+            None => self.run_headless(prompt, &[]),
+        }
+    }
     /// The waitpoint `label` the agent armed; by default the harness session is the one
     /// the request that carried the reply names.
     fn armed(&self, server: &ModelServer, label: &str) -> Armed {
         armed(server, label)
     }
     /// The waitpoint session (its inbox's name) of a harness session.
-    fn channel(&self, harness_session: &str) -> String;
+    fn channel(&self, harness_session: &str) -> String {
+        format!("{}-{harness_session}", self.name())
+    }
     /// Whether `r` is a turn of the conversation that armed `a`.
     fn in_conversation(&self, r: &Request, a: &Armed) -> bool {
         r.session_id() == Some(a.harness_session.as_str())
