@@ -11,9 +11,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::agent_scenario::{
-    AgentHarness, Armed, HOOK_HEADER, armed, job_reports, play, read_once, setup,
-    ten_turns_then_one_idle_waiter, turns_saying, two_sessions_each_see_and_get_only_their_own,
-    waiters_of, woken_in,
+    AgentHarness, Armed, HOOK_HEADER, a_closed_session_is_resumed_once, armed, job_reports, play,
+    read_once, setup, ten_turns_then_one_idle_waiter, turns_saying,
+    two_sessions_each_see_and_get_only_their_own, waiters_of, woken_in,
 };
 use crate::harness::{self, Claude, Codex, claude_first_run, codex_env, harness_bin};
 use crate::helpers::{DaemonGuard, Env, WAITPOINT};
@@ -205,19 +205,9 @@ fn a_closed_claude_code_session_is_resumed_in_its_project_by_a_daemon_started_el
     let claude = claude_by_setup(&env, &server);
     // The daemon's directory is not the project: the resume finds the project on its own.
     let _daemon = daemon(&env, "claude", &claude.vars());
-    claude.print("arm closed-1 then stop", &[], LIMIT).ok();
+    claude.turn("arm closed-1 then stop", None);
     let a = armed(&server, "closed-1");
-    let session = format!("claude-{}", a.harness_session);
-    job_reports(&env, &a);
-    let resumed = woken_in(&server, &a.harness_session, &a);
-    assert!(!resumed.last_user_text().contains(HOOK_HEADER));
-    read_once(&env, &session, &a);
-    assert_eq!(
-        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
-        1,
-        "{}",
-        server.summary()
-    );
+    a_closed_session_is_resumed_once(&env, &server, &claude, &claude.project, &a);
 }
 
 /// What is killed while a resumed turn is under way.
@@ -334,6 +324,9 @@ fn two_claude_code_sessions_in_one_project_each_see_and_get_only_their_own() {
 impl AgentHarness for Claude<'_> {
     fn name(&self) -> &'static str {
         "claude"
+    }
+    fn recorded_name(&self) -> &'static str {
+        "claude-code"
     }
     fn resume_flag(&self) -> &'static str {
         "--resume"

@@ -15,8 +15,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::agent_scenario::{
-    AgentHarness, Armed, HOOK_HEADER, armed_as, armed_reply, job_reports, play, read_once, setup,
-    ten_turns_then_one_idle_waiter, two_sessions_each_see_and_get_only_their_own, waiters_of,
+    AgentHarness, Armed, HOOK_HEADER, a_closed_session_is_resumed_once, armed_as, armed_reply,
+    job_reports, play, read_once, setup, ten_turns_then_one_idle_waiter,
+    two_sessions_each_see_and_get_only_their_own, waiters_of,
 };
 use crate::harness::{Run, Tmux, project_dir, run_bounded};
 use crate::helpers::{DaemonGuard, Env, WAITPOINT};
@@ -363,25 +364,7 @@ fn a_closed_gemini_session_is_resumed_in_its_project_by_a_daemon_started_elsewhe
     let out: Value = serde_json::from_str(run.ok()).unwrap();
     let a = armed(&server, "closed-1");
     assert_eq!(out["session_id"].as_str(), Some(a.harness_session.as_str()));
-    let seen: Value = serde_json::from_str(
-        &fs::read_to_string(
-            env.home
-                .join("sessions")
-                .join(session_of(&a))
-                .join("harness.json"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        (seen["harness"].as_str(), seen["project_dir"].as_str()),
-        (Some("gemini"), gemini.project.to_str())
-    );
-    job_reports(&env, &a);
-    let resumed = woken_in(&server, &a);
-    assert!(!said(&resumed).contains(HOOK_HEADER));
-    read_once(&env, &session_of(&a), &a);
-    reached_the_model_once(&server, &a);
+    a_closed_session_is_resumed_once(&env, &server, &gemini, &gemini.project, &a);
 }
 
 #[test]
@@ -413,6 +396,9 @@ impl AgentHarness for Gemini<'_> {
     }
     fn said(&self, r: &Request) -> String {
         said(r)
+    }
+    fn is_agent_turn(&self, r: &Request) -> bool {
+        r.offers_tool(&tool("wait_create"))
     }
 }
 

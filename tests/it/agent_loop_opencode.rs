@@ -18,9 +18,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::agent_scenario::{
-    AgentHarness, HOOK_HEADER, armed, idle_waiter_spends_almost_nothing, job_reports, play,
-    read_once, setup, turns_saying, two_sessions_each_see_and_get_only_their_own, waiters_of,
-    wakes_of, woken_in,
+    AgentHarness, HOOK_HEADER, a_closed_session_is_resumed_once, armed,
+    idle_waiter_spends_almost_nothing, job_reports, play, read_once, setup, turns_saying,
+    two_sessions_each_see_and_get_only_their_own, waiters_of, wakes_of, woken_in,
 };
 use crate::harness::Tmux;
 use crate::helpers::{DaemonGuard, Env, WAITPOINT};
@@ -209,31 +209,14 @@ fn a_closed_opencode_session_is_resumed_in_its_project_by_a_daemon_started_elsew
     let server = ModelServer::start(agent);
     let oc = opencode_by_setup(&env, &server);
     let _daemon = daemon(&env, &oc);
-    let (ok, out, _) = oc.run("arm closed-1 then stop", &[]);
-    assert!(ok, "{out}");
+    oc.turn("arm closed-1 then stop", None);
     let a = armed(&server, "closed-1");
     assert!(
         a.harness_session.starts_with("ses_"),
         "{}",
         a.harness_session
     );
-    let session = format!("opencode-{}", a.harness_session);
-    let seen: Value = serde_json::from_str(
-        &fs::read_to_string(env.home.join(format!("sessions/{session}/harness.json"))).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(seen["harness"], "opencode");
-    assert_eq!(seen["project_dir"], oc.project.display().to_string());
-    job_reports(&env, &a);
-    let resumed = woken_in(&server, &a.harness_session, &a);
-    assert!(!resumed.last_user_text().contains(HOOK_HEADER));
-    read_once(&env, &session, &a);
-    assert_eq!(
-        turns_saying(&server, &format!("Waitpoint {}", a.id)).len(),
-        1,
-        "{}",
-        server.summary()
-    );
+    a_closed_session_is_resumed_once(&env, &server, &oc, &oc.project, &a);
 }
 
 #[test]

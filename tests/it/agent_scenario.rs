@@ -261,6 +261,10 @@ pub(crate) fn idle_waiter_spends_almost_nothing(pid: u32) {
 pub(crate) trait AgentHarness {
     /// The harness's name in a waitpoint session: `claude` in `claude-<session id>`.
     fn name(&self) -> &'static str;
+    /// The harness's name in the session's `harness.json` (what the daemon resumes).
+    fn recorded_name(&self) -> &'static str {
+        self.name()
+    }
     /// How a headless run is told the session to go on in: `--resume`, `resume`, `--session`.
     fn resume_flag(&self) -> &'static str;
     /// Runs the harness headless with `args`, saying `prompt`; what it printed is not judged
@@ -290,6 +294,50 @@ pub(crate) trait AgentHarness {
     fn said(&self, r: &Request) -> String {
         r.last_user_text()
     }
+    /// Whether `r` is one of the agent's turns (it offers the waitpoint tools), not a request
+    /// the harness makes on the side (a title for the conversation, say).
+    fn is_agent_turn(&self, r: &Request) -> bool {
+        r.offers_tool("mcp__waitpoint__wait_create")
+    }
+}
+
+/// After `a` was armed in a headless turn of `harness` in `project`, now closed, and with a
+/// daemon started elsewhere: the session's harness and project were recorded when it armed,
+/// the job's wake reaches the model as a resume's prompt in `a`'s conversation (not as a
+/// hook's text), in exactly one turn, and is read once.
+pub(crate) fn a_closed_session_is_resumed_once(
+    env: &Env,
+    server: &ModelServer,
+    harness: &dyn AgentHarness,
+    project: &Path,
+    a: &Armed,
+) {
+    let session = harness.channel(&a.harness_session);
+    let record = env
+        .home
+        .join("sessions")
+        .join(&session)
+        .join("harness.json");
+    let seen: Value = serde_json::from_str(&fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(
+        (seen["harness"].as_str(), seen["project_dir"].as_str()),
+        (Some(harness.recorded_name()), project.to_str()),
+        "{seen}"
+    );
+    job_reports(env, a);
+    let wake = format!("Waitpoint {}", a.id);
+    let resumed = server.wait_for_request(
+        |r| harness.in_conversation(r, a) && harness.said(r).contains(&wake),
+        LIMIT,
+    );
+    assert!(!harness.said(&resumed).contains(HOOK_HEADER));
+    read_once(env, &session, a);
+    let turns = server
+        .requests()
+        .into_iter()
+        .filter(|r| harness.is_agent_turn(r) && harness.said(r).contains(&wake))
+        .count();
+    assert_eq!(turns, 1, "{}", server.summary());
 }
 
 /// Two sessions of one project, each armed in a turn of its own: B lists only its own
