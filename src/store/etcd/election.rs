@@ -15,7 +15,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::REQUEST_TIMEOUT;
-use crate::store::etcd::endpoints::{CallError, Members};
+use crate::store::etcd::endpoints::{ATTEMPT_TIMEOUT, CallError, Members};
 use crate::store::etcd::fence::Fence;
 use crate::sync::MutexExt;
 
@@ -90,30 +90,91 @@ async fn lead_once(
         // cut off, the wait sat there (for HTTP/2's keep-alive, 15 s) while the lease, renewed
         // through another member, kept this key the oldest, and no daemon led.
         let ours = candidate_key(name, id);
+        let lease_ttl = Duration::from_secs(ttl as u64);
+        // The oldest other candidate as last read: its key, its modification revision (its
+        // liveness mark) and when this daemon first read that mark.
+        let mut seen: Option<(Vec<u8>, i64, Instant)> = None;
         let leader = loop {
             match oldest_candidate(members, name, &ours, host, id).await {
-                Ok(Some(leader)) => break leader,
+                Ok(Some(o)) if o.key == ours => {
+                    break Fence {
+                        key: o.key,
+                        rev: o.create,
+                    };
+                }
+                Ok(Some(o)) => {
+                    let first = match &seen {
+                        Some((k, m, at)) if *k == o.key && *m == o.modified => *at,
+                        // Read after the answer came: the mark committed before this instant.
+                        _ => Instant::now(),
+                    };
+                    seen = Some((o.key.clone(), o.modified, first));
+                    if first.elapsed() >= lease_ttl {
+                        depose(members, &o.key, o.modified).await;
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => tracing::debug!(error = %e, "campaign: asking again"),
             }
             tokio::time::sleep(CAMPAIGN_POLL).await;
         };
-        *fence.lock_or_recover() = Some(leader);
+        // A leader marks itself alive before it acts, so no candidate can have read the mark
+        // it leads under before that mark was sent: its belief, counted from the sending, ends
+        // before any candidate's count from its reading does.
+        let marked = loop {
+            match mark(members, &leader, host, id, lease_ttl).await {
+                Ok(sent) => break Mutex::new(sent + lease_ttl),
+                Err(Marking::Deposed) => {
+                    return Err::<(), String>("deposed before it could lead".into());
+                }
+                Err(Marking::Unanswered(e)) => {
+                    tracing::debug!(error = %e, "the first liveness mark: asking again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        *fence.lock_or_recover() = Some(leader.clone());
         tracing::info!(lease = id, "leading: this daemon applies signals now");
         on_change(true);
-        // Lead until the lease is near its end without a renewal: stop a little before the
-        // cluster would let it go, so this daemon never believes it leads past its lease.
-        loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let left = expires
-                .lock_or_recover()
-                .saturating_duration_since(Instant::now());
-            if left < Duration::from_millis(300) {
-                return Err::<(), String>("the lease is about to run out unrenewed".into());
+        // Lead until the lease or the liveness mark is near its end unrenewed: stop a little
+        // before the cluster would let the lease go, or a candidate would depose this daemon,
+        // so it never believes it leads past either.
+        let watchdog = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = Instant::now();
+                let lease_left = expires.lock_or_recover().saturating_duration_since(now);
+                let mark_left = marked.lock_or_recover().saturating_duration_since(now);
+                if lease_left < Duration::from_millis(300) {
+                    return Err::<(), String>("the lease is about to run out unrenewed".into());
+                }
+                if mark_left < Duration::from_millis(300) {
+                    return Err("the liveness mark is about to go stale unrenewed".into());
+                }
+                if fence.lock_or_recover().is_none() {
+                    return Err("a write found the leadership gone".into());
+                }
             }
-            if fence.lock_or_recover().is_none() {
-                return Err("a write found the leadership gone".into());
+        };
+        let refresh = async {
+            loop {
+                tokio::time::sleep(mark_every(lease_ttl)).await;
+                match mark(members, &leader, host, id, lease_ttl).await {
+                    Ok(sent) => *marked.lock_or_recover() = sent + lease_ttl,
+                    Err(Marking::Deposed) => {
+                        return Err::<(), String>(
+                            "deposed: a candidate found this daemon's liveness mark stale".into(),
+                        );
+                    }
+                    Err(Marking::Unanswered(e)) => {
+                        tracing::warn!(error = %e, "the liveness mark was not renewed");
+                    }
+                }
             }
+        };
+        tokio::select! {
+            r = watchdog => r,
+            r = refresh => r,
         }
     };
     let result = tokio::select! {
@@ -139,17 +200,24 @@ fn candidate_key(name: &[u8], id: i64) -> Vec<u8> {
     key
 }
 
+/// The oldest candidate as read: its key, the revision that created it (the fence it leads
+/// under) and the one that last wrote it (its liveness mark).
+struct Oldest {
+    key: Vec<u8>,
+    create: i64,
+    modified: i64,
+}
+
 /// Puts this candidate's key (under its lease, once: a key already there is kept with its
 /// creation revision) and reads the oldest candidate, in one transaction on the first member
-/// that answers (each member given at most its attempt timeout). Returns the
-/// fence when the oldest is this one.
+/// that answers (each member given at most its attempt timeout).
 async fn oldest_candidate(
     members: &Members,
     name: &[u8],
     ours: &[u8],
     host: &str,
     id: i64,
-) -> std::result::Result<Option<Fence>, String> {
+) -> std::result::Result<Option<Oldest>, String> {
     use etcd_client::{
         Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
         TxnOpResponse,
@@ -182,17 +250,102 @@ async fn oldest_candidate(
         })
         .await
         .map_err(|e| e.to_string())?;
-    let first = resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g
-            .kvs()
-            .first()
-            .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+    Ok(resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| Oldest {
+            key: kv.key().to_vec(),
+            create: kv.create_revision(),
+            modified: kv.mod_revision(),
+        }),
         _ => None,
-    });
-    Ok(match first {
-        Some((key, rev)) if key == ours => Some(Fence { key, rev }),
-        _ => None,
-    })
+    }))
+}
+
+/// How often a leader renews its liveness mark: five times a lease, at most every second
+/// (one small write), at least every 200 ms.
+fn mark_every(lease_ttl: Duration) -> Duration {
+    (lease_ttl / 5).clamp(Duration::from_millis(200), Duration::from_secs(1))
+}
+
+/// Why a liveness mark was not renewed.
+enum Marking {
+    /// The leader's key is gone or is another campaign's: it was deposed, or its lease ended.
+    Deposed,
+    /// No member answered in time; the mark may or may not have been written.
+    Unanswered(String),
+}
+
+/// Renews the leader's liveness mark: its election key written again (the same value, the
+/// same lease; its creation revision, the fence, unchanged, its modification revision new),
+/// only while the key is still the one it leads under. Returns when the write was sent.
+async fn mark(
+    members: &Members,
+    leader: &Fence,
+    host: &str,
+    id: i64,
+    lease_ttl: Duration,
+) -> std::result::Result<Instant, Marking> {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let req = Txn::new()
+        .when(vec![Compare::create_revision(
+            leader.key.clone(),
+            CompareOp::Equal,
+            leader.rev,
+        )])
+        .and_then(vec![TxnOp::put(
+            leader.key.clone(),
+            host.as_bytes().to_vec(),
+            Some(PutOptions::new().with_lease(id)),
+        )]);
+    let sent = Instant::now();
+    // Half a lease at most: a silent member is left for the next one while the mark written
+    // before still stands.
+    let budget = (lease_ttl / 2).min(REQUEST_TIMEOUT);
+    let answer = members
+        .run(budget, |mut c| {
+            let req = req.clone();
+            async move { c.txn(req).await }
+        })
+        .await;
+    match answer {
+        Ok((resp, _)) if resp.succeeded() => Ok(sent),
+        Ok(_) => Err(Marking::Deposed),
+        Err(e) => Err(Marking::Unanswered(e.to_string())),
+    }
+}
+
+/// Deposes the leader whose key `key` still carries the liveness mark `modified` this
+/// candidate read a whole lease ago by its own clock: the key is deleted in one transaction
+/// conditioned on that modification revision, so a leader that renewed its mark since (a live
+/// one that this candidate read late) is never deposed. Its fenced writes then fail, and it
+/// stops leading. etcd cannot be left to end that lease: a member elected raft leader gives
+/// every lease its whole TTL again (its lessor's promotion adds the election timeout on top),
+/// so a leader cut off with the old raft leader kept its key for a lease after the new
+/// election.
+async fn depose(members: &Members, key: &[u8], modified: i64) {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let req = Txn::new()
+        .when(vec![Compare::mod_revision(
+            key.to_vec(),
+            CompareOp::Equal,
+            modified,
+        )])
+        .and_then(vec![TxnOp::delete(key.to_vec(), None)]);
+    let answer = members
+        .run(ATTEMPT_TIMEOUT, |mut c| {
+            let req = req.clone();
+            async move { c.txn(req).await }
+        })
+        .await;
+    match answer {
+        Ok((resp, _)) if resp.succeeded() => tracing::warn!(
+            leader = %String::from_utf8_lossy(key),
+            mark = modified,
+            revision = resp.header().map_or(0, |h| h.revision()),
+            "deposed the leader: its liveness mark went unrenewed for a lease",
+        ),
+        Ok(_) => tracing::debug!("the leader renewed its liveness mark: not deposed"),
+        Err(e) => tracing::debug!(error = %e, "deposing the leader: no answer"),
+    }
 }
 
 /// Revokes lease `id`, again every 250 ms while no member can (no quorum), for at most a
