@@ -3,7 +3,11 @@
 //! renewals moved to the next member when theirs stops answering. The campaign is etcd's
 //! election made of bounded requests (a candidate key per lease, the oldest leads), each on the
 //! first member that answers, so no member that went silent holds it (issue 40: a campaign
-//! waiting on a cut-off member kept every daemon from leading for 15 s). A daemon that stops
+//! waiting on a cut-off member kept every daemon from leading for 15 s). The leader renews a
+//! liveness mark (its key rewritten) and a candidate that reads the same mark for a whole lease
+//! deposes it, conditioned on that mark: a new raft leader gives every lease its whole TTL
+//! again, so a leader cut off with the raft leader member kept its key past the lease (issue
+//! 40's missed failover target). A daemon that stops
 //! leading campaigns again on a new lease; its old lease is revoked, again and again while the
 //! cluster has no quorum, and dropping the campaign revokes its lease, so a standby takes over
 //! at once.
