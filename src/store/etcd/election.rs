@@ -161,10 +161,17 @@ async fn lead_once(
             }
         };
         let refresh = async {
+            let mut wait = mark_every(lease_ttl);
             loop {
-                tokio::time::sleep(mark_every(lease_ttl)).await;
+                tokio::time::sleep(wait).await;
+                // A mark that went unanswered is sent again at once: its member is left for
+                // the next one (`Members::run`), which answers well within the lease.
+                wait = Duration::from_millis(50);
                 match mark(members, &leader, host, id, lease_ttl).await {
-                    Ok(sent) => *marked.lock_or_recover() = sent + lease_ttl,
+                    Ok(sent) => {
+                        *marked.lock_or_recover() = sent + lease_ttl;
+                        wait = mark_every(lease_ttl);
+                    }
                     Err(Marking::Deposed) => {
                         return Err::<(), String>(
                             "deposed: a candidate found this daemon's liveness mark stale".into(),
@@ -301,9 +308,9 @@ async fn mark(
             Some(PutOptions::new().with_lease(id)),
         )]);
     let sent = Instant::now();
-    // Half a lease at most: a silent member is left for the next one while the mark written
-    // before still stands.
-    let budget = (lease_ttl / 2).min(REQUEST_TIMEOUT);
+    // A quarter of a lease at most: a silent member is left for the next one while the mark
+    // written before still stands, with time to spare for the next one to answer.
+    let budget = (lease_ttl / 4).min(ATTEMPT_TIMEOUT);
     let answer = members
         .run(budget, |mut c| {
             let req = req.clone();
