@@ -474,3 +474,54 @@ fn a_live_leader_renews_its_mark_and_is_not_deposed_and_a_deposed_one_steps_down
     });
     wait_leading(&b);
 }
+
+/// The standby's count of the leader's silence is its own reading of the leader's mark, not
+/// tied to the standby's lease. In the nemesis's split the standby's lease renewals were on
+/// the cut-off raft leader too: its lease lapsed, its next campaign started counting afresh,
+/// and the old leader's lease ran out first (7.8 s against the 7 s target). Here the
+/// standby's lease is revoked again and again, each time before a lease has gone by, while a
+/// stale leader key stands: the standby still deposes it, having read the same mark for a
+/// lease across its own leases, and leads.
+#[test]
+fn a_standby_whose_own_lease_keeps_lapsing_still_deposes_a_stale_leader() {
+    let cluster = Cluster::start();
+    let out = cluster.ctl(&["lease", "grant", "300"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
+    let key = format!("t/leader/{lease}");
+    assert!(
+        cluster
+            .ctl(&["put", "--lease", &lease, &key, "a"])
+            .status
+            .success()
+    );
+    let b = host(&cluster, "b", "");
+    let _db = b.daemon();
+    let mut revoked = 0;
+    b.wait_until("b to depose the stale key", || {
+        if candidate_at(&cluster, &key, 0).is_none() {
+            return true;
+        }
+        let out = cluster.ctl(&["get", "--prefix", "t/leader/", "--keys-only"]);
+        for other in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(id) = other.strip_prefix("t/leader/") else {
+                continue;
+            };
+            if !other.is_empty()
+                && other != key
+                && cluster.ctl(&["lease", "revoke", id]).status.success()
+            {
+                revoked += 1;
+            }
+        }
+        thread::sleep(std::time::Duration::from_millis(500));
+        false
+    });
+    assert!(
+        revoked >= 2,
+        "b's lease was revoked {revoked} times:\n{}",
+        log(&b)
+    );
+    wait_leading(&b);
+    assert!(log(&b).contains("deposed the leader"), "{}", log(&b));
+}

@@ -38,9 +38,15 @@ impl Etcd {
         let lease = Arc::new(Mutex::new(None::<i64>));
         let held = Arc::clone(&lease);
         let task = self.rt().spawn(async move {
+            // The oldest other candidate's mark as this daemon read it, kept across its own
+            // leases: a standby whose lease lapsed (its renewals were on the cut-off raft
+            // leader) counts the leader's silence on from where it was, not from its new lease.
+            let seen = Mutex::new(None);
             loop {
-                if let Err(e) =
-                    lead_once(&members, &fence, &name, &host, ttl, &held, &on_change).await
+                if let Err(e) = lead_once(
+                    &members, &fence, &name, &host, ttl, &held, &seen, &on_change,
+                )
+                .await
                 {
                     tracing::warn!(
                         store = %shown,
@@ -72,6 +78,7 @@ async fn lead_once(
     host: &str,
     ttl: i64,
     held: &Mutex<Option<i64>>,
+    seen: &Mutex<Option<Seen>>,
     on_change: &(dyn Fn(bool) + Send + Sync),
 ) -> std::result::Result<(), String> {
     let asked = Instant::now();
@@ -95,9 +102,6 @@ async fn lead_once(
         // through another member, kept this key the oldest, and no daemon led.
         let ours = candidate_key(name, id);
         let lease_ttl = Duration::from_secs(ttl as u64);
-        // The oldest other candidate as last read: its key, its modification revision (its
-        // liveness mark) and when this daemon first read that mark.
-        let mut seen: Option<(Vec<u8>, i64, Instant)> = None;
         let leader = loop {
             match oldest_candidate(members, name, &ours, host, id).await {
                 Ok(Some(o)) if o.key == ours => {
@@ -107,12 +111,16 @@ async fn lead_once(
                     };
                 }
                 Ok(Some(o)) => {
-                    let first = match &seen {
-                        Some((k, m, at)) if *k == o.key && *m == o.modified => *at,
-                        // Read after the answer came: the mark committed before this instant.
-                        _ => Instant::now(),
+                    let first = {
+                        let mut seen = seen.lock_or_recover();
+                        let first = match &*seen {
+                            Some((k, m, at)) if *k == o.key && *m == o.modified => *at,
+                            // Read after the answer came: the mark committed before this.
+                            _ => Instant::now(),
+                        };
+                        *seen = Some((o.key.clone(), o.modified, first));
+                        first
                     };
-                    seen = Some((o.key.clone(), o.modified, first));
                     if first.elapsed() >= lease_ttl {
                         depose(members, &o.key, o.modified).await;
                     }
@@ -199,6 +207,10 @@ async fn lead_once(
     tokio::spawn(revoke_until_done(Arc::clone(members), id));
     result
 }
+
+/// The oldest other candidate as last read: its key, its modification revision (its liveness
+/// mark) and when this daemon first read that mark.
+type Seen = (Vec<u8>, i64, Instant);
 
 /// How often a candidate reads whether its key is now the oldest.
 const CAMPAIGN_POLL: Duration = Duration::from_millis(200);
