@@ -111,18 +111,16 @@ async fn lead_once(
                     };
                 }
                 Ok(Some(o)) => {
-                    let first = {
+                    let from = {
                         let mut seen = seen.lock_or_recover();
-                        let first = match &*seen {
-                            Some((k, m, at)) if *k == o.key && *m == o.modified => *at,
-                            // Read after the answer came: the mark committed before this.
-                            _ => Instant::now(),
-                        };
-                        *seen = Some((o.key.clone(), o.modified, first));
-                        first
+                        // Read after the answer came: the mark committed before this.
+                        let next = next_seen(seen.as_ref(), &o, Instant::now());
+                        let from = next.from;
+                        *seen = Some(next);
+                        from
                     };
-                    if first.elapsed() >= lease_ttl {
-                        depose(members, &o.key, o.modified).await;
+                    if from.elapsed() >= lease_ttl {
+                        depose(members, &o.key, o.modified, o.version).await;
                     }
                 }
                 Ok(None) => {}
@@ -130,17 +128,24 @@ async fn lead_once(
             }
             tokio::time::sleep(CAMPAIGN_POLL).await;
         };
-        // A leader marks itself alive before it acts, so no candidate can have read the mark
-        // it leads under before that mark was sent: its belief, counted from the sending, ends
-        // before any candidate's count from its reading does.
+        // A leader marks itself alive twice before it acts, and believes it leads only until a
+        // lease after it sent the mark before its latest (less 300 ms): a candidate counts from
+        // its first reading of that earlier mark at the latest (see `next_seen`), which came
+        // after the mark was sent, so the belief ends before any count does.
+        let mut last: Option<Instant> = None;
         let marked = loop {
             match mark(members, &leader, host, id, lease_ttl).await {
-                Ok(sent) => break Mutex::new(sent + lease_ttl),
+                Ok(sent) => {
+                    if let Some(before) = last.replace(sent) {
+                        // The latest mark's sending, and the end of this daemon's belief.
+                        break Mutex::new((sent, before + lease_ttl));
+                    }
+                }
                 Err(Marking::Deposed) => {
                     return Err::<(), String>("deposed before it could lead".into());
                 }
                 Err(Marking::Unanswered(e)) => {
-                    tracing::debug!(error = %e, "the first liveness mark: asking again");
+                    tracing::debug!(error = %e, "the first liveness marks: asking again");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -156,7 +161,7 @@ async fn lead_once(
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 let now = Instant::now();
                 let lease_left = expires.lock_or_recover().saturating_duration_since(now);
-                let mark_left = marked.lock_or_recover().saturating_duration_since(now);
+                let mark_left = marked.lock_or_recover().1.saturating_duration_since(now);
                 if lease_left < Duration::from_millis(300) {
                     return Err::<(), String>("the lease is about to run out unrenewed".into());
                 }
@@ -177,7 +182,8 @@ async fn lead_once(
                 wait = Duration::from_millis(50);
                 match mark(members, &leader, host, id, lease_ttl).await {
                     Ok(sent) => {
-                        *marked.lock_or_recover() = sent + lease_ttl;
+                        let mut m = marked.lock_or_recover();
+                        *m = (sent, m.0 + lease_ttl);
                         wait = mark_every(lease_ttl);
                     }
                     Err(Marking::Deposed) => {
@@ -208,9 +214,47 @@ async fn lead_once(
     result
 }
 
-/// The oldest other candidate as last read: its key, its modification revision (its liveness
-/// mark) and when this daemon first read that mark.
-type Seen = (Vec<u8>, i64, Instant);
+/// The oldest other candidate as this daemon last read it.
+#[derive(Clone, Debug, PartialEq)]
+struct Seen {
+    key: Vec<u8>,
+    /// Its liveness mark: the key's modification revision, and its version (how many times
+    /// the key was written), which tells the mark that came right after another.
+    modified: i64,
+    version: i64,
+    /// When this daemon first read that mark.
+    first: Instant,
+    /// Whence its silence is counted: the first reading of the mark before this one when this
+    /// one came right after it (the leader's belief ends a lease after it sent that one), else
+    /// the first reading of this one.
+    from: Instant,
+}
+
+/// What a candidate knows after reading `o` as the oldest candidate at `now`, having known
+/// `before`. A leader believes it leads until a lease after it sent the mark before its latest,
+/// so the count may start at the first reading of that earlier mark: a leader cut off just
+/// after a mark the standby never read is deposed a lease after the mark the standby did read,
+/// not a lease after the standby could read again (etcd's own election in the majority, a
+/// silent member's timeout).
+fn next_seen(before: Option<&Seen>, o: &Oldest, now: Instant) -> Seen {
+    match before {
+        Some(b) if b.key == o.key && b.modified == o.modified => b.clone(),
+        Some(b) if b.key == o.key && o.version == b.version + 1 => Seen {
+            key: o.key.clone(),
+            modified: o.modified,
+            version: o.version,
+            first: now,
+            from: b.first,
+        },
+        _ => Seen {
+            key: o.key.clone(),
+            modified: o.modified,
+            version: o.version,
+            first: now,
+            from: now,
+        },
+    }
+}
 
 /// How often a candidate reads whether its key is now the oldest.
 const CAMPAIGN_POLL: Duration = Duration::from_millis(200);
@@ -229,6 +273,7 @@ struct Oldest {
     key: Vec<u8>,
     create: i64,
     modified: i64,
+    version: i64,
 }
 
 /// Puts this candidate's key (under its lease, once: a key already there is kept with its
@@ -278,6 +323,7 @@ async fn oldest_candidate(
             key: kv.key().to_vec(),
             create: kv.create_revision(),
             modified: kv.mod_revision(),
+            version: kv.version(),
         }),
         _ => None,
     }))
@@ -344,7 +390,7 @@ async fn mark(
 /// every lease its whole TTL again (its lessor's promotion adds the election timeout on top),
 /// so a leader cut off with the old raft leader kept its key for a lease after the new
 /// election.
-async fn depose(members: &Members, key: &[u8], modified: i64) {
+async fn depose(members: &Members, key: &[u8], modified: i64, version: i64) {
     use etcd_client::{Compare, CompareOp, Txn, TxnOp};
     let req = Txn::new()
         .when(vec![Compare::mod_revision(
@@ -363,6 +409,7 @@ async fn depose(members: &Members, key: &[u8], modified: i64) {
         Ok((resp, _)) if resp.succeeded() => tracing::warn!(
             leader = %String::from_utf8_lossy(key),
             mark = modified,
+            version,
             revision = resp.header().map_or(0, |h| h.revision()),
             "deposed the leader: its liveness mark went unrenewed for a lease",
         ),
@@ -491,5 +538,43 @@ impl Drop for Campaign {
                 });
             let _ = self.handle.block_on(revoke);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oldest(key: &[u8], modified: i64, version: i64) -> Oldest {
+        Oldest {
+            key: key.to_vec(),
+            create: 10,
+            modified,
+            version,
+        }
+    }
+
+    #[test]
+    fn a_leaders_silence_is_counted_from_the_first_reading_of_the_mark_before_its_latest() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let first = next_seen(None, &oldest(b"l/1", 20, 3), at(0));
+        assert_eq!((first.first, first.from), (at(0), at(0)));
+        // The same mark read again: nothing moves.
+        assert_eq!(
+            next_seen(Some(&first), &oldest(b"l/1", 20, 3), at(900)),
+            first
+        );
+        // The mark right after it (version 4): counted from the first reading of version 3.
+        let next = next_seen(Some(&first), &oldest(b"l/1", 31, 4), at(1000));
+        assert_eq!((next.first, next.from), (at(1000), at(0)));
+        let again = next_seen(Some(&next), &oldest(b"l/1", 31, 4), at(4000));
+        assert_eq!(again.from, at(0));
+        // A mark two writes on (one this daemon never read): counted from now.
+        let skipped = next_seen(Some(&next), &oldest(b"l/1", 50, 6), at(2000));
+        assert_eq!((skipped.first, skipped.from), (at(2000), at(2000)));
+        // Another candidate's key, whatever its version: counted from now.
+        let other = next_seen(Some(&next), &oldest(b"l/2", 60, 5), at(2100));
+        assert_eq!(other.from, at(2100));
     }
 }
