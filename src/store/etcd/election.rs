@@ -43,11 +43,12 @@ impl Etcd {
             // leader) counts the leader's silence on from where it was, not from its new lease.
             let seen = Mutex::new(None);
             loop {
-                if let Err(e) = lead_once(
-                    &members, &fence, &name, &host, ttl, &held, &seen, &on_change,
-                )
-                .await
-                {
+                let who = Candidate {
+                    name: &name,
+                    host: &host,
+                    ttl,
+                };
+                if let Err(e) = lead_once(&members, &fence, who, &held, &seen, &on_change).await {
                     tracing::warn!(
                         store = %shown,
                         error = %e,
@@ -70,17 +71,24 @@ impl Etcd {
     }
 }
 
+/// Who campaigns: the election's name, this host, the lease's TTL in seconds.
+#[derive(Clone, Copy)]
+struct Candidate<'a> {
+    name: &'a [u8],
+    host: &'a str,
+    ttl: i64,
+}
+
 /// One lease: campaign on it, lead while it lives.
 async fn lead_once(
     members: &Arc<Members>,
     fence: &Mutex<Option<Fence>>,
-    name: &[u8],
-    host: &str,
-    ttl: i64,
+    who: Candidate<'_>,
     held: &Mutex<Option<i64>>,
     seen: &Mutex<Option<Seen>>,
     on_change: &(dyn Fn(bool) + Send + Sync),
 ) -> std::result::Result<(), String> {
+    let Candidate { name, host, ttl } = who;
     let asked = Instant::now();
     let (grant, _) = members
         .run(REQUEST_TIMEOUT, |mut c| async move {
