@@ -10,8 +10,10 @@ phase, then exits 1 when any row holds an anomaly. The inputs, all in the run di
   "result"} for each attempt to send a signal (its POST answered `code` with `result`; code 0:
   no answer). `key` is the signal's Idempotency-Key, unique to the operation: every attempt of
   one operation carries the same key, so the cluster counts it once whatever was answered.
-- phases.jsonl: {"name", "start", "heal", "end"} per fault (times in the ops' clock), and
-  "stall_target": false for a fault under which nothing can progress (a lost quorum).
+- phases.jsonl: {"name", "start", "heal", "end"} per fault (times in the ops' clock),
+  "stall_target": false for a fault under which nothing can progress (a lost quorum), and
+  "leader_at" after a lost quorum: when the cluster first answered a linearizable read again
+  (it had a raft leader with a majority).
 - export/waitpoints/<wp>/{waitpoint.json,signals.jsonl}: `waitpoint export` at one revision.
 - inbox/<host>/...: every wake file each host's sessions received (new/ and cur/).
 - leftover.json (optional): {"in": handed-over keys left, "spooled": files left, ...}.
@@ -34,7 +36,9 @@ What counts as an anomaly (safety and honesty):
 And two timings per phase (not anomalies unless --strict): `stall`, the longest time from the
 fault's start to its heal with no progress anywhere (no signal answered "accepted", which only
 the leader answers, and no wake arriving: failover shows here), and `recover`, from the heal
-to the first progress after it (a signal sent after it and accepted, or a wake).
+to the first progress after it (a signal sent after it and accepted, or a wake); for a phase
+with "leader_at", also `after leader`, from that moment to the first progress (a signal accepted
+or a wake), which --strict holds to 2 s instead of `recover`.
 ops.jsonl may also hold {"kind": "wake", "host", "wp", "wake_id", "t"}: a wake first seen in an
 inbox; and {"kind": "arm_failed", ...}: a create that did not answer (not checked).
 """
@@ -248,14 +252,21 @@ def check(ops, phases, export, wakes, lease_s=5.0, strict=False):
         if strict and p.get("stall_target", True) and row["stall"] > lease_s + 2:
             findings.append(f"{p['name']}: slow: no progress for {row['stall']} s under the "
                             f"fault (target: the lease, {lease_s} s, + 2 s)")
-        if strict and row["recover"] is not None and row["recover"] > 2:
-            findings.append(f"{p['name']}: slow: {row['recover']} s to progress after the "
-                            "heal (target: 2 s)")
+        # After a lost quorum the cluster first elects a raft leader (etcd's doing, counted in
+        # `recover`); the takeover target counts from that moment (`leader_at`).
+        if p.get("leader_at") is not None:
+            led = [d for t, d in acks if d >= p["leader_at"]]
+            row["after_leader"] = round(min(led) - p["leader_at"], 1) if led else None
+        wait, since = ((row.get("after_leader"), "the cluster regained a raft leader")
+                       if p.get("leader_at") is not None else (row["recover"], "the heal"))
+        if strict and wait is not None and wait > 2:
+            findings.append(f"{p['name']}: slow: {wait} s to progress after {since} "
+                            "(target: 2 s)")
     return rows, findings
 
 
 def table(rows, order):
-    head = ["phase"] + COLUMNS + ["stall", "recover"]
+    head = ["phase"] + COLUMNS + ["stall", "recover", "after leader"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in order:
         if name not in rows:
@@ -263,7 +274,8 @@ def table(rows, order):
         r = rows[name]
         cells = [name] + [str(r.get(c, 0)) for c in COLUMNS]
         cells += [f"{r['stall']} s" if "stall" in r else "-",
-                  f"{r['recover']} s" if r.get("recover") is not None else "-"]
+                  f"{r['recover']} s" if r.get("recover") is not None else "-",
+                  f"{r['after_leader']} s" if r.get("after_leader") is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -183,6 +183,25 @@ class CheckerTest(unittest.TestCase):
         _, findings = nc.check(h.ops, phases, h.export, h.wakes, 5.0, True)
         self.assertFalse(any("slow: no progress" in f for f in findings), findings)
 
+    def test_after_a_lost_quorum_the_takeover_counts_from_the_cluster_regaining_a_leader(self):
+        h = Clean()
+        # member-kill's heal at 20; the first acknowledgement after it is at 21.1.
+        phases = [dict(PHASES[0], stall_target=False, leader_at=20.5), PHASES[1]]
+        rows, findings = nc.check(h.ops, phases, h.export, h.wakes, 5.0, True)
+        self.assertEqual(rows["member-kill"]["after_leader"], 0.6)
+        self.assertNotIn("after_leader", rows["bridge"])
+        self.assertEqual(findings, [])
+        # The first signal after the heal applied at 23.1 instead: 2.6 s after the leader
+        # returned, too slow.
+        for o in h.ops:
+            if o.get("kind") == "signal" and o["t"] == 21.0:
+                o["t"], o["done"] = 23.0, 23.1
+        rows, findings = nc.check(h.ops, phases, h.export, h.wakes, 5.0, True)
+        self.assertEqual(rows["member-kill"]["after_leader"], 2.6)
+        self.assertTrue(any("2.6 s to progress after the cluster regained a raft leader" in f
+                            for f in findings), findings)
+        self.assertIn("| after leader |", nc.table(rows, ["member-kill", "bridge"]))
+
     def test_the_command_reads_a_run_directory_prints_the_table_and_fails_on_an_anomaly(self):
         h = Clean()
         with tempfile.TemporaryDirectory() as run:

@@ -339,3 +339,189 @@ fn a_batch_handed_over_with_the_same_identity_twice_keeps_it_once_and_the_rest()
     assert!(handed.is_ok(), "{handed:?}");
     assert_eq!(cluster.count("in/"), 3);
 }
+
+/// The one candidate key under the election, as etcdctl reads it: key, creation revision,
+/// modification revision and version (how many times it was written), at `rev` (0: now).
+fn candidate_at(cluster: &Cluster, key: &str, rev: i64) -> Option<(i64, i64, i64)> {
+    let rev = format!("--rev={rev}");
+    let out = cluster.ctl(&["get", key, &rev, "-w", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kv = v["kvs"].get(0)?;
+    Some((
+        kv["create_revision"].as_i64().unwrap(),
+        kv["mod_revision"].as_i64().unwrap(),
+        kv["version"].as_i64().unwrap(),
+    ))
+}
+
+/// The oldest candidate key under the election, the one that leads.
+fn oldest_candidate(cluster: &Cluster) -> String {
+    let out = cluster.ctl(&[
+        "get",
+        "--prefix",
+        "t/leader/",
+        "--sort-by=CREATE",
+        "--order=ASCEND",
+        "--limit=1",
+        "--keys-only",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .find(|l| !l.trim().is_empty())
+        .expect(&text)
+        .to_owned()
+}
+
+/// The value of `field=` on the first line of `log` that contains `line`.
+fn field_of(log: &str, line: &str, field: &str) -> String {
+    let l = log.lines().find(|l| l.contains(line)).expect(log);
+    let at = l.find(&format!(" {field}=")).expect(l) + field.len() + 2;
+    l[at..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_matches('"')
+        .to_owned()
+}
+
+/// Issue 40's missed failover target (the lease + 2 s): a split with the leading daemon's host
+/// and the raft leader member in the minority took 7.3 to 8.4 s with a 5 s lease, because the
+/// majority's new raft leader gives every lease its whole TTL again (plus an election
+/// timeout), so the cut-off leader's key outlived the cut by more than a lease. Here the
+/// cut-off leader is a candidate key whose lease etcd keeps for 300 s and that nobody writes
+/// again (a leader that stopped renewing its liveness mark): the standby, having read the same
+/// mark for a whole lease by its own clock, deposes it with a transaction conditioned on that
+/// mark, and leads. The key is gone while its lease lives, so the condition removed it, at the
+/// revision the standby logged, and the key stood with that very mark just before.
+#[test]
+fn a_leader_whose_lease_etcd_keeps_but_whose_mark_went_stale_is_deposed_by_the_standby() {
+    let cluster = Cluster::start();
+    let out = cluster.ctl(&["lease", "grant", "300"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
+    let key = format!("t/leader/{lease}");
+    assert!(
+        cluster
+            .ctl(&["put", "--lease", &lease, &key, "a"])
+            .status
+            .success()
+    );
+    let (_, mark, _) = candidate_at(&cluster, &key, 0).unwrap();
+    let b = host(&cluster, "b", "");
+    let _db = b.daemon();
+    wait_leading(&b);
+    let log = log(&b);
+    let deposed = "deposed the leader";
+    assert_eq!(field_of(&log, deposed, "leader"), key, "{log}");
+    assert_eq!(field_of(&log, deposed, "mark"), mark.to_string(), "{log}");
+    let at: i64 = field_of(&log, deposed, "revision").parse().unwrap();
+    assert!(log.find(deposed) < log.find("leading: applying"), "{log}");
+    assert_eq!(
+        candidate_at(&cluster, &key, 0),
+        None,
+        "the deposed key is gone"
+    );
+    assert_eq!(
+        candidate_at(&cluster, &key, at - 1).map(|(_, m, _)| m),
+        Some(mark),
+        "just before the deposition the key stood with the mark the standby read"
+    );
+    let ttl = cluster.ctl(&["lease", "timetolive", &lease]);
+    let ttl = String::from_utf8_lossy(&ttl.stdout).into_owned();
+    assert!(ttl.contains("remaining("), "the lease still lives: {ttl}");
+    assert!(!ttl.contains("already expired"), "{ttl}");
+}
+
+/// The other half of the deposition: a live leader renews its liveness mark (its election key
+/// written again under the same lease, its creation revision, the fence, unchanged) faster than
+/// a standby would depose it, so a standby that watched it for many leases never does; and a
+/// leader whose key a candidate deleted finds its next mark refused and stops leading, so the
+/// standby takes over.
+#[test]
+fn a_live_leader_renews_its_mark_and_is_not_deposed_and_a_deposed_one_steps_down() {
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let _da = a.daemon();
+    wait_leading(&a);
+    let b = host(&cluster, "b", "");
+    let _db = b.daemon();
+    b.wait_until("b to campaign (two candidates)", || {
+        cluster.count("leader/") == 2
+    });
+    let key = oldest_candidate(&cluster);
+    let (created, _, _) = candidate_at(&cluster, &key, 0).unwrap();
+    // Twenty marks under a 2 s lease: about four leases, each the standby reads.
+    b.wait_until("a's mark renewed twenty times", || {
+        candidate_at(&cluster, &key, 0).is_some_and(|(_, _, version)| version >= 20)
+    });
+    assert_eq!(
+        candidate_at(&cluster, &key, 0).unwrap().0,
+        created,
+        "the fence held"
+    );
+    assert!(!log(&b).contains("deposed the leader"), "{}", log(&b));
+    assert!(!log(&b).contains("leading: applying"), "{}", log(&b));
+    // Deposed as a standby deposes it: its key deleted (the condition on its mark is the
+    // test above's).
+    assert!(cluster.ctl(&["del", &key]).status.success());
+    a.wait_until("a to find itself deposed", || {
+        log(&a).contains("deposed: a candidate found this daemon's liveness mark stale")
+    });
+    wait_leading(&b);
+}
+
+/// The standby's count of the leader's silence is its own reading of the leader's mark, not
+/// tied to the standby's lease. In the nemesis's split the standby's lease renewals were on
+/// the cut-off raft leader too: its lease lapsed, its next campaign started counting afresh,
+/// and the old leader's lease ran out first (7.8 s against the 7 s target). Here the
+/// standby's lease is revoked again and again, each time before a lease has gone by, while a
+/// stale leader key stands: the standby still deposes it, having read the same mark for a
+/// lease across its own leases, and leads.
+#[test]
+fn a_standby_whose_own_lease_keeps_lapsing_still_deposes_a_stale_leader() {
+    let cluster = Cluster::start();
+    let out = cluster.ctl(&["lease", "grant", "300"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
+    let key = format!("t/leader/{lease}");
+    assert!(
+        cluster
+            .ctl(&["put", "--lease", &lease, &key, "a"])
+            .status
+            .success()
+    );
+    let b = host(&cluster, "b", "");
+    let _db = b.daemon();
+    let mut revoked = 0;
+    b.wait_until("b to depose the stale key", || {
+        if candidate_at(&cluster, &key, 0).is_none() {
+            return true;
+        }
+        let out = cluster.ctl(&["get", "--prefix", "t/leader/", "--keys-only"]);
+        for other in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some(id) = other.strip_prefix("t/leader/") else {
+                continue;
+            };
+            if !other.is_empty()
+                && other != key
+                && cluster.ctl(&["lease", "revoke", id]).status.success()
+            {
+                revoked += 1;
+            }
+        }
+        thread::sleep(std::time::Duration::from_millis(500));
+        false
+    });
+    assert!(
+        revoked >= 2,
+        "b's lease was revoked {revoked} times:\n{}",
+        log(&b)
+    );
+    wait_leading(&b);
+    assert!(log(&b).contains("deposed the leader"), "{}", log(&b));
+}

@@ -3,7 +3,11 @@
 //! renewals moved to the next member when theirs stops answering. The campaign is etcd's
 //! election made of bounded requests (a candidate key per lease, the oldest leads), each on the
 //! first member that answers, so no member that went silent holds it (issue 40: a campaign
-//! waiting on a cut-off member kept every daemon from leading for 15 s). A daemon that stops
+//! waiting on a cut-off member kept every daemon from leading for 15 s). The leader renews a
+//! liveness mark (its key rewritten) and a candidate that reads the same mark for a whole lease
+//! deposes it, conditioned on that mark: a new raft leader gives every lease its whole TTL
+//! again, so a leader cut off with the raft leader member kept its key past the lease (issue
+//! 40's missed failover target). A daemon that stops
 //! leading campaigns again on a new lease; its old lease is revoked, again and again while the
 //! cluster has no quorum, and dropping the campaign revokes its lease, so a standby takes over
 //! at once.
@@ -15,7 +19,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 
 use crate::store::etcd::Etcd;
 use crate::store::etcd::client::REQUEST_TIMEOUT;
-use crate::store::etcd::endpoints::{CallError, Members};
+use crate::store::etcd::endpoints::{ATTEMPT_TIMEOUT, CallError, Members};
 use crate::store::etcd::fence::Fence;
 use crate::sync::MutexExt;
 
@@ -34,10 +38,17 @@ impl Etcd {
         let lease = Arc::new(Mutex::new(None::<i64>));
         let held = Arc::clone(&lease);
         let task = self.rt().spawn(async move {
+            // The oldest other candidate's mark as this daemon read it, kept across its own
+            // leases: a standby whose lease lapsed (its renewals were on the cut-off raft
+            // leader) counts the leader's silence on from where it was, not from its new lease.
+            let seen = Mutex::new(None);
             loop {
-                if let Err(e) =
-                    lead_once(&members, &fence, &name, &host, ttl, &held, &on_change).await
-                {
+                let who = Candidate {
+                    name: &name,
+                    host: &host,
+                    ttl,
+                };
+                if let Err(e) = lead_once(&members, &fence, who, &held, &seen, &on_change).await {
                     tracing::warn!(
                         store = %shown,
                         error = %e,
@@ -60,16 +71,24 @@ impl Etcd {
     }
 }
 
+/// Who campaigns: the election's name, this host, the lease's TTL in seconds.
+#[derive(Clone, Copy)]
+struct Candidate<'a> {
+    name: &'a [u8],
+    host: &'a str,
+    ttl: i64,
+}
+
 /// One lease: campaign on it, lead while it lives.
 async fn lead_once(
     members: &Arc<Members>,
     fence: &Mutex<Option<Fence>>,
-    name: &[u8],
-    host: &str,
-    ttl: i64,
+    who: Candidate<'_>,
     held: &Mutex<Option<i64>>,
+    seen: &Mutex<Option<Seen>>,
     on_change: &(dyn Fn(bool) + Send + Sync),
 ) -> std::result::Result<(), String> {
+    let Candidate { name, host, ttl } = who;
     let asked = Instant::now();
     let (grant, _) = members
         .run(REQUEST_TIMEOUT, |mut c| async move {
@@ -90,30 +109,105 @@ async fn lead_once(
         // cut off, the wait sat there (for HTTP/2's keep-alive, 15 s) while the lease, renewed
         // through another member, kept this key the oldest, and no daemon led.
         let ours = candidate_key(name, id);
+        let lease_ttl = Duration::from_secs(ttl as u64);
         let leader = loop {
             match oldest_candidate(members, name, &ours, host, id).await {
-                Ok(Some(leader)) => break leader,
+                Ok(Some(o)) if o.key == ours => {
+                    break Fence {
+                        key: o.key,
+                        rev: o.create,
+                    };
+                }
+                Ok(Some(o)) => {
+                    let from = {
+                        let mut seen = seen.lock_or_recover();
+                        // Read after the answer came: the mark committed before this.
+                        let next = next_seen(seen.as_ref(), &o, Instant::now());
+                        let from = next.from;
+                        *seen = Some(next);
+                        from
+                    };
+                    if from.elapsed() >= lease_ttl {
+                        depose(members, &o.key, o.modified, o.version).await;
+                    }
+                }
                 Ok(None) => {}
                 Err(e) => tracing::debug!(error = %e, "campaign: asking again"),
             }
             tokio::time::sleep(CAMPAIGN_POLL).await;
         };
-        *fence.lock_or_recover() = Some(leader);
+        // A leader marks itself alive twice before it acts, and believes it leads only until a
+        // lease after it sent the mark before its latest (less 300 ms): a candidate counts from
+        // its first reading of that earlier mark at the latest (see `next_seen`), which came
+        // after the mark was sent, so the belief ends before any count does.
+        let mut last: Option<Instant> = None;
+        let marked = loop {
+            match mark(members, &leader, host, id, lease_ttl).await {
+                Ok(sent) => {
+                    if let Some(before) = last.replace(sent) {
+                        // The latest mark's sending, and the end of this daemon's belief.
+                        break Mutex::new((sent, before + lease_ttl));
+                    }
+                }
+                Err(Marking::Deposed) => {
+                    return Err::<(), String>("deposed before it could lead".into());
+                }
+                Err(Marking::Unanswered(e)) => {
+                    tracing::debug!(error = %e, "the first liveness marks: asking again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        *fence.lock_or_recover() = Some(leader.clone());
         tracing::info!(lease = id, "leading: this daemon applies signals now");
         on_change(true);
-        // Lead until the lease is near its end without a renewal: stop a little before the
-        // cluster would let it go, so this daemon never believes it leads past its lease.
-        loop {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let left = expires
-                .lock_or_recover()
-                .saturating_duration_since(Instant::now());
-            if left < Duration::from_millis(300) {
-                return Err::<(), String>("the lease is about to run out unrenewed".into());
+        // Lead until the lease or the liveness mark is near its end unrenewed: stop a little
+        // before the cluster would let the lease go, or a candidate would depose this daemon,
+        // so it never believes it leads past either.
+        let watchdog = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = Instant::now();
+                let lease_left = expires.lock_or_recover().saturating_duration_since(now);
+                let mark_left = marked.lock_or_recover().1.saturating_duration_since(now);
+                if lease_left < Duration::from_millis(300) {
+                    return Err::<(), String>("the lease is about to run out unrenewed".into());
+                }
+                if mark_left < Duration::from_millis(300) {
+                    return Err("the liveness mark is about to go stale unrenewed".into());
+                }
+                if fence.lock_or_recover().is_none() {
+                    return Err("a write found the leadership gone".into());
+                }
             }
-            if fence.lock_or_recover().is_none() {
-                return Err("a write found the leadership gone".into());
+        };
+        let refresh = async {
+            let mut wait = mark_every(lease_ttl);
+            loop {
+                tokio::time::sleep(wait).await;
+                // A mark that went unanswered is sent again at once: its member is left for
+                // the next one (`Members::run`), which answers well within the lease.
+                wait = Duration::from_millis(50);
+                match mark(members, &leader, host, id, lease_ttl).await {
+                    Ok(sent) => {
+                        let mut m = marked.lock_or_recover();
+                        *m = (sent, m.0 + lease_ttl);
+                        wait = mark_every(lease_ttl);
+                    }
+                    Err(Marking::Deposed) => {
+                        return Err::<(), String>(
+                            "deposed: a candidate found this daemon's liveness mark stale".into(),
+                        );
+                    }
+                    Err(Marking::Unanswered(e)) => {
+                        tracing::warn!(error = %e, "the liveness mark was not renewed");
+                    }
+                }
             }
+        };
+        tokio::select! {
+            r = watchdog => r,
+            r = refresh => r,
         }
     };
     let result = tokio::select! {
@@ -128,6 +222,48 @@ async fn lead_once(
     result
 }
 
+/// The oldest other candidate as this daemon last read it.
+#[derive(Clone, Debug, PartialEq)]
+struct Seen {
+    key: Vec<u8>,
+    /// Its liveness mark: the key's modification revision, and its version (how many times
+    /// the key was written), which tells the mark that came right after another.
+    modified: i64,
+    version: i64,
+    /// When this daemon first read that mark.
+    first: Instant,
+    /// Whence its silence is counted: the first reading of the mark before this one when this
+    /// one came right after it (the leader's belief ends a lease after it sent that one), else
+    /// the first reading of this one.
+    from: Instant,
+}
+
+/// What a candidate knows after reading `o` as the oldest candidate at `now`, having known
+/// `before`. A leader believes it leads until a lease after it sent the mark before its latest,
+/// so the count may start at the first reading of that earlier mark: a leader cut off just
+/// after a mark the standby never read is deposed a lease after the mark the standby did read,
+/// not a lease after the standby could read again (etcd's own election in the majority, a
+/// silent member's timeout).
+fn next_seen(before: Option<&Seen>, o: &Oldest, now: Instant) -> Seen {
+    match before {
+        Some(b) if b.key == o.key && b.modified == o.modified => b.clone(),
+        Some(b) if b.key == o.key && o.version == b.version + 1 => Seen {
+            key: o.key.clone(),
+            modified: o.modified,
+            version: o.version,
+            first: now,
+            from: b.first,
+        },
+        _ => Seen {
+            key: o.key.clone(),
+            modified: o.modified,
+            version: o.version,
+            first: now,
+            from: now,
+        },
+    }
+}
+
 /// How often a candidate reads whether its key is now the oldest.
 const CAMPAIGN_POLL: Duration = Duration::from_millis(200);
 
@@ -139,17 +275,25 @@ fn candidate_key(name: &[u8], id: i64) -> Vec<u8> {
     key
 }
 
+/// The oldest candidate as read: its key, the revision that created it (the fence it leads
+/// under) and the one that last wrote it (its liveness mark).
+struct Oldest {
+    key: Vec<u8>,
+    create: i64,
+    modified: i64,
+    version: i64,
+}
+
 /// Puts this candidate's key (under its lease, once: a key already there is kept with its
 /// creation revision) and reads the oldest candidate, in one transaction on the first member
-/// that answers (each member given at most its attempt timeout). Returns the
-/// fence when the oldest is this one.
+/// that answers (each member given at most its attempt timeout).
 async fn oldest_candidate(
     members: &Members,
     name: &[u8],
     ours: &[u8],
     host: &str,
     id: i64,
-) -> std::result::Result<Option<Fence>, String> {
+) -> std::result::Result<Option<Oldest>, String> {
     use etcd_client::{
         Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
         TxnOpResponse,
@@ -182,17 +326,104 @@ async fn oldest_candidate(
         })
         .await
         .map_err(|e| e.to_string())?;
-    let first = resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g
-            .kvs()
-            .first()
-            .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+    Ok(resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| Oldest {
+            key: kv.key().to_vec(),
+            create: kv.create_revision(),
+            modified: kv.mod_revision(),
+            version: kv.version(),
+        }),
         _ => None,
-    });
-    Ok(match first {
-        Some((key, rev)) if key == ours => Some(Fence { key, rev }),
-        _ => None,
-    })
+    }))
+}
+
+/// How often a leader renews its liveness mark: five times a lease, at most every second
+/// (one small write), at least every 200 ms.
+fn mark_every(lease_ttl: Duration) -> Duration {
+    (lease_ttl / 5).clamp(Duration::from_millis(200), Duration::from_secs(1))
+}
+
+/// Why a liveness mark was not renewed.
+enum Marking {
+    /// The leader's key is gone or is another campaign's: it was deposed, or its lease ended.
+    Deposed,
+    /// No member answered in time; the mark may or may not have been written.
+    Unanswered(String),
+}
+
+/// Renews the leader's liveness mark: its election key written again (the same value, the
+/// same lease; its creation revision, the fence, unchanged, its modification revision new),
+/// only while the key is still the one it leads under. Returns when the write was sent.
+async fn mark(
+    members: &Members,
+    leader: &Fence,
+    host: &str,
+    id: i64,
+    lease_ttl: Duration,
+) -> std::result::Result<Instant, Marking> {
+    use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+    let req = Txn::new()
+        .when(vec![Compare::create_revision(
+            leader.key.clone(),
+            CompareOp::Equal,
+            leader.rev,
+        )])
+        .and_then(vec![TxnOp::put(
+            leader.key.clone(),
+            host.as_bytes().to_vec(),
+            Some(PutOptions::new().with_lease(id)),
+        )]);
+    let sent = Instant::now();
+    // A quarter of a lease at most: a silent member is left for the next one while the mark
+    // written before still stands, with time to spare for the next one to answer.
+    let budget = (lease_ttl / 4).min(ATTEMPT_TIMEOUT);
+    let answer = members
+        .run(budget, |mut c| {
+            let req = req.clone();
+            async move { c.txn(req).await }
+        })
+        .await;
+    match answer {
+        Ok((resp, _)) if resp.succeeded() => Ok(sent),
+        Ok(_) => Err(Marking::Deposed),
+        Err(e) => Err(Marking::Unanswered(e.to_string())),
+    }
+}
+
+/// Deposes the leader whose key `key` still carries the liveness mark `modified` this
+/// candidate read a whole lease ago by its own clock: the key is deleted in one transaction
+/// conditioned on that modification revision, so a leader that renewed its mark since (a live
+/// one that this candidate read late) is never deposed. Its fenced writes then fail, and it
+/// stops leading. etcd cannot be left to end that lease: a member elected raft leader gives
+/// every lease its whole TTL again (its lessor's promotion adds the election timeout on top),
+/// so a leader cut off with the old raft leader kept its key for a lease after the new
+/// election.
+async fn depose(members: &Members, key: &[u8], modified: i64, version: i64) {
+    use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+    let req = Txn::new()
+        .when(vec![Compare::mod_revision(
+            key.to_vec(),
+            CompareOp::Equal,
+            modified,
+        )])
+        .and_then(vec![TxnOp::delete(key.to_vec(), None)]);
+    let answer = members
+        .run(ATTEMPT_TIMEOUT, |mut c| {
+            let req = req.clone();
+            async move { c.txn(req).await }
+        })
+        .await;
+    match answer {
+        Ok((resp, _)) if resp.succeeded() => tracing::warn!(
+            leader = %String::from_utf8_lossy(key),
+            mark = modified,
+            version,
+            revision = resp.header().map_or(0, |h| h.revision()),
+            "deposed the leader: its liveness mark went unrenewed for a lease",
+        ),
+        Ok(_) => tracing::debug!("the leader renewed its liveness mark: not deposed"),
+        Err(e) => tracing::debug!(error = %e, "deposing the leader: no answer"),
+    }
 }
 
 /// Revokes lease `id`, again every 250 ms while no member can (no quorum), for at most a
@@ -315,5 +546,43 @@ impl Drop for Campaign {
                 });
             let _ = self.handle.block_on(revoke);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oldest(key: &[u8], modified: i64, version: i64) -> Oldest {
+        Oldest {
+            key: key.to_vec(),
+            create: 10,
+            modified,
+            version,
+        }
+    }
+
+    #[test]
+    fn a_leaders_silence_is_counted_from_the_first_reading_of_the_mark_before_its_latest() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let first = next_seen(None, &oldest(b"l/1", 20, 3), at(0));
+        assert_eq!((first.first, first.from), (at(0), at(0)));
+        // The same mark read again: nothing moves.
+        assert_eq!(
+            next_seen(Some(&first), &oldest(b"l/1", 20, 3), at(900)),
+            first
+        );
+        // The mark right after it (version 4): counted from the first reading of version 3.
+        let next = next_seen(Some(&first), &oldest(b"l/1", 31, 4), at(1000));
+        assert_eq!((next.first, next.from), (at(1000), at(0)));
+        let again = next_seen(Some(&next), &oldest(b"l/1", 31, 4), at(4000));
+        assert_eq!(again.from, at(0));
+        // A mark two writes on (one this daemon never read): counted from now.
+        let skipped = next_seen(Some(&next), &oldest(b"l/1", 50, 6), at(2000));
+        assert_eq!((skipped.first, skipped.from), (at(2000), at(2000)));
+        // Another candidate's key, whatever its version: counted from now.
+        let other = next_seen(Some(&next), &oldest(b"l/2", 60, 5), at(2100));
+        assert_eq!(other.from, at(2100));
     }
 }
