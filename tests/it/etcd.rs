@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::etcd_cluster::Cluster;
+use crate::etcd_cluster::{Cluster, location, store_at};
 use crate::helpers::*;
 use crate::invariants::{self, Dropped};
 
@@ -379,8 +379,7 @@ fn base64_decode(text: &str) -> Vec<u8> {
 #[test]
 fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() {
     use waitpoint::error::{Error, ErrorKind};
-    use waitpoint::settings::Location;
-    use waitpoint::store::{Cluster as _, Role, Store, etcd::Etcd};
+    use waitpoint::store::{Cluster as _, Role, Store};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
     let b = host(&cluster, "b", "");
@@ -396,11 +395,7 @@ fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() 
     wait_leading(&b);
     assert_ne!(leader_key(&cluster).1, rev);
 
-    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
-        panic!()
-    };
-    let stale =
-        Etcd::connect(&loc, "a", waitpoint::home::Home::new(&a.home), Role::Daemon).unwrap();
+    let stale = store_at(&cluster.url(), "a", &a.home, Role::Daemon);
     stale.believe_leading(key, rev);
     assert!(stale.applies_signals(), "it believes it leads");
     let mut txn = stale.begin().unwrap();
@@ -408,7 +403,7 @@ fn a_daemon_that_believes_it_still_leads_after_its_lease_lapsed_cannot_commit() 
     wp.label = "written by a stale leader".into();
     // A lost lease, told apart from a stale read: retry after the lease's time, when another
     // daemon leads (the shim answers it 503 with that Retry-After).
-    let ttl = loc.lease_ttl_s;
+    let ttl = location(&cluster.url()).lease_ttl_s;
     let err = txn.put(&wp).unwrap_err();
     assert!(
         matches!(err, Error::LeaseLost { retry_after_s } if retry_after_s == ttl),
@@ -722,20 +717,10 @@ fn at_the_quota_signals_stay_where_they_arrived_and_doctor_says_how_to_fix_it() 
 #[test]
 fn a_store_dropped_inside_another_runtime_shuts_down_without_a_panic() {
     // The MCP front end runs on tokio and drops its engine, and so the store, on that runtime.
-    use waitpoint::settings::Location;
-    use waitpoint::store::{Role, Store, etcd::Etcd};
+    use waitpoint::store::{Role, Store};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
-    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
-        panic!()
-    };
-    let store = Etcd::connect(
-        &loc,
-        "a",
-        waitpoint::home::Home::new(&a.home),
-        Role::Command,
-    )
-    .unwrap();
+    let store = store_at(&cluster.url(), "a", &a.home, Role::Command);
     let watching = store.watch(Box::new(|_| {})).unwrap();
     let outer = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -753,23 +738,11 @@ fn a_watch_reports_a_change_made_the_moment_it_was_started() {
     // the watch reaching its member must still wake it (a watch "from now" missed it, and the
     // wait sat out its whole timeout beside a resolved waitpoint).
     use std::sync::mpsc;
-    use waitpoint::settings::Location;
-    use waitpoint::store::{Hint, Role, Store, etcd::Etcd};
+    use waitpoint::store::{Hint, Role, Store};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");
     let (id, _) = id_secret(&a.arm("train", &["--session", "s1"]));
-    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
-        panic!()
-    };
-    let open = |name: &str| {
-        Etcd::connect(
-            &loc,
-            name,
-            waitpoint::home::Home::new(&a.home),
-            Role::Command,
-        )
-        .unwrap()
-    };
+    let open = |name: &str| store_at(&cluster.url(), name, &a.home, Role::Command);
     let (watcher, writer) = (open("a"), open("b"));
     for round in 0..50 {
         // Read for update first, so the write follows the watch's start by one request.

@@ -386,3 +386,22 @@ impl Drop for Cluster {
         }
     }
 }
+
+/// The location an `etcd://` URL names.
+pub fn location(url: &str) -> waitpoint::settings::location::EtcdLocation {
+    match waitpoint::settings::Location::parse(url).unwrap() {
+        waitpoint::settings::Location::Etcd(loc) => *loc,
+        other => panic!("not an etcd URL: {other:?}"),
+    }
+}
+
+/// The etcd store at `url`, as host `name` with the home at `home` opens it in `role`.
+pub fn store_at(
+    url: &str,
+    name: &str,
+    home: &Path,
+    role: waitpoint::store::Role,
+) -> waitpoint::store::etcd::Etcd {
+    let home = waitpoint::home::Home::new(home);
+    waitpoint::store::etcd::Etcd::connect(&location(url), name, home, role).unwrap()
+}

@@ -14,7 +14,7 @@ use std::thread;
 use serde_json::Value;
 
 use crate::etcd::{host, log, shown, wait_leading};
-use crate::etcd_cluster::Cluster;
+use crate::etcd_cluster::{Cluster, store_at};
 use crate::helpers::*;
 
 /// A TCP proxy in front of one member. Requests always pass; once `silence` is called the
@@ -23,43 +23,80 @@ use crate::helpers::*;
 struct Proxy {
     port: u16,
     silent: Arc<AtomicBool>,
-    /// How many of its connections the client has given up (closed): HTTP/2's keep-alive
-    /// closes one that answers nothing for 15 s, which is how a request waiting there ended
-    /// before the store stopped waiting on one member.
+    /// Connections numbered below this pass no answers (see [`Proxy::silence_open`]).
+    silent_below: Arc<AtomicUsize>,
+    /// How many connections the client has opened.
+    accepted: Arc<AtomicUsize>,
+    /// How many of its connections the client has given up the way HTTP/2's keep-alive does:
+    /// closed after answering nothing for 15 s, which is how a request waiting there ended
+    /// before the store stopped waiting on one member. (The store now also closes a connection
+    /// itself once a request on it went unanswered for its attempt timeout, 2 s; a close
+    /// [`KEEP_ALIVE_CLOSE`] or more into the silence is keep-alive's.)
     given_up: Arc<AtomicUsize>,
+    silenced_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// How long into a silence a close is HTTP/2 keep-alive's (10 s between pings, 5 s for the
+/// answer), not the store's own move off a member that gave no answer in time (2 s).
+const KEEP_ALIVE_CLOSE: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Proxy {
     fn start(upstream: u16) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let silent = Arc::new(AtomicBool::new(false));
+        let silent_below = Arc::new(AtomicUsize::new(0));
+        let accepted = Arc::new(AtomicUsize::new(0));
         let given_up = Arc::new(AtomicUsize::new(0));
         let flag = Arc::clone(&silent);
+        let (below, count) = (Arc::clone(&silent_below), Arc::clone(&accepted));
         let closed = Arc::clone(&given_up);
+        let silenced_at = Arc::new(std::sync::Mutex::new(None::<std::time::Instant>));
+        let since = Arc::clone(&silenced_at);
         thread::spawn(move || {
             for client in listener.incoming().flatten() {
                 let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)) else {
                     continue;
                 };
+                let number = count.fetch_add(1, Ordering::SeqCst);
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let closed = Arc::clone(&closed);
+                let (closed, since) = (Arc::clone(&closed), Arc::clone(&since));
                 thread::spawn(move || {
                     pump(client, server, None);
-                    closed.fetch_add(1, Ordering::SeqCst);
+                    let silence = *since.lock().unwrap();
+                    if silence.is_some_and(|t| t.elapsed() >= KEEP_ALIVE_CLOSE) {
+                        closed.fetch_add(1, Ordering::SeqCst);
+                    }
                 });
-                let flag = Arc::clone(&flag);
-                thread::spawn(move || pump(s2, c2, Some(flag)));
+                let (flag, below) = (Arc::clone(&flag), Arc::clone(&below));
+                let mute =
+                    move || flag.load(Ordering::SeqCst) || number < below.load(Ordering::SeqCst);
+                thread::spawn(move || pump(s2, c2, Some(Box::new(mute))));
             }
         });
         Proxy {
             port,
             silent,
+            silent_below,
+            accepted,
             given_up,
+            silenced_at,
         }
     }
 
+    /// The connections open now pass no answers from here on, as a connection the network
+    /// dropped without a word (its next retransmission seconds away); new ones pass both ways.
+    fn silence_open(&self) {
+        let open = self.accepted.load(Ordering::SeqCst);
+        self.silent_below.store(open, Ordering::SeqCst);
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
     fn silence(&self) {
+        *self.silenced_at.lock().unwrap() = Some(std::time::Instant::now());
         self.silent.store(true, Ordering::SeqCst);
     }
 
@@ -68,16 +105,16 @@ impl Proxy {
     }
 }
 
-/// Copies `from` to `to` until either closes; with `drop_when` set, what is read is thrown
-/// away instead.
-fn pump(mut from: TcpStream, mut to: TcpStream, drop_when: Option<Arc<AtomicBool>>) {
+/// Copies `from` to `to` until either closes; while `drop_when` says so, what is read is
+/// thrown away instead.
+fn pump(mut from: TcpStream, mut to: TcpStream, drop_when: Option<Box<dyn Fn() -> bool + Send>>) {
     let mut buf = [0u8; 16384];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if drop_when.as_ref().is_some_and(|f| f.load(Ordering::SeqCst)) {
+        if drop_when.as_ref().is_some_and(|mute| mute()) {
             continue;
         }
         if to.write_all(&buf[..n]).is_err() {
@@ -317,15 +354,10 @@ fn a_signal_posted_to_a_leader_whose_lease_ended_is_answered_503_with_retry_afte
 /// with it.
 #[test]
 fn a_batch_handed_over_with_the_same_identity_twice_keeps_it_once_and_the_rest() {
-    use waitpoint::settings::Location;
-    use waitpoint::store::{Cluster as _, Forwarded, Role, etcd::Etcd};
+    use waitpoint::store::{Cluster as _, Forwarded, Role};
     let cluster = Cluster::start();
     let b = host(&cluster, "b", "");
-    let Location::Etcd(loc) = Location::parse(&cluster.url()).unwrap() else {
-        panic!()
-    };
-    let standby =
-        Etcd::connect(&loc, "b", waitpoint::home::Home::new(&b.home), Role::Daemon).unwrap();
+    let standby = store_at(&cluster.url(), "b", &b.home, Role::Daemon);
     let item = |key: &str| -> Forwarded {
         serde_json::from_value(serde_json::json!({
             "key": key, "id": "wp_000000000001", "secret_sha256": "00", "status": "ok",
@@ -524,4 +556,31 @@ fn a_standby_whose_own_lease_keeps_lapsing_still_deposes_a_stale_leader() {
     );
     wait_leading(&b);
     assert!(log(&b).contains("deposed the leader"), "{}", log(&b));
+}
+
+/// Issue 40's takeover after a lost quorum: a request on a connection the network dropped
+/// without a word gets no answer, and the kernel resends on that connection only after a
+/// backoff grown to seconds, so the member, reachable again, went on unheard by every later
+/// request until HTTP/2's keep-alive gave the connection up. A member that gave no answer in
+/// time is asked the next time on a new connection.
+#[test]
+fn a_member_silent_on_its_connection_is_asked_again_on_a_new_one() {
+    use waitpoint::store::{Role, Store};
+    let cluster = Cluster::start();
+    let a = host(&cluster, "a", "");
+    let (id, _) = id_secret(&a.arm("train", &["--session", "s1"]));
+    let proxy = Proxy::start(first_member(&cluster));
+    // That member alone: no other member to fail over to.
+    let url = format!("etcd://127.0.0.1:{}/t", proxy.port);
+    let store = store_at(&url, "a", &a.home, Role::Command);
+    assert!(store.get(&id).unwrap().is_some());
+    proxy.silence_open();
+    let unanswered = store.get(&id);
+    assert!(unanswered.is_err(), "{unanswered:?}");
+    let again = store.get(&id);
+    assert!(
+        again.as_ref().is_ok_and(Option::is_some),
+        "asked again on the silent connection: {again:?}"
+    );
+    assert!(proxy.accepted() >= 2, "{}", proxy.accepted());
 }

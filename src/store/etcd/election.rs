@@ -58,7 +58,9 @@ impl Etcd {
                 if fence.lock_or_recover().take().is_some() {
                     on_change(false);
                 }
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                // As often as the campaign reads: after a quorum returns, the next lease is
+                // asked for within one poll.
+                tokio::time::sleep(CAMPAIGN_POLL).await;
             }
         });
         crate::store::Guard::new(Campaign {

@@ -7,7 +7,9 @@
 //! endpoint gets its own client (made on first use), a request goes to the member that answered
 //! last, and a transport failure (`Unavailable`, a refused connection, no answer in time) moves
 //! it to the next one. A member's refusal (a compacted revision, the space quota, a missing
-//! lease) is an answer: another member would give the same, so it is returned at once.
+//! lease) is an answer: another member would give the same, so it is returned at once. A
+//! member that gave no answer in time is asked the next time on a new connection: the network
+//! may have dropped the old one without a word, and TCP would resend on it only after seconds.
 //!
 //! Every request the store makes is safe to send twice, which failover may do when a member
 //! dies after it received a request and before it answered: reads are idempotent; every write
@@ -151,11 +153,18 @@ impl Members {
                     return Err(CallError::Refused(e));
                 }
                 Ok(Err(e)) => failures.push(format!("{}: {e}", self.endpoints[i])),
-                Err(_) => failures.push(format!(
-                    "{}: no answer within {} ms",
-                    self.endpoints[i],
-                    limit.as_millis()
-                )),
+                Err(_) => {
+                    // Silence on a connection the network dropped without a word: the kernel
+                    // resends on it only after a backoff that grows to seconds, so a member
+                    // reachable again would go on unheard. The next request to it connects
+                    // afresh (streams hold their own connection and are not disturbed).
+                    lock(&self.clients[i]).take();
+                    failures.push(format!(
+                        "{}: no answer within {} ms",
+                        self.endpoints[i],
+                        limit.as_millis()
+                    ))
+                }
             }
             self.failed(i);
         }
