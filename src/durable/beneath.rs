@@ -64,8 +64,10 @@ impl Root {
     }
 
     /// Sets `path`, an entry beneath this root that is not what the home keeps there, aside
-    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up.
+    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up. A path
+    /// not beneath this root is not moved, and the error says so.
     pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
+        self.relative(path)?;
         set_aside_entry(path, &self.root, &self.quarantine, reason)
     }
 }
@@ -87,27 +89,96 @@ pub fn confine(root: &Path, quarantine: &Path) -> Arc<Root> {
     if let Some(home) = homes.iter().find(|h| h.root == root) {
         return Arc::clone(home);
     }
-    let home = Arc::new(Root {
-        root: root.to_owned(),
-        quarantine: quarantine.to_owned(),
-        handle: Mutex::new(None),
-    });
+    let home = Arc::new(Root::new(root, quarantine));
     homes.push(Arc::clone(&home));
     home
 }
 
-/// The registered home `path` lies under (the deepest one) and the path relative to its root.
-fn home_of(path: &Path) -> Option<(Arc<Root>, PathBuf)> {
+impl Root {
+    /// The root of the home at `root`, setting aside into `quarantine`; nothing is registered
+    /// and nothing opened until a path beneath it is first reached.
+    pub fn new(root: &Path, quarantine: &Path) -> Root {
+        Root {
+            root: root.to_owned(),
+            quarantine: quarantine.to_owned(),
+            handle: Mutex::new(None),
+        }
+    }
+
+    /// `path` relative to this root. A path that does not lie beneath it (another directory,
+    /// or one that climbs out with `..`) is refused: it is never used as given.
+    pub fn relative<'p>(&self, path: &'p Path) -> Result<&'p Path> {
+        let beneath = path.strip_prefix(&self.root).ok().filter(|rel| {
+            rel.components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        });
+        beneath.ok_or_else(|| {
+            Error::io(
+                "not a path beneath the home",
+                path,
+                io::Error::from(io::ErrorKind::InvalidInput),
+            )
+        })
+    }
+
+    /// Where `path`'s last component lives beneath this root and its name there, the
+    /// directory made when `make`; `Ok(None)` when it is missing and not made. The root itself
+    /// is reached as the user made it.
+    pub fn parent(&self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
+        let rel = self.relative(path)?;
+        let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
+            return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
+        };
+        Ok(walk(self, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
+    }
+
+    /// `path`, beneath this root, as a directory handle (made when `make`); `Ok(None)` when it
+    /// is missing and not made.
+    pub fn open_dir(&self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+        walk(self, self.relative(path)?, make)
+    }
+
+    /// [`open_read_fast_in`] of `path`, beneath this root; `None` also for a path not beneath
+    /// it (the walk that follows refuses it, saying so).
+    pub fn open_read_fast(&self, path: &Path) -> Option<io::Result<OwnedFd>> {
+        open_read_fast_in(self, self.relative(path).ok()?)
+    }
+}
+
+/// The explicitly unconfined forms, for the few paths that lie outside every home (a user's
+/// file named on the command line, a harness's settings file, a test's temp directory): the
+/// path is used as given, from the current directory. A path under a home never takes them.
+pub mod outside {
+    use super::*;
+
+    /// The current directory and the whole `path`: where an unconfined path is acted on.
+    pub fn parent(path: &Path) -> (At, OsString) {
+        (At::Cwd, path.as_os_str().to_owned())
+    }
+
+    /// `path` as a directory handle, made first when `make` (links followed as the kernel
+    /// does); `Ok(None)` when it is missing and not made.
+    pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+        if make {
+            crate::durable::path::mkdir_all_plain(path)?;
+        }
+        match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(Error::io("cannot open", path, e.into())),
+        }
+    }
+}
+
+/// The registered home `path` lies under (the deepest one). A path with `..` beneath a home
+/// is that home's all the same, and its [`Root`] refuses it.
+fn home_of(path: &Path) -> Option<Arc<Root>> {
     let homes = HOMES.read_or_recover();
     homes
         .iter()
-        .filter_map(|h| {
-            let rel = path.strip_prefix(&h.root).ok()?;
-            // `..` anywhere would climb out of the root; such a path is not confined, and
-            // `open_dir` refuses it below.
-            Some((Arc::clone(h), rel.to_owned()))
-        })
-        .max_by_key(|(h, _)| h.root.as_os_str().len())
+        .filter(|h| path.starts_with(&h.root))
+        .max_by_key(|h| h.root.as_os_str().len())
+        .cloned()
 }
 
 /// A directory to act in: a handle reached beneath a home, or the current directory for a
@@ -131,31 +202,18 @@ impl AsFd for At {
 /// its home (made when `make`), or, outside every home, the current directory and the whole
 /// path. `Ok(None)` when the directory is missing and not made.
 pub fn parent(path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
-    let Some((home, rel)) = home_of(path) else {
-        return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
-    };
-    let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
-        // The root itself: reached as the user made it.
-        return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
-    };
-    Ok(walk(&home, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
+    match home_of(path) {
+        Some(home) => home.parent(path, make),
+        None => Ok(Some(outside::parent(path))),
+    }
 }
 
 /// `path` itself as a directory handle, reached as [`parent`] reaches a directory; `Ok(None)`
 /// when it is missing and not made.
 pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
     match home_of(path) {
-        Some((home, rel)) => walk(&home, &rel, make),
-        None => {
-            if make {
-                super::path::mkdir_all_plain(path)?;
-            }
-            match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
-                Ok(fd) => Ok(Some(fd)),
-                Err(Errno::NOENT) => Ok(None),
-                Err(e) => Err(Error::io("cannot open", path, e.into())),
-            }
-        }
+        Some(home) => home.open_dir(path, make),
+        None => outside::open_dir(path, make),
     }
 }
 
@@ -166,8 +224,7 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
 /// `openat2` here, a root removed since it was opened): the caller then takes the path that
 /// walks and names the culprit. `Some(Err)` of kind `NotFound` when it is missing.
 pub fn open_read_fast(path: &Path) -> Option<io::Result<OwnedFd>> {
-    let (home, rel) = home_of(path)?;
-    open_read_fast_in(&home, &rel)
+    home_of(path)?.open_read_fast(path)
 }
 
 /// [`open_read_fast`] of `rel` beneath `home`, the root handed in rather than looked up.
@@ -338,7 +395,7 @@ fn step(
 /// not moved, and the error says why.
 pub fn set_aside(path: &Path, reason: &str) -> Result<()> {
     match home_of(path) {
-        Some((home, _)) => set_aside_entry(path, &home.root, &home.quarantine, reason),
+        Some(home) => home.set_aside(path, reason),
         None => Err(Error::io(
             "cannot use",
             path,
@@ -457,5 +514,61 @@ mod tests {
         let v: Option<serde_json::Value> =
             crate::durable::read_json(&outside.join("secret.json")).unwrap();
         assert!(v.is_some());
+    }
+
+    #[test]
+    fn a_root_refuses_every_path_not_beneath_it_instead_of_using_it_as_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(
+            &dir.path().join("home"),
+            &dir.path().join("home/quarantine"),
+        );
+        let outside = dir.path().join("outside");
+        let climbing = dir.path().join("home/a/../../outside");
+        for path in [
+            outside.join("f"),
+            climbing.join("f"),
+            PathBuf::from("relative/f"),
+        ] {
+            let err = root.parent(&path, true).unwrap_err();
+            assert!(
+                err.to_string().contains("not a path beneath the home"),
+                "{err}"
+            );
+            let err = root.open_dir(&path, true).unwrap_err();
+            assert!(
+                err.to_string().contains("not a path beneath the home"),
+                "{err}"
+            );
+            assert!(root.open_read_fast(&path).is_none());
+            assert!(root.set_aside(&path, "test").is_err());
+        }
+        assert!(!outside.exists(), "nothing was made outside the home");
+    }
+
+    #[test]
+    fn two_homes_one_inside_the_other_each_confine_their_own_paths_unregistered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("a/b"));
+        let outer = Root::new(&a, &a.join("quarantine"));
+        let inner = Root::new(&b, &b.join("quarantine"));
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        symlink(&outside, a.join("x")).unwrap();
+        symlink(&outside, b.join("y")).unwrap();
+        // Neither root is registered, yet each walks beneath itself and sets a link aside
+        // into its own quarantine.
+        assert!(inner.open_dir(&b.join("y/z"), false).unwrap().is_none());
+        assert!(outer.open_dir(&a.join("x/z"), false).unwrap().is_none());
+        assert!(b.join("quarantine/y.reason").is_file());
+        assert!(a.join("quarantine/x.reason").is_file());
+        assert!(inner.parent(&b.join("y/f"), true).unwrap().is_some());
+        assert!(std::fs::symlink_metadata(b.join("y")).unwrap().is_dir());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // The inner home is beneath the outer one, not the other way round.
+        assert!(outer.relative(&b.join("y")).is_ok());
+        assert!(inner.relative(&a.join("x")).is_err());
+        assert!(home_of(&b).is_none() && home_of(&a).is_none());
     }
 }
