@@ -68,7 +68,7 @@ impl Root {
     /// not beneath this root is not moved, and the error says so.
     pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
         self.relative(path)?;
-        set_aside_entry(path, &self.root, &self.quarantine, reason)
+        set_aside_entry(self, path, reason)
     }
 }
 
@@ -138,11 +138,62 @@ impl Root {
         walk(self, self.relative(path)?, make)
     }
 
-    /// [`open_read_fast_in`] of `path`, beneath this root; `None` also for a path not beneath
-    /// it (the walk that follows refuses it, saying so).
+    /// Opens the file `path`, beneath this root, for reading in one `openat2` from the held
+    /// root, no link followed on the way or as the file itself: the common case of every read,
+    /// which would otherwise open the directory first and the file through it. `None` when that
+    /// one call cannot say (a link or a file where a directory should be, no `openat2` here, a
+    /// root removed since it was opened, a path not beneath this root): the caller then takes
+    /// the path that walks and names the culprit (or refuses the path). `Some(Err)` of kind
+    /// `NotFound` when it is missing.
     pub fn open_read_fast(&self, path: &Path) -> Option<io::Result<OwnedFd>> {
         open_read_fast_in(self, self.relative(path).ok()?)
     }
+}
+
+/// Where a path-based operation reaches its path: beneath a home's [`Root`] (a path not
+/// beneath it refused), or [`outside`] every home, as given. Each operation is written once
+/// over a place; the caller says which.
+#[derive(Debug, Clone, Copy)]
+pub enum Place<'a> {
+    Beneath(&'a Root),
+    Outside,
+}
+
+impl Place<'_> {
+    /// [`Root::parent`] or [`outside::parent`].
+    pub fn parent(self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
+        match self {
+            Place::Beneath(root) => root.parent(path, make),
+            Place::Outside => Ok(Some(outside::parent(path))),
+        }
+    }
+
+    /// [`Root::open_dir`] or [`outside::open_dir`].
+    pub fn open_dir(self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+        match self {
+            Place::Beneath(root) => root.open_dir(path, make),
+            Place::Outside => outside::open_dir(path, make),
+        }
+    }
+
+    /// [`Root::open_read_fast`]; outside every home there is no fast path.
+    pub fn open_read_fast(self, path: &Path) -> Option<io::Result<OwnedFd>> {
+        match self {
+            Place::Beneath(root) => root.open_read_fast(path),
+            Place::Outside => None,
+        }
+    }
+}
+
+/// The place of `path` as the registry says: beneath the registered home it lies under, else
+/// outside. Kept only for the callers that do not yet hand their home's root in.
+pub fn registered(path: &Path) -> Option<Arc<Root>> {
+    home_of(path)
+}
+
+/// [`Place::Beneath`] the root looked up, or [`Place::Outside`].
+pub fn place(root: Option<&Root>) -> Place<'_> {
+    root.map_or(Place::Outside, Place::Beneath)
 }
 
 /// The explicitly unconfined forms, for the few paths that lie outside every home (a user's
@@ -217,17 +268,7 @@ pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
     }
 }
 
-/// Opens the file `path` for reading in one `openat2` from its home's held root, no link
-/// followed on the way or as the file itself: the common case of every read, which would
-/// otherwise open the directory first and the file through it. `None` when that one call
-/// cannot say (a path outside every home, a link or a file where a directory should be, no
-/// `openat2` here, a root removed since it was opened): the caller then takes the path that
-/// walks and names the culprit. `Some(Err)` of kind `NotFound` when it is missing.
-pub fn open_read_fast(path: &Path) -> Option<io::Result<OwnedFd>> {
-    home_of(path)?.open_read_fast(path)
-}
-
-/// [`open_read_fast`] of `rel` beneath `home`, the root handed in rather than looked up.
+/// [`Root::open_read_fast`] of `rel`, a path relative to `home`.
 pub fn open_read_fast_in(home: &Root, rel: &Path) -> Option<io::Result<OwnedFd>> {
     if rel.as_os_str().is_empty() {
         return None;
@@ -254,11 +295,10 @@ const OPEN_DIR: OFlags = OFlags::RDONLY
 /// The directory `rel` beneath `root`, no link followed: one `openat2` when nothing is
 /// unusual, else one component at a time, setting aside what stands where a directory should.
 fn walk(home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
-    let (root, quarantine) = (home.root.as_path(), home.quarantine.as_path());
     let Some(root_fd) = root_handle(home, make)? else {
         return Ok(None);
     };
-    let found = walk_from(&root_fd, root, quarantine, rel, make);
+    let found = walk_from(&root_fd, home, rel, make);
     // A root removed while held (a home deleted and made again) is not where the path leads
     // any more: forget it and walk once more from the root as it is now.
     let gone = || rustix::fs::fstat(&*root_fd).is_ok_and(|st| st.st_nlink == 0);
@@ -267,7 +307,7 @@ fn walk(home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
         let Some(root_fd) = root_handle(home, make)? else {
             return Ok(None);
         };
-        return walk_from(&root_fd, root, quarantine, rel, make);
+        return walk_from(&root_fd, home, rel, make);
     }
     found
 }
@@ -296,13 +336,8 @@ fn root_handle(home: &Root, make: bool) -> Result<Option<Arc<OwnedFd>>> {
 }
 
 /// [`walk`] from the root's handle.
-fn walk_from(
-    root_fd: &OwnedFd,
-    root: &Path,
-    quarantine: &Path,
-    rel: &Path,
-    make: bool,
-) -> Result<Option<OwnedFd>> {
+fn walk_from(root_fd: &OwnedFd, home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
+    let root = home.root.as_path();
     if rel.as_os_str().is_empty() {
         return root_fd
             .try_clone()
@@ -338,7 +373,7 @@ fn walk_from(
             }
         };
         at.push(name);
-        dir = match step(&dir, name, &at, root, quarantine, make)? {
+        dir = match step(&dir, name, &at, home, make)? {
             Some(fd) => fd,
             None => return Ok(None),
         };
@@ -351,8 +386,7 @@ fn step(
     dir: &OwnedFd,
     name: &OsStr,
     at: &Path,
-    root: &Path,
-    quarantine: &Path,
+    home: &Root,
     make: bool,
 ) -> Result<Option<OwnedFd>> {
     for _ in 0..3 {
@@ -374,7 +408,7 @@ fn step(
                     Err(Errno::NOENT) => continue,
                     Err(e) => return Err(Error::io("cannot inspect", at, e.into())),
                 };
-                set_aside_entry(at, root, quarantine, what)?;
+                set_aside_entry(home, at, what)?;
                 if !make {
                     return Ok(None);
                 }
@@ -408,8 +442,8 @@ pub fn set_aside(path: &Path, reason: &str) -> Result<()> {
 /// [`set_aside`](crate::durable::set_aside) does for any record: the link itself is renamed,
 /// what it points to is not touched. Reaching the quarantine walks here again; if the
 /// quarantine is itself what stands in the way, nothing moves and the caller is refused.
-fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> Result<()> {
-    if quarantine.starts_with(at) {
+fn set_aside_entry(home: &Root, at: &Path, reason: &str) -> Result<()> {
+    if home.quarantine.starts_with(at) {
         // Not `Insecure`, whose text speaks of other users: this is the home's own layout
         // broken, for an operator to look at.
         return Err(Error::io(
@@ -421,12 +455,7 @@ fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> R
             )),
         ));
     }
-    let to = crate::durable::set_aside(
-        quarantine,
-        root,
-        at,
-        &format!("{reason}; set aside, not followed"),
-    )?;
+    let to = crate::durable::set_aside(home, at, &format!("{reason}; set aside, not followed"))?;
     tracing::warn!(
         path = %at.display(),
         quarantined = %to.display(),
@@ -570,5 +599,20 @@ mod tests {
         assert!(outer.relative(&b.join("y")).is_ok());
         assert!(inner.relative(&a.join("x")).is_err());
         assert!(home_of(&b).is_none() && home_of(&a).is_none());
+    }
+
+    #[test]
+    fn an_unregistered_root_sets_aside_through_its_own_walk_never_through_a_linked_quarantine() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let root = Root::new(&home, &home.join("q/quarantine"));
+        symlink(&outside, home.join("q")).unwrap();
+        symlink(&outside, home.join("x")).unwrap();
+        let err = root.open_dir(&home.join("x/y"), false).unwrap_err();
+        assert!(err.to_string().contains("cannot set aside"), "{err}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 }
