@@ -10,7 +10,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::beneath::Place;
+use super::beneath::{Place, Root};
 use super::{
     DIR_MODE, Dir, FILE_MODE, INLINE_UNSYNCED, beneath, dir, distinct_parents, each_concurrently,
     not_found, parent_of,
@@ -258,8 +258,14 @@ pub fn remove_all_durably(paths: &[PathBuf]) -> Result<()> {
 
 /// Removes a file and makes the removal durable. A file already gone is not an error.
 pub fn remove_durably(path: &Path) -> Result<()> {
-    match unlink(path) {
-        Ok(()) => fsync_dir(parent_of(path)),
+    let home = beneath::registered(path);
+    remove_durably_in(beneath::place(home.as_deref()), path)
+}
+
+/// [`remove_durably`] of `path` in `place`.
+fn remove_durably_in(place: Place<'_>, path: &Path) -> Result<()> {
+    match unlink_in(place, path) {
+        Ok(()) => fsync_dir_in(place, parent_of(path)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("cannot remove", path, e)),
     }
@@ -290,7 +296,13 @@ pub(super) fn rename_durably_in(place: Place<'_>, from: &Path, to: &Path) -> Res
 /// empty. Names only: for a directory of a million entries this is a tenth of what
 /// [`list_dir`] holds.
 pub fn list_names(dir: &Path) -> Result<Vec<String>> {
-    let Some(fd) = beneath::open_dir(dir, false)? else {
+    let home = beneath::registered(dir);
+    list_names_in(beneath::place(home.as_deref()), dir)
+}
+
+/// [`list_names`] of `dir` in `place`.
+fn list_names_in(place: Place<'_>, dir: &Path) -> Result<Vec<String>> {
+    let Some(fd) = place.open_dir(dir, false)? else {
         return Ok(Vec::new());
     };
     Ok(dir::names_of(&fd, dir)?
@@ -310,6 +322,41 @@ pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
         .into_iter()
         .map(|name| (name.to_string_lossy().into_owned(), dir.join(name)))
         .collect())
+}
+
+/// The operations by path beneath the home, each reached from its root: a path not beneath it
+/// is refused (see `beneath.rs`).
+impl Root {
+    /// [`create_dir_private`] of `path`, beneath this root.
+    pub fn create_dir_private(&self, path: &Path) -> Result<()> {
+        create_dir_private_in(Place::Beneath(self), path)
+    }
+
+    /// [`open_or_create`] of `path`, beneath this root.
+    pub fn open_or_create(&self, path: &Path) -> io::Result<File> {
+        use rustix::fs::OFlags;
+        open_in(
+            Place::Beneath(self),
+            path,
+            OFlags::RDWR | OFlags::CREATE,
+            FILE_MODE,
+        )
+    }
+
+    /// [`unlink`] of `path`, beneath this root.
+    pub fn unlink(&self, path: &Path) -> io::Result<()> {
+        unlink_in(Place::Beneath(self), path)
+    }
+
+    /// [`remove_durably`] of `path`, beneath this root.
+    pub fn remove_durably(&self, path: &Path) -> Result<()> {
+        remove_durably_in(Place::Beneath(self), path)
+    }
+
+    /// [`list_names`] of `dir`, beneath this root.
+    pub fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
+        list_names_in(Place::Beneath(self), dir)
+    }
 }
 
 /// Sets a path's mode (used on the home root, which may pre-exist).

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::beneath::{self, Place};
+use super::beneath::{self, Place, Root};
 use super::path::{create_new, create_new_in, fsync_dir_in, rename_in, unlink_in};
 use super::temp::temp_path_for;
 use super::{distinct_parents, each_concurrently, fsync_dir, parent_of, to_pretty_json, unlink};
@@ -198,6 +198,19 @@ impl Drop for Batch {
 /// Commits `value` as pretty JSON to `target`.
 pub fn commit_json<T: Serialize>(target: &Path, value: &T) -> Result<()> {
     commit(target, &to_pretty_json(value))
+}
+
+/// The synced commits of a file beneath the home, reached from its root.
+impl Root {
+    /// [`commit`] of `target`, beneath this root.
+    pub fn commit(&self, target: &Path, bytes: &[u8]) -> Result<()> {
+        commit_in(Place::Beneath(self), target, bytes)
+    }
+
+    /// [`commit_json`] of `target`, beneath this root.
+    pub fn commit_json<T: Serialize>(&self, target: &Path, value: &T) -> Result<()> {
+        self.commit(target, &to_pretty_json(value))
+    }
 }
 
 #[cfg(test)]
