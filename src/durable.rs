@@ -34,7 +34,7 @@ mod temp;
 mod trash;
 mod unsynced;
 
-pub use beneath::{Root, confine};
+pub use beneath::{Place, Root, confine};
 pub use dir::{Dir, Kind, Rewrite};
 pub use events::is_ready_kind;
 pub use lock::{FileLock, LockHolder};

@@ -2,14 +2,16 @@
 //! under a home becomes a directory handle.
 //!
 //! Every file operation of this module's parent (`commit`, renames, removals, listings, locks,
-//! reads) takes a path, as its callers build them from [`Home`](crate::home::Home). For a path
-//! under a registered home ([`confine`]) the operation does not resolve the path as the kernel
-//! would, following any link on the way: it takes the home's root (which may itself be a link
-//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Root`]), then the
-//! directory holding the last component
-//! relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts
-//! on the last component through that handle (`openat`, `renameat`, `unlinkat` with
-//! `O_NOFOLLOW`). A kernel without `openat2` gets the same walk one component at a time.
+//! reads) is written once over a [`Place`]: beneath a home's [`Root`], or [`outside`] every
+//! home. Beneath a root, the operation does not resolve the path as the kernel would,
+//! following any link on the way: it takes the home's root (which may itself be a link the
+//! user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Root`]), then the
+//! directory holding the last component relative to it with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts on the last
+//! component through that handle (`openat`, `renameat`, `unlinkat` with `O_NOFOLLOW`). A
+//! kernel without `openat2` gets the same walk one component at a time. A path handed to a
+//! [`Root`] that does not lie beneath it (another directory, or one climbing out with `..`)
+//! is refused ([`Root::relative`]), never used as given.
 //!
 //! A link (or a file) where a directory of the home should be is never followed. It is set
 //! aside into the home's `quarantine/` with a `.reason` beside it and a warning in the log
@@ -18,8 +20,11 @@
 //! only its own directory, never the daemon's batch. If the link cannot be set aside (the
 //! quarantine is itself a link), the operation fails, saying so.
 //!
-//! Paths outside every registered home (a user's file named on the command line, a test's
-//! temp directory) are used as given.
+//! Paths outside every home (a user's file named on the command line, a test's temp
+//! directory) are used as given, by the explicitly named [`outside`] forms. The path-only
+//! operations of the parent still find a path's [`Root`] in the registry [`confine`] fills as
+//! `Home::new` runs (a path under no registered home taken as outside), until their callers
+//! hand the home's root in, as `harness` and the record readers do.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
