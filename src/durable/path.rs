@@ -315,7 +315,13 @@ fn list_names_in(place: Place<'_>, dir: &Path) -> Result<Vec<String>> {
 /// not UTF-8 are returned lossily converted (callers that must handle them list the directory
 /// themselves).
 pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let Some(fd) = beneath::open_dir(dir, false)? else {
+    let home = beneath::registered(dir);
+    list_dir_in(beneath::place(home.as_deref()), dir)
+}
+
+/// [`list_dir`] of `dir` in `place`.
+fn list_dir_in(place: Place<'_>, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let Some(fd) = place.open_dir(dir, false)? else {
         return Ok(Vec::new());
     };
     Ok(dir::names_of(&fd, dir)?
@@ -351,6 +357,11 @@ impl Root {
     /// [`remove_durably`] of `path`, beneath this root.
     pub fn remove_durably(&self, path: &Path) -> Result<()> {
         remove_durably_in(Place::Beneath(self), path)
+    }
+
+    /// [`list_dir`] of `dir`, beneath this root.
+    pub fn list_dir(&self, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+        list_dir_in(Place::Beneath(self), dir)
     }
 
     /// [`list_names`] of `dir`, beneath this root.
