@@ -3,9 +3,9 @@
 //! reason when they are not what they should be.
 
 use super::beneath::{Place, Root};
-use super::path::{create_dir_private_in, rename_durably_in};
+use super::path::{create_dir_private_in, open_read_in, rename_durably_in};
 use super::synced::commit_in;
-use super::{Dir, Kind, open_read};
+use super::{Dir, Kind};
 use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
 use std::fs::{self, File};
@@ -227,7 +227,14 @@ pub const NOT_REGULAR: &str = "is not a regular file";
 /// it, settled against a writer) with its length; `None` when it does not exist, and
 /// `Error::Corrupt` ([`NOT_REGULAR`]) when it is not a regular file.
 fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
-    let file = match open_read(path).and_then(|f| settled(f, || open_read(path))) {
+    let home = super::beneath::registered(path);
+    open_regular_in(super::beneath::place(home.as_deref()), path)
+}
+
+/// [`open_regular`] of `path` in `place`.
+fn open_regular_in(place: Place<'_>, path: &Path) -> Result<Option<(File, u64)>> {
+    let open = || open_read_in(place, path);
+    let file = match open().and_then(|f| settled(f, open)) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io("cannot read", path, e)),
@@ -268,7 +275,17 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
 /// reaches it), and whether bytes before them were left unread; `None` when it does not
 /// exist. A file that is not regular is `Error::Corrupt` ([`NOT_REGULAR`]).
 pub fn read_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
-    let Some((mut file, len)) = open_regular(path)? else {
+    let home = super::beneath::registered(path);
+    read_tail_in(super::beneath::place(home.as_deref()), path, cap)
+}
+
+/// [`read_tail`] of `path` in `place`.
+pub(super) fn read_tail_in(
+    place: Place<'_>,
+    path: &Path,
+    cap: u64,
+) -> Result<Option<(Vec<u8>, bool)>> {
+    let Some((mut file, len)) = open_regular_in(place, path)? else {
         return Ok(None);
     };
     let skip = len.saturating_sub(cap);
