@@ -188,7 +188,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "agent_view",
             "delivery",
-            "durable",
             "engine",
             "error",
             "escape",
