@@ -97,7 +97,7 @@ pub fn run(inputs: &Inputs<'_>) -> Vec<Finding> {
     if fs::symlink_metadata(home.root()).is_err() {
         return checks;
     }
-    let walk = walk_home(home.root());
+    let walk = walk_home(home.root_dir());
     checks.push(check_modes(home, &walk));
     checks.push(check_settings(home, inputs.settings));
     checks.extend(store_checks(&inputs.store));
@@ -185,7 +185,7 @@ struct Walk {
     truncated: bool,
 }
 
-fn walk_home(root: &Path) -> Walk {
+fn walk_home(home: &durable::Root) -> Walk {
     let mut walk = Walk {
         too_open: Vec::new(),
         not_ours: Vec::new(),
@@ -195,7 +195,7 @@ fn walk_home(root: &Path) -> Walk {
     };
     let uid = euid();
     let now = SystemTime::now();
-    let mut stack = vec![root.to_owned()];
+    let mut stack = vec![home.path().to_owned()];
     let mut seen = 0usize;
     while let Some(path) = stack.pop() {
         seen += 1;
@@ -231,7 +231,7 @@ fn walk_home(root: &Path) -> Walk {
             walk.big_logs.push((path.clone(), meta.len()));
         }
         if meta.is_dir()
-            && let Ok(entries) = durable::list_dir(&path)
+            && let Ok(entries) = home.list_dir(&path)
         {
             stack.extend(entries.into_iter().map(|(_, p)| p));
         }
@@ -821,7 +821,9 @@ to its newest lines (whole lines only)",
 
 fn check_bad(home: &Home) -> Finding {
     let bad_dir = home.bad_dir();
-    let parked = durable::list_dir(&bad_dir)
+    let parked = home
+        .root_dir()
+        .list_dir(&bad_dir)
         .unwrap_or_default()
         .into_iter()
         .filter(|(n, _)| n.ends_with(".json"))
@@ -845,7 +847,9 @@ fn check_bad(home: &Home) -> Finding {
 
 fn check_quarantine(home: &Home) -> Finding {
     let dir = home.quarantine_dir();
-    let set_aside = durable::list_dir(&dir)
+    let set_aside = home
+        .root_dir()
+        .list_dir(&dir)
         .unwrap_or_default()
         .into_iter()
         .filter(|(n, _)| !n.ends_with(".reason"))
@@ -956,16 +960,17 @@ mod tests {
             .unwrap()
             .port();
         let published = |addr: String| {
-            durable::commit_json(
-                &home.webhook_address_file(),
-                &WebhookAddress {
-                    url: format!("http://{addr}/webhook/signal"),
-                    addr,
-                    pid: 1,
-                    started_at: crate::clock::Timestamp::from_millis(0),
-                },
-            )
-            .unwrap()
+            home.root_dir()
+                .commit_json(
+                    &home.webhook_address_file(),
+                    &WebhookAddress {
+                        url: format!("http://{addr}/webhook/signal"),
+                        addr,
+                        pid: 1,
+                        started_at: crate::clock::Timestamp::from_millis(0),
+                    },
+                )
+                .unwrap()
         };
         published(format!("127.0.0.1:{port}"));
         assert_eq!(check_shim(&home).level, Level::Fail);

@@ -11,6 +11,7 @@
 //! - `dir.rs`: the same operations relative to a directory held open ([`Dir`]).
 //! - `beneath.rs`: a home's [`Root`] and how a path under it is reached from it, never
 //!   through a link.
+//! - `outside.rs`: the few operations on paths outside every home ([`outside`]), named so.
 //! - `temp.rs`: temp files: their names and the sweep of those a crash left.
 //! - `lock.rs`, `read.rs`, `trash.rs`: the locks that serialise writers, reading records
 //!   safely, and the trash that frees replaced files off the caller's thread.
@@ -27,6 +28,7 @@ mod beneath;
 mod dir;
 mod events;
 mod lock;
+pub mod outside;
 mod path;
 mod read;
 mod synced;
@@ -34,7 +36,7 @@ mod temp;
 mod trash;
 mod unsynced;
 
-pub use beneath::{Root, confine};
+pub use beneath::{Place, Root, confine};
 pub use dir::{Dir, Kind, Rewrite};
 pub use events::is_ready_kind;
 pub use lock::{FileLock, LockHolder};

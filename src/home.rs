@@ -28,7 +28,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::durable::{Dir, Root, create_dir_private};
+use crate::durable::{Dir, Root};
 use crate::error::{Error, Result};
 
 /// The file name of a waitpoint's signal log, in its directory.
@@ -92,7 +92,7 @@ impl Home {
                     ),
                 });
             }
-            create_dir_private(&dir)?;
+            self.dir.create_dir_private(&dir)?;
         }
         Ok(())
     }

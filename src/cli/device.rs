@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use crate::durable::{self, FileLock};
+use crate::durable::FileLock;
 use crate::engine::Engine;
 use crate::error::{Error, exit};
 use crate::ingress::device::{
@@ -354,7 +354,9 @@ fn poll(
             }
             // Leave nothing in the journal: no daemon runs to checkpoint it.
             engine.checkpoint_journal()?;
-            let _ = durable::remove_durably(&home.device_poll_file(&d.name));
+            let _ = home
+                .root_dir()
+                .remove_durably(&home.device_poll_file(&d.name));
             report(
                 out,
                 &d,
@@ -371,7 +373,8 @@ fn poll(
         Err(Error::Locked { .. }) => {
             let asked = engine.now();
             let poll_file = home.device_poll_file(&d.name);
-            durable::commit(&poll_file, format!("{asked}\n").as_bytes())?;
+            home.root_dir()
+                .commit(&poll_file, format!("{asked}\n").as_bytes())?;
             let deadline = Instant::now() + Duration::from_secs_f64(a.timeout);
             loop {
                 let status = device::load_status(home, &d.name)?;

@@ -45,7 +45,7 @@ pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
             .boxed()
     };
     let file = daemon_log.and_then(|home| {
-        let _ = crate::durable::create_dir_private(&home.log_dir());
+        let _ = home.root_dir().create_dir_private(&home.log_dir());
         let f = OpenOptions::new()
             .create(true)
             .append(true)

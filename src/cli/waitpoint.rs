@@ -474,7 +474,7 @@ pub(super) fn watch(engine: &Engine, a: WatchArgs, out: &mut impl Write) -> anyh
     crate::request::check_name("session", &session)?;
     let home = engine.home();
     let inbox = home.inbox_new(&session);
-    crate::durable::create_dir_private(&inbox)?;
+    home.root_dir().create_dir_private(&inbox)?;
     let tty = io::stdout().is_terminal();
     let style = terminal_style();
     let (mut watcher, rx) = wake_on_change(&home.waitpoints_dir())?;

@@ -261,7 +261,9 @@ fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>,
     if engine.settings().store != Location::Files || !engine.index_is_complete() {
         return Ok((agent_view::session_names(engine)?, inboxes, false));
     }
-    let mut names: BTreeSet<String> = crate::durable::list_dir(&home.session_index_root())?
+    let mut names: BTreeSet<String> = home
+        .root_dir()
+        .list_dir(&home.session_index_root())?
         .into_iter()
         .map(|(name, _)| name)
         .filter(|name| crate::names::is_name(name))
@@ -269,7 +271,7 @@ fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>,
     names.extend(inboxes.iter().cloned());
     // A deleted session is left out until a waitpoint naming it is armed again (or a wake
     // lands): only its index markers' waitpoints are read, and only for the few deleted.
-    for (file, _) in crate::durable::list_dir(&home.deleted_sessions_dir())? {
+    for (file, _) in home.root_dir().list_dir(&home.deleted_sessions_dir())? {
         let Some(name) = file.strip_suffix(".json") else {
             continue;
         };
@@ -277,7 +279,7 @@ fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>,
             continue;
         }
         let mut created = Vec::new();
-        for (id, _) in crate::durable::list_dir(&home.session_index(name))? {
+        for (id, _) in home.root_dir().list_dir(&home.session_index(name))? {
             if crate::names::is_waitpoint_id(&id)
                 && let Some(wp) = engine.load(&id)?
             {
@@ -294,7 +296,11 @@ fn session_names(engine: &Engine) -> Result<(BTreeSet<String>, BTreeSet<String>,
 /// Whether one of the index's markers for `name` is a waitpoint still kept (only asked of a
 /// name with nothing to show, so a stale name costs a few reads).
 fn names_a_kept_waitpoint(engine: &Engine, name: &str) -> Result<bool> {
-    for (id, _) in crate::durable::list_dir(&engine.home().session_index(name))? {
+    for (id, _) in engine
+        .home()
+        .root_dir()
+        .list_dir(&engine.home().session_index(name))?
+    {
         if crate::names::is_waitpoint_id(&id) && engine.load(&id)?.is_some() {
             return Ok(true);
         }

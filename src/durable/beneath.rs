@@ -2,14 +2,16 @@
 //! under a home becomes a directory handle.
 //!
 //! Every file operation of this module's parent (`commit`, renames, removals, listings, locks,
-//! reads) takes a path, as its callers build them from [`Home`](crate::home::Home). For a path
-//! under a registered home ([`confine`]) the operation does not resolve the path as the kernel
-//! would, following any link on the way: it takes the home's root (which may itself be a link
-//! the user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Root`]), then the
-//! directory holding the last component
-//! relative to it with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts
-//! on the last component through that handle (`openat`, `renameat`, `unlinkat` with
-//! `O_NOFOLLOW`). A kernel without `openat2` gets the same walk one component at a time.
+//! reads) is written once over a [`Place`]: beneath a home's [`Root`], or [`outside`] every
+//! home. Beneath a root, the operation does not resolve the path as the kernel would,
+//! following any link on the way: it takes the home's root (which may itself be a link the
+//! user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Root`]), then the
+//! directory holding the last component relative to it with
+//! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts on the last
+//! component through that handle (`openat`, `renameat`, `unlinkat` with `O_NOFOLLOW`). A
+//! kernel without `openat2` gets the same walk one component at a time. A path handed to a
+//! [`Root`] that does not lie beneath it (another directory, or one climbing out with `..`)
+//! is refused ([`Root::relative`]), never used as given.
 //!
 //! A link (or a file) where a directory of the home should be is never followed. It is set
 //! aside into the home's `quarantine/` with a `.reason` beside it and a warning in the log
@@ -18,8 +20,11 @@
 //! only its own directory, never the daemon's batch. If the link cannot be set aside (the
 //! quarantine is itself a link), the operation fails, saying so.
 //!
-//! Paths outside every registered home (a user's file named on the command line, a test's
-//! temp directory) are used as given.
+//! Paths outside every home (a user's file named on the command line, a test's temp
+//! directory) are used as given, by the explicitly named [`outside`] forms. The path-only
+//! operations of the parent still find a path's [`Root`] in the registry [`confine`] fills as
+//! `Home::new` runs (a path under no registered home taken as outside), until their callers
+//! hand the home's root in, as `harness` and the record readers do.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -64,9 +69,11 @@ impl Root {
     }
 
     /// Sets `path`, an entry beneath this root that is not what the home keeps there, aside
-    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up.
+    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up. A path
+    /// not beneath this root is not moved, and the error says so.
     pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
-        set_aside_entry(path, &self.root, &self.quarantine, reason)
+        self.relative(path)?;
+        set_aside_entry(self, path, reason)
     }
 }
 
@@ -87,27 +94,147 @@ pub fn confine(root: &Path, quarantine: &Path) -> Arc<Root> {
     if let Some(home) = homes.iter().find(|h| h.root == root) {
         return Arc::clone(home);
     }
-    let home = Arc::new(Root {
-        root: root.to_owned(),
-        quarantine: quarantine.to_owned(),
-        handle: Mutex::new(None),
-    });
+    let home = Arc::new(Root::new(root, quarantine));
     homes.push(Arc::clone(&home));
     home
 }
 
-/// The registered home `path` lies under (the deepest one) and the path relative to its root.
-fn home_of(path: &Path) -> Option<(Arc<Root>, PathBuf)> {
+impl Root {
+    /// The root of the home at `root`, setting aside into `quarantine`; nothing is registered
+    /// and nothing opened until a path beneath it is first reached.
+    pub fn new(root: &Path, quarantine: &Path) -> Root {
+        Root {
+            root: root.to_owned(),
+            quarantine: quarantine.to_owned(),
+            handle: Mutex::new(None),
+        }
+    }
+
+    /// `path` relative to this root. A path that does not lie beneath it (another directory,
+    /// or one that climbs out with `..`) is refused: it is never used as given.
+    pub fn relative<'p>(&self, path: &'p Path) -> Result<&'p Path> {
+        let beneath = path.strip_prefix(&self.root).ok().filter(|rel| {
+            rel.components()
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir))
+        });
+        beneath.ok_or_else(|| {
+            Error::io(
+                "not a path beneath the home",
+                path,
+                io::Error::from(io::ErrorKind::InvalidInput),
+            )
+        })
+    }
+
+    /// Where `path`'s last component lives beneath this root and its name there, the
+    /// directory made when `make`; `Ok(None)` when it is missing and not made. The root itself
+    /// is reached as the user made it.
+    pub fn parent(&self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
+        let rel = self.relative(path)?;
+        let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
+            return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
+        };
+        Ok(walk(self, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
+    }
+
+    /// `path`, beneath this root, as a directory handle (made when `make`); `Ok(None)` when it
+    /// is missing and not made.
+    pub fn open_dir(&self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+        walk(self, self.relative(path)?, make)
+    }
+
+    /// Opens the file `path`, beneath this root, for reading in one `openat2` from the held
+    /// root, no link followed on the way or as the file itself: the common case of every read,
+    /// which would otherwise open the directory first and the file through it. `None` when that
+    /// one call cannot say (a link or a file where a directory should be, no `openat2` here, a
+    /// root removed since it was opened, a path not beneath this root): the caller then takes
+    /// the path that walks and names the culprit (or refuses the path). `Some(Err)` of kind
+    /// `NotFound` when it is missing.
+    pub fn open_read_fast(&self, path: &Path) -> Option<io::Result<OwnedFd>> {
+        open_read_fast_in(self, self.relative(path).ok()?)
+    }
+}
+
+/// Where a path-based operation reaches its path: beneath a home's [`Root`] (a path not
+/// beneath it refused), or [`outside`] every home, as given. Each operation is written once
+/// over a place; the caller says which.
+#[derive(Debug, Clone, Copy)]
+pub enum Place<'a> {
+    Beneath(&'a Root),
+    Outside,
+}
+
+impl Place<'_> {
+    /// [`Root::parent`] or [`outside::parent`].
+    pub fn parent(self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
+        match self {
+            Place::Beneath(root) => root.parent(path, make),
+            Place::Outside => Ok(Some(outside::parent(path))),
+        }
+    }
+
+    /// [`Root::open_dir`] or [`outside::open_dir`].
+    pub fn open_dir(self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+        match self {
+            Place::Beneath(root) => root.open_dir(path, make),
+            Place::Outside => outside::open_dir(path, make),
+        }
+    }
+
+    /// [`Root::open_read_fast`]; outside every home there is no fast path.
+    pub fn open_read_fast(self, path: &Path) -> Option<io::Result<OwnedFd>> {
+        match self {
+            Place::Beneath(root) => root.open_read_fast(path),
+            Place::Outside => None,
+        }
+    }
+}
+
+/// The place of `path` as the registry says: beneath the registered home it lies under, else
+/// outside. Kept only for the callers that do not yet hand their home's root in.
+pub fn registered(path: &Path) -> Option<Arc<Root>> {
+    home_of(path)
+}
+
+/// [`Place::Beneath`] the root looked up, or [`Place::Outside`].
+pub fn place(root: Option<&Root>) -> Place<'_> {
+    root.map_or(Place::Outside, Place::Beneath)
+}
+
+/// The explicitly unconfined forms, for the few paths that lie outside every home (a user's
+/// file named on the command line, a harness's settings file, a test's temp directory): the
+/// path is used as given, from the current directory. A path under a home never takes them.
+pub mod outside {
+    use super::*;
+
+    /// The current directory and the whole `path`: where an unconfined path is acted on.
+    pub fn parent(path: &Path) -> (At, OsString) {
+        (At::Cwd, path.as_os_str().to_owned())
+    }
+
+    /// `path` as a directory handle, made first when `make` (links followed as the kernel
+    /// does); `Ok(None)` when it is missing and not made.
+    pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+        if make {
+            crate::durable::path::mkdir_all_plain(path)?;
+        }
+        match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(e) => Err(Error::io("cannot open", path, e.into())),
+        }
+    }
+}
+
+/// The registered home `path` lies under (the deepest one). A path with `..` beneath a home
+/// is that home's all the same, and its [`Root`] refuses it.
+fn home_of(path: &Path) -> Option<Arc<Root>> {
     let homes = HOMES.read_or_recover();
     homes
         .iter()
-        .filter_map(|h| {
-            let rel = path.strip_prefix(&h.root).ok()?;
-            // `..` anywhere would climb out of the root; such a path is not confined, and
-            // `open_dir` refuses it below.
-            Some((Arc::clone(h), rel.to_owned()))
-        })
-        .max_by_key(|(h, _)| h.root.as_os_str().len())
+        .filter(|h| path.starts_with(&h.root))
+        .max_by_key(|h| h.root.as_os_str().len())
+        .cloned()
 }
 
 /// A directory to act in: a handle reached beneath a home, or the current directory for a
@@ -131,46 +258,22 @@ impl AsFd for At {
 /// its home (made when `make`), or, outside every home, the current directory and the whole
 /// path. `Ok(None)` when the directory is missing and not made.
 pub fn parent(path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
-    let Some((home, rel)) = home_of(path) else {
-        return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
-    };
-    let (Some(dir), Some(name)) = (rel.parent(), rel.file_name()) else {
-        // The root itself: reached as the user made it.
-        return Ok(Some((At::Cwd, path.as_os_str().to_owned())));
-    };
-    Ok(walk(&home, dir, make)?.map(|fd| (At::Dir(fd), name.to_owned())))
+    match home_of(path) {
+        Some(home) => home.parent(path, make),
+        None => Ok(Some(outside::parent(path))),
+    }
 }
 
 /// `path` itself as a directory handle, reached as [`parent`] reaches a directory; `Ok(None)`
 /// when it is missing and not made.
 pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
     match home_of(path) {
-        Some((home, rel)) => walk(&home, &rel, make),
-        None => {
-            if make {
-                super::path::mkdir_all_plain(path)?;
-            }
-            match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
-                Ok(fd) => Ok(Some(fd)),
-                Err(Errno::NOENT) => Ok(None),
-                Err(e) => Err(Error::io("cannot open", path, e.into())),
-            }
-        }
+        Some(home) => home.open_dir(path, make),
+        None => outside::open_dir(path, make),
     }
 }
 
-/// Opens the file `path` for reading in one `openat2` from its home's held root, no link
-/// followed on the way or as the file itself: the common case of every read, which would
-/// otherwise open the directory first and the file through it. `None` when that one call
-/// cannot say (a path outside every home, a link or a file where a directory should be, no
-/// `openat2` here, a root removed since it was opened): the caller then takes the path that
-/// walks and names the culprit. `Some(Err)` of kind `NotFound` when it is missing.
-pub fn open_read_fast(path: &Path) -> Option<io::Result<OwnedFd>> {
-    let (home, rel) = home_of(path)?;
-    open_read_fast_in(&home, &rel)
-}
-
-/// [`open_read_fast`] of `rel` beneath `home`, the root handed in rather than looked up.
+/// [`Root::open_read_fast`] of `rel`, a path relative to `home`.
 pub fn open_read_fast_in(home: &Root, rel: &Path) -> Option<io::Result<OwnedFd>> {
     if rel.as_os_str().is_empty() {
         return None;
@@ -197,11 +300,10 @@ const OPEN_DIR: OFlags = OFlags::RDONLY
 /// The directory `rel` beneath `root`, no link followed: one `openat2` when nothing is
 /// unusual, else one component at a time, setting aside what stands where a directory should.
 fn walk(home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
-    let (root, quarantine) = (home.root.as_path(), home.quarantine.as_path());
     let Some(root_fd) = root_handle(home, make)? else {
         return Ok(None);
     };
-    let found = walk_from(&root_fd, root, quarantine, rel, make);
+    let found = walk_from(&root_fd, home, rel, make);
     // A root removed while held (a home deleted and made again) is not where the path leads
     // any more: forget it and walk once more from the root as it is now.
     let gone = || rustix::fs::fstat(&*root_fd).is_ok_and(|st| st.st_nlink == 0);
@@ -210,7 +312,7 @@ fn walk(home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
         let Some(root_fd) = root_handle(home, make)? else {
             return Ok(None);
         };
-        return walk_from(&root_fd, root, quarantine, rel, make);
+        return walk_from(&root_fd, home, rel, make);
     }
     found
 }
@@ -239,13 +341,8 @@ fn root_handle(home: &Root, make: bool) -> Result<Option<Arc<OwnedFd>>> {
 }
 
 /// [`walk`] from the root's handle.
-fn walk_from(
-    root_fd: &OwnedFd,
-    root: &Path,
-    quarantine: &Path,
-    rel: &Path,
-    make: bool,
-) -> Result<Option<OwnedFd>> {
+fn walk_from(root_fd: &OwnedFd, home: &Root, rel: &Path, make: bool) -> Result<Option<OwnedFd>> {
+    let root = home.root.as_path();
     if rel.as_os_str().is_empty() {
         return root_fd
             .try_clone()
@@ -281,7 +378,7 @@ fn walk_from(
             }
         };
         at.push(name);
-        dir = match step(&dir, name, &at, root, quarantine, make)? {
+        dir = match step(&dir, name, &at, home, make)? {
             Some(fd) => fd,
             None => return Ok(None),
         };
@@ -294,8 +391,7 @@ fn step(
     dir: &OwnedFd,
     name: &OsStr,
     at: &Path,
-    root: &Path,
-    quarantine: &Path,
+    home: &Root,
     make: bool,
 ) -> Result<Option<OwnedFd>> {
     for _ in 0..3 {
@@ -317,7 +413,7 @@ fn step(
                     Err(Errno::NOENT) => continue,
                     Err(e) => return Err(Error::io("cannot inspect", at, e.into())),
                 };
-                set_aside_entry(at, root, quarantine, what)?;
+                set_aside_entry(home, at, what)?;
                 if !make {
                     return Ok(None);
                 }
@@ -338,7 +434,7 @@ fn step(
 /// not moved, and the error says why.
 pub fn set_aside(path: &Path, reason: &str) -> Result<()> {
     match home_of(path) {
-        Some((home, _)) => set_aside_entry(path, &home.root, &home.quarantine, reason),
+        Some(home) => home.set_aside(path, reason),
         None => Err(Error::io(
             "cannot use",
             path,
@@ -351,8 +447,8 @@ pub fn set_aside(path: &Path, reason: &str) -> Result<()> {
 /// [`set_aside`](crate::durable::set_aside) does for any record: the link itself is renamed,
 /// what it points to is not touched. Reaching the quarantine walks here again; if the
 /// quarantine is itself what stands in the way, nothing moves and the caller is refused.
-fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> Result<()> {
-    if quarantine.starts_with(at) {
+fn set_aside_entry(home: &Root, at: &Path, reason: &str) -> Result<()> {
+    if home.quarantine.starts_with(at) {
         // Not `Insecure`, whose text speaks of other users: this is the home's own layout
         // broken, for an operator to look at.
         return Err(Error::io(
@@ -364,12 +460,7 @@ fn set_aside_entry(at: &Path, root: &Path, quarantine: &Path, reason: &str) -> R
             )),
         ));
     }
-    let to = crate::durable::set_aside(
-        quarantine,
-        root,
-        at,
-        &format!("{reason}; set aside, not followed"),
-    )?;
+    let to = crate::durable::set_aside(home, at, &format!("{reason}; set aside, not followed"))?;
     tracing::warn!(
         path = %at.display(),
         quarantined = %to.display(),
@@ -457,5 +548,76 @@ mod tests {
         let v: Option<serde_json::Value> =
             crate::durable::read_json(&outside.join("secret.json")).unwrap();
         assert!(v.is_some());
+    }
+
+    #[test]
+    fn a_root_refuses_every_path_not_beneath_it_instead_of_using_it_as_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(
+            &dir.path().join("home"),
+            &dir.path().join("home/quarantine"),
+        );
+        let outside = dir.path().join("outside");
+        let climbing = dir.path().join("home/a/../../outside");
+        for path in [
+            outside.join("f"),
+            climbing.join("f"),
+            PathBuf::from("relative/f"),
+        ] {
+            let err = root.parent(&path, true).unwrap_err();
+            assert!(
+                err.to_string().contains("not a path beneath the home"),
+                "{err}"
+            );
+            let err = root.open_dir(&path, true).unwrap_err();
+            assert!(
+                err.to_string().contains("not a path beneath the home"),
+                "{err}"
+            );
+            assert!(root.open_read_fast(&path).is_none());
+            assert!(root.set_aside(&path, "test").is_err());
+        }
+        assert!(!outside.exists(), "nothing was made outside the home");
+    }
+
+    #[test]
+    fn two_homes_one_inside_the_other_each_confine_their_own_paths_unregistered() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("a/b"));
+        let outer = Root::new(&a, &a.join("quarantine"));
+        let inner = Root::new(&b, &b.join("quarantine"));
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        symlink(&outside, a.join("x")).unwrap();
+        symlink(&outside, b.join("y")).unwrap();
+        // Neither root is registered, yet each walks beneath itself and sets a link aside
+        // into its own quarantine.
+        assert!(inner.open_dir(&b.join("y/z"), false).unwrap().is_none());
+        assert!(outer.open_dir(&a.join("x/z"), false).unwrap().is_none());
+        assert!(b.join("quarantine/y.reason").is_file());
+        assert!(a.join("quarantine/x.reason").is_file());
+        assert!(inner.parent(&b.join("y/f"), true).unwrap().is_some());
+        assert!(std::fs::symlink_metadata(b.join("y")).unwrap().is_dir());
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+        // The inner home is beneath the outer one, not the other way round.
+        assert!(outer.relative(&b.join("y")).is_ok());
+        assert!(inner.relative(&a.join("x")).is_err());
+        assert!(home_of(&b).is_none() && home_of(&a).is_none());
+    }
+
+    #[test]
+    fn an_unregistered_root_sets_aside_through_its_own_walk_never_through_a_linked_quarantine() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = dir.path().join("home");
+        let outside = dir.path().join("outside");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        let root = Root::new(&home, &home.join("q/quarantine"));
+        symlink(&outside, home.join("q")).unwrap();
+        symlink(&outside, home.join("x")).unwrap();
+        let err = root.open_dir(&home.join("x/y"), false).unwrap_err();
+        assert!(err.to_string().contains("cannot set aside"), "{err}");
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 }

@@ -10,6 +10,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use super::beneath::{Place, Root};
 use super::{
     DIR_MODE, Dir, FILE_MODE, INLINE_UNSYNCED, beneath, dir, distinct_parents, each_concurrently,
     not_found, parent_of,
@@ -20,6 +21,11 @@ use crate::error::{Error, Result};
 /// followed on the way (see `beneath.rs`).
 pub fn create_dir_private(path: &Path) -> Result<()> {
     beneath::open_dir(path, true).map(drop)
+}
+
+/// [`create_dir_private`] of `path` in `place`.
+pub(super) fn create_dir_private_in(place: Place<'_>, path: &Path) -> Result<()> {
+    place.open_dir(path, true).map(drop)
 }
 
 /// `mkdir -p` of a path outside every home, as given.
@@ -33,14 +39,22 @@ pub(super) fn mkdir_all_plain(path: &Path) -> Result<()> {
 
 /// fsync a directory so a rename or unlink inside it is durable.
 pub fn fsync_dir(dir: &Path) -> Result<()> {
-    let fd = beneath::open_dir(dir, false)?
+    let home = beneath::registered(dir);
+    fsync_dir_in(beneath::place(home.as_deref()), dir)
+}
+
+/// [`fsync_dir`] of `dir` in `place`.
+pub(super) fn fsync_dir_in(place: Place<'_>, dir: &Path) -> Result<()> {
+    let fd = place
+        .open_dir(dir, false)?
         .ok_or_else(|| Error::io("cannot fsync directory", dir, not_found()))?;
     rustix::fs::fsync(&fd).map_err(|e| Error::io("cannot fsync directory", dir, e.into()))
 }
 
-/// `path`'s directory, reached as `beneath.rs` says, and its last component there.
-fn parent_at(path: &Path) -> io::Result<(beneath::At, std::ffi::OsString)> {
-    beneath::parent(path, false)
+/// `path`'s directory, reached in `place`, and its last component there.
+fn parent_in(place: Place<'_>, path: &Path) -> io::Result<(beneath::At, std::ffi::OsString)> {
+    place
+        .parent(path, false)
         .map_err(io::Error::other)?
         .ok_or_else(not_found)
 }
@@ -48,8 +62,19 @@ fn parent_at(path: &Path) -> io::Result<(beneath::At, std::ffi::OsString)> {
 /// Opens `path` with `flags` (never following a link as its last component), its directory
 /// reached as `beneath.rs` says.
 fn open_at(path: &Path, flags: rustix::fs::OFlags, mode: u32) -> io::Result<File> {
+    let home = beneath::registered(path);
+    open_in(beneath::place(home.as_deref()), path, flags, mode)
+}
+
+/// [`open_at`] in `place`.
+fn open_in(
+    place: Place<'_>,
+    path: &Path,
+    flags: rustix::fs::OFlags,
+    mode: u32,
+) -> io::Result<File> {
     use rustix::fs::{Mode, OFlags};
-    let (at, name) = parent_at(path)?;
+    let (at, name) = parent_in(place, path)?;
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     Ok(File::from(rustix::fs::openat(
         &at,
@@ -69,6 +94,13 @@ pub(super) fn create_new(path: &Path) -> io::Result<File> {
     )
 }
 
+/// [`create_new`] in `place`.
+pub(super) fn create_new_in(place: Place<'_>, path: &Path) -> io::Result<File> {
+    use rustix::fs::OFlags;
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL;
+    open_in(place, path, flags, FILE_MODE)
+}
+
 /// Makes the empty file `path` (mode 0600; it must not exist), without fsync.
 pub fn create_empty(path: &Path) -> Result<()> {
     create_new(path)
@@ -79,11 +111,17 @@ pub fn create_empty(path: &Path) -> Result<()> {
 /// Opens `path` for reading: a link as the last component is refused (`ELOOP`), a FIFO does
 /// not block the open.
 pub fn open_read(path: &Path) -> io::Result<File> {
+    let home = beneath::registered(path);
+    open_read_in(beneath::place(home.as_deref()), path)
+}
+
+/// [`open_read`] of `path` in `place`.
+pub(super) fn open_read_in(place: Place<'_>, path: &Path) -> io::Result<File> {
     use rustix::fs::OFlags;
-    if let Some(opened) = beneath::open_read_fast(path) {
+    if let Some(opened) = place.open_read_fast(path) {
         return opened.map(File::from);
     }
-    open_at(path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
+    open_in(place, path, OFlags::RDONLY | OFlags::NONBLOCK, 0)
 }
 
 /// Opens (creating when missing) `path` for reading and writing, mode 0600 (a lock file).
@@ -94,7 +132,13 @@ pub fn open_or_create(path: &Path) -> io::Result<File> {
 
 /// Removes the file `path` (not durably), reached as [`open_read`] reaches it.
 pub fn unlink(path: &Path) -> io::Result<()> {
-    let (at, name) = parent_at(path)?;
+    let home = beneath::registered(path);
+    unlink_in(beneath::place(home.as_deref()), path)
+}
+
+/// [`unlink`] in `place`.
+pub(super) fn unlink_in(place: Place<'_>, path: &Path) -> io::Result<()> {
+    let (at, name) = parent_in(place, path)?;
     Ok(rustix::fs::unlinkat(
         &at,
         name.as_os_str(),
@@ -114,8 +158,19 @@ pub fn exchange(a: &Path, b: &Path) -> io::Result<()> {
 }
 
 fn rename_with(from: &Path, to: &Path, flags: rustix::fs::RenameFlags) -> io::Result<()> {
-    let (from_at, from_name) = parent_at(from)?;
-    let (to_at, to_name) = parent_at(to)?;
+    let (from_home, to_home) = (beneath::registered(from), beneath::registered(to));
+    let from = (beneath::place(from_home.as_deref()), from);
+    rename_in(from, (beneath::place(to_home.as_deref()), to), flags)
+}
+
+/// Renames `from` to `to`, each reached in its place.
+pub(super) fn rename_in(
+    (from_place, from): (Place<'_>, &Path),
+    (to_place, to): (Place<'_>, &Path),
+    flags: rustix::fs::RenameFlags,
+) -> io::Result<()> {
+    let (from_at, from_name) = parent_in(from_place, from)?;
+    let (to_at, to_name) = parent_in(to_place, to)?;
     Ok(rustix::fs::renameat_with(
         &from_at,
         from_name.as_os_str(),
@@ -203,8 +258,14 @@ pub fn remove_all_durably(paths: &[PathBuf]) -> Result<()> {
 
 /// Removes a file and makes the removal durable. A file already gone is not an error.
 pub fn remove_durably(path: &Path) -> Result<()> {
-    match unlink(path) {
-        Ok(()) => fsync_dir(parent_of(path)),
+    let home = beneath::registered(path);
+    remove_durably_in(beneath::place(home.as_deref()), path)
+}
+
+/// [`remove_durably`] of `path` in `place`.
+fn remove_durably_in(place: Place<'_>, path: &Path) -> Result<()> {
+    match unlink_in(place, path) {
+        Ok(()) => fsync_dir_in(place, parent_of(path)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(Error::io("cannot remove", path, e)),
     }
@@ -220,11 +281,28 @@ pub fn rename_durably(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// [`rename_durably`] of `from` to `to`, both in `place`.
+pub(super) fn rename_durably_in(place: Place<'_>, from: &Path, to: &Path) -> Result<()> {
+    let flags = rustix::fs::RenameFlags::empty();
+    rename_in((place, from), (place, to), flags).map_err(|e| Error::io("cannot move", from, e))?;
+    fsync_dir_in(place, parent_of(to))?;
+    if parent_of(from) != parent_of(to) {
+        fsync_dir_in(place, parent_of(from))?;
+    }
+    Ok(())
+}
+
 /// The UTF-8 names in a directory (reached as `beneath.rs` says); a missing directory is
 /// empty. Names only: for a directory of a million entries this is a tenth of what
 /// [`list_dir`] holds.
 pub fn list_names(dir: &Path) -> Result<Vec<String>> {
-    let Some(fd) = beneath::open_dir(dir, false)? else {
+    let home = beneath::registered(dir);
+    list_names_in(beneath::place(home.as_deref()), dir)
+}
+
+/// [`list_names`] of `dir` in `place`.
+fn list_names_in(place: Place<'_>, dir: &Path) -> Result<Vec<String>> {
+    let Some(fd) = place.open_dir(dir, false)? else {
         return Ok(Vec::new());
     };
     Ok(dir::names_of(&fd, dir)?
@@ -237,13 +315,59 @@ pub fn list_names(dir: &Path) -> Result<Vec<String>> {
 /// not UTF-8 are returned lossily converted (callers that must handle them list the directory
 /// themselves).
 pub fn list_dir(dir: &Path) -> Result<Vec<(String, PathBuf)>> {
-    let Some(fd) = beneath::open_dir(dir, false)? else {
+    let home = beneath::registered(dir);
+    list_dir_in(beneath::place(home.as_deref()), dir)
+}
+
+/// [`list_dir`] of `dir` in `place`.
+fn list_dir_in(place: Place<'_>, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let Some(fd) = place.open_dir(dir, false)? else {
         return Ok(Vec::new());
     };
     Ok(dir::names_of(&fd, dir)?
         .into_iter()
         .map(|name| (name.to_string_lossy().into_owned(), dir.join(name)))
         .collect())
+}
+
+/// The operations by path beneath the home, each reached from its root: a path not beneath it
+/// is refused (see `beneath.rs`).
+impl Root {
+    /// [`create_dir_private`] of `path`, beneath this root.
+    pub fn create_dir_private(&self, path: &Path) -> Result<()> {
+        create_dir_private_in(Place::Beneath(self), path)
+    }
+
+    /// [`open_or_create`] of `path`, beneath this root.
+    pub fn open_or_create(&self, path: &Path) -> io::Result<File> {
+        use rustix::fs::OFlags;
+        open_in(
+            Place::Beneath(self),
+            path,
+            OFlags::RDWR | OFlags::CREATE,
+            FILE_MODE,
+        )
+    }
+
+    /// [`unlink`] of `path`, beneath this root.
+    pub fn unlink(&self, path: &Path) -> io::Result<()> {
+        unlink_in(Place::Beneath(self), path)
+    }
+
+    /// [`remove_durably`] of `path`, beneath this root.
+    pub fn remove_durably(&self, path: &Path) -> Result<()> {
+        remove_durably_in(Place::Beneath(self), path)
+    }
+
+    /// [`list_dir`] of `dir`, beneath this root.
+    pub fn list_dir(&self, dir: &Path) -> Result<Vec<(String, PathBuf)>> {
+        list_dir_in(Place::Beneath(self), dir)
+    }
+
+    /// [`list_names`] of `dir`, beneath this root.
+    pub fn list_names(&self, dir: &Path) -> Result<Vec<String>> {
+        list_names_in(Place::Beneath(self), dir)
+    }
 }
 
 /// Sets a path's mode (used on the home root, which may pre-exist).

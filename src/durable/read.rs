@@ -2,8 +2,10 @@
 //! the home without following links, bounded in size, and set aside into `quarantine/` with a
 //! reason when they are not what they should be.
 
-use super::beneath::Root;
-use super::{Dir, Kind, commit, create_dir_private, open_read, rename_durably};
+use super::beneath::{Place, Root};
+use super::path::{create_dir_private_in, open_read_in, rename_durably_in};
+use super::synced::commit_in;
+use super::{Dir, Kind};
 use crate::error::{Error, Result};
 use serde::de::DeserializeOwned;
 use std::fs::{self, File};
@@ -41,7 +43,7 @@ pub fn read_json_or_set_aside<T: DeserializeOwned>(root: &Root, path: &Path) -> 
         },
         Err(refused) => refused,
     };
-    match set_aside(root.quarantine(), root.path(), &culprit, &message) {
+    match set_aside(root, &culprit, &message) {
         Ok(to) => tracing::warn!(
             file = %culprit.display(),
             quarantined = %to.display(),
@@ -225,7 +227,14 @@ pub const NOT_REGULAR: &str = "is not a regular file";
 /// it, settled against a writer) with its length; `None` when it does not exist, and
 /// `Error::Corrupt` ([`NOT_REGULAR`]) when it is not a regular file.
 fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
-    let file = match open_read(path).and_then(|f| settled(f, || open_read(path))) {
+    let home = super::beneath::registered(path);
+    open_regular_in(super::beneath::place(home.as_deref()), path)
+}
+
+/// [`open_regular`] of `path` in `place`.
+fn open_regular_in(place: Place<'_>, path: &Path) -> Result<Option<(File, u64)>> {
+    let open = || open_read_in(place, path);
+    let file = match open().and_then(|f| settled(f, open)) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io("cannot read", path, e)),
@@ -266,7 +275,17 @@ pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
 /// reaches it), and whether bytes before them were left unread; `None` when it does not
 /// exist. A file that is not regular is `Error::Corrupt` ([`NOT_REGULAR`]).
 pub fn read_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
-    let Some((mut file, len)) = open_regular(path)? else {
+    let home = super::beneath::registered(path);
+    read_tail_in(super::beneath::place(home.as_deref()), path, cap)
+}
+
+/// [`read_tail`] of `path` in `place`.
+pub(super) fn read_tail_in(
+    place: Place<'_>,
+    path: &Path,
+    cap: u64,
+) -> Result<Option<(Vec<u8>, bool)>> {
+    let Some((mut file, len)) = open_regular_in(place, path)? else {
         return Ok(None);
     };
     let skip = len.saturating_sub(cap);
@@ -291,11 +310,14 @@ fn aside_name(rel: &Path) -> String {
         .collect()
 }
 
-/// Moves `path` into `quarantine` (named after its place under `root`, `/` as `%`) with a
-/// `.reason` file beside it, both durable. Returns where it went.
-pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> Result<PathBuf> {
-    create_dir_private(quarantine)?;
-    let rel = path.strip_prefix(root).unwrap_or(path);
+/// Moves `path`, beneath `root`, into the home's quarantine (named after its place under the
+/// root, `/` as `%`) with a `.reason` file beside it, both durable, every step reached beneath
+/// the root. Returns where it went.
+pub fn set_aside(root: &Root, path: &Path, reason: &str) -> Result<PathBuf> {
+    let place = Place::Beneath(root);
+    let quarantine = root.quarantine();
+    create_dir_private_in(place, quarantine)?;
+    let rel = root.relative(path)?;
     let stem = aside_name(rel);
     let mut target = quarantine.join(&stem);
     let mut n = 1;
@@ -304,14 +326,15 @@ pub fn set_aside(quarantine: &Path, root: &Path, path: &Path, reason: &str) -> R
         n += 1;
     }
     let note = format!("{}: {reason}\n", rel.display());
-    commit(
+    commit_in(
+        place,
         &target.with_file_name(format!(
             "{}.reason",
             target.file_name().unwrap_or_default().to_string_lossy()
         )),
         note.as_bytes(),
     )?;
-    rename_durably(path, &target)?;
+    rename_durably_in(place, path, &target)?;
     Ok(target)
 }
 

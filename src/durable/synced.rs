@@ -14,30 +14,35 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::path::create_new;
+use super::beneath::{self, Place, Root};
+use super::path::{create_new, create_new_in, fsync_dir_in, rename_in, unlink_in};
 use super::temp::temp_path_for;
-use super::{
-    distinct_parents, each_concurrently, fsync_dir, parent_of, rename, to_pretty_json, unlink,
-};
+use super::{distinct_parents, each_concurrently, fsync_dir, parent_of, to_pretty_json, unlink};
 use crate::error::{Error, Result};
 
 /// Writes `bytes` to `target` atomically and durably (see the module docs).
 pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
+    let home = beneath::registered(target);
+    commit_in(beneath::place(home.as_deref()), target, bytes)
+}
+
+/// [`commit`] of `target` in `place`.
+pub(super) fn commit_in(place: Place<'_>, target: &Path, bytes: &[u8]) -> Result<()> {
     let temp = temp_path_for(target);
-    let result = write_synced(&temp, bytes)
-        .and_then(|()| rename_into_place(&temp, target))
+    let result = write_synced_in(place, &temp, bytes)
+        .and_then(|()| rename_into_place(place, &temp, target))
         .and_then(|()| {
             crate::failpoint!(
                 crate::failpoint::STORE_DIR_FSYNC,
                 "cannot fsync directory",
                 parent_of(target)
             );
-            fsync_dir(parent_of(target))
+            fsync_dir_in(place, parent_of(target))
         });
     if result.is_err() {
         // The commit is void; do not leave half-made files behind. The rename may already have
         // happened (then the directory fsync failed), in which case the temp name is gone.
-        let _ = unlink(&temp);
+        let _ = unlink_in(place, &temp);
     }
     result
 }
@@ -52,7 +57,10 @@ pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>
             file.sync_all()
                 .map_err(|e| Error::io("cannot fsync", &temp, e))
         })
-        .and_then(|()| rename_into_place(&temp, target))
+        .and_then(|()| {
+            let home = beneath::registered(target);
+            rename_into_place(beneath::place(home.as_deref()), &temp, target)
+        })
         .and_then(|()| fsync_dir(parent_of(target)));
     if result.is_err() {
         let _ = unlink(&temp);
@@ -62,7 +70,13 @@ pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>
 
 /// Creates `path` (which must not exist) with `bytes`, fsynced; the caller makes its name durable.
 pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut file = create_new(path).map_err(|e| Error::io("cannot create", path, e))?;
+    let home = beneath::registered(path);
+    write_synced_in(beneath::place(home.as_deref()), path, bytes)
+}
+
+/// [`write_synced`] of `path` in `place`.
+fn write_synced_in(place: Place<'_>, path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut file = create_new_in(place, path).map_err(|e| Error::io("cannot create", path, e))?;
     crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", path);
     file.write_all(bytes)
         .map_err(|e| Error::io("cannot write", path, e))?;
@@ -71,9 +85,11 @@ pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
         .map_err(|e| Error::io("cannot fsync", path, e))
 }
 
-fn rename_into_place(temp: &Path, target: &Path) -> Result<()> {
+fn rename_into_place(place: Place<'_>, temp: &Path, target: &Path) -> Result<()> {
     crate::failpoint!(crate::failpoint::STORE_RENAME, "cannot rename", target);
-    rename(temp, target).map_err(|e| Error::io("cannot rename", target, e))
+    let flags = rustix::fs::RenameFlags::empty();
+    rename_in((place, temp), (place, target), flags)
+        .map_err(|e| Error::io("cannot rename", target, e))
 }
 
 /// Files written together and made durable together (group commit).
@@ -160,7 +176,8 @@ impl Batch {
     fn rename_all(&mut self) -> Result<()> {
         for s in &mut self.staged {
             s.file = None;
-            rename_into_place(&s.temp, &s.target)?;
+            let home = beneath::registered(&s.target);
+            rename_into_place(beneath::place(home.as_deref()), &s.temp, &s.target)?;
             // Renamed: nothing left to clean up for this one.
             s.temp = PathBuf::new();
         }
@@ -181,6 +198,19 @@ impl Drop for Batch {
 /// Commits `value` as pretty JSON to `target`.
 pub fn commit_json<T: Serialize>(target: &Path, value: &T) -> Result<()> {
     commit(target, &to_pretty_json(value))
+}
+
+/// The synced commits of a file beneath the home, reached from its root.
+impl Root {
+    /// [`commit`] of `target`, beneath this root.
+    pub fn commit(&self, target: &Path, bytes: &[u8]) -> Result<()> {
+        commit_in(Place::Beneath(self), target, bytes)
+    }
+
+    /// [`commit_json`] of `target`, beneath this root.
+    pub fn commit_json<T: Serialize>(&self, target: &Path, value: &T) -> Result<()> {
+        self.commit(target, &to_pretty_json(value))
+    }
 }
 
 #[cfg(test)]

@@ -217,8 +217,9 @@ pub fn remember(home: &Home, session: &str, caller: &Caller) -> Result<()> {
     if recall(home, session).ok().flatten().as_ref() == Some(caller) {
         return Ok(());
     }
-    durable::create_dir_private(file.parent().expect("a session directory"))?;
-    durable::commit_json(&file, caller)
+    let root = home.root_dir();
+    root.create_dir_private(file.parent().expect("a session directory"))?;
+    root.commit_json(&file, caller)
 }
 
 /// The harness session `session` was last seen in, if any.

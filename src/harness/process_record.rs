@@ -63,14 +63,15 @@ pub fn record_process(home: &Home, pid: rustix::process::RawPid, caller: &Caller
         return Ok(());
     };
     let dir = records_dir(home);
-    durable::create_dir_private(&dir)?;
+    home.root_dir().create_dir_private(&dir)?;
     prune(home);
     let record = ProcessRecord {
         pid,
         started,
         caller: caller.clone(),
     };
-    durable::commit_json(&record_file(home, pid), &record)
+    home.root_dir()
+        .commit_json(&record_file(home, pid), &record)
 }
 
 /// The session harness process `pid` is in now, if its record is there and names this very
@@ -101,7 +102,7 @@ fn read_record(home: &Home, pid: rustix::process::RawPid) -> Option<ProcessRecor
 pub fn forget_process(home: &Home, pid: rustix::process::RawPid, session: &str) -> Result<()> {
     if read_record(home, pid).is_some_and(|r| r.caller.session() == session) {
         let file = record_file(home, pid);
-        match durable::unlink(&file) {
+        match home.root_dir().unlink(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(crate::error::Error::io("cannot remove", &file, e)),
@@ -122,7 +123,8 @@ pub fn open_in(home: &Home, session: &str) -> Option<rustix::process::RawPid> {
 /// The pids that have a record; at most [`MAX_RECORDS`] are looked at, so a folder filled by
 /// hand costs a bounded time.
 fn pids(home: &Home) -> Vec<rustix::process::RawPid> {
-    durable::list_names(&records_dir(home))
+    home.root_dir()
+        .list_names(&records_dir(home))
         .unwrap_or_default()
         .into_iter()
         .filter_map(|n| n.strip_suffix(".json")?.parse().ok())
@@ -139,7 +141,7 @@ fn prune(home: &Home) {
     for pid in pids(home) {
         let live = read_record(home, pid).is_some_and(|r| Some(r.started) == start_ticks(pid));
         if !live {
-            let _ = durable::unlink(&record_file(home, pid));
+            let _ = home.root_dir().unlink(&record_file(home, pid));
         }
     }
 }
@@ -189,7 +191,7 @@ mod tests {
         let mut reused: ProcessRecord =
             serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
         reused.started += 1;
-        durable::commit_json(&file, &reused).unwrap();
+        home.root_dir().commit_json(&file, &reused).unwrap();
         assert_eq!(caller_of_process(&home, pid), None);
         child.kill().unwrap();
         child.wait().unwrap();

@@ -59,7 +59,7 @@ pub fn holds(harness: Harness, root: Option<&Path>, since: SystemTime, wake_id: 
     files.sort_by_key(|f| std::cmp::Reverse(f.0));
     let needle = wake_id.as_bytes();
     let found = files.iter().take(MAX_FILES).any(|(_, path)| {
-        crate::durable::read_tail(path, TAIL_BYTES)
+        crate::durable::outside::read_tail(path, TAIL_BYTES)
             .ok()
             .flatten()
             .is_some_and(|(bytes, _)| bytes.windows(needle.len()).any(|w| w == needle))

@@ -435,9 +435,11 @@ fn waiter_record(home: &Home, session: &str) -> PathBuf {
 
 fn presence_lock(home: &Home, session: &str) -> Result<File> {
     let dir = home.sessions_dir().join(session);
-    crate::durable::create_dir_private(&dir)?;
+    home.root_dir().create_dir_private(&dir)?;
     let path = dir.join("waiter.lock");
-    crate::durable::open_or_create(&path).map_err(|e| Error::io("cannot open lock", &path, e))
+    home.root_dir()
+        .open_or_create(&path)
+        .map_err(|e| Error::io("cannot open lock", &path, e))
 }
 
 impl Waiter {
@@ -458,7 +460,7 @@ impl Waiter {
             .map_err(|e| Error::io("cannot lock", &lock, e))?;
         let token = crate::secret::random_hex(8);
         let record = waiter_record(home, session);
-        crate::durable::commit_json(
+        home.root_dir().commit_json(
             &record,
             &WaiterRecord {
                 pid: std::process::id(),
@@ -551,7 +553,7 @@ impl Drop for Waiter {
     fn drop(&mut self) {
         // Leave no record naming a waiter that is gone; a newer one's record stays.
         if !self.should_leave() {
-            let _ = crate::durable::unlink(&self.record);
+            let _ = self.home.root_dir().unlink(&self.record);
         }
     }
 }
@@ -561,7 +563,7 @@ impl Drop for Waiter {
 pub fn end_waiter(home: &Home, session: &str) -> Result<bool> {
     crate::request::check_name("session", session)?;
     let record = waiter_record(home, session);
-    match crate::durable::unlink(&record) {
+    match home.root_dir().unlink(&record) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("cannot remove", &record, e)),
@@ -634,7 +636,7 @@ fn begin_resume(
                 super::transcript::Seen::Yes => {
                     delivery::mark_read(home, &wake.channel, &wake.wake_id)
                         .map_err(|e| format!("cannot mark the wake read: {e}"))?;
-                    let _ = crate::durable::remove_durably(&path);
+                    let _ = home.root_dir().remove_durably(&path);
                     return Ok(Some(Handed::InTranscript));
                 }
                 seen => tracing::info!(
@@ -648,16 +650,17 @@ fn begin_resume(
         }
         None => epoch_ms(SystemTime::now()),
     };
-    crate::durable::commit_json(
-        &path,
-        &ResumeRecord {
-            wake_id: wake.wake_id.clone(),
-            harness: r.harness,
-            target: r.target.clone(),
-            started_at_ms,
-        },
-    )
-    .map_err(|e| format!("cannot record the resume before starting it: {e}"))?;
+    home.root_dir()
+        .commit_json(
+            &path,
+            &ResumeRecord {
+                wake_id: wake.wake_id.clone(),
+                harness: r.harness,
+                target: r.target.clone(),
+                started_at_ms,
+            },
+        )
+        .map_err(|e| format!("cannot record the resume before starting it: {e}"))?;
     Ok(None)
 }
 
@@ -745,11 +748,15 @@ pub fn resume_or_yield(
         .is_err_and(|why| why.starts_with(NO_SUCH_SESSION))
     {
         // Nothing began: the record goes, and the wake stays for the session's next reader.
-        let _ = crate::durable::remove_durably(&resume_record(home, channel));
+        let _ = home
+            .root_dir()
+            .remove_durably(&resume_record(home, channel));
         return Ok(Handed::NoSuchSession);
     }
     ran?;
-    let _ = crate::durable::remove_durably(&resume_record(home, channel));
+    let _ = home
+        .root_dir()
+        .remove_durably(&resume_record(home, channel));
     Ok(Handed::Resumed)
 }
 

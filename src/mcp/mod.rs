@@ -768,7 +768,7 @@ fn new_unread(
     let session = &inner.session_for(None)?;
     let home = inner.engine.home();
     let dir = home.inbox_new(session);
-    crate::durable::create_dir_private(&dir)?;
+    home.root_dir().create_dir_private(&dir)?;
     let (_watcher, rx) = crate::inbox::wake_on_change(&dir)?;
     loop {
         if inner.gone.is_set() {

@@ -189,7 +189,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "agent_view",
             "delivery",
-            "durable",
             "engine",
             "error",
             "escape",
