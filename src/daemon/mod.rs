@@ -39,6 +39,7 @@ use crate::settings::{DAY_MS, Settings};
 
 mod collect;
 mod devices;
+mod dirwatch;
 mod hooks;
 mod janitor;
 mod leading;

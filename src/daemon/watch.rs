@@ -3,13 +3,12 @@
 
 use crate::store::Hint;
 
-use super::{Daemon, Event};
+use super::{Daemon, Event, dirwatch};
 use crate::error::{Error, Result};
 use crate::ingress::device::{self};
 use crate::ingress::spool::is_candidate;
 use crate::sync::MutexExt;
 use notify::{RecursiveMode, Watcher};
-use std::path::Path;
 use std::sync::Mutex;
 
 pub(super) fn to_io(e: notify::Error) -> std::io::Error {
@@ -23,7 +22,13 @@ impl Daemon {
     /// Sets up the watcher on the drop zone, the timers and the device mirrors, and the
     /// store's watch on the waitpoints. Their callbacks only forward hints; all work happens
     /// on the loop. Both stop when the returned guards drop.
-    pub(super) fn watch(&self) -> Result<(notify::RecommendedWatcher, crate::store::Guard)> {
+    pub(super) fn watch(
+        &self,
+    ) -> Result<(
+        dirwatch::DirWatch,
+        notify::RecommendedWatcher,
+        crate::store::Guard,
+    )> {
         let tx = self.tx.clone();
         let drop_zone = self.spool.dir.clone();
         crate::failpoint!(
@@ -33,7 +38,26 @@ impl Daemon {
         );
         let devices = self.engine.home().devices_dir();
         let timers = self.engine.home().timers_dir();
-        let (dz, dd, td) = (drop_zone.clone(), devices.clone(), timers.clone());
+        crate::durable::create_dir_private(&timers)?;
+        // The drop zone and the timers through the daemon's own watch (dirwatch.rs says why):
+        // the kernel wakes it only for complete files, not for the daemon's own opens.
+        let dir_tx = Mutex::new(self.tx.clone());
+        let dirs = dirwatch::DirWatch::spawn(&[drop_zone.clone(), timers.clone()], move |seen| {
+            let event = match seen {
+                dirwatch::Seen::Lost => Event::Rescan,
+                dirwatch::Seen::Ready(0, name) if is_candidate(name) => {
+                    Event::SpoolFile(name.to_owned())
+                }
+                dirwatch::Seen::Ready(1, name) => match name.strip_suffix(".json") {
+                    Some(id) if crate::names::is_timer_id(id) => Event::TimerChanged(id.to_owned()),
+                    _ => return,
+                },
+                dirwatch::Seen::Ready(..) => return,
+            };
+            let _ = dir_tx.lock_or_recover().send(event);
+        })
+        .map_err(|e| Error::io("cannot watch", &drop_zone, e))?;
+        let dd = devices.clone();
         let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             let event = match res {
                 Ok(e) => e,
@@ -50,29 +74,12 @@ impl Daemon {
                 return;
             }
             for path in &event.paths {
-                let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-                    continue;
-                };
-                let parent = path.parent().unwrap_or(Path::new(""));
-                if parent == dz && is_candidate(name) {
-                    let _ = tx.send(Event::SpoolFile(name.to_owned()));
-                } else if parent == td
-                    && let Some(id) = name.strip_suffix(".json")
-                    && crate::names::is_timer_id(id)
-                {
-                    let _ = tx.send(Event::TimerChanged(id.to_owned()));
-                } else if let Some(hint) = device::hint_for(path, &dd) {
+                if let Some(hint) = device::hint_for(path, &dd) {
                     let _ = tx.send(Event::Device(hint));
                 }
             }
         })
         .map_err(|e| Error::io("cannot start the file watcher on", &drop_zone, to_io(e)))?;
-        crate::durable::create_dir_private(&timers)?;
-        for dir in [&drop_zone, &timers] {
-            watcher
-                .watch(dir, RecursiveMode::NonRecursive)
-                .map_err(|e| Error::io("cannot watch", dir, to_io(e)))?;
-        }
         // Recursive, so each device's mirror is watched from the moment its directory appears.
         watcher
             .watch(&devices, RecursiveMode::Recursive)
@@ -89,6 +96,6 @@ impl Daemon {
             };
             let _ = tx.lock_or_recover().send(event);
         }))?;
-        Ok((watcher, state))
+        Ok((dirs, watcher, state))
     }
 }
