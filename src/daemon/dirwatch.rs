@@ -37,10 +37,15 @@ impl DirWatch {
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
         let mut wds = Vec::with_capacity(dirs.len());
         for dir in dirs {
+            // A link where a watched directory should be is not followed: the watch would
+            // otherwise hear a directory outside the home (the sweep sets the link aside).
             let wd = inotify::add_watch(
                 &fd,
                 dir,
-                WatchFlags::MOVED_TO | WatchFlags::CLOSE_WRITE | WatchFlags::ONLYDIR,
+                WatchFlags::MOVED_TO
+                    | WatchFlags::CLOSE_WRITE
+                    | WatchFlags::ONLYDIR
+                    | WatchFlags::DONT_FOLLOW,
             )?;
             wds.push(wd);
         }
