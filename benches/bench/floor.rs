@@ -270,3 +270,53 @@ pub fn filesystem(dir: &Path) -> String {
     };
     format!("{kind}{journal}, {source} mounted at {point}")
 }
+
+/// Signals per second for `n` signals through the file work the layout needs and nothing else,
+/// no fsync: per signal, read the spool file and unlink it, create the wake file (temp, then
+/// rename into `new/`), rewrite the waitpoint's state over its spare (write the spare, then
+/// `renameat2(RENAME_EXCHANGE)`), and append one line to the waitpoint's log. This is the
+/// ceiling of the layout itself: what the daemon could reach with no overhead of its own.
+pub fn layout_floor(dir: &Path, n: usize, body: &[u8]) -> f64 {
+    let (spool, new, wp) = (dir.join("spool"), dir.join("new"), dir.join("wp"));
+    for d in [&spool, &new, &wp] {
+        fs::create_dir_all(d).unwrap();
+    }
+    for i in 0..n {
+        fs::write(spool.join(format!("{i}.json")), body).unwrap();
+    }
+    let (state, spare) = (wp.join("state.json"), wp.join(".state.spare"));
+    fs::write(&state, body).unwrap();
+    fs::write(&spare, body).unwrap();
+    let mut log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(wp.join("log.jsonl"))
+        .unwrap();
+    let cstr = |p: &Path| [p.as_os_str().as_bytes(), b"\0"].concat();
+    let (spare_c, state_c) = (cstr(&spare), cstr(&state));
+    let mut buf = Vec::with_capacity(4096);
+    let start = Instant::now();
+    for i in 0..n {
+        let name = spool.join(format!("{i}.json"));
+        buf.clear();
+        File::open(&name).unwrap().read_to_end(&mut buf).unwrap();
+        fs::remove_file(&name).unwrap();
+        let tmp = new.join(format!(".{i}.tmp"));
+        fs::write(&tmp, &buf).unwrap();
+        fs::rename(&tmp, new.join(format!("{i}.json"))).unwrap();
+        fs::write(&spare, &buf).unwrap();
+        // SAFETY: both paths are NUL-terminated buffers that outlive the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                spare_c.as_ptr().cast(),
+                libc::AT_FDCWD,
+                state_c.as_ptr().cast(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        assert_eq!(rc, 0, "renameat2 RENAME_EXCHANGE");
+        log.write_all(&buf).unwrap();
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}

@@ -663,8 +663,8 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
         let n = n_wp * per;
         eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
         // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU,
-        // the previous release and its CPU (NaN without one).
-        let mut runs: Vec<[f64; 9]> = Vec::new();
+        // the previous release and its CPU (NaN without one), the layout floor.
+        let mut runs: Vec<[f64; 10]> = Vec::new();
         for round in 0..rounds {
             let dir = o.base.join(format!("ingest-{shape}-{round}"));
             let setup = ours::ingest_setup(&dir, n_wp, per);
@@ -703,21 +703,23 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 }
                 (run.rate, run.cpu_us)
             });
-            let (mut d, mut f, mut f_cpu_us) = (f64::NAN, f64::NAN, f64::NAN);
+            let (mut d, mut f, mut f_cpu_us, mut lf) = (f64::NAN, f64::NAN, f64::NAN, f64::NAN);
             if shape == 0 {
                 let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
                 d = floor::file_floor(&scratch("floor-durable"), n, body, true);
                 let cpu = floor::cpu_secs_self();
                 f = floor::file_floor(&scratch("floor-nosync"), n, body, false);
                 f_cpu_us = (floor::cpu_secs_self() - cpu) * 1e6 / n as f64;
+                lf = floor::layout_floor(&scratch("floor-layout"), n, body);
             }
             eprintln!(
                 "  round {round}: ours {:.0} ({:.0} us CPU), SQLite peer {:.0} ({:.0} us CPU), \
-                 durable floor {d:.0}, no-sync floor {f:.0} ({f_cpu_us:.0} us CPU)",
+                 durable floor {d:.0}, no-sync floor {f:.0} ({f_cpu_us:.0} us CPU), \
+                 layout floor {lf:.0}",
                 x.rate, x.cpu_us, q.rate, q.cpu_us
             );
             runs.push([
-                x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev.0, prev.1,
+                x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev.0, prev.1, lf,
             ]);
             if !o.keep {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -728,7 +730,7 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
         if o.ours_only {
             continue;
         }
-        let column = |f: &dyn Fn(&[f64; 9]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let column = |f: &dyn Fn(&[f64; 10]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
         // One table row: ours (column `a`) against a baseline (column `b`), both medians, and
         // the median of the rounds' ratios.
         let mut against = |what: &str, a: usize, b: usize, base: &str, target: &str| {
@@ -804,6 +806,22 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 5,
                 1,
                 "SQLite peer, same rounds",
+                "-",
+            );
+            // The ceiling of this layout: the file work a signal needs (spool read and unlink,
+            // wake file, state exchanged over its spare, one log line), no fsync, nothing else.
+            against(
+                "1. the layout floor itself against the SQLite peer (signals/s)",
+                9,
+                1,
+                "SQLite peer, same rounds",
+                "-",
+            );
+            against(
+                "1. same (1000 x 1), ours against the layout floor",
+                0,
+                9,
+                "layout floor",
                 "-",
             );
         }
