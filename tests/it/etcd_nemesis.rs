@@ -421,6 +421,23 @@ fn field_of(log: &str, line: &str, field: &str) -> String {
         .to_owned()
 }
 
+/// A leader's key that nobody writes again, under a lease etcd keeps for 300 s: a leader
+/// that stopped renewing its liveness mark, its lease renewed all the same (as a new raft
+/// leader renews every lease).
+fn stale_leader_key(cluster: &Cluster) -> (String, String) {
+    let out = cluster.ctl(&["lease", "grant", "300"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
+    let key = format!("t/leader/{lease}");
+    assert!(
+        cluster
+            .ctl(&["put", "--lease", &lease, &key, "a"])
+            .status
+            .success()
+    );
+    (key, lease)
+}
+
 /// Issue 40's missed failover target (the lease + 2 s): a split with the leading daemon's host
 /// and the raft leader member in the minority took 7.3 to 8.4 s with a 5 s lease, because the
 /// majority's new raft leader gives every lease its whole TTL again (plus an election
@@ -433,16 +450,7 @@ fn field_of(log: &str, line: &str, field: &str) -> String {
 #[test]
 fn a_leader_whose_lease_etcd_keeps_but_whose_mark_went_stale_is_deposed_by_the_standby() {
     let cluster = Cluster::start();
-    let out = cluster.ctl(&["lease", "grant", "300"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
-    let key = format!("t/leader/{lease}");
-    assert!(
-        cluster
-            .ctl(&["put", "--lease", &lease, &key, "a"])
-            .status
-            .success()
-    );
+    let (key, lease) = stale_leader_key(&cluster);
     let (_, mark, _) = candidate_at(&cluster, &key, 0).unwrap();
     let b = host(&cluster, "b", "");
     let _db = b.daemon();
@@ -517,16 +525,7 @@ fn a_live_leader_renews_its_mark_and_is_not_deposed_and_a_deposed_one_steps_down
 #[test]
 fn a_standby_whose_own_lease_keeps_lapsing_still_deposes_a_stale_leader() {
     let cluster = Cluster::start();
-    let out = cluster.ctl(&["lease", "grant", "300"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let lease = text.split_whitespace().nth(1).expect(&text).to_owned();
-    let key = format!("t/leader/{lease}");
-    assert!(
-        cluster
-            .ctl(&["put", "--lease", &lease, &key, "a"])
-            .status
-            .success()
-    );
+    let (key, _) = stale_leader_key(&cluster);
     let b = host(&cluster, "b", "");
     let _db = b.daemon();
     let mut revoked = 0;
