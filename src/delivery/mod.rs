@@ -43,11 +43,6 @@ impl Inboxes {
         }
     }
 
-    /// Whether the wake is still unread in `new/`.
-    pub fn is_unread(&self, channel: &str, wake_id: &str) -> bool {
-        is_unread(&self.home, channel, wake_id)
-    }
-
     /// See [`remove_inbox`].
     pub fn remove(&self, session: &str) -> Result<()> {
         remove_inbox(&self.home, session)
