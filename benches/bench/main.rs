@@ -663,8 +663,8 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
         let n = n_wp * per;
         eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
         // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU,
-        // the previous release and its CPU (NaN without one), the layout floor.
-        let mut runs: Vec<[f64; 10]> = Vec::new();
+        // the previous release and its CPU (NaN without one), the layout floor and its CPU.
+        let mut runs: Vec<[f64; 11]> = Vec::new();
         for round in 0..rounds {
             let dir = o.base.join(format!("ingest-{shape}-{round}"));
             let setup = ours::ingest_setup(&dir, n_wp, per);
@@ -703,23 +703,24 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 }
                 (run.rate, run.cpu_us)
             });
-            let (mut d, mut f, mut f_cpu_us, mut lf) = (f64::NAN, f64::NAN, f64::NAN, f64::NAN);
+            let (mut d, mut f, mut f_cpu_us) = (f64::NAN, f64::NAN, f64::NAN);
+            let (mut lf, mut lf_cpu_us) = (f64::NAN, f64::NAN);
             if shape == 0 {
                 let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
                 d = floor::file_floor(&scratch("floor-durable"), n, body, true);
                 let cpu = floor::cpu_secs_self();
                 f = floor::file_floor(&scratch("floor-nosync"), n, body, false);
                 f_cpu_us = (floor::cpu_secs_self() - cpu) * 1e6 / n as f64;
-                lf = floor::layout_floor(&scratch("floor-layout"), n, body);
+                (lf, lf_cpu_us) = floor::layout_floor(&scratch("floor-layout"), n, body);
             }
             eprintln!(
                 "  round {round}: ours {:.0} ({:.0} us CPU), SQLite peer {:.0} ({:.0} us CPU), \
                  durable floor {d:.0}, no-sync floor {f:.0} ({f_cpu_us:.0} us CPU), \
-                 layout floor {lf:.0}",
+                 layout floor {lf:.0} ({lf_cpu_us:.0} us CPU)",
                 x.rate, x.cpu_us, q.rate, q.cpu_us
             );
             runs.push([
-                x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev.0, prev.1, lf,
+                x.rate, q.rate, x.cpu_us, q.cpu_us, d, f, f_cpu_us, prev.0, prev.1, lf, lf_cpu_us,
             ]);
             if !o.keep {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -730,7 +731,7 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
         if o.ours_only {
             continue;
         }
-        let column = |f: &dyn Fn(&[f64; 10]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        let column = |f: &dyn Fn(&[f64; 11]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
         // One table row: ours (column `a`) against a baseline (column `b`), both medians, and
         // the median of the rounds' ratios.
         let mut against = |what: &str, a: usize, b: usize, base: &str, target: &str| {
@@ -822,6 +823,22 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 0,
                 9,
                 "layout floor",
+                "-",
+            );
+            // The least CPU the layout's file work costs a signal (the same floor, in this
+            // process, one thread): the daemon's CPU cannot go below it in this layout.
+            against(
+                "1. the layout floor's CPU per signal against the SQLite peer's (us)",
+                10,
+                3,
+                "SQLite peer, in-process",
+                "-",
+            );
+            against(
+                "1. same (1000 x 1), daemon CPU per signal against the layout floor's (us)",
+                2,
+                10,
+                "layout floor, CPU per signal",
                 "-",
             );
         }
