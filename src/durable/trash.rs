@@ -17,13 +17,15 @@ use std::time::Duration;
 ///
 /// Freeing a file's blocks (removing it, or renaming another file over it) waits for the
 /// device on a filesystem mounted with `discard`: about 150 us a file on the VM the README's
-/// figures come from, two thirds of what a signal cost. The daemon therefore moves a consumed
-/// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and a replaced
-/// file's old one, exchanged for the new one when it cannot be kept as a spare (see
-/// [`Unsynced::replace_json`], [`Unsynced::rewrite_json`]).
+/// figures come from, two thirds of what a signal cost. The daemon therefore moves a replaced
+/// file's old one here ([`take_all_from`](Trash::take_all_from): a rename frees nothing),
+/// exchanged for the new one when it cannot be kept as a spare (see
+/// [`Unsynced::replace_json`], [`Unsynced::rewrite_json`]). (A consumed spool file is unlinked
+/// where it is consumed: on the journaled disks users have a move here cost more than the
+/// unlink it deferred.)
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
-/// died left here is removed as soon as the next one starts. A consumed spool file still holds
-/// its job's secret, which is why the reaper removes files as they come rather than in rounds.
+/// died left here is removed as soon as the next one starts. The reaper removes files as they
+/// come rather than in rounds.
 #[derive(Debug)]
 pub struct Trash {
     /// Held open: what arrives and what is removed is named relative to it, never by path.

@@ -288,7 +288,7 @@ impl Spool {
                 });
             }
             let taken: Vec<&str> = consumed.iter().map(|i| names[*i].as_str()).collect();
-            if let Err(e) = self.remove_consumed(engine, dz, &taken) {
+            if let Err(e) = self.remove_consumed(dz, &taken) {
                 // Recorded but maybe not removed: the next attempt finds each a duplicate.
                 let message = e.to_string();
                 for i in consumed {
@@ -311,10 +311,12 @@ impl Spool {
     }
 
     /// Removes the batch's consumed files once every signal of theirs is durable (in the
-    /// journal): into the daemon's trash, or for good without one. The removals need no fsync:
-    /// a file a crash brings back is found recorded and removed again as a duplicate, and the
-    /// next checkpoint makes them durable anyway.
-    fn remove_consumed(&self, engine: &Engine, dz: &Dir, names: &[&str]) -> Result<()> {
+    /// journal), here and now: an unlink is one call in one directory, where a move to the
+    /// daemon's trash was a rename across two (the filesystem's rename lock) and a wake of the
+    /// reaper to unlink it later. The removals need no fsync: a file a crash brings back is
+    /// found recorded and removed again as a duplicate, and the next checkpoint makes them
+    /// durable anyway.
+    fn remove_consumed(&self, dz: &Dir, names: &[&str]) -> Result<()> {
         #[cfg(feature = "failpoints")]
         if let Some(first) = names.first() {
             crate::failpoint!(
@@ -323,10 +325,7 @@ impl Spool {
                 &dz.path().join(first)
             );
         }
-        match engine.trash() {
-            Some(trash) => trash.take_all_from(dz, names),
-            None => durable::unlink_all(dz, names),
-        }
+        durable::unlink_all(dz, names)
     }
 
     /// Reads and parses one file. `Ok(Err(outcome))` when it is not a signal to apply (gone,

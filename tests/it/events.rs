@@ -469,8 +469,8 @@ fn a_callback_dropped_in_the_spool_needs_no_listener_and_counts_once() {
             .unwrap()
             .contains(&token)
     );
-    // The token is in no file under the home now, once the consumed spool file has left the
-    // trash (a file may leave it while the home is read).
+    // The token is in no file under the home now: the consumed spool file is removed where it
+    // is consumed, and what is in the trash may leave it while the home is read.
     env.wait_trash_emptied();
     for path in env.files() {
         let Ok(bytes) = fs::read(&path) else { continue };

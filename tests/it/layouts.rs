@@ -221,7 +221,7 @@ fn every_json_file_the_engine_writes_matches_its_layout_and_no_secret_leaks() {
     );
     env.wait_drained();
     env.ok("read one", &env.waitpoint(&["next", "--timeout", "1"]));
-    // Consumed spool files (they hold their job's secret) leave the trash moments later.
+    // Replaced states leave the trash moments later (consumed spool files never enter it).
     env.wait_trash_emptied();
     let stderr = d.kill();
     // One signal left in the spool, as a job would leave it while the daemon is down.
