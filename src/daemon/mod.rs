@@ -39,7 +39,6 @@ use crate::settings::{DAY_MS, Settings};
 
 mod collect;
 mod devices;
-mod dirwatch;
 mod hooks;
 mod janitor;
 mod leading;

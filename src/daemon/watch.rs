@@ -1,9 +1,9 @@
 //! The filesystem watch: which paths are watched, and how a notification becomes an [`Event`]
 //! (a hint; the periodic sweep stays the source of truth).
 
-use crate::store::Hint;
+use crate::store::{Hint, dirwatch};
 
-use super::{Daemon, Event, dirwatch};
+use super::{Daemon, Event};
 use crate::error::{Error, Result};
 use crate::ingress::device::{self};
 use crate::ingress::spool::is_candidate;
@@ -39,10 +39,11 @@ impl Daemon {
         let devices = self.engine.home().devices_dir();
         let timers = self.engine.home().timers_dir();
         crate::durable::create_dir_private(&timers)?;
-        // The drop zone and the timers through the daemon's own watch (dirwatch.rs says why):
-        // the kernel wakes it only for complete files, not for the daemon's own opens.
+        // The drop zone and the timers through the daemon's own watch (`src/store/dirwatch.rs`
+        // says why): the kernel wakes it only for complete files, not for the daemon's own opens.
         let dir_tx = Mutex::new(self.tx.clone());
-        let dirs = dirwatch::DirWatch::spawn(&[drop_zone.clone(), timers.clone()], move |seen| {
+        let watched = [drop_zone.clone(), timers.clone()];
+        let dirs = dirwatch::DirWatch::spawn(&watched, dirwatch::COMPLETE_FILES, move |seen| {
             let event = match seen {
                 dirwatch::Seen::Lost => Event::Rescan,
                 dirwatch::Seen::Ready(0, name) if is_candidate(name) => {

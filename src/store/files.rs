@@ -322,34 +322,21 @@ impl Store for Files {
         self.rebuild_index_files()
     }
 
-    /// A watcher on the waitpoints directory: a directory renamed into place is a new waitpoint
-    /// (a command made it). Changes the daemon makes itself need no hint.
+    /// A watcher on the waitpoints directory: a directory renamed (or made) into place is a new
+    /// waitpoint (a command made it). Changes the daemon makes itself need no hint, and the
+    /// kernel is asked for no event they cause: the daemon opens and closes a waitpoint's
+    /// directory for every signal (its lock), which a watch asking for `IN_OPEN` would hear.
     fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<super::Guard> {
-        use notify::{RecursiveMode, Watcher};
+        use super::dirwatch::{COMPLETE_FILES, DirWatch, Seen};
         let dir = self.home.waitpoints_dir();
         create_dir_private(&dir)?;
-        let parent = dir.clone();
-        let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            let event = match res {
-                Ok(e) if !e.need_rescan() => e,
-                _ => return hint(Hint::Resync),
-            };
-            if !durable::is_ready_kind(&event.kind) {
-                return;
-            }
-            for path in &event.paths {
-                if path.parent() == Some(parent.as_path())
-                    && let Some(id) = path.file_name().and_then(|n| n.to_str())
-                    && is_waitpoint_id(id)
-                {
-                    hint(Hint::Changed(id.to_owned()));
-                }
-            }
+        let mask = COMPLETE_FILES | rustix::fs::inotify::WatchFlags::CREATE;
+        let watcher = DirWatch::spawn(std::slice::from_ref(&dir), mask, move |seen| match seen {
+            Seen::Lost => hint(Hint::Resync),
+            Seen::Ready(_, id) if is_waitpoint_id(id) => hint(Hint::Changed(id.to_owned())),
+            Seen::Ready(..) => {}
         })
-        .map_err(|e| Error::io("cannot watch", &dir, io::Error::other(e.to_string())))?;
-        watcher
-            .watch(&dir, RecursiveMode::NonRecursive)
-            .map_err(|e| Error::io("cannot watch", &dir, io::Error::other(e.to_string())))?;
+        .map_err(|e| Error::io("cannot watch", &dir, e))?;
         Ok(super::Guard::new(watcher))
     }
 
@@ -720,5 +707,37 @@ mod tests {
         let k = identity_key(&long);
         assert!(k.len() < 200);
         assert_ne!(k, identity_key(&format!("spool:{}y", "x".repeat(399))));
+    }
+
+    /// The waitpoints' watch hints at a waitpoint renamed or made into place, and not at the
+    /// daemon's own opens of a waitpoint's directory (the lock of every signal): the open comes
+    /// first in the kernel's queue, so had it been heard its hint would be the first.
+    #[test]
+    fn the_waitpoints_watch_hints_at_new_waitpoints_and_not_at_opens_of_their_directories() {
+        use crate::store::Store;
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path());
+        let files = Files::new(
+            home.clone(),
+            Arc::new(crate::clock::SystemClock),
+            Arc::default(),
+        );
+        let (old, renamed, made) = ("wp_00000000000a", "wp_00000000000b", "wp_00000000000c");
+        std::fs::create_dir_all(home.waitpoint_dir(old)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let _watch = files
+            .watch(Box::new(move |hint| {
+                let _ = tx.send(hint);
+            }))
+            .unwrap();
+        drop(std::fs::File::open(home.waitpoint_dir(old)).unwrap());
+        let staging = home
+            .waitpoints_dir()
+            .join(format!("{STAGING_PREFIX}{renamed}"));
+        std::fs::create_dir(&staging).unwrap();
+        std::fs::rename(&staging, home.waitpoint_dir(renamed)).unwrap();
+        std::fs::create_dir(home.waitpoint_dir(made)).unwrap();
+        assert_eq!(rx.recv().unwrap(), Hint::Changed(renamed.to_owned()));
+        assert_eq!(rx.recv().unwrap(), Hint::Changed(made.to_owned()));
     }
 }

@@ -19,6 +19,7 @@
 //!   is what makes a second copy of a signal a duplicate.
 
 mod cluster;
+pub(crate) mod dirwatch;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod files;

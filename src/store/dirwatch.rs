@@ -1,12 +1,14 @@
-//! The daemon's own inotify watch of flat directories (the drop zone, the timers): only the
-//! events that say a file is complete (`IN_MOVED_TO`, `IN_CLOSE_WRITE`) and the queue's
-//! overflow are asked of the kernel.
+//! The daemon's own inotify watch of flat directories (the drop zone, the timers, the
+//! waitpoints): only the events that say an entry is complete (`IN_MOVED_TO`, `IN_CLOSE_WRITE`;
+//! for the waitpoints also `IN_CREATE`) and the queue's overflow are asked of the kernel.
 //!
 //! `notify` 8.2.2 (the pinned release) asks for `IN_OPEN`, `IN_MODIFY`, `IN_ATTRIB`,
 //! `IN_CREATE`, `IN_DELETE` and `IN_MOVED_FROM` on every watch and has no way to ask for
 //! fewer (its `EventKindMask` arrives with 9.0), so the daemon's own open, read and rename of
-//! every spool file woke its watcher thread several times a signal only to be filtered out.
+//! every spool file woke its watcher thread several times a signal only to be filtered out,
+//! and its open and close of each waitpoint's directory (for the waitpoint's lock) did too.
 //! The kernel filters here instead. `notify` stays for the recursive watch of the devices.
+//! (Here in `store`, below the daemon, since the files store watches its waitpoints with it.)
 
 use rustix::event::{PollFd, PollFlags, poll};
 use rustix::fd::{AsFd, OwnedFd};
@@ -17,21 +19,26 @@ use std::thread::JoinHandle;
 
 /// What the watch reports: a complete file's name in the watched directory at that index, or
 /// that events were lost (the queue overflowed, a watched directory went away).
-pub(super) enum Seen<'a> {
+pub(crate) enum Seen<'a> {
     Ready(usize, &'a str),
     Lost,
 }
 
 /// A running watch; dropping it stops its thread.
-pub(super) struct DirWatch {
+pub(crate) struct DirWatch {
     stop: OwnedFd,
     thread: Option<JoinHandle<()>>,
 }
 
+/// The events that say a file is complete: renamed in, or closed after writing.
+pub(crate) const COMPLETE_FILES: WatchFlags = WatchFlags::MOVED_TO.union(WatchFlags::CLOSE_WRITE);
+
 impl DirWatch {
-    /// Watches `dirs` (not recursively) and calls `on` on a thread of its own.
-    pub(super) fn spawn(
+    /// Watches `dirs` (not recursively) for the events in `mask` (and the queue's overflow) and
+    /// calls `on` on a thread of its own.
+    pub(crate) fn spawn(
         dirs: &[PathBuf],
+        mask: WatchFlags,
         mut on: impl FnMut(Seen<'_>) + Send + 'static,
     ) -> std::io::Result<DirWatch> {
         let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK)?;
@@ -42,10 +49,7 @@ impl DirWatch {
             let wd = inotify::add_watch(
                 &fd,
                 dir,
-                WatchFlags::MOVED_TO
-                    | WatchFlags::CLOSE_WRITE
-                    | WatchFlags::ONLYDIR
-                    | WatchFlags::DONT_FOLLOW,
+                mask | WatchFlags::ONLYDIR | WatchFlags::DONT_FOLLOW,
             )?;
             wds.push(wd);
         }
@@ -131,7 +135,8 @@ mod tests {
         let b = tempfile::tempdir().unwrap();
         std::fs::write(a.path().join("old"), b"x").unwrap();
         let (tx, rx) = mpsc::channel();
-        let watch = DirWatch::spawn(&[a.path().to_owned(), b.path().to_owned()], move |seen| {
+        let dirs = [a.path().to_owned(), b.path().to_owned()];
+        let watch = DirWatch::spawn(&dirs, COMPLETE_FILES, move |seen| {
             let _ = tx.send(match seen {
                 Seen::Ready(i, name) => format!("{i}:{name}"),
                 Seen::Lost => "lost".to_owned(),
