@@ -7,6 +7,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use std::sync::Arc;
 
 use crate::error::{Error, exit};
 use crate::home::Home;
@@ -114,7 +115,9 @@ impl Judged {
         let Some(id) = &self.miss else {
             return String::new();
         };
-        match SpoolTransport::new(home.drop_zone()).send(&crate::sender::miss_record(id)) {
+        match SpoolTransport::new(Arc::clone(home.root_dir()), home.drop_zone())
+            .send(&crate::sender::miss_record(id))
+        {
             Ok(_) => "; the miss is left in the spool for the daemon's log".to_owned(),
             Err(e) => format!("; the miss could not be left for the daemon's log: {e}"),
         }
@@ -240,7 +243,7 @@ it counts once even if the daemon did record the signal"
     if no_spool {
         anyhow::bail!("{why_spool}, and --no-spool forbids the spool");
     }
-    let transport = SpoolTransport::keyed(home.drop_zone(), &key);
+    let transport = SpoolTransport::keyed(Arc::clone(home.root_dir()), home.drop_zone(), &key);
     let Sent::Spooled(path) = transport
         .send(body)
         .context("cannot write the signal to the spool")?

@@ -1,7 +1,7 @@
 //! Advisory file locks (`flock`): the daemon's lock on the home and the per-waitpoint locks that
 //! serialise writers, with who holds one and whether it is stale.
 
-use super::{beneath, not_found, open_or_create, open_read};
+use super::{Root, not_found};
 use crate::error::{Error, Result};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -18,16 +18,17 @@ pub struct FileLock {
 }
 
 impl FileLock {
-    fn open(path: &Path) -> Result<File> {
-        open_or_create(path).map_err(|e| Error::io("cannot open lock", path, e))
+    fn open(root: &Root, path: &Path) -> Result<File> {
+        root.open_or_create(path)
+            .map_err(|e| Error::io("cannot open lock", path, e))
     }
 
     /// Blocks until the lock on the directory `dir` itself is ours: a lock that needs no file
     /// of its own, so taking it for the first time creates nothing (a waitpoint's lock is
     /// taken by every signal's commit).
-    pub fn acquire_dir(dir: &Path) -> Result<Self> {
+    pub fn acquire_dir(root: &Root, dir: &Path) -> Result<Self> {
         let file = File::from(
-            beneath::open_dir(dir, false)?
+            root.open_dir(dir, false)?
                 .ok_or_else(|| Error::io("cannot open lock", dir, not_found()))?,
         );
         file.lock().map_err(|e| Error::io("cannot lock", dir, e))?;
@@ -35,15 +36,15 @@ impl FileLock {
     }
 
     /// Blocks until the lock is ours. Used for short read-modify-write sections.
-    pub fn acquire(path: &Path) -> Result<Self> {
-        let file = Self::open(path)?;
+    pub fn acquire(root: &Root, path: &Path) -> Result<Self> {
+        let file = Self::open(root, path)?;
         file.lock().map_err(|e| Error::io("cannot lock", path, e))?;
         Ok(FileLock { file })
     }
 
     /// Takes the lock or reports who holds it (the pid written in the file).
-    pub fn try_acquire_writing_pid(path: &Path) -> Result<Self> {
-        let mut file = Self::open(path)?;
+    pub fn try_acquire_writing_pid(root: &Root, path: &Path) -> Result<Self> {
+        let mut file = Self::open(root, path)?;
         if file.try_lock().is_err() {
             let mut pid = String::new();
             let _ = file.read_to_string(&mut pid);
@@ -67,8 +68,8 @@ impl FileLock {
     }
 
     /// True when some process holds the lock at `path` right now.
-    pub fn is_held(path: &Path) -> bool {
-        match Self::open_existing(path) {
+    pub fn is_held(root: &Root, path: &Path) -> bool {
+        match Self::open_existing(root, path) {
             Some(f) => match f.try_lock() {
                 Ok(()) => {
                     let _ = f.unlock();
@@ -84,16 +85,16 @@ impl FileLock {
     /// the home is (`beneath.rs`) and opened without blocking, so a link is not followed out of
     /// the home and a FIFO planted under the lock's name holds no reader; only a regular file
     /// counts, as only a regular file can be the lock a daemon takes.
-    fn open_existing(path: &Path) -> Option<File> {
-        open_read(path)
+    fn open_existing(root: &Root, path: &Path) -> Option<File> {
+        root.open_read(path)
             .ok()
             .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
     }
 
     /// The pid the holder wrote at `path` (at most [`PID_BYTES`] read), or empty.
-    fn written_pid(path: &Path) -> String {
+    fn written_pid(root: &Root, path: &Path) -> String {
         let mut pid = String::new();
-        if let Some(f) = Self::open_existing(path) {
+        if let Some(f) = Self::open_existing(root, path) {
             let _ = f.take(PID_BYTES).read_to_string(&mut pid);
         }
         pid.trim().to_owned()
@@ -102,9 +103,9 @@ impl FileLock {
     /// Who holds the lock at `path`, by the one test that counts (the lock itself) and the pid
     /// its holder wrote there. `doctor` and `cortex-signal` both say it this way, so they never
     /// disagree about a daemon that died.
-    pub fn holder(path: &Path) -> LockHolder {
-        let pid = Self::written_pid(path);
-        if Self::is_held(path) {
+    pub fn holder(root: &Root, path: &Path) -> LockHolder {
+        let pid = Self::written_pid(root, path);
+        if Self::is_held(root, path) {
             return LockHolder::Held { pid };
         }
         if pid.is_empty() {

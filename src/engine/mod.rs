@@ -204,7 +204,8 @@ impl Engine {
         if let Some(t) = self.trash.get() {
             return Ok(t.clone());
         }
-        let t = Arc::new(Trash::open(&self.home.trash_dir())?);
+        let root = Arc::clone(self.home.root_dir());
+        let t = Arc::new(Trash::open(root, &self.home.trash_dir())?);
         Ok(self.trash.get_or_init(|| t).clone())
     }
 

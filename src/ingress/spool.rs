@@ -12,9 +12,10 @@
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::clock::Timestamp;
-use crate::durable::{self, Dir, Kind};
+use crate::durable::{self, Dir, Kind, Root};
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
@@ -50,7 +51,7 @@ pub struct Spool {
     pub bad: PathBuf,
     /// The home's root, and the spool's path beneath it: the spool is opened one directory
     /// at a time from the root, none followed if it is a link.
-    root: PathBuf,
+    root: Arc<Root>,
     rel: PathBuf,
     /// For a device's local mirror: the device, which makes identities `device:<name>:<file>`.
     pub device: Option<String>,
@@ -101,9 +102,9 @@ impl Spool {
     }
 
     fn beneath(home: &Home, dir: PathBuf) -> Self {
-        let root = home.root().to_owned();
+        let root = Arc::clone(home.root_dir());
         let rel = dir
-            .strip_prefix(&root)
+            .strip_prefix(root.path())
             .expect("a spool lies beneath its home")
             .to_owned();
         Spool {
@@ -120,7 +121,7 @@ impl Spool {
     /// directory above it, up to the home's root) that is a link, not a directory or not
     /// ours is refused ([`Error::Insecure`]).
     fn open(&self) -> Result<Option<Dir>> {
-        match Dir::open_beneath(&self.root, &self.rel) {
+        match Dir::open_beneath(self.root.path(), &self.rel) {
             Err(e) if e.is_not_found() => Ok(None),
             other => other.map(Some),
         }

@@ -113,7 +113,6 @@ const LAYERS: &[(&str, &[&str])] = &[
         "inbox",
         &[
             "delivery",
-            "durable",
             "error",
             "failpoint",
             "home",

@@ -229,7 +229,7 @@ fn crash_in_the_checkpoint_before_the_segments_are_deleted() {
 
 // One test per point, so they run in parallel. The three signals of `scenario` are one batch:
 // one journal line, then its files (two records and the state, then the third record, the state
-// and the wake: each file passes `store-write` and `store-rename`). The durable `durable::commit`
+// and the wake: each file passes `store-write` and `store-rename`). The durable `Root::commit`
 // points are walked on the held wake, which goes out through three durable commits.
 #[test]
 fn crash_after_write_before_fsync() {

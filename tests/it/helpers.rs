@@ -221,12 +221,14 @@ impl Env {
         )
     }
 
-    /// A waitpoint's state, read as the engine reads it (`durable::read_json` takes the shared
+    /// A waitpoint's state, read as the engine reads it (`Root::read_json` takes the shared
     /// lock a rewrite over the state's spare respects), so a test that polls it while the
     /// daemon writes never reads one half written.
     pub fn state(&self, id: &str) -> Value {
         let path = self.home.join("waitpoints").join(id).join("waitpoint.json");
-        waitpoint::durable::read_json(&path)
+        waitpoint::home::Home::new(&self.home)
+            .root_dir()
+            .read_json(&path)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), self.tree()))
             .unwrap_or_else(|| panic!("{}: missing\n{}", path.display(), self.tree()))
     }

@@ -258,7 +258,9 @@ pub(super) fn collector_thread(
         }
         // The poll request is answered once the outcome is in status.json.
         if answering {
-            let _ = durable::remove_durably(&home.device_poll_file(&name));
+            let _ = home
+                .root_dir()
+                .remove_durably(&home.device_poll_file(&name));
         }
         next = match error {
             None if interval_ms == 0 => None,

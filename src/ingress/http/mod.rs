@@ -40,16 +40,15 @@
 //!   spent, its requests get 429; another user's requests that authenticate never do.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::durable;
 use crate::engine::Verdict;
 use crate::engine::callbacks::Trigger;
 use crate::error::{Error, Result};
+use crate::home::Home;
 use crate::records::CallbackMode;
 use crate::records::WebhookAddress;
 use crate::request::{CallbackRequest, SIGNAL_PATH, SignalRequest};
@@ -252,21 +251,16 @@ struct Shared {
 pub struct Shim {
     addr: SocketAddr,
     serving: serve::Serving,
-    address_file: PathBuf,
+    /// The home whose address file this shim publishes.
+    home: Home,
     stopped: bool,
 }
 
 impl Shim {
     /// Starts serving on `bound`, holding at most [`connection_cap`] connections for the
-    /// descriptor limit now, then publishes the address in `address_file`. The operator page's
-    /// logins take the one-time code `waitpoint ui` leaves in `login_file`.
-    pub fn start(
-        bound: Bound,
-        clock: Arc<dyn Clock>,
-        submit: Submit,
-        address_file: PathBuf,
-        login_file: PathBuf,
-    ) -> Result<Shim> {
+    /// descriptor limit now, then publishes the address in `home`'s address file. The operator
+    /// page's logins take the one-time code `waitpoint ui` leaves in `home`.
+    pub fn start(bound: Bound, clock: Arc<dyn Clock>, submit: Submit, home: &Home) -> Result<Shim> {
         let Bound {
             listener,
             addr,
@@ -278,7 +272,7 @@ impl Shim {
             control,
             clock: clock.clone(),
             budget: Mutex::new(MissBudgets::default()),
-            ui: ui::UiState::new(login_file),
+            ui: ui::UiState::new(home.clone()),
             peers: Arc::default(),
         });
         let cap = connection_cap(descriptor_limit());
@@ -286,7 +280,7 @@ impl Shim {
         let shim = Shim {
             addr,
             serving,
-            address_file,
+            home: home.clone(),
             stopped: false,
         };
         let record = WebhookAddress {
@@ -295,7 +289,8 @@ impl Shim {
             pid: std::process::id(),
             started_at: clock.now(),
         };
-        durable::commit_json(&shim.address_file, &record)?;
+        let root = home.root_dir();
+        root.commit_json(&home.webhook_address_file(), &record)?;
         tracing::info!(%addr, connections = cap, "webhook listening on http://{addr}{SIGNAL_PATH}");
         Ok(shim)
     }
@@ -315,7 +310,8 @@ impl Shim {
             return;
         }
         self.serving.stop();
-        if let Err(e) = durable::remove_durably(&self.address_file) {
+        let root = self.home.root_dir();
+        if let Err(e) = root.remove_durably(&self.home.webhook_address_file()) {
             tracing::error!(error = %e, "cannot remove the webhook address file");
         }
         tracing::info!(addr = %self.addr, "webhook stopped");
@@ -328,9 +324,9 @@ impl Drop for Shim {
     }
 }
 
-/// Removes an address file a daemon that did not shut down cleanly left behind.
-pub fn remove_stale_address(address_file: &std::path::Path) -> Result<()> {
-    durable::remove_durably(address_file)
+/// Removes the address file a daemon of `home` that did not shut down cleanly left behind.
+pub fn remove_stale_address(home: &Home) -> Result<()> {
+    home.root_dir().remove_durably(&home.webhook_address_file())
 }
 
 /// The callback routes' prefix, the spec's: `POST /api/callbacks/<wake|enqueue>/<token>`.

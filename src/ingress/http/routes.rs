@@ -595,7 +595,7 @@ mod tests {
             control: control.map(crate::secret::hash),
             clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
             budget: Mutex::new(MissBudgets::default()),
-            ui: super::super::ui::UiState::new("/nonexistent/ui-login.json".into()),
+            ui: super::super::ui::UiState::new(crate::home::Home::new("/nonexistent")),
             peers: Arc::default(),
         }
     }
