@@ -62,7 +62,7 @@ pub struct Inputs<'a> {
     pub inotify_dir: PathBuf,
     /// Whether an inotify instance can be had now ([`probe_inotify`]).
     pub inotify_instance: Result<(), Error>,
-    /// How the shared store the settings name is ([`crate::store::Store::health`]), or why
+    /// How the shared store the settings name is ([`crate::store::Cluster::health`]), or why
     /// it could not be asked; `None` for the home's own files.
     pub store: Option<Result<Vec<Finding>, Error>>,
     /// The `PATH` a daemon started from here would search for `onWake`'s program (the caller's

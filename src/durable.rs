@@ -2,7 +2,7 @@
 //! reached through this module, which owns the rules all of them share (modes, temp names, no
 //! link followed beneath a home) and hands each job to a file of its own:
 //!
-//! - `synced.rs`: the synced commit ([`commit`], [`Batch`]): temp file, fsync, rename, fsync
+//! - `synced.rs`: the synced commit ([`Root::commit`], [`Batch`]): temp file, fsync, rename, fsync
 //!   the directory, so a file survives a power cut once the call returns.
 //! - `unsynced.rs`: the files a journal entry already made durable ([`Unsynced`]), written
 //!   atomically without their own fsync, and a state's spare ([`spare_name`]).

@@ -64,7 +64,7 @@ impl Root {
     }
 
     /// Sets `path`, an entry beneath this root that is not what the home keeps there, aside
-    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up. A path
+    /// into the quarantine with `reason`, as [`set_aside`](crate::durable::set_aside) does. A path
     /// not beneath this root is not moved, and the error says so.
     pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
         self.relative(path)?;
@@ -138,8 +138,8 @@ impl Root {
 }
 
 /// Where a path-based operation reaches its path: beneath a home's [`Root`] (a path not
-/// beneath it refused), or [`outside`] every home, as given. Each operation is written once
-/// over a place; the caller says which.
+/// beneath it refused), or [`outside`](crate::durable::outside) every home, as given. Each
+/// operation is written once over a place; the caller says which.
 #[derive(Debug, Clone, Copy)]
 pub enum Place<'a> {
     Beneath(&'a Root),
@@ -147,7 +147,7 @@ pub enum Place<'a> {
 }
 
 impl Place<'_> {
-    /// [`Root::parent`] or [`outside::parent`].
+    /// [`Root::parent`], or outside every home the current directory and the whole path.
     pub fn parent(self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
         match self {
             Place::Beneath(root) => root.parent(path, make),
@@ -155,7 +155,7 @@ impl Place<'_> {
         }
     }
 
-    /// [`Root::open_dir`] or [`outside::open_dir`].
+    /// [`Root::open_dir`], or outside every home the path as given.
     pub fn open_dir(self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
         match self {
             Place::Beneath(root) => root.open_dir(path, make),

@@ -16,6 +16,7 @@ use super::{
     not_found, parent_of,
 };
 use crate::error::{Error, Result};
+use rustix::io::Errno;
 
 /// `mkdir -p` of `path` in `place`, mode 0700 for every directory it creates; beneath a home,
 /// no link is followed on the way (see `beneath.rs`).
@@ -272,6 +273,34 @@ impl Root {
         open_in(Place::Beneath(self), path, flags, FILE_MODE)
     }
 
+    /// Opens `path` for appending (made, mode 0600, when missing) without blocking: only ever a
+    /// regular file. A link, a FIFO or a directory standing under the name is set aside into
+    /// the quarantine with a reason and a fresh file made, so what was planted there costs only
+    /// itself and nothing outside the home is written through it.
+    pub fn open_append(&self, path: &Path) -> Result<File> {
+        use rustix::fs::OFlags;
+        let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK;
+        for _ in 0..3 {
+            let opened = open_in(Place::Beneath(self), path, flags, FILE_MODE);
+            // A link (`ELOOP`), a directory (`EISDIR`) or a FIFO no one reads (`ENXIO`).
+            let not_a_file = [Errno::LOOP, Errno::ISDIR, Errno::NXIO].map(|e| e.raw_os_error());
+            let regular = match &opened {
+                Ok(f) => f.metadata().is_ok_and(|m| m.is_file()),
+                Err(e) if e.raw_os_error().is_some_and(|n| not_a_file.contains(&n)) => false,
+                Err(_) => return opened.map_err(|e| Error::io("cannot open", path, e)),
+            };
+            if regular {
+                return opened.map_err(|e| Error::io("cannot open", path, e));
+            }
+            self.set_aside(path, "is not a regular file where the home keeps one")?;
+        }
+        Err(Error::io(
+            "cannot open",
+            path,
+            io::Error::other("it keeps changing while being opened"),
+        ))
+    }
+
     /// Removes the file `path` (not durably).
     pub fn unlink(&self, path: &Path) -> io::Result<()> {
         unlink_in(Place::Beneath(self), path)
@@ -298,7 +327,9 @@ impl Root {
     }
 
     /// Removes files (concurrently) without making the removals durable; files already gone
-    /// are not an error (see [`remove_all_in`]).
+    /// are not an error. For files whose content is already durable elsewhere, so that one
+    /// coming back after a crash changes nothing (a consumed spool file is then a duplicate).
+    /// On error, some files may be removed and others not.
     pub fn remove_all(&self, paths: &[PathBuf]) -> Result<()> {
         remove_all_in(Place::Beneath(self), paths)
     }

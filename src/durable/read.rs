@@ -199,7 +199,7 @@ fn settled(mut file: File, reopen: impl Fn() -> io::Result<File>) -> io::Result<
     Ok(file)
 }
 
-/// What [`read_capped`] says of a file that is not a regular one (a FIFO, a directory).
+/// What [`Root::read_capped`] says of a file that is not a regular one (a FIFO, a directory).
 pub const NOT_REGULAR: &str = "is not a regular file";
 
 /// The regular file at `path` in `place` opened for reading (reached as `beneath.rs` says,

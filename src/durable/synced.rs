@@ -1,4 +1,4 @@
-//! The synced commit: a file written on its own goes through [`commit`] (or a group of them
+//! The synced commit: a file written on its own goes through [`Root::commit`] (or a group of them
 //! through [`Batch`]): write a temp file beside the target, fsync it, rename it over the
 //! target, fsync the directory. A reader therefore sees either the old file or the new one,
 //! never a torn one, and once `commit` returns the new file survives a power cut. Any error
@@ -65,7 +65,7 @@ fn rename_into_place(place: Place<'_>, temp: &Path, target: &Path) -> Result<()>
 /// [`stage`](Batch::stage) writes each file's temp file; [`commit`](Batch::commit) fsyncs every
 /// temp file, renames each over its target, then fsyncs each distinct directory once. Every file
 /// is still fsynced before its rename and every rename is durable before `commit` returns, as
-/// with [`commit`]; what is shared is the waiting: the fsyncs of a phase are issued
+/// with [`Root::commit`]; what is shared is the waiting: the fsyncs of a phase are issued
 /// concurrently (the device merges their cache flushes) and a directory holding many of the
 /// batch's files is fsynced once. A failure anywhere voids the whole batch: temp files not yet
 /// renamed are removed and the error is returned, so callers keep every source.

@@ -20,7 +20,8 @@ use std::time::Duration;
 /// figures come from, two thirds of what a signal cost. The daemon therefore moves a consumed
 /// spool file here ([`take_all`](Trash::take_all): a rename frees nothing) and a replaced
 /// file's old one, exchanged for the new one when it cannot be kept as a spare (see
-/// [`Unsynced::replace_json`], [`Unsynced::rewrite_json`]).
+/// [`Unsynced::replace_json`](super::Unsynced::replace_json),
+/// [`Unsynced::rewrite_json`](super::Unsynced::rewrite_json)).
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
 /// died left here is removed as soon as the next one starts. A consumed spool file still holds
 /// its job's secret, which is why the reaper removes files as they come rather than in rounds.

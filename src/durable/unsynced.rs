@@ -158,7 +158,8 @@ impl Unsynced {
 pub const SPARE_REST: Duration = Duration::from_secs(1);
 
 /// The name of the spare kept beside `name` for [`Unsynced::rewrite_json`]: hidden, and a temp
-/// name to every listing ([`is_temp_name`]), since what it holds is never read.
+/// name to every listing ([`is_temp_name`](super::is_temp_name)), since what it holds is never
+/// read.
 pub fn spare_name(name: &str) -> String {
     format!("{TEMP_PREFIX}{name}.spare")
 }

@@ -427,8 +427,8 @@ impl Spool {
                 tracing::info!(
                     waitpoint = %id,
                     file = ?name,
-                    "late signal: waitpoint already {}; removing",
-                    status.as_str(),
+                    status = status.as_str(),
+                    "late signal: the waitpoint is closed; removing",
                 );
             }
             Verdict::Queued { id } => {

@@ -216,7 +216,7 @@ impl Store for Files {
             .read_json(&self.home.waitpoint_file(id))
     }
 
-    /// A new waitpoint with no records ([`Files::build`]).
+    /// A new waitpoint with no records (built as `Files::build` builds one).
     fn create(&self, wp: &Waitpoint) -> Result<()> {
         self.build(wp, &[])
     }

@@ -348,6 +348,27 @@ fn ingress_routes_do_not_reach_into_each_other() {
     }
 }
 
+/// rustfmt wraps code at 100 columns but never a comment or a string, so an edit that lengthens
+/// one leaves a line that only this look catches (docs/style.md: lines).
+#[test]
+fn no_line_of_the_library_is_wider_than_100_columns() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut wide = Vec::new();
+    for file in rust_files(&src) {
+        for (n, line) in fs::read_to_string(&file).unwrap().lines().enumerate() {
+            let width = line.chars().count();
+            if width > 100 {
+                wide.push(format!("{}:{}: {width} columns", file.display(), n + 1));
+            }
+        }
+    }
+    assert!(
+        wide.is_empty(),
+        "lines over 100 columns:\n{}",
+        wide.join("\n")
+    );
+}
+
 #[test]
 fn unsafe_code_is_denied_everywhere_but_the_one_ffi_module() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

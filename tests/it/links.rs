@@ -221,3 +221,36 @@ fn a_spare_planted_as_a_link_or_a_hard_link_is_set_aside_and_nothing_outside_is_
         "{reasons:?}"
     );
 }
+
+#[test]
+fn a_daemon_log_planted_as_a_link_is_set_aside_and_the_file_it_names_gets_no_line() {
+    let env = Env::new();
+    let outside = Outside::new(&env, "log-out");
+    let target = outside.0.join("victim.log");
+    fs::write(&target, "").unwrap();
+    fs::create_dir_all(env.home.join("log")).unwrap();
+    symlink(&target, env.home.join("log/daemon.log")).unwrap();
+    {
+        let _d = env.daemon();
+        env.wait_until("the daemon's log", || {
+            fs::read_to_string(env.home.join("log/daemon.log"))
+                .is_ok_and(|log| log.contains("daemon starting"))
+        });
+    }
+    assert_eq!(
+        fs::read_to_string(&target).unwrap(),
+        "",
+        "nothing was written through the link\n{}",
+        env.tree()
+    );
+    let log = fs::symlink_metadata(env.home.join("log/daemon.log")).unwrap();
+    assert!(log.is_file(), "a real log was made\n{}", env.tree());
+    let reasons = quarantined_reasons(&env);
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("log/daemon.log: is not a regular file")),
+        "{reasons:?}\n{}",
+        env.tree()
+    );
+}

@@ -20,9 +20,9 @@
 //! is not fetched forever.
 //!
 //! libssh2 is not thread-safe across sessions shared between threads, so each device gets one
-//! collector thread owning one [`Session`]; the thread reports to the daemon loop through a
+//! collector thread owning one [`ssh2::Session`]; the thread reports to the daemon loop through a
 //! callback and never calls the engine. Every blocking call is bounded by the session timeout,
-//! set before the handshake, and a per-step [`Watchdog`] shuts the socket down under a read
+//! set before the handshake, and a per-step watchdog (`ssh.rs`) shuts the socket down under a read
 //! that trickles on past it.
 use std::path::PathBuf;
 use std::time::Duration;

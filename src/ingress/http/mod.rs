@@ -1,13 +1,13 @@
 //! The optional loopback HTTP shim: `POST /webhook/signal`; the callback routes
 //! `POST /api/callbacks/wake/<token>` and `POST /api/callbacks/enqueue/<token>` (and their short
-//! forms `/callbacks/<mode>/<token>`); the authenticated control routes of [`super::control`],
+//! forms `/callbacks/<mode>/<token>`); the authenticated control routes of [`control`],
 //! only when the daemon holds an operator token; the operator page under `/ui/` ([`ui`]); and
 //! `GET /healthz`. Nothing else.
 //!
 //! This is the only code that speaks HTTP on the server side. It turns a request into a
-//! [`SignalRequest`] with the same [`parse_signal`] the drop zone uses, hands it to whoever
-//! applies signals (the daemon loop, through a [`Submit`] callback) and answers with the status
-//! code the spec gives the verdict, only after the verdict is durable.
+//! [`SignalRequest`] with the same [`parse_signal`](crate::ingress::parse_signal) the drop zone
+//! uses, hands it to whoever applies signals (the daemon loop, through a [`Submit`] callback) and
+//! answers with the status code the spec gives the verdict, only after the verdict is durable.
 //!
 //! It is served by hyper 1.x (HTTP/1.1 only) on a tokio runtime the shim owns, in a thread of
 //! its own; the engine stays synchronous. Until issue 26 the shim's transport was 767
@@ -27,10 +27,11 @@
 //!   last answer (hyper's header read timeout, so dripping a byte at a time buys nothing), and
 //!   is capped at [`MAX_HEAD_BYTES`] (431). The body must follow within [`REQUEST_TIMEOUT`]
 //!   (408). `Content-Length` is checked before a byte of the body is read: over the route's
-//!   limit ([`MAX_BODY_BYTES`], 256 KB for callbacks) is answered 413 at once, a chunked body
-//!   411, and the rest of what the client sends is read into a fixed buffer and dropped for at
-//!   most a second before closing, so it sees the answer. Nothing is ever sized from a number
-//!   the client sent; a connection buffers at most one head and one body.
+//!   limit ([`MAX_BODY_BYTES`](crate::request::MAX_BODY_BYTES), 256 KB for callbacks) is
+//!   answered 413 at once, a chunked body 411, and the rest of what the client sends is read
+//!   into a fixed buffer and dropped for at most a second before closing, so it sees the answer.
+//!   Nothing is ever sized from a number the client sent; a connection buffers at most one head
+//!   and one body.
 //! - The `Host` header must name a loopback address or `localhost` (DNS rebinding), and any
 //!   request carrying an `Origin` header is refused: a web page must not be able to spend the
 //!   miss budget. Both are checked before the budget.
@@ -181,8 +182,8 @@ pub enum Submission {
     /// `POST /webhook/signal`.
     Signal {
         request: SignalRequest,
-        /// The idempotency key; the signal's identity is [`Source::Http`](super::Source::Http)
-        /// of it.
+        /// The idempotency key; the signal's identity is
+        /// [`Source::Http`](crate::request::Source::Http) of it.
         key: String,
         reply: Sender<Result<Verdict>>,
     },

@@ -425,7 +425,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
         record_miss(shared, peer);
-        tracing::warn!(peer = %peer_text, "callback refused: {what}");
+        tracing::warn!(peer = %peer_text, reason = what, "callback refused");
     };
     match outcome {
         Ok(Trigger::Delivered { id, wake_id }) => reply(
@@ -496,7 +496,12 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
     let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
         record_miss(shared, peer);
-        tracing::warn!(waitpoint = %id, peer = %peer_text, "webhook signal refused: {what}");
+        tracing::warn!(
+            waitpoint = %id,
+            peer = %peer_text,
+            reason = what,
+            "webhook signal refused"
+        );
     };
     match verdict {
         Ok(Verdict::Accepted {
