@@ -522,7 +522,7 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         (Err(e), _) => return Err(e.into()),
     };
     if let Some(url) = store {
-        settings.store = crate::settings::Location::parse(url)
+        settings.store = crate::settings::location::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
     match command {

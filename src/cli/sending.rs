@@ -61,11 +61,14 @@ pub struct Judged {
 /// daemon would, when that settles it; `None` when the signal must be sent.
 pub fn judge_locally(home: &Home, body: &[u8]) -> Option<Judged> {
     use crate::clock::{Clock, SystemClock};
-    use crate::engine::{Prejudged, Refusal};
+    use crate::engine::Prejudged;
+    use crate::engine::rules::Refusal;
     use std::sync::Arc;
     // On a store shared by several hosts this home's files hold no waitpoints: the daemon
     // judges, and hands the signal to the leader.
-    if super::load_settings(home).is_ok_and(|s| s.store != crate::settings::Location::Files) {
+    if super::load_settings(home)
+        .is_ok_and(|s| s.store != crate::settings::location::Location::Files)
+    {
         return None;
     }
     // A home that holds no waitpoints (a device's, or one with no daemon yet) has nothing to

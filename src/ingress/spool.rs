@@ -363,7 +363,7 @@ impl Spool {
             Ok(SpoolBody::Miss { id }) => {
                 let reason = format!(
                     "{} (judged by its sender on this machine, which sent nothing)",
-                    crate::engine::Refusal::UnknownId.reason()
+                    crate::engine::rules::Refusal::UnknownId.reason()
                 );
                 self.park(dz, name, &reason, Some(&bytes), Some(&id), engine.now())?;
                 Ok(Err(FileOutcome::Parked(reason)))

@@ -348,6 +348,35 @@ fn ingress_routes_do_not_reach_into_each_other() {
     }
 }
 
+/// An item has one path: a module that is public is not also re-exported from by its parent,
+/// or `engine::Refusal` and `engine::rules::Refusal` would name one thing twice.
+#[test]
+fn no_item_of_a_public_module_is_re_exported_by_its_parent() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut twice = Vec::new();
+    for file in rust_files(&src) {
+        let text = fs::read_to_string(&file).unwrap();
+        let public: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub mod ")?.strip_suffix(';'))
+            .collect();
+        for line in text.lines() {
+            let Some(used) = line.strip_prefix("pub use ") else {
+                continue;
+            };
+            let module = used.split("::").next().unwrap_or_default();
+            if public.contains(&module) {
+                twice.push(format!("{}: {line}", file.display()));
+            }
+        }
+    }
+    assert!(
+        twice.is_empty(),
+        "items with two paths:\n{}",
+        twice.join("\n")
+    );
+}
+
 /// rustfmt wraps code at 100 columns but never a comment or a string, so an edit that lengthens
 /// one leaves a line that only this look catches (docs/style.md: lines).
 #[test]

@@ -9,8 +9,9 @@ use super::{
     control, trigger_url,
 };
 use crate::clock::Timestamp;
+use crate::engine::Verdict;
 use crate::engine::callbacks::Trigger;
-use crate::engine::{Refusal, Verdict};
+use crate::engine::rules::Refusal;
 use crate::error::Error;
 use crate::ingress::parse_signal;
 use crate::records::CallbackMode;
@@ -583,7 +584,7 @@ mod tests {
     use super::super::head::head_of;
     use super::*;
     use crate::clock::ManualClock;
-    use crate::engine::Refusal;
+    use crate::engine::rules::Refusal;
     use std::sync::Arc;
     use std::sync::Mutex;
 
