@@ -108,7 +108,7 @@ impl Home {
             // their removals and their renames elsewhere. The root alone may be a link the user
             // made (`~/.cortex -> /data/cortex`).
             let rel = dir.strip_prefix(&self.root).unwrap_or(Path::new(""));
-            match Dir::open_beneath(&self.root, rel) {
+            match Dir::open_beneath(&self.dir, rel) {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e),

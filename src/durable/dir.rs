@@ -83,7 +83,8 @@ impl Dir {
     /// is refused ([`Error::Insecure`]). A directory of the home swapped for a link, at
     /// any depth, is refused rather than followed. Missing components are an `Io` error whose
     /// [`Error::is_not_found`] is true.
-    pub fn open_beneath(root: &Path, rel: &Path) -> Result<Dir> {
+    pub fn open_beneath(root: &Root, rel: &Path) -> Result<Dir> {
+        let root = root.path();
         // Only the root may be a link: O_NOFOLLOW is left out for it alone.
         let fd = rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty());
         let mut dir = Self::checked(fd, root, || false)?;
@@ -105,10 +106,10 @@ impl Dir {
 
     /// Like [`Dir::open_beneath`], making missing components (mode 0700) on the way.
     pub fn make_beneath(root: &Root, rel: &Path) -> Result<Dir> {
-        match Self::open_beneath(root.path(), rel) {
+        match Self::open_beneath(root, rel) {
             Err(e) if e.is_not_found() => {
                 root.create_dir_private(&root.path().join(rel))?;
-                Self::open_beneath(root.path(), rel)
+                Self::open_beneath(root, rel)
             }
             other => other,
         }

@@ -72,7 +72,7 @@ pub fn read_record_bytes(
     if let Some(bytes) = read_record_fast(root, rel)? {
         return Ok(bytes);
     }
-    let dir = match Dir::open_beneath(root.path(), parent) {
+    let dir = match Dir::open_beneath(root, parent) {
         Err(e) if e.is_not_found() => return Ok(Ok(None)),
         // A directory on the way swapped for a link: the link goes aside, not what it names.
         Err(Error::Insecure { path: p, message })

@@ -121,7 +121,7 @@ impl Spool {
     /// directory above it, up to the home's root) that is a link, not a directory or not
     /// ours is refused ([`Error::Insecure`]).
     fn open(&self) -> Result<Option<Dir>> {
-        match Dir::open_beneath(self.root.path(), &self.rel) {
+        match Dir::open_beneath(&self.root, &self.rel) {
             Err(e) if e.is_not_found() => Ok(None),
             other => other.map(Some),
         }
