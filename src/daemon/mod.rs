@@ -280,10 +280,11 @@ impl Daemon {
         config.home.check_private()?;
         // A clean stop empties the lock file: a pid left in it means the last daemon died, and
         // only a death (of the daemon or of a command) mid-commit leaves temp files behind.
-        let died = std::fs::read_to_string(config.home.daemon_lock())
-            .is_ok_and(|pid| !pid.trim().is_empty());
         let home = &config.home;
+        // Taken first: a link or a FIFO planted as the lock is set aside as it is opened, so
+        // the pid read below is this home's own, and no read waits on a FIFO.
         let lock = FileLock::try_acquire_writing_pid(home.root_dir(), &home.daemon_lock())?;
+        let died = lock.previous_pid().is_some();
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
         let spool = Spool::new(&config.home).with_queued_parking();

@@ -105,13 +105,16 @@ fn inbox_dirs(home: &Home, channel: &str) -> [PathBuf; 2] {
     [home.inbox_new(channel), home.inbox_cur(channel)]
 }
 
-/// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk.
+/// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk: reached beneath the
+/// home, a regular file of at most a record's size.
 pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Vec<u8>>> {
     for dir in inbox_dirs(home, channel) {
-        match fs::read(wake_file(&dir, wake_id)) {
-            Ok(b) => return Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io("cannot read", dir, e)),
+        let file = wake_file(&dir, wake_id);
+        if let Some(bytes) = home
+            .root_dir()
+            .read_capped(&file, durable::MAX_RECORD_BYTES)?
+        {
+            return Ok(Some(bytes));
         }
     }
     Ok(None)
@@ -307,5 +310,34 @@ mod tests {
 
         remove_inbox(&home, "s1").unwrap();
         assert!(!home.sessions_dir().join("s1").exists());
+    }
+
+    #[test]
+    fn a_delivered_wake_swapped_for_a_link_or_a_fifo_is_not_read_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("home"));
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "not the home's").unwrap();
+        deliver(&home, &wake("wk_aa_1", 0)).unwrap();
+        let file = wake_file(&home.inbox_new("s1"), "wk_aa_1");
+        assert!(read_delivered(&home, "s1", "wk_aa_1").unwrap().is_some());
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&secret, &file).unwrap();
+        let read = read_delivered(&home, "s1", "wk_aa_1");
+        assert!(
+            !matches!(&read, Ok(Some(b)) if b.starts_with(b"not the home's")),
+            "{read:?}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &file,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // Answers at once (a FIFO is not a wake), never waits for a writer.
+        assert!(read_delivered(&home, "s1", "wk_aa_1").is_err());
     }
 }

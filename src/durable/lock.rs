@@ -15,12 +15,16 @@ const PID_BYTES: u64 = 64;
 #[derive(Debug)]
 pub struct FileLock {
     file: File,
+    /// What the lock file held when [`FileLock::try_acquire_writing_pid`] took it: the pid of
+    /// a holder that died without clearing it, if any.
+    previous: Option<String>,
 }
 
 impl FileLock {
+    /// The lock file at `path`, made when missing; whatever else stands under its name (a link,
+    /// a FIFO) is set aside first, so it is neither followed nor waited on.
     fn open(root: &Root, path: &Path) -> Result<File> {
         root.open_or_create(path)
-            .map_err(|e| Error::io("cannot open lock", path, e))
     }
 
     /// Blocks until the lock on the directory `dir` itself is ours: a lock that needs no file
@@ -32,32 +36,47 @@ impl FileLock {
                 .ok_or_else(|| Error::io("cannot open lock", dir, not_found()))?,
         );
         file.lock().map_err(|e| Error::io("cannot lock", dir, e))?;
-        Ok(FileLock { file })
+        Ok(FileLock {
+            file,
+            previous: None,
+        })
     }
 
     /// Blocks until the lock is ours. Used for short read-modify-write sections.
     pub fn acquire(root: &Root, path: &Path) -> Result<Self> {
         let file = Self::open(root, path)?;
         file.lock().map_err(|e| Error::io("cannot lock", path, e))?;
-        Ok(FileLock { file })
+        Ok(FileLock {
+            file,
+            previous: None,
+        })
     }
 
     /// Takes the lock or reports who holds it (the pid written in the file).
     pub fn try_acquire_writing_pid(root: &Root, path: &Path) -> Result<Self> {
         let mut file = Self::open(root, path)?;
+        // Read at an offset, leaving the file's position where the pid is written below.
+        let mut held = [0; PID_BYTES as usize];
+        let n = std::os::unix::fs::FileExt::read_at(&file, &mut held, 0).unwrap_or(0);
+        let pid = String::from_utf8_lossy(&held[..n]).trim().to_owned();
         if file.try_lock().is_err() {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
             return Err(Error::Locked {
                 path: path.to_owned(),
-                pid: pid.trim().to_owned(),
+                pid,
             });
         }
+        let previous = (!pid.is_empty()).then_some(pid);
         file.set_len(0)
             .and_then(|()| writeln!(file, "{}", std::process::id()))
             .and_then(|()| file.sync_all())
             .map_err(|e| Error::io("cannot write lock", path, e))?;
-        Ok(FileLock { file })
+        Ok(FileLock { file, previous })
+    }
+
+    /// The pid a holder that died without clearing the lock left in it, as this lock was
+    /// taken ([`FileLock::try_acquire_writing_pid`] only).
+    pub fn previous_pid(&self) -> Option<&str> {
+        self.previous.as_deref()
     }
 
     /// Empties the lock file while still holding it (the daemon's clean stop), so a pid found

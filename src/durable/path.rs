@@ -259,11 +259,11 @@ impl Root {
         open_read_in(Place::Beneath(self), path)
     }
 
-    /// Opens (creating when missing) `path` for reading and writing, mode 0600 (a lock file).
-    pub fn open_or_create(&self, path: &Path) -> io::Result<File> {
+    /// Opens (creating when missing) `path` for reading and writing, mode 0600 (a lock file),
+    /// without blocking: only ever a regular file, as [`Root::open_append`] says.
+    pub fn open_or_create(&self, path: &Path) -> Result<File> {
         use rustix::fs::OFlags;
-        let flags = OFlags::RDWR | OFlags::CREATE;
-        open_in(Place::Beneath(self), path, flags, FILE_MODE)
+        self.open_regular(path, OFlags::RDWR | OFlags::CREATE | OFlags::NONBLOCK)
     }
 
     /// Creates `path` (which must not exist) for appending, mode 0600.
@@ -279,7 +279,15 @@ impl Root {
     /// itself and nothing outside the home is written through it.
     pub fn open_append(&self, path: &Path) -> Result<File> {
         use rustix::fs::OFlags;
-        let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK;
+        self.open_regular(
+            path,
+            OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK,
+        )
+    }
+
+    /// `path` opened with `flags` (which create it when missing), only ever as a regular file:
+    /// anything else under the name is set aside and the open tried again.
+    fn open_regular(&self, path: &Path, flags: rustix::fs::OFlags) -> Result<File> {
         for _ in 0..3 {
             let opened = open_in(Place::Beneath(self), path, flags, FILE_MODE);
             // A link (`ELOOP`), a directory (`EISDIR`) or a FIFO no one reads (`ENXIO`).
@@ -292,6 +300,7 @@ impl Root {
             if regular {
                 return opened.map_err(|e| Error::io("cannot open", path, e));
             }
+            drop(opened);
             self.set_aside(path, "is not a regular file where the home keeps one")?;
         }
         Err(Error::io(

@@ -445,6 +445,52 @@ fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_neither_waited_on_nor_followed()
 }
 
 #[test]
+fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_set_aside_and_the_daemon_takes_a_real_one() {
+    // The daemon reads the lock's last pid to know whether its predecessor died: a FIFO under
+    // the name must not hold its start, and a link must neither be read nor written through.
+    let env = Env::new();
+    let lock = env.home.join("daemon.lock");
+    let outside = env.home.join("../not-a-lock");
+    fs::write(&outside, "4242\n").unwrap();
+    for (what, plant) in [
+        ("a FIFO", Box::new(|| mkfifo(&lock)) as Box<dyn Fn()>),
+        (
+            "a link",
+            Box::new(|| std::os::unix::fs::symlink(&outside, &lock).unwrap()),
+        ),
+    ] {
+        plant();
+        {
+            let _d = env.daemon();
+            let held = fs::symlink_metadata(&lock).unwrap();
+            assert!(held.is_file(), "{what}: a real lock\n{}", env.tree());
+        }
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "4242\n", "{what}");
+        let reasons: Vec<String> = fs::read_dir(env.home.join("quarantine"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
+            .map(|e| fs::read_to_string(e.path()).unwrap())
+            .collect();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("daemon.lock: is not a regular file")),
+            "{what}: {reasons:?}\n{}",
+            env.tree()
+        );
+        fs::remove_dir_all(env.home.join("quarantine")).unwrap();
+        fs::remove_file(&lock).unwrap();
+    }
+}
+
+fn mkfifo(path: &Path) {
+    let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
 fn payload_text_reaches_a_wake_only_as_framed_data() {
     let env = Env::new();
     let _d = env.daemon();
