@@ -196,7 +196,7 @@ fn crash_in_the_checkpoint_before_the_segments_are_deleted() {
     );
     let before = invariants::check(&env, &dropped);
     before.assert_kept(&format!("{spec}: before the stop"));
-    // Our own child, not yet reaped; if the signal fails, the wait below shows it.
+    // kill(2) cannot fail on our own child before it is reaped (a zombie included): unchecked.
     let _ = kill_process(Pid::from_child(&d.child), Signal::TERM);
     assert_eq!(
         d.wait(&env, || false),

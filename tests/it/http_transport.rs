@@ -203,7 +203,7 @@ fn raise_open_file_limit() {
             current: lim.maximum,
             maximum: lim.maximum,
         };
-        // Best effort, as before: a refusal shows as the test's own failure to connect.
+        // Best effort, as before: the tests run on with the limit they have.
         let _ = setrlimit(Resource::Nofile, raised);
     }
 }

@@ -156,7 +156,7 @@ fn kill_loop(
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(10 + run * 11));
-        // Our own child, not yet reaped; it may have ended already, which is no failure.
+        // kill(2) cannot fail on our own child before it is reaped (a zombie included): unchecked.
         let _ = kill_process(Pid::from_child(&reader), Signal::TERM);
         let mut text = String::new();
         let stream: Box<dyn std::io::Read> = match (reader.stdout.take(), reader.stderr.take()) {
