@@ -58,7 +58,7 @@ fn exists(path: &str) -> bool {
 }
 
 /// Outside crates and std, whose paths the documents may cite as they are.
-const FOREIGN: [&str; 20] = [
+const FOREIGN: [&str; 19] = [
     "std",
     "core",
     "serde",
@@ -74,7 +74,6 @@ const FOREIGN: [&str; 20] = [
     "etcd_client",
     "tracing",
     "http",
-    "libc",
     "fail",
     "tonic",
     "sha2",
