@@ -482,9 +482,7 @@ fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_set_aside_and_the_daemon_takes_a
 }
 
 fn mkfifo(path: &Path) {
-    let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    mkfifoat(CWD, path, Mode::from_raw_mode(0o600)).unwrap();
 }
 
 #[test]
