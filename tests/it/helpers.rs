@@ -155,6 +155,18 @@ impl Env {
         out
     }
 
+    /// The reasons (`<path>: <why>`) of everything set aside into the home's quarantine.
+    pub fn quarantined_reasons(&self) -> Vec<String> {
+        fs::read_dir(self.home.join("quarantine"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
+                    .map(|e| fs::read_to_string(e.path()).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every path under the home, one per line, for failure messages.
     pub fn tree(&self) -> String {
         let mut lines = Vec::new();

@@ -48,17 +48,6 @@ fn swap_for_link(env: &Env, rel: &str, to: &Path) {
     symlink(to, &path).unwrap();
 }
 
-fn quarantined_reasons(env: &Env) -> Vec<String> {
-    fs::read_dir(env.home.join("quarantine"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
-                .map(|e| fs::read_to_string(e.path()).unwrap())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn paths_swapped_for_links_while_the_daemon_runs_receive_nothing_and_are_set_aside() {
     let env = Env::new();
@@ -113,7 +102,7 @@ fn paths_swapped_for_links_while_the_daemon_runs_receive_nothing_and_are_set_asi
         "the marker is in the home\n{}",
         env.tree()
     );
-    let reasons = quarantined_reasons(&env);
+    let reasons = env.quarantined_reasons();
     let aside = reasons
         .iter()
         .filter(|r| r.contains("is a symbolic link where the home has a directory"))
@@ -214,7 +203,7 @@ fn a_spare_planted_as_a_link_or_a_hard_link_is_set_aside_and_nothing_outside_is_
             env.tree()
         );
     }
-    let reasons = quarantined_reasons(&env);
+    let reasons = env.quarantined_reasons();
     assert!(
         reasons.iter().any(|r| r.contains("is not a regular file"))
             && reasons.iter().any(|r| r.contains("with one link")),
@@ -245,7 +234,7 @@ fn a_daemon_log_planted_as_a_link_is_set_aside_and_the_file_it_names_gets_no_lin
     );
     let log = fs::symlink_metadata(env.home.join("log/daemon.log")).unwrap();
     assert!(log.is_file(), "a real log was made\n{}", env.tree());
-    let reasons = quarantined_reasons(&env);
+    let reasons = env.quarantined_reasons();
     assert!(
         reasons
             .iter()

@@ -463,12 +463,7 @@ fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_set_aside_and_the_daemon_takes_a
             assert!(held.is_file(), "{what}: a real lock\n{}", env.tree());
         }
         assert_eq!(fs::read_to_string(&outside).unwrap(), "4242\n", "{what}");
-        let reasons: Vec<String> = fs::read_dir(env.home.join("quarantine"))
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
-            .map(|e| fs::read_to_string(e.path()).unwrap())
-            .collect();
+        let reasons = env.quarantined_reasons();
         assert!(
             reasons
                 .iter()
