@@ -66,7 +66,7 @@ pub fn shim_listening(home: &Home) -> bool {
 
 /// Whether a daemon holds this home's lock right now (signals are applied only by one).
 pub fn daemon_running(home: &Home) -> bool {
-    FileLock::is_held(&home.daemon_lock())
+    FileLock::is_held(home.root_dir(), &home.daemon_lock())
 }
 
 /// The `how_to_signal` lines of a new (or re-secreted) waitpoint.
@@ -278,7 +278,7 @@ fn check_reply(
 /// (`check`, `wait_check`, the page) call it, once per view, never the brief line.
 pub fn refused_counts(home: &Home) -> Result<std::collections::HashMap<String, usize>> {
     let mut counts = std::collections::HashMap::<String, usize>::new();
-    for (name, path) in crate::durable::list_dir(&home.bad_dir())? {
+    for (name, path) in home.root_dir().list_dir(&home.bad_dir())? {
         if !name.ends_with(".json") {
             continue;
         }

@@ -62,7 +62,7 @@ pub struct Inputs<'a> {
     pub inotify_dir: PathBuf,
     /// Whether an inotify instance can be had now ([`probe_inotify`]).
     pub inotify_instance: Result<(), Error>,
-    /// How the shared store the settings name is ([`crate::store::Store::health`]), or why
+    /// How the shared store the settings name is ([`crate::store::Cluster::health`]), or why
     /// it could not be asked; `None` for the home's own files.
     pub store: Option<Result<Vec<Finding>, Error>>,
     /// The `PATH` a daemon started from here would search for `onWake`'s program (the caller's
@@ -484,7 +484,7 @@ fn check_inotify(dir: &Path, instance: &Result<(), Error>) -> Finding {
 
 fn check_daemon(home: &Home) -> Finding {
     let lock = home.daemon_lock();
-    let holder = FileLock::holder(&lock);
+    let holder = FileLock::holder(home.root_dir(), &lock);
     let start = "start it: `waitpoint daemon`, or `systemctl --user start waitpoint` with \
 scripts/waitpoint.service";
     match &holder {
@@ -615,7 +615,9 @@ fn executable(path: &Path) -> Result<(), &'static str> {
 /// The `PATH` of the daemon running for `home`, if one runs and its environment can be read.
 fn daemon_path(home: &Home) -> Option<std::ffi::OsString> {
     use std::os::unix::ffi::OsStrExt;
-    let crate::durable::LockHolder::Held { pid } = FileLock::holder(&home.daemon_lock()) else {
+    let crate::durable::LockHolder::Held { pid } =
+        FileLock::holder(home.root_dir(), &home.daemon_lock())
+    else {
         return None;
     };
     use std::io::Read;
@@ -634,7 +636,7 @@ fn daemon_path(home: &Home) -> Option<std::ffi::OsString> {
 fn check_shim(home: &Home) -> Finding {
     let path = home.webhook_address_file();
     // Read as its owner writes it (`records::WebhookAddress`), not guessed at.
-    let record = match durable::read_json::<WebhookAddress>(&path) {
+    let record = match home.root_dir().read_json::<WebhookAddress>(&path) {
         Ok(None) => return ok("http-shim", "no address published (signals use the spool)"),
         Ok(Some(r)) => r,
         Err(e) => {
@@ -737,10 +739,11 @@ fn check_devices(home: &Home) -> Finding {
 /// Segments a running daemon checkpoints within a few seconds; left without one, they hold
 /// committed signals whose files may be incomplete until a daemon replays them.
 fn check_journal(home: &Home) -> Finding {
-    let numbers = crate::journal::list_segments(&home.journal_dir()).unwrap_or_default();
+    let numbers =
+        crate::journal::list_segments(home.root_dir(), &home.journal_dir()).unwrap_or_default();
     let segments = numbers.len();
     for seg in crate::journal::list_segment_paths(&home.journal_dir(), &numbers) {
-        if let Err(e) = crate::journal::read_segment(&seg) {
+        if let Err(e) = crate::journal::read_segment(home.root_dir(), &seg) {
             return bad(
                 "journal",
                 Level::Fail,
@@ -759,7 +762,7 @@ the daemon: its lines are not replayed, so a batch in it whose files a crash los
     if segments == 0 {
         return ok("journal", "empty (every committed batch is checkpointed)");
     }
-    if durable::FileLock::is_held(&home.daemon_lock()) {
+    if durable::FileLock::is_held(home.root_dir(), &home.daemon_lock()) {
         return ok(
             "journal",
             format!("{segments} segment(s); the running daemon checkpoints them"),

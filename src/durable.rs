@@ -2,7 +2,7 @@
 //! reached through this module, which owns the rules all of them share (modes, temp names, no
 //! link followed beneath a home) and hands each job to a file of its own:
 //!
-//! - `synced.rs`: the synced commit ([`commit`], [`Batch`]): temp file, fsync, rename, fsync
+//! - `synced.rs`: the synced commit ([`Root::commit`], [`Batch`]): temp file, fsync, rename, fsync
 //!   the directory, so a file survives a power cut once the call returns.
 //! - `unsynced.rs`: the files a journal entry already made durable ([`Unsynced`]), written
 //!   atomically without their own fsync, and a state's spare ([`spare_name`]).
@@ -36,21 +36,16 @@ mod temp;
 mod trash;
 mod unsynced;
 
-pub use beneath::{Place, Root, confine};
+pub use beneath::{Place, Root};
 pub use dir::{Dir, Kind, Rewrite};
 pub use events::is_ready_kind;
 pub use lock::{FileLock, LockHolder};
-pub use path::{
-    create_dir_private, create_empty, exchange, fsync_dir, list_dir, list_names, open_or_create,
-    open_read, remove_all, remove_all_durably, remove_durably, remove_tree, rename, rename_durably,
-    set_mode, unlink, unlink_all,
-};
+pub use path::unlink_all;
 pub use read::{
-    MAX_RECORD_BYTES, NOT_REGULAR, read_capped, read_json, read_json_or_set_aside,
-    read_record_bytes, read_tail, set_aside,
+    MAX_RECORD_BYTES, NOT_REGULAR, read_json_or_set_aside, read_record_bytes, set_aside,
 };
-pub use synced::{Batch, commit, commit_from, commit_json, write_synced};
-pub use temp::{TEMP_PREFIX, TEMP_SUFFIX, is_temp_name, remove_stale_temps};
+pub use synced::Batch;
+pub use temp::{TEMP_PREFIX, TEMP_SUFFIX, is_temp_name};
 pub use trash::{Reaper, Trash};
 pub use unsynced::{SPARE_REST, Unsynced, spare_name};
 
@@ -58,6 +53,12 @@ pub use unsynced::{SPARE_REST, Unsynced, spare_name};
 pub const DIR_MODE: u32 = 0o700;
 /// Mode of every file the engine creates.
 pub const FILE_MODE: u32 = 0o600;
+
+/// A root for a unit test's temp directory, its quarantine inside it.
+#[cfg(test)]
+pub(crate) fn test_root(dir: &Path) -> Root {
+    Root::new(dir, &dir.join("quarantine"))
+}
 
 fn not_found() -> io::Error {
     io::Error::from(io::ErrorKind::NotFound)

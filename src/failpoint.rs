@@ -17,7 +17,7 @@
 //! journal append passes [`JOURNAL_WRITE`] and [`JOURNAL_FSYNC`]; the engine then passes
 //! [`ENGINE_AFTER_JOURNAL`] and writes the batch's files, each passing [`STORE_WRITE`] and
 //! [`STORE_RENAME`]; the drop zone adds [`SPOOL_BEFORE_REMOVE`]; the checkpointer passes
-//! [`JOURNAL_CHECKPOINT`]. Every durable `durable::commit` (creating a waitpoint, a held wake
+//! [`JOURNAL_CHECKPOINT`]. Every durable `Root::commit` (creating a waitpoint, a held wake
 //! delivered later, timers) passes [`STORE_WRITE`], [`STORE_FSYNC`], [`STORE_RENAME`] and
 //! [`STORE_DIR_FSYNC`], and the outbox flush [`ENGINE_AFTER_DELIVERY`].
 
@@ -29,12 +29,12 @@ use crate::error::{Error, Result};
 /// `store`: the temp file exists, nothing written to it yet (an error here is a failed
 /// `write`).
 pub const STORE_WRITE: &str = "store-write";
-/// `durable::commit`: the temp file is written, not yet fsynced (an error is a failed `fsync`).
+/// `Root::commit`: the temp file is written, not yet fsynced (an error is a failed `fsync`).
 pub const STORE_FSYNC: &str = "store-fsync";
 /// `store`: the temp file is written (and fsynced, for a durable commit), not yet renamed over
 /// the target.
 pub const STORE_RENAME: &str = "store-rename";
-/// `durable::commit`: renamed over the target, the directory not yet fsynced.
+/// `Root::commit`: renamed over the target, the directory not yet fsynced.
 pub const STORE_DIR_FSYNC: &str = "store-dir-fsync";
 /// Journal: the batch's line is not yet written to the active segment.
 pub const JOURNAL_WRITE: &str = "journal-write";

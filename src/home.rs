@@ -54,8 +54,8 @@ impl Home {
                 .map(|cwd| cwd.join(&root))
                 .unwrap_or(root)
         };
-        // Every path of this home is reached beneath its root from now on (durable/beneath.rs).
-        let dir = crate::durable::confine(&root, &root.join("quarantine"));
+        // Every path of this home is reached beneath its root (durable/beneath.rs).
+        let dir = Arc::new(Root::new(&root, &root.join("quarantine")));
         Home { root, dir }
     }
 
@@ -108,7 +108,7 @@ impl Home {
             // their removals and their renames elsewhere. The root alone may be a link the user
             // made (`~/.cortex -> /data/cortex`).
             let rel = dir.strip_prefix(&self.root).unwrap_or(Path::new(""));
-            match Dir::open_beneath(&self.root, rel) {
+            match Dir::open_beneath(&self.dir, rel) {
                 Ok(_) => {}
                 Err(e) if e.is_not_found() => continue,
                 Err(e) => return Err(e),
@@ -123,7 +123,7 @@ impl Home {
 
     /// The root directory, for the operations that take it rather than a path to look it up by
     /// (`durable::read_json_or_set_aside`).
-    pub fn root_dir(&self) -> &Root {
+    pub fn root_dir(&self) -> &Arc<Root> {
         &self.dir
     }
 

@@ -169,8 +169,9 @@ impl<'h> Inbox<'h> {
     pub fn open(home: &'h Home, channel: &str) -> Result<Inbox<'h>> {
         crate::request::check_name("channel", channel)?;
         let dir = home.inbox_new(channel);
-        crate::durable::create_dir_private(&dir)?;
-        crate::durable::create_dir_private(&home.inbox_cur(channel))?;
+        home.root_dir().create_dir_private(&dir)?;
+        home.root_dir()
+            .create_dir_private(&home.inbox_cur(channel))?;
         // Watch before the first look, so a wake landing in between is not missed.
         let (poke, changes) = mpsc::channel();
         let watcher = watch_into(&dir, poke.clone())?;

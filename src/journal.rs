@@ -12,15 +12,14 @@
 //! This module knows segments, lines and syncs; it does not know what a line means (the engine
 //! does, in `engine/batch.rs`).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::durable::{self, FILE_MODE, create_dir_private, fsync_dir};
+use crate::durable::Root;
 use crate::error::{Error, Result};
 use crate::sync::{CondvarExt, MutexExt};
 
@@ -37,6 +36,8 @@ const SEGMENT_BYTES: u64 = 8 << 20;
 /// The journal of one home, shared by the engine (appends) and the checkpointer thread.
 #[derive(Debug)]
 pub struct Journal {
+    /// The home the journal lies in: every segment is reached beneath it.
+    root: Arc<Root>,
     dir: PathBuf,
     /// An open handle on the home's filesystem for `syncfs`. It is opened once so that a
     /// writeback error anywhere on the filesystem after the journal opened is reported by the
@@ -79,15 +80,17 @@ fn segment_number(name: &str) -> Option<u64> {
 }
 
 impl Journal {
-    /// Opens the journal in `dir` (made when missing); `home` is any directory on the
-    /// filesystem the journaled files live on. Segments found there are kept for
-    /// [`entries`](Self::entries) and the next checkpoint.
-    pub fn open(dir: &Path, home: &Path) -> Result<Journal> {
-        create_dir_private(dir)?;
+    /// Opens the journal in `dir`, beneath `root` (made when missing); the journaled files live
+    /// on the root's filesystem. Segments found there are kept for [`entries`](Self::entries)
+    /// and the next checkpoint.
+    pub fn open(root: Arc<Root>, dir: &Path) -> Result<Journal> {
+        root.create_dir_private(dir)?;
+        let home = root.path();
         let fs = File::open(home).map_err(|e| Error::io("cannot open", home, e))?;
-        let closed = list_segments(dir)?;
+        let closed = list_segments(&root, dir)?;
         let next_number = closed.last().map_or(1, |n| n + 1);
         Ok(Journal {
+            root,
             dir: dir.to_owned(),
             fs,
             active: None,
@@ -113,7 +116,8 @@ impl Journal {
         numbers.extend(self.active.as_ref().map(|s| s.number));
         let mut entries = Vec::new();
         for number in numbers {
-            entries.extend(read_segment(&self.dir.join(segment_name(number)))?);
+            let segment = self.dir.join(segment_name(number));
+            entries.extend(read_segment(&self.root, &segment)?);
         }
         Ok(entries)
     }
@@ -177,14 +181,12 @@ impl Journal {
         if self.active.is_none() {
             let number = self.next_number;
             let path = self.dir.join(segment_name(number));
-            let file = OpenOptions::new()
-                .append(true)
-                .create_new(true)
-                .mode(FILE_MODE)
-                .open(&path)
+            let file = self
+                .root
+                .create_append(&path)
                 .map_err(|e| Error::io("cannot create", &path, e))?;
             // The entries' fdatasync makes their bytes durable, not the segment's name.
-            fsync_dir(&self.dir)?;
+            self.root.fsync_dir(&self.dir)?;
             self.next_number += 1;
             self.active = Some(Segment {
                 number,
@@ -242,18 +244,17 @@ impl Journal {
         // Durably: not needed for safety (a segment that comes back is re-applied harmlessly),
         // but it keeps a replay after a power cut short. On error every covered segment is
         // kept for the next checkpoint; one already gone is not an error then.
-        durable::remove_all_durably(&paths)?;
+        self.root.remove_all_durably(&paths)?;
         self.closed.retain(|n| !covered.contains(n));
         Ok(())
     }
 }
 
 /// Whether `dir` holds any segment (a cheap look, for commands deciding whether to replay).
-pub fn has_segments(dir: &Path) -> bool {
-    list_segments(dir).is_ok_and(|s| !s.is_empty())
+pub fn has_segments(root: &Root, dir: &Path) -> bool {
+    list_segments(root, dir).is_ok_and(|s| !s.is_empty())
 }
 
-/// The numbers of the segments in `dir`, in order; a missing directory has none.
 /// The entries of one segment (none when it is gone).
 ///
 /// Only a last line without its newline is torn: an append a crash cut short, never fsynced,
@@ -261,8 +262,8 @@ pub fn has_segments(dir: &Path) -> bool {
 /// not parse may be a batch already answered as committed, so it is an error naming the
 /// segment and the line: nothing is decided until the operator has looked at it and set the
 /// segment aside (`waitpoint doctor` says how).
-pub fn read_segment(path: &Path) -> Result<Vec<Entry>> {
-    let file = match File::open(path) {
+pub fn read_segment(root: &Root, path: &Path) -> Result<Vec<Entry>> {
+    let file = match root.open_read(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io("cannot open", path, e)),
@@ -309,8 +310,10 @@ pub fn list_segment_paths(dir: &Path, numbers: &[u64]) -> Vec<PathBuf> {
     numbers.iter().map(|n| dir.join(segment_name(*n))).collect()
 }
 
-pub fn list_segments(dir: &Path) -> Result<Vec<u64>> {
-    let mut numbers: Vec<u64> = durable::list_dir(dir)?
+/// The numbers of the segments in `dir`, beneath `root`, in order; a missing directory has none.
+pub fn list_segments(root: &Root, dir: &Path) -> Result<Vec<u64>> {
+    let mut numbers: Vec<u64> = root
+        .list_dir(dir)?
         .iter()
         .filter_map(|(name, _)| segment_number(name))
         .collect();
@@ -420,7 +423,8 @@ mod tests {
     use super::*;
 
     fn open(dir: &Path) -> Journal {
-        Journal::open(&dir.join("journal"), dir).unwrap()
+        let root = Arc::new(crate::durable::test_root(dir));
+        Journal::open(root, &dir.join("journal")).unwrap()
     }
 
     #[test]
@@ -430,7 +434,10 @@ mod tests {
         j.append(br#"{"n":1}"#).unwrap();
         j.append(br#"{"n":2}"#).unwrap();
         let path = j.dir.join(segment_name(1));
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(br#"{"n":3, "cut"#).unwrap();
         drop(j);
         let j = open(tmp.path());
@@ -445,7 +452,10 @@ mod tests {
         let mut j = open(tmp.path());
         j.append(br#"{"n":1}"#).unwrap();
         let path = j.dir.join(segment_name(1));
-        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
         f.write_all(b"{\"n\":2, \"cu\x00\x00t\n").unwrap();
         drop(f);
         j.append(br#"{"n":3}"#).unwrap();
@@ -462,11 +472,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut j = open(tmp.path());
         j.append(br#"{"n":1}"#).unwrap();
-        assert_eq!(list_segments(&j.dir).unwrap(), vec![1]);
+        assert_eq!(list_segments(&j.root, &j.dir).unwrap(), vec![1]);
         j.checkpoint().unwrap();
-        assert_eq!(list_segments(&j.dir).unwrap(), Vec::<u64>::new());
+        assert_eq!(list_segments(&j.root, &j.dir).unwrap(), Vec::<u64>::new());
         j.append(br#"{"n":2}"#).unwrap();
-        assert_eq!(list_segments(&j.dir).unwrap(), vec![2]);
+        assert_eq!(list_segments(&j.root, &j.dir).unwrap(), vec![2]);
         let lines: Vec<Vec<u8>> = j.entries().unwrap().into_iter().map(|e| e.bytes).collect();
         assert_eq!(lines, vec![br#"{"n":2}"#.to_vec()]);
     }
@@ -478,10 +488,10 @@ mod tests {
         j.append(br#"{"n":1}"#).unwrap();
         j.set_needs_replay(true);
         j.checkpoint().unwrap();
-        assert_eq!(list_segments(&j.dir).unwrap(), vec![1]);
+        assert_eq!(list_segments(&j.root, &j.dir).unwrap(), vec![1]);
         j.set_needs_replay(false);
         j.checkpoint().unwrap();
-        assert_eq!(list_segments(&j.dir).unwrap(), Vec::<u64>::new());
+        assert_eq!(list_segments(&j.root, &j.dir).unwrap(), Vec::<u64>::new());
     }
 
     #[test]
@@ -492,7 +502,7 @@ mod tests {
         lock(&shared).append(br#"{"n":1}"#).unwrap();
         drop(c);
         assert_eq!(
-            list_segments(&tmp.path().join("journal")).unwrap(),
+            list_segments(&lock(&shared).root, &tmp.path().join("journal")).unwrap(),
             Vec::<u64>::new()
         );
     }

@@ -11,12 +11,13 @@ use std::fmt;
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
 use serde::Serialize;
 
-use crate::durable::{self, FileLock};
+use crate::durable::{self, FileLock, Root};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::records::{SignalStatus, WebhookAddress};
@@ -184,6 +185,8 @@ pub trait Transport {
 /// The file-drop transport: a fresh name in the drop zone, written as `.tmp`, fsynced, renamed.
 #[derive(Debug, Clone)]
 pub struct SpoolTransport {
+    /// The home the spool lies in: the file is written beneath it, never through a link.
+    pub root: Arc<Root>,
     pub dir: PathBuf,
     /// The file's name when the signal already has an identity (`<key>.json`), so that this
     /// copy and an HTTP attempt under the same key are one signal.
@@ -191,16 +194,18 @@ pub struct SpoolTransport {
 }
 
 impl SpoolTransport {
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
+    pub fn new(root: Arc<Root>, dir: impl Into<PathBuf>) -> Self {
         SpoolTransport {
+            root,
             dir: dir.into(),
             name: None,
         }
     }
 
     /// A spool transport that names the file after the signal's key.
-    pub fn keyed(dir: impl Into<PathBuf>, key: &str) -> Self {
+    pub fn keyed(root: Arc<Root>, dir: impl Into<PathBuf>, key: &str) -> Self {
         SpoolTransport {
+            root,
             dir: dir.into(),
             name: Some(format!("{key}.json")),
         }
@@ -225,11 +230,11 @@ pub fn miss_record(id: &str) -> Vec<u8> {
 
 impl Transport for SpoolTransport {
     fn send(&self, body: &[u8]) -> Result<Sent> {
-        durable::create_dir_private(&self.dir)?;
+        self.root.create_dir_private(&self.dir)?;
         let path = self
             .dir
             .join(self.name.clone().unwrap_or_else(Self::fresh_name));
-        durable::commit(&path, body)?;
+        self.root.commit(&path, body)?;
         Ok(Sent::Spooled(path))
     }
 }
@@ -312,13 +317,13 @@ pub enum Published {
 /// file left by a daemon that was killed is recognised as stale without trusting its pid.
 pub fn published_endpoint(home: &Home) -> Published {
     let file = home.webhook_address_file();
-    let record: WebhookAddress = match durable::read_json(&file) {
+    let record: WebhookAddress = match home.root_dir().read_json(&file) {
         Ok(Some(r)) => r,
         Ok(None) => return Published::Absent,
         Err(e) => return Published::Stale(format!("cannot use it: {e}")),
     };
     let lock = home.daemon_lock();
-    let holder = FileLock::holder(&lock);
+    let holder = FileLock::holder(home.root_dir(), &lock);
     match &holder {
         durable::LockHolder::Held { .. } => {}
         durable::LockHolder::Stale { .. } => {

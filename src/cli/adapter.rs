@@ -18,6 +18,9 @@ use super::env_var;
 /// The exit status Claude Code's `asyncRewake` hooks wake the session on.
 pub const CLAUDE_REWAKE: u8 = 2;
 
+// The doc comments here are the commands' help text, read in a terminal and in the man pages:
+// `<ID>` and `[ids]` there are what they say, not HTML or links.
+#[allow(rustdoc::invalid_html_tags, rustdoc::broken_intra_doc_links)]
 #[derive(Debug, Subcommand)]
 pub enum AdapterCommand {
     /// Claude Code `asyncRewake` hook: wait for the session's next wake and wake Claude with it
@@ -111,6 +114,7 @@ pub enum AdapterCommand {
     OpencodeWaiter(OpencodeWaiterArgs),
 }
 
+#[allow(rustdoc::invalid_html_tags)]
 #[derive(Debug, Args)]
 pub struct OpencodeWaiterArgs {
     /// OpenCode's session id (ses_…): the waitpoint session is opencode-<ID>

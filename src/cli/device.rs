@@ -337,7 +337,7 @@ fn poll(
         ))
         .into());
     }
-    match FileLock::try_acquire_writing_pid(&home.daemon_lock()) {
+    match FileLock::try_acquire_writing_pid(home.root_dir(), &home.daemon_lock()) {
         Ok(_lock) => {
             // No daemon: be the daemon for one round, so only the lock holder records signals.
             let interval = d.sweep_ms.unwrap_or(engine.settings().sweep_ms);

@@ -17,7 +17,7 @@ pub struct DoctorArgs {}
 pub fn run(home: &Home, store: Option<&str>, _a: DoctorArgs) -> anyhow::Result<u8> {
     let mut settings = super::load_settings(home);
     if let (Some(url), Ok(s)) = (store, settings.as_mut()) {
-        s.store = crate::settings::Location::parse(url)
+        s.store = crate::settings::location::Location::parse(url)
             .map_err(|e| Error::Usage(format!("--store: {e}")))?;
     }
     let store = settings.as_ref().ok().and_then(|s| {

@@ -1,9 +1,7 @@
 //! Logging set-up: stderr (around the drain's progress bar) for every command, and
 //! `log/daemon.log` for the daemon, as text or JSON lines.
 
-use std::fs::OpenOptions;
 use std::io::IsTerminal;
-use std::os::unix::fs::OpenOptionsExt;
 use std::sync::Mutex;
 
 use tracing_subscriber::layer::SubscriberExt;
@@ -45,13 +43,11 @@ pub fn init_logging(daemon_log: Option<&Home>, format: LogFormat) {
             .boxed()
     };
     let file = daemon_log.and_then(|home| {
-        let _ = home.root_dir().create_dir_private(&home.log_dir());
-        let f = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .mode(crate::durable::FILE_MODE)
-            .open(home.log_file())
-            .ok()?;
+        let root = home.root_dir();
+        let _ = root.create_dir_private(&home.log_dir());
+        // Reached beneath the home: a link planted as the log is set aside, never written
+        // through.
+        let f = root.open_append(&home.log_file()).ok()?;
         Some(if json {
             layer()
                 .json()

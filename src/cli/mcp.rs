@@ -36,7 +36,7 @@ pub fn serve(
     broken: Option<String>,
 ) -> anyhow::Result<u8> {
     if let Some(url) = store {
-        settings.store = crate::settings::Location::parse(url)
+        settings.store = crate::settings::location::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
     home.ensure()?;

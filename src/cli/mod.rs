@@ -513,13 +513,16 @@ fn run(home: Home, store: Option<&str>, command: Command) -> anyhow::Result<u8> 
         // server serves instead and answers every call with what is wrong.
         (Err(e), Configured::Mcp(a)) => {
             let broken = format!("{e}; fix it, then restart the MCP server");
-            tracing::error!("{broken}");
+            tracing::error!(
+                error = %e,
+                "the settings cannot be loaded; fix them, then restart the MCP server"
+            );
             return mcp::serve(home, store, Settings::default(), a, Some(broken));
         }
         (Err(e), _) => return Err(e.into()),
     };
     if let Some(url) = store {
-        settings.store = crate::settings::Location::parse(url)
+        settings.store = crate::settings::location::Location::parse(url)
             .map_err(|e| crate::error::Error::Usage(format!("--store: {e}")))?;
     }
     match command {

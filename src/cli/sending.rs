@@ -7,6 +7,7 @@
 
 use anyhow::Context;
 use clap::Args;
+use std::sync::Arc;
 
 use crate::error::{Error, exit};
 use crate::home::Home;
@@ -60,11 +61,14 @@ pub struct Judged {
 /// daemon would, when that settles it; `None` when the signal must be sent.
 pub fn judge_locally(home: &Home, body: &[u8]) -> Option<Judged> {
     use crate::clock::{Clock, SystemClock};
-    use crate::engine::{Prejudged, Refusal};
+    use crate::engine::Prejudged;
+    use crate::engine::rules::Refusal;
     use std::sync::Arc;
     // On a store shared by several hosts this home's files hold no waitpoints: the daemon
     // judges, and hands the signal to the leader.
-    if super::load_settings(home).is_ok_and(|s| s.store != crate::settings::Location::Files) {
+    if super::load_settings(home)
+        .is_ok_and(|s| s.store != crate::settings::location::Location::Files)
+    {
         return None;
     }
     // A home that holds no waitpoints (a device's, or one with no daemon yet) has nothing to
@@ -114,7 +118,9 @@ impl Judged {
         let Some(id) = &self.miss else {
             return String::new();
         };
-        match SpoolTransport::new(home.drop_zone()).send(&crate::sender::miss_record(id)) {
+        match SpoolTransport::new(Arc::clone(home.root_dir()), home.drop_zone())
+            .send(&crate::sender::miss_record(id))
+        {
             Ok(_) => "; the miss is left in the spool for the daemon's log".to_owned(),
             Err(e) => format!("; the miss could not be left for the daemon's log: {e}"),
         }
@@ -240,7 +246,7 @@ it counts once even if the daemon did record the signal"
     if no_spool {
         anyhow::bail!("{why_spool}, and --no-spool forbids the spool");
     }
-    let transport = SpoolTransport::keyed(home.drop_zone(), &key);
+    let transport = SpoolTransport::keyed(Arc::clone(home.root_dir()), home.drop_zone(), &key);
     let Sent::Spooled(path) = transport
         .send(body)
         .context("cannot write the signal to the spool")?

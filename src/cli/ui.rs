@@ -31,7 +31,7 @@ pub fn run(home: &Home, _a: UiArgs, out: &mut impl Write) -> anyhow::Result<u8> 
 `waitpoint daemon --http`"
         ),
     };
-    let code = issue_login_code(&home.ui_login_file(), SystemClock.now())?;
+    let code = issue_login_code(home, SystemClock.now())?;
     // An IPv6 literal is bracketed in a URL; webhook.json may hold it either way.
     let host = if url.host.contains(':') && !url.host.starts_with('[') {
         format!("[{}]", url.host)

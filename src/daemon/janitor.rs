@@ -2,7 +2,6 @@
 //! waitpoints, stale temp files.
 
 use super::{Daemon, GC_EVERY_MS, STALE_TEMP_MS, TEMP_WALK_EVERY_MS};
-use crate::durable;
 
 impl Daemon {
     pub(super) fn gc_read_wakes(&mut self) {
@@ -36,7 +35,10 @@ impl Daemon {
     pub(super) fn gc_engine_temps(&mut self) {
         let home = self.engine.home();
         for dir in [home.waitpoints_dir(), home.sessions_dir()] {
-            if let Err(e) = durable::remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS) {
+            if let Err(e) =
+                home.root_dir()
+                    .remove_stale_temps(&dir, self.engine.now(), STALE_TEMP_MS)
+            {
                 tracing::error!(error = %e, "cannot clean stale temp files");
             }
         }

@@ -28,16 +28,16 @@ fn log_forwarded(req: &crate::request::SignalRequest, source: &Source, v: &Verdi
             tracing::info!(
                 waitpoint = %id,
                 source = %origin,
-                "late handed-over signal: already {}",
-                status.as_str(),
+                status = status.as_str(),
+                "late handed-over signal: the waitpoint is closed",
             )
         }
         Verdict::Refused(r) => {
             tracing::warn!(
                 waitpoint = %req.id,
                 source = %origin,
-                "handed-over signal refused: {}",
-                r.reason(),
+                reason = %r.reason(),
+                "handed-over signal refused",
             )
         }
         Verdict::Queued { .. } => {}

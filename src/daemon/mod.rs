@@ -279,9 +279,11 @@ impl Daemon {
         config.home.check_private()?;
         // A clean stop empties the lock file: a pid left in it means the last daemon died, and
         // only a death (of the daemon or of a command) mid-commit leaves temp files behind.
-        let died = std::fs::read_to_string(config.home.daemon_lock())
-            .is_ok_and(|pid| !pid.trim().is_empty());
-        let lock = FileLock::try_acquire_writing_pid(&config.home.daemon_lock())?;
+        let home = &config.home;
+        // Taken first: a link or a FIFO planted as the lock is set aside as it is opened, so
+        // the pid read below is this home's own, and no read waits on a FIFO.
+        let lock = FileLock::try_acquire_writing_pid(home.root_dir(), &home.daemon_lock())?;
+        let died = lock.previous_pid().is_some();
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
         let spool = Spool::new(&config.home).with_queued_parking();
@@ -636,9 +638,8 @@ impl Daemon {
     /// Starts the HTTP shim when configured (publishing its address), and otherwise removes an
     /// address file a daemon that did not stop cleanly left behind.
     fn start_shim(&mut self) -> Result<Option<Shim>> {
-        let file = self.engine.home().webhook_address_file();
         let Some(bound) = self.http.take() else {
-            http::remove_stale_address(&file)?;
+            http::remove_stale_address(self.engine.home())?;
             return Ok(None);
         };
         let tx = self.tx.clone();
@@ -658,7 +659,6 @@ impl Daemon {
             }
             s => tx.send(Event::Http(s)).is_ok(),
         });
-        let login_file = self.engine.home().ui_login_file();
-        Shim::start(bound, self.clock.clone(), submit, file, login_file).map(Some)
+        Shim::start(bound, self.clock.clone(), submit, self.engine.home()).map(Some)
     }
 }

@@ -34,7 +34,8 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::ingress::http::ui::{UiAnswer, UiRequest};
 use crate::operator_view;
-use crate::settings::{Location, Settings};
+use crate::settings::Settings;
+use crate::settings::location::Location;
 
 /// Sessions the list shows at most (by name); the rest are counted.
 pub const MAX_SESSIONS_SHOWN: usize = 100;

@@ -38,7 +38,7 @@ impl Daemon {
         );
         let devices = self.engine.home().devices_dir();
         let timers = self.engine.home().timers_dir();
-        crate::durable::create_dir_private(&timers)?;
+        self.engine.home().root_dir().create_dir_private(&timers)?;
         // The drop zone and the timers through the daemon's own watch (`src/store/dirwatch.rs`
         // says why): the kernel wakes it only for complete files, not for the daemon's own opens.
         let dir_tx = Mutex::new(self.tx.clone());

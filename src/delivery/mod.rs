@@ -11,7 +11,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use crate::clock::Timestamp;
-use crate::durable::{self, commit_json, create_dir_private, read_json};
+use crate::durable;
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::records::{HookDelivery, Waitpoint, Wake};
@@ -71,8 +71,8 @@ fn wake_file(dir: &Path, wake_id: &str) -> PathBuf {
 pub fn deliver(home: &Home, wake: &Wake) -> Result<()> {
     match inbox_target(home, wake) {
         Some(target) => {
-            create_dir_private(parent_of(&target))?;
-            commit_json(&target, wake)
+            home.root_dir().create_dir_private(parent_of(&target))?;
+            home.root_dir().commit_json(&target, wake)
         }
         None => Ok(()),
     }
@@ -105,13 +105,16 @@ fn inbox_dirs(home: &Home, channel: &str) -> [PathBuf; 2] {
     [home.inbox_new(channel), home.inbox_cur(channel)]
 }
 
-/// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk.
+/// Reads a delivered wake's file from `new/` or `cur/`, as it is on disk: reached beneath the
+/// home, a regular file of at most a record's size.
 pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Vec<u8>>> {
     for dir in inbox_dirs(home, channel) {
-        match fs::read(wake_file(&dir, wake_id)) {
-            Ok(b) => return Ok(Some(b)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io("cannot read", dir, e)),
+        let file = wake_file(&dir, wake_id);
+        if let Some(bytes) = home
+            .root_dir()
+            .read_capped(&file, durable::MAX_RECORD_BYTES)?
+        {
+            return Ok(Some(bytes));
         }
     }
     Ok(None)
@@ -121,7 +124,8 @@ pub fn read_delivered(home: &Home, channel: &str, wake_id: &str) -> Result<Optio
 /// reader took into `cur/` is [`stage`]'s to skip.
 pub fn is_intact_in_new(home: &Home, wake: &Wake) -> bool {
     matches!(
-        read_json::<Wake>(&wake_file(&home.inbox_new(&wake.channel), &wake.wake_id)),
+        home.root_dir()
+            .read_json::<Wake>(&wake_file(&home.inbox_new(&wake.channel), &wake.wake_id)),
         Ok(Some(_))
     )
 }
@@ -135,7 +139,7 @@ pub fn is_unread(home: &Home, channel: &str, wake_id: &str) -> bool {
 pub fn unread(home: &Home, channel: &str) -> Result<Vec<Wake>> {
     let dir = home.inbox_new(channel);
     let mut wakes = Vec::new();
-    for (name, path) in durable::list_dir(&dir)? {
+    for (name, path) in home.root_dir().list_dir(&dir)? {
         if durable::is_temp_name(&name) || !name.ends_with(".json") {
             continue;
         }
@@ -179,10 +183,11 @@ pub fn untake(home: &Home, channel: &str, wake_id: &str) -> Result<()> {
     let new = home.inbox_new(channel);
     let cur = home.inbox_cur(channel);
     let from = wake_file(&cur, wake_id);
-    durable::rename(&from, &wake_file(&new, wake_id))
+    home.root_dir()
+        .rename(&from, &wake_file(&new, wake_id))
         .map_err(|e| Error::io("cannot move", &from, e))?;
-    durable::fsync_dir(&new)?;
-    durable::fsync_dir(&cur)
+    home.root_dir().fsync_dir(&new)?;
+    home.root_dir().fsync_dir(&cur)
 }
 
 /// Marks one wake read (moves it to `cur/`), for a reader that handed it on by other means (a
@@ -191,12 +196,12 @@ pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
     check_wake_id(wake_id)?;
     let new = home.inbox_new(channel);
     let cur = home.inbox_cur(channel);
-    create_dir_private(&cur)?;
+    home.root_dir().create_dir_private(&cur)?;
     let from = wake_file(&new, wake_id);
-    match durable::rename(&from, &wake_file(&cur, wake_id)) {
+    match home.root_dir().rename(&from, &wake_file(&cur, wake_id)) {
         Ok(()) => {
-            durable::fsync_dir(&cur)?;
-            durable::fsync_dir(&new)?;
+            home.root_dir().fsync_dir(&cur)?;
+            home.root_dir().fsync_dir(&new)?;
             Ok(true)
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -207,7 +212,10 @@ pub fn mark_read(home: &Home, channel: &str, wake_id: &str) -> Result<bool> {
 /// The wake with this id wherever the session's inbox holds it (unread or read), parsed.
 pub fn find(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Wake>> {
     for dir in inbox_dirs(home, channel) {
-        if let Some(w) = read_json::<Wake>(&wake_file(&dir, wake_id))? {
+        if let Some(w) = home
+            .root_dir()
+            .read_json::<Wake>(&wake_file(&dir, wake_id))?
+        {
             return Ok(Some(w));
         }
     }
@@ -218,7 +226,7 @@ pub fn find(home: &Home, channel: &str, wake_id: &str) -> Result<Option<Wake>> {
 /// not be a channel is not one and is skipped.
 pub fn channels(home: &Home) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    for (name, path) in durable::list_dir(&home.sessions_dir())? {
+    for (name, path) in home.root_dir().list_dir(&home.sessions_dir())? {
         // Not followed: a symlink in `sessions/` is no inbox of this home.
         let is_dir = fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir());
         if crate::names::is_name(&name) && is_dir {
@@ -237,28 +245,28 @@ pub fn remove_inbox(home: &Home, session: &str) -> Result<()> {
     {
         return Ok(());
     }
-    durable::remove_tree(&dir)?;
-    durable::fsync_dir(&home.sessions_dir())
+    home.root_dir().remove_tree(&dir)?;
+    home.root_dir().fsync_dir(&home.sessions_dir())
 }
 
 /// Removes read wakes (in `cur/`) created more than `ttl_ms` before `now`, from every session's
 /// inbox; returns how many went. Unread wakes are never touched: only a reader retires a wake.
 pub fn remove_read_older_than(home: &Home, now: Timestamp, ttl_ms: i64) -> Result<usize> {
     let mut removed = 0;
-    for (channel, _) in durable::list_dir(&home.sessions_dir())? {
+    for (channel, _) in home.root_dir().list_dir(&home.sessions_dir())? {
         let cur = home.inbox_cur(&channel);
-        for (name, path) in durable::list_dir(&cur)? {
+        for (name, path) in home.root_dir().list_dir(&cur)? {
             if durable::is_temp_name(&name) || !name.ends_with(".json") {
                 continue;
             }
-            let old = match read_json::<Wake>(&path) {
+            let old = match home.root_dir().read_json::<Wake>(&path) {
                 Ok(Some(w)) => now.millis_since(w.created_at) > ttl_ms,
                 Ok(None) => false,
                 // An unreadable file in cur/ is the reader's; leave it alone.
                 Err(_) => false,
             };
             if old {
-                durable::remove_durably(&path)?;
+                home.root_dir().remove_durably(&path)?;
                 removed += 1;
             }
         }
@@ -302,5 +310,34 @@ mod tests {
 
         remove_inbox(&home, "s1").unwrap();
         assert!(!home.sessions_dir().join("s1").exists());
+    }
+
+    #[test]
+    fn a_delivered_wake_swapped_for_a_link_or_a_fifo_is_not_read_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::new(dir.path().join("home"));
+        let secret = dir.path().join("secret");
+        std::fs::write(&secret, "not the home's").unwrap();
+        deliver(&home, &wake("wk_aa_1", 0)).unwrap();
+        let file = wake_file(&home.inbox_new("s1"), "wk_aa_1");
+        assert!(read_delivered(&home, "s1", "wk_aa_1").unwrap().is_some());
+        std::fs::remove_file(&file).unwrap();
+        std::os::unix::fs::symlink(&secret, &file).unwrap();
+        let read = read_delivered(&home, "s1", "wk_aa_1");
+        assert!(
+            !matches!(&read, Ok(Some(b)) if b.starts_with(b"not the home's")),
+            "{read:?}"
+        );
+        std::fs::remove_file(&file).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &file,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        // Answers at once (a FIFO is not a wake), never waits for a writer.
+        assert!(read_delivered(&home, "s1", "wk_aa_1").is_err());
     }
 }

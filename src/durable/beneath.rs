@@ -21,28 +21,23 @@
 //! quarantine is itself a link), the operation fails, saying so.
 //!
 //! Paths outside every home (a user's file named on the command line, a test's temp
-//! directory) are used as given, by the explicitly named [`outside`] forms. The path-only
-//! operations of the parent still find a path's [`Root`] in the registry [`confine`] fills as
-//! `Home::new` runs (a path under no registered home taken as outside), until their callers
-//! hand the home's root in, as `harness` and the record readers do.
+//! directory) are used as given, by the explicitly named [`outside`] forms. There is no
+//! registry of homes: a caller names the home a path lies in by calling the operation on that
+//! home's [`Root`] (which [`Home`](crate::home::Home) holds), so a path is never taken for
+//! another home's, nor for no home's, by where it happens to lie.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 use crate::durable::DIR_MODE;
 use crate::error::{Error, Result};
-use crate::sync::{MutexExt, RwLockExt};
-
-/// The registered homes: the index from which a path-based operation finds the [`Root`] its
-/// path lies beneath, kept until every caller hands its home's root in (as the record readers
-/// of `read.rs` do).
-static HOMES: RwLock<Vec<Arc<Root>>> = RwLock::new(Vec::new());
+use crate::sync::MutexExt;
 
 /// A home's root directory: its path, its quarantine, and its handle once reached. Every path
 /// beneath the home is reached from it; [`Home`](crate::home::Home) holds it.
@@ -69,7 +64,7 @@ impl Root {
     }
 
     /// Sets `path`, an entry beneath this root that is not what the home keeps there, aside
-    /// into the quarantine with `reason`, as [`set_aside`] does for a path it looks up. A path
+    /// into the quarantine with `reason`, as [`set_aside`](crate::durable::set_aside) does. A path
     /// not beneath this root is not moved, and the error says so.
     pub fn set_aside(&self, path: &Path, reason: &str) -> Result<()> {
         self.relative(path)?;
@@ -86,22 +81,9 @@ impl PartialEq for Root {
 
 impl Eq for Root {}
 
-/// Registers a home and returns its root: from now on every path under `root` is reached
-/// beneath it, and links met on the way are set aside into `quarantine` (see the module docs).
-/// Idempotent: a home registered before returns the root it was given then.
-pub fn confine(root: &Path, quarantine: &Path) -> Arc<Root> {
-    let mut homes = HOMES.write_or_recover();
-    if let Some(home) = homes.iter().find(|h| h.root == root) {
-        return Arc::clone(home);
-    }
-    let home = Arc::new(Root::new(root, quarantine));
-    homes.push(Arc::clone(&home));
-    home
-}
-
 impl Root {
-    /// The root of the home at `root`, setting aside into `quarantine`; nothing is registered
-    /// and nothing opened until a path beneath it is first reached.
+    /// The root of the home at `root`, setting aside into `quarantine`; nothing is opened
+    /// until a path beneath it is first reached.
     pub fn new(root: &Path, quarantine: &Path) -> Root {
         Root {
             root: root.to_owned(),
@@ -156,8 +138,8 @@ impl Root {
 }
 
 /// Where a path-based operation reaches its path: beneath a home's [`Root`] (a path not
-/// beneath it refused), or [`outside`] every home, as given. Each operation is written once
-/// over a place; the caller says which.
+/// beneath it refused), or [`outside`](crate::durable::outside) every home, as given. Each
+/// operation is written once over a place; the caller says which.
 #[derive(Debug, Clone, Copy)]
 pub enum Place<'a> {
     Beneath(&'a Root),
@@ -165,7 +147,7 @@ pub enum Place<'a> {
 }
 
 impl Place<'_> {
-    /// [`Root::parent`] or [`outside::parent`].
+    /// [`Root::parent`], or outside every home the current directory and the whole path.
     pub fn parent(self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
         match self {
             Place::Beneath(root) => root.parent(path, make),
@@ -173,7 +155,7 @@ impl Place<'_> {
         }
     }
 
-    /// [`Root::open_dir`] or [`outside::open_dir`].
+    /// [`Root::open_dir`], or outside every home the path as given.
     pub fn open_dir(self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
         match self {
             Place::Beneath(root) => root.open_dir(path, make),
@@ -188,17 +170,6 @@ impl Place<'_> {
             Place::Outside => None,
         }
     }
-}
-
-/// The place of `path` as the registry says: beneath the registered home it lies under, else
-/// outside. Kept only for the callers that do not yet hand their home's root in.
-pub fn registered(path: &Path) -> Option<Arc<Root>> {
-    home_of(path)
-}
-
-/// [`Place::Beneath`] the root looked up, or [`Place::Outside`].
-pub fn place(root: Option<&Root>) -> Place<'_> {
-    root.map_or(Place::Outside, Place::Beneath)
 }
 
 /// The explicitly unconfined forms, for the few paths that lie outside every home (a user's
@@ -226,17 +197,6 @@ pub mod outside {
     }
 }
 
-/// The registered home `path` lies under (the deepest one). A path with `..` beneath a home
-/// is that home's all the same, and its [`Root`] refuses it.
-fn home_of(path: &Path) -> Option<Arc<Root>> {
-    let homes = HOMES.read_or_recover();
-    homes
-        .iter()
-        .filter(|h| path.starts_with(&h.root))
-        .max_by_key(|h| h.root.as_os_str().len())
-        .cloned()
-}
-
 /// A directory to act in: a handle reached beneath a home, or the current directory for a
 /// path outside every home (the path is then used whole, as given).
 #[derive(Debug)]
@@ -251,25 +211,6 @@ impl AsFd for At {
             At::Dir(fd) => fd.as_fd(),
             At::Cwd => CWD,
         }
-    }
-}
-
-/// Where `path`'s last component lives and its name there: the directory reached beneath
-/// its home (made when `make`), or, outside every home, the current directory and the whole
-/// path. `Ok(None)` when the directory is missing and not made.
-pub fn parent(path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
-    match home_of(path) {
-        Some(home) => home.parent(path, make),
-        None => Ok(Some(outside::parent(path))),
-    }
-}
-
-/// `path` itself as a directory handle, reached as [`parent`] reaches a directory; `Ok(None)`
-/// when it is missing and not made.
-pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
-    match home_of(path) {
-        Some(home) => home.open_dir(path, make),
-        None => outside::open_dir(path, make),
     }
 }
 
@@ -428,21 +369,6 @@ fn step(
     ))
 }
 
-/// Sets `path`, an entry of a registered home that is not what the home keeps there (a link,
-/// a FIFO or a directory where a file of ours should be), aside into the home's quarantine
-/// with `reason`, logged; what a link points to is not touched. A path outside every home is
-/// not moved, and the error says why.
-pub fn set_aside(path: &Path, reason: &str) -> Result<()> {
-    match home_of(path) {
-        Some(home) => home.set_aside(path, reason),
-        None => Err(Error::io(
-            "cannot use",
-            path,
-            io::Error::other(reason.to_owned()),
-        )),
-    }
-}
-
 /// Moves `at` (a link or a file standing where a directory should) into the quarantine as
 /// [`set_aside`](crate::durable::set_aside) does for any record: the link itself is renamed,
 /// what it points to is not touched. Reaching the quarantine walks here again; if the
@@ -475,39 +401,39 @@ mod tests {
     use super::*;
     use std::os::unix::fs::symlink;
 
-    fn home() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    fn home() -> (tempfile::TempDir, PathBuf, PathBuf, Root) {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("home");
         std::fs::create_dir_all(&root).unwrap();
         let outside = dir.path().join("outside");
         std::fs::create_dir_all(&outside).unwrap();
-        confine(&root, &root.join("quarantine"));
-        (dir, root, outside)
+        let home = Root::new(&root, &root.join("quarantine"));
+        (dir, root, outside, home)
     }
 
     #[test]
     fn a_home_removed_and_made_again_is_written_to_and_read_where_it_is_now() {
-        let (_d, root, _) = home();
-        crate::durable::create_dir_private(&root.join("a")).unwrap();
-        crate::durable::commit(&root.join("a/file.json"), b"1").unwrap();
+        let (_d, root, _, home) = home();
+        home.create_dir_private(&root.join("a")).unwrap();
+        home.commit(&root.join("a/file.json"), b"1").unwrap();
         // The root is held open now; the home goes and a new one stands at its path.
         std::fs::remove_dir_all(&root).unwrap();
         std::fs::create_dir_all(&root).unwrap();
-        crate::durable::create_dir_private(&root.join("a")).unwrap();
-        crate::durable::commit(&root.join("a/file.json"), b"2").unwrap();
+        home.create_dir_private(&root.join("a")).unwrap();
+        home.commit(&root.join("a/file.json"), b"2").unwrap();
         assert_eq!(std::fs::read(root.join("a/file.json")).unwrap(), b"2");
         std::fs::write(root.join("a/other.json"), b"3").unwrap();
-        let listed = crate::durable::list_dir(&root.join("a")).unwrap();
+        let listed = home.list_dir(&root.join("a")).unwrap();
         assert_eq!(listed.len(), 2, "{listed:?}");
     }
 
     #[test]
     fn a_link_on_the_way_is_set_aside_with_a_reason_and_a_real_directory_made() {
-        let (_d, root, outside) = home();
+        let (_d, root, outside, home) = home();
         std::fs::create_dir_all(root.join("a")).unwrap();
         symlink(&outside, root.join("a/b")).unwrap();
-        crate::durable::create_dir_private(&root.join("a/b/c")).unwrap();
-        crate::durable::commit(&root.join("a/b/c/file.json"), b"{}").unwrap();
+        home.create_dir_private(&root.join("a/b/c")).unwrap();
+        home.commit(&root.join("a/b/c/file.json"), b"{}").unwrap();
         assert!(root.join("a/b/c/file.json").is_file());
         assert!(
             std::fs::symlink_metadata(root.join("a/b"))
@@ -528,26 +454,40 @@ mod tests {
 
     #[test]
     fn a_linked_quarantine_refuses_instead_of_following() {
-        let (_d, root, outside) = home();
+        let (_d, root, outside, home) = home();
         symlink(&outside, root.join("quarantine")).unwrap();
         symlink(&outside, root.join("x")).unwrap();
-        let err = crate::durable::commit(&root.join("x/file.json"), b"{}").unwrap_err();
+        let err = home.commit(&root.join("x/file.json"), b"{}").unwrap_err();
         assert!(err.to_string().contains("cannot set aside"), "{err}");
         assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     }
 
     #[test]
-    fn a_read_through_a_link_finds_nothing_and_paths_outside_homes_are_used_as_given() {
-        let (_d, root, outside) = home();
+    fn a_read_through_a_link_finds_nothing_and_only_paths_named_outside_are_used_as_given() {
+        let (_d, root, outside, home) = home();
         std::fs::write(outside.join("secret.json"), b"{}").unwrap();
         symlink(&outside, root.join("d")).unwrap();
-        let read: Option<serde_json::Value> =
-            crate::durable::read_json(&root.join("d/secret.json")).unwrap();
+        let read: Option<serde_json::Value> = home.read_json(&root.join("d/secret.json")).unwrap();
         assert!(read.is_none());
-        // Outside every home: as given.
+        // Outside every home: as given, when named so.
         let v: Option<serde_json::Value> =
-            crate::durable::read_json(&outside.join("secret.json")).unwrap();
+            crate::durable::outside::read_json(&outside.join("secret.json")).unwrap();
         assert!(v.is_some());
+        // The same path handed to the home is refused, never read as given.
+        let err = home
+            .read_json::<serde_json::Value>(&outside.join("secret.json"))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("not a path beneath the home"),
+            "{err}"
+        );
+        // And so it is by the record reader, which once read such a path as given.
+        let err =
+            crate::durable::read_record_bytes(&home, &outside.join("secret.json")).unwrap_err();
+        assert!(
+            err.to_string().contains("not a path beneath the home"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -581,7 +521,7 @@ mod tests {
     }
 
     #[test]
-    fn two_homes_one_inside_the_other_each_confine_their_own_paths_unregistered() {
+    fn two_homes_one_inside_the_other_each_confine_their_own_paths() {
         let dir = tempfile::tempdir().unwrap();
         let (a, b) = (dir.path().join("a"), dir.path().join("a/b"));
         let outer = Root::new(&a, &a.join("quarantine"));
@@ -591,8 +531,7 @@ mod tests {
         std::fs::create_dir_all(&b).unwrap();
         symlink(&outside, a.join("x")).unwrap();
         symlink(&outside, b.join("y")).unwrap();
-        // Neither root is registered, yet each walks beneath itself and sets a link aside
-        // into its own quarantine.
+        // Each walks beneath itself and sets a link aside into its own quarantine.
         assert!(inner.open_dir(&b.join("y/z"), false).unwrap().is_none());
         assert!(outer.open_dir(&a.join("x/z"), false).unwrap().is_none());
         assert!(b.join("quarantine/y.reason").is_file());
@@ -603,11 +542,10 @@ mod tests {
         // The inner home is beneath the outer one, not the other way round.
         assert!(outer.relative(&b.join("y")).is_ok());
         assert!(inner.relative(&a.join("x")).is_err());
-        assert!(home_of(&b).is_none() && home_of(&a).is_none());
     }
 
     #[test]
-    fn an_unregistered_root_sets_aside_through_its_own_walk_never_through_a_linked_quarantine() {
+    fn a_root_sets_aside_through_its_own_walk_never_through_a_linked_quarantine() {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");
         let outside = dir.path().join("outside");

@@ -19,7 +19,7 @@ use rand::Rng;
 use rustix::fs::{AtFlags, CWD, FileType, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::durable::{DIR_MODE, FILE_MODE, TEMP_PREFIX, TEMP_SUFFIX};
+use crate::durable::{DIR_MODE, FILE_MODE, Root, TEMP_PREFIX, TEMP_SUFFIX};
 use crate::error::{Error, Result};
 
 /// A directory of the home, held open: opened without following a symlink and checked to be
@@ -77,25 +77,14 @@ const OPEN_DIR: OFlags = OFlags::RDONLY
     .union(OFlags::CLOEXEC);
 
 impl Dir {
-    /// Opens `path` (made if missing, with its parents), refusing a symlink, a non-directory,
-    /// or a directory another user owns or others can write ([`Error::Insecure`]).
-    pub fn open_private(path: &Path) -> Result<Dir> {
-        crate::durable::create_dir_private(path)?;
-        Self::open_existing(path)
-    }
-
-    /// Opens an existing `path`, its last component not followed if it is a link.
-    pub fn open_existing(path: &Path) -> Result<Dir> {
-        let fd = rustix::fs::openat(CWD, path, OPEN_DIR, Mode::empty());
-        Self::checked(fd, path, || is_symlink_path(path))
-    }
-
     /// Opens `rel` beneath `root`: the root as the user made it (it may be a link), then each
     /// component of `rel` through the one before it, none followed if it is a link, each
-    /// checked as [`Dir::open_private`] checks. A directory of the home swapped for a link, at
+    /// checked: a symlink, a non-directory, or a directory another user owns or others can write
+    /// is refused ([`Error::Insecure`]). A directory of the home swapped for a link, at
     /// any depth, is refused rather than followed. Missing components are an `Io` error whose
     /// [`Error::is_not_found`] is true.
-    pub fn open_beneath(root: &Path, rel: &Path) -> Result<Dir> {
+    pub fn open_beneath(root: &Root, rel: &Path) -> Result<Dir> {
+        let root = root.path();
         // Only the root may be a link: O_NOFOLLOW is left out for it alone.
         let fd = rustix::fs::openat(CWD, root, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty());
         let mut dir = Self::checked(fd, root, || false)?;
@@ -116,10 +105,10 @@ impl Dir {
     }
 
     /// Like [`Dir::open_beneath`], making missing components (mode 0700) on the way.
-    pub fn make_beneath(root: &Path, rel: &Path) -> Result<Dir> {
+    pub fn make_beneath(root: &Root, rel: &Path) -> Result<Dir> {
         match Self::open_beneath(root, rel) {
             Err(e) if e.is_not_found() => {
-                crate::durable::create_dir_private(&root.join(rel))?;
+                root.create_dir_private(&root.path().join(rel))?;
                 Self::open_beneath(root, rel)
             }
             other => other,
@@ -127,11 +116,11 @@ impl Dir {
     }
 
     /// `path` reached as every directory of a home is reached (`beneath.rs`: from the held
-    /// root, no link followed), made when missing; a path outside every home is opened as given.
-    /// Unlike [`Dir::open_private`] it checks no owner or mode: it is for the engine's own
-    /// directories, which the daemon checked as it started.
-    pub fn reach(path: &Path) -> Result<Dir> {
-        let fd = super::beneath::open_dir(path, true)?.ok_or_else(|| {
+    /// `root`, no link followed), made when missing. Unlike [`Dir::open_beneath`] it checks no
+    /// owner or mode: it is for the engine's own directories, which the daemon checked as it
+    /// started.
+    pub fn reach(root: &Root, path: &Path) -> Result<Dir> {
+        let fd = root.open_dir(path, true)?.ok_or_else(|| {
             Error::io(
                 "cannot open",
                 path,
@@ -305,10 +294,11 @@ impl Dir {
         self.sync()
     }
 
-    /// Moves the file at `from` (a path) into this directory as `name`.
-    pub fn rename_into(&self, from: &Path, name: &str) -> io::Result<()> {
+    /// Moves the file at `from` (a path beneath `root`) into this directory as `name`.
+    pub fn rename_into(&self, root: &Root, from: &Path, name: &str) -> io::Result<()> {
         let to = self.plain(OsStr::new(name)).map_err(|_| invalid())?;
-        let (at, from_name) = super::beneath::parent(from, false)
+        let (at, from_name) = root
+            .parent(from, false)
             .map_err(io::Error::other)?
             .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
         Ok(rustix::fs::renameat(
@@ -414,9 +404,9 @@ impl Dir {
     /// one `write`, without fsync.
     ///
     /// Only ever onto a regular file: a link, a FIFO or a directory standing under the name is
-    /// set aside into the home's quarantine (`beneath::set_aside`, with a reason) and a fresh
+    /// set aside into `root`'s quarantine ([`Root::set_aside`], with a reason) and a fresh
     /// file made, so what was planted there costs only itself.
-    pub fn append(&self, name: &str, bytes: &[u8]) -> Result<()> {
+    pub fn append(&self, root: &Root, name: &str, bytes: &[u8]) -> Result<()> {
         let path = || self.path.join(name);
         let flags = OFlags::WRONLY
             | OFlags::APPEND
@@ -438,10 +428,7 @@ impl Dir {
             match opened {
                 Ok(f) if regular => break f,
                 _ if tries < 3 => {
-                    super::beneath::set_aside(
-                        &path(),
-                        "is not a regular file where the home keeps one",
-                    )?;
+                    root.set_aside(&path(), "is not a regular file where the home keeps one")?;
                 }
                 _ => {
                     return Err(Error::io(
@@ -479,6 +466,7 @@ impl Dir {
     /// aside with a reason first, so nothing outside the home is ever written through it.
     pub fn rewrite_in_place(
         &self,
+        root: &Root,
         name: &str,
         spare: &str,
         bytes: &[u8],
@@ -511,7 +499,7 @@ impl Dir {
             Ok(fd) => File::from(fd),
             Err(Errno::NOENT) => return Ok(Rewrite::NoSpare),
             Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => {
-                super::beneath::set_aside(&spare_path(), "is not a regular file")?;
+                root.set_aside(&spare_path(), "is not a regular file")?;
                 return Ok(Rewrite::NoSpare);
             }
             Err(e) => return Err(Error::io("cannot open", spare_path(), e.into())),
@@ -523,7 +511,7 @@ impl Dir {
         let euid = rustix::process::geteuid().as_raw();
         if !meta.is_file() || meta.nlink() != 1 || meta.uid() != euid {
             drop(file);
-            super::beneath::set_aside(
+            root.set_aside(
                 &spare_path(),
                 "is not a regular file of this user with one link, as a spare must be",
             )?;
@@ -598,8 +586,4 @@ impl Dir {
 
 fn invalid() -> io::Error {
     io::Error::from(io::ErrorKind::InvalidInput)
-}
-
-fn is_symlink_path(path: &Path) -> bool {
-    std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }

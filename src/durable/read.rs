@@ -3,7 +3,7 @@
 //! reason when they are not what they should be.
 
 use super::beneath::{Place, Root};
-use super::path::{create_dir_private_in, open_read_in, rename_durably_in};
+use super::path::{create_dir_private_in, exists_in, open_read_in, rename_durably_in};
 use super::synced::commit_in;
 use super::{Dir, Kind};
 use crate::error::{Error, Result};
@@ -11,19 +11,6 @@ use serde::de::DeserializeOwned;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-
-/// Reads and parses a JSON file; `Ok(None)` when it does not exist.
-pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    let Some(bytes) = read_bytes_if_exists(path)? else {
-        return Ok(None);
-    };
-    serde_json::from_slice(&bytes)
-        .map(Some)
-        .map_err(|e| Error::Corrupt {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })
-}
 
 /// Reads one record of a collection (a waitpoint, timer, callback or wake among many): a file
 /// that does not parse is set aside into `root`'s quarantine with its reason and skipped (`None`),
@@ -73,11 +60,10 @@ pub fn read_record_bytes(
     root: &Root,
     path: &Path,
 ) -> Result<std::result::Result<Option<Vec<u8>>, Refused>> {
-    let Ok(rel) = path.strip_prefix(root.path()) else {
-        return read_bytes_if_exists(path).map(Ok);
-    };
+    // A path not beneath the root is refused, never read as given.
+    let rel = root.relative(path)?;
     let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else {
-        return read_bytes_if_exists(path).map(Ok);
+        return root.read_capped(path, MAX_RECORD_BYTES).map(Ok);
     };
     // The common case in one call: the record opened beneath the root with no link followed
     // anywhere on the way (openat2's RESOLVE_NO_SYMLINKS). A link, a kernel without openat2, or
@@ -86,7 +72,7 @@ pub fn read_record_bytes(
     if let Some(bytes) = read_record_fast(root, rel)? {
         return Ok(bytes);
     }
-    let dir = match Dir::open_beneath(root.path(), parent) {
+    let dir = match Dir::open_beneath(root, parent) {
         Err(e) if e.is_not_found() => return Ok(Ok(None)),
         // A directory on the way swapped for a link: the link goes aside, not what it names.
         Err(Error::Insecure { path: p, message })
@@ -192,13 +178,6 @@ fn open_beneath_root(root: &Path, rel: &Path) -> std::result::Result<std::os::fd
     }
 }
 
-/// The bytes of the file at `path`, reached as `beneath.rs` says (a link in the home's
-/// directories is not followed, nor one as the file itself); `None` when it does not exist.
-/// At most [`MAX_RECORD_BYTES`]: a larger file is an error, not read.
-pub(super) fn read_bytes_if_exists(path: &Path) -> Result<Option<Vec<u8>>> {
-    read_capped(path, MAX_RECORD_BYTES)
-}
-
 /// How many times a read opens a file again while the one it opened is being rewritten.
 const SETTLE_TRIES: usize = 4;
 
@@ -220,18 +199,12 @@ fn settled(mut file: File, reopen: impl Fn() -> io::Result<File>) -> io::Result<
     Ok(file)
 }
 
-/// What [`read_capped`] says of a file that is not a regular one (a FIFO, a directory).
+/// What [`Root::read_capped`] says of a file that is not a regular one (a FIFO, a directory).
 pub const NOT_REGULAR: &str = "is not a regular file";
 
-/// The regular file at `path` opened for reading (reached as [`read_bytes_if_exists`] reaches
-/// it, settled against a writer) with its length; `None` when it does not exist, and
+/// The regular file at `path` in `place` opened for reading (reached as `beneath.rs` says,
+/// settled against a writer) with its length; `None` when it does not exist, and
 /// `Error::Corrupt` ([`NOT_REGULAR`]) when it is not a regular file.
-fn open_regular(path: &Path) -> Result<Option<(File, u64)>> {
-    let home = super::beneath::registered(path);
-    open_regular_in(super::beneath::place(home.as_deref()), path)
-}
-
-/// [`open_regular`] of `path` in `place`.
 fn open_regular_in(place: Place<'_>, path: &Path) -> Result<Option<(File, u64)>> {
     let open = || open_read_in(place, path);
     let file = match open().and_then(|f| settled(f, open)) {
@@ -251,35 +224,9 @@ fn open_regular_in(place: Place<'_>, path: &Path) -> Result<Option<(File, u64)>>
     Ok(Some((file, meta.len())))
 }
 
-/// The bytes of the regular file at `path` (reached as [`read_bytes_if_exists`] reaches it),
-/// at most `cap` of them: a bigger one, or one that is not a regular file
-/// ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does not exist.
-pub fn read_capped(path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
-    let Some((file, len)) = open_regular(path)? else {
-        return Ok(None);
-    };
-    let mut bytes = Vec::with_capacity(len.min(cap) as usize);
-    file.take(cap + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| Error::io("cannot read", path, e))?;
-    if bytes.len() as u64 > cap {
-        return Err(Error::Corrupt {
-            path: path.to_owned(),
-            message: format!("is more than {cap} bytes"),
-        });
-    }
-    Ok(Some(bytes))
-}
-
-/// The last `cap` bytes at most of the regular file at `path` (reached as [`read_capped`]
-/// reaches it), and whether bytes before them were left unread; `None` when it does not
-/// exist. A file that is not regular is `Error::Corrupt` ([`NOT_REGULAR`]).
-pub fn read_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
-    let home = super::beneath::registered(path);
-    read_tail_in(super::beneath::place(home.as_deref()), path, cap)
-}
-
-/// [`read_tail`] of `path` in `place`.
+/// The last `cap` bytes at most of the regular file at `path` in `place`, and whether bytes
+/// before them were left unread; `None` when it does not exist. A file that is not regular is
+/// `Error::Corrupt` ([`NOT_REGULAR`]).
 pub(super) fn read_tail_in(
     place: Place<'_>,
     path: &Path,
@@ -299,6 +246,66 @@ pub(super) fn read_tail_in(
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io("cannot read", path, e))?;
     Ok(Some((bytes, skip > 0)))
+}
+
+/// The bytes of the regular file at `path` in `place`, at most `cap` of them: a bigger one, or
+/// one that is not a regular file ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does
+/// not exist.
+pub(super) fn read_capped_in(place: Place<'_>, path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+    let Some((file, len)) = open_regular_in(place, path)? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::with_capacity(len.min(cap) as usize);
+    file.take(cap + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io("cannot read", path, e))?;
+    if bytes.len() as u64 > cap {
+        return Err(Error::Corrupt {
+            path: path.to_owned(),
+            message: format!("is more than {cap} bytes"),
+        });
+    }
+    Ok(Some(bytes))
+}
+
+/// Reads and parses the JSON file at `path` in `place` (at most [`MAX_RECORD_BYTES`]);
+/// `Ok(None)` when it does not exist.
+pub(super) fn read_json_in<T: DeserializeOwned>(
+    place: Place<'_>,
+    path: &Path,
+) -> Result<Option<T>> {
+    let Some(bytes) = read_capped_in(place, path, MAX_RECORD_BYTES)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| Error::Corrupt {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })
+}
+
+/// The reads of a file beneath the home, reached from its root without following a link.
+impl Root {
+    /// Reads and parses the JSON file at `path` (at most [`MAX_RECORD_BYTES`]); `Ok(None)`
+    /// when it does not exist.
+    pub fn read_json<T: DeserializeOwned>(&self, path: &Path) -> Result<Option<T>> {
+        read_json_in(Place::Beneath(self), path)
+    }
+
+    /// The bytes of the regular file at `path`, at most `cap` of them: a bigger one, or one
+    /// that is not a regular file ([`NOT_REGULAR`]), is `Error::Corrupt`; `None` when it does
+    /// not exist.
+    pub fn read_capped(&self, path: &Path, cap: u64) -> Result<Option<Vec<u8>>> {
+        read_capped_in(Place::Beneath(self), path, cap)
+    }
+
+    /// The last `cap` bytes at most of the regular file at `path`, and whether bytes before
+    /// them were left unread; `None` when it does not exist. A file that is not regular is
+    /// `Error::Corrupt` ([`NOT_REGULAR`]).
+    pub fn read_tail(&self, path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
+        read_tail_in(Place::Beneath(self), path, cap)
+    }
 }
 
 /// The name a file set aside goes by in the quarantine: its place under the root, `/` (and
@@ -321,7 +328,7 @@ pub fn set_aside(root: &Root, path: &Path, reason: &str) -> Result<PathBuf> {
     let stem = aside_name(rel);
     let mut target = quarantine.join(&stem);
     let mut n = 1;
-    while target.exists() {
+    while exists_in(place, &target) {
         target = quarantine.join(format!("{stem}.{n}"));
         n += 1;
     }

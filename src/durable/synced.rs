@@ -1,4 +1,4 @@
-//! The synced commit: a file written on its own goes through [`commit`] (or a group of them
+//! The synced commit: a file written on its own goes through [`Root::commit`] (or a group of them
 //! through [`Batch`]): write a temp file beside the target, fsync it, rename it over the
 //! target, fsync the directory. A reader therefore sees either the old file or the new one,
 //! never a torn one, and once `commit` returns the new file survives a power cut. Any error
@@ -14,19 +14,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::beneath::{self, Place, Root};
-use super::path::{create_new, create_new_in, fsync_dir_in, rename_in, unlink_in};
+use super::beneath::{Place, Root};
+use super::path::{create_new_in, fsync_dir_in, rename_in, unlink_in};
 use super::temp::temp_path_for;
-use super::{distinct_parents, each_concurrently, fsync_dir, parent_of, to_pretty_json, unlink};
+use super::{distinct_parents, each_concurrently, parent_of, to_pretty_json};
 use crate::error::{Error, Result};
 
-/// Writes `bytes` to `target` atomically and durably (see the module docs).
-pub fn commit(target: &Path, bytes: &[u8]) -> Result<()> {
-    let home = beneath::registered(target);
-    commit_in(beneath::place(home.as_deref()), target, bytes)
-}
-
-/// [`commit`] of `target` in `place`.
+/// Writes `bytes` to `target` in `place` atomically and durably (see the module docs).
 pub(super) fn commit_in(place: Place<'_>, target: &Path, bytes: &[u8]) -> Result<()> {
     let temp = temp_path_for(target);
     let result = write_synced_in(place, &temp, bytes)
@@ -47,34 +41,8 @@ pub(super) fn commit_in(place: Place<'_>, target: &Path, bytes: &[u8]) -> Result
     result
 }
 
-/// Like [`commit`], with the content written by `fill` (for content too large to hold).
-pub fn commit_from(target: &Path, fill: impl FnOnce(&mut File) -> io::Result<()>) -> Result<()> {
-    let temp = temp_path_for(target);
-    let result = create_new(&temp)
-        .map_err(|e| Error::io("cannot create", &temp, e))
-        .and_then(|mut file| {
-            fill(&mut file).map_err(|e| Error::io("cannot write", &temp, e))?;
-            file.sync_all()
-                .map_err(|e| Error::io("cannot fsync", &temp, e))
-        })
-        .and_then(|()| {
-            let home = beneath::registered(target);
-            rename_into_place(beneath::place(home.as_deref()), &temp, target)
-        })
-        .and_then(|()| fsync_dir(parent_of(target)));
-    if result.is_err() {
-        let _ = unlink(&temp);
-    }
-    result
-}
-
-/// Creates `path` (which must not exist) with `bytes`, fsynced; the caller makes its name durable.
-pub fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
-    let home = beneath::registered(path);
-    write_synced_in(beneath::place(home.as_deref()), path, bytes)
-}
-
-/// [`write_synced`] of `path` in `place`.
+/// Creates `path` in `place` (it must not exist) with `bytes`, fsynced; the caller makes its
+/// name durable.
 fn write_synced_in(place: Place<'_>, path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = create_new_in(place, path).map_err(|e| Error::io("cannot create", path, e))?;
     crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", path);
@@ -97,12 +65,14 @@ fn rename_into_place(place: Place<'_>, temp: &Path, target: &Path) -> Result<()>
 /// [`stage`](Batch::stage) writes each file's temp file; [`commit`](Batch::commit) fsyncs every
 /// temp file, renames each over its target, then fsyncs each distinct directory once. Every file
 /// is still fsynced before its rename and every rename is durable before `commit` returns, as
-/// with [`commit`]; what is shared is the waiting: the fsyncs of a phase are issued
+/// with [`Root::commit`]; what is shared is the waiting: the fsyncs of a phase are issued
 /// concurrently (the device merges their cache flushes) and a directory holding many of the
 /// batch's files is fsynced once. A failure anywhere voids the whole batch: temp files not yet
 /// renamed are removed and the error is returned, so callers keep every source.
-#[derive(Debug, Default)]
-pub struct Batch {
+#[derive(Debug)]
+pub struct Batch<'r> {
+    /// The home every staged file lies beneath.
+    root: &'r Root,
     staged: Vec<Staged>,
 }
 
@@ -113,9 +83,13 @@ struct Staged {
     file: Option<File>,
 }
 
-impl Batch {
-    pub fn new() -> Self {
-        Batch::default()
+impl<'r> Batch<'r> {
+    /// An empty batch of files beneath `root`.
+    pub fn new(root: &'r Root) -> Self {
+        Batch {
+            root,
+            staged: Vec::new(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -129,7 +103,9 @@ impl Batch {
     /// Writes `bytes` to a temp file beside `target` (not yet synced or renamed).
     pub fn stage(&mut self, target: &Path, bytes: &[u8]) -> Result<()> {
         let temp = temp_path_for(target);
-        let mut file = create_new(&temp).map_err(|e| Error::io("cannot create", &temp, e))?;
+        let place = Place::Beneath(self.root);
+        let mut file =
+            create_new_in(place, &temp).map_err(|e| Error::io("cannot create", &temp, e))?;
         // Registered before writing, so a failed write still has its temp file removed.
         self.staged.push(Staged {
             temp: temp.clone(),
@@ -167,17 +143,16 @@ impl Batch {
                 "cannot fsync directory",
                 d
             );
-            fsync_dir(d)
+            self.root.fsync_dir(d)
         })
     }
 }
 
-impl Batch {
+impl Batch<'_> {
     fn rename_all(&mut self) -> Result<()> {
         for s in &mut self.staged {
             s.file = None;
-            let home = beneath::registered(&s.target);
-            rename_into_place(beneath::place(home.as_deref()), &s.temp, &s.target)?;
+            rename_into_place(Place::Beneath(self.root), &s.temp, &s.target)?;
             // Renamed: nothing left to clean up for this one.
             s.temp = PathBuf::new();
         }
@@ -185,38 +160,63 @@ impl Batch {
     }
 }
 
-impl Drop for Batch {
+impl Drop for Batch<'_> {
     fn drop(&mut self) {
         for s in &self.staged {
             if !s.temp.as_os_str().is_empty() {
-                let _ = unlink(&s.temp);
+                let _ = self.root.unlink(&s.temp);
             }
         }
     }
 }
 
-/// Commits `value` as pretty JSON to `target`.
-pub fn commit_json<T: Serialize>(target: &Path, value: &T) -> Result<()> {
-    commit(target, &to_pretty_json(value))
-}
-
 /// The synced commits of a file beneath the home, reached from its root.
 impl Root {
-    /// [`commit`] of `target`, beneath this root.
+    /// Writes `bytes` to `target` atomically and durably (see the module docs).
     pub fn commit(&self, target: &Path, bytes: &[u8]) -> Result<()> {
         commit_in(Place::Beneath(self), target, bytes)
     }
 
-    /// [`commit_json`] of `target`, beneath this root.
+    /// Commits `value` as pretty JSON to `target`.
     pub fn commit_json<T: Serialize>(&self, target: &Path, value: &T) -> Result<()> {
         self.commit(target, &to_pretty_json(value))
+    }
+
+    /// Like [`Root::commit`], with the content written by `fill` (for content too large to
+    /// hold).
+    pub fn commit_from(
+        &self,
+        target: &Path,
+        fill: impl FnOnce(&mut File) -> io::Result<()>,
+    ) -> Result<()> {
+        let place = Place::Beneath(self);
+        let temp = temp_path_for(target);
+        let result = create_new_in(place, &temp)
+            .map_err(|e| Error::io("cannot create", &temp, e))
+            .and_then(|mut file| {
+                fill(&mut file).map_err(|e| Error::io("cannot write", &temp, e))?;
+                file.sync_all()
+                    .map_err(|e| Error::io("cannot fsync", &temp, e))
+            })
+            .and_then(|()| rename_into_place(place, &temp, target))
+            .and_then(|()| fsync_dir_in(place, parent_of(target)));
+        if result.is_err() {
+            let _ = unlink_in(place, &temp);
+        }
+        result
+    }
+
+    /// Creates `path` (which must not exist) with `bytes`, fsynced; the caller makes its name
+    /// durable.
+    pub fn write_synced(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        write_synced_in(Place::Beneath(self), path, bytes)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::{FILE_MODE, create_dir_private, is_temp_name, list_dir};
+    use crate::durable::{FILE_MODE, is_temp_name};
     use crate::error::Error;
     use std::fs;
     use std::os::unix::fs::MetadataExt;
@@ -224,9 +224,10 @@ mod tests {
     #[test]
     fn commit_replaces_atomically_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
+        let root = crate::durable::test_root(dir.path());
         let target = dir.path().join("x.json");
-        commit(&target, b"one").unwrap();
-        commit(&target, b"two").unwrap();
+        root.commit(&target, b"one").unwrap();
+        root.commit(&target, b"two").unwrap();
         assert_eq!(fs::read(&target).unwrap(), b"two");
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "only the target remains");
@@ -236,11 +237,12 @@ mod tests {
     #[test]
     fn batch_commits_every_file_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
+        let root = crate::durable::test_root(dir.path());
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        create_dir_private(&a).unwrap();
-        create_dir_private(&b).unwrap();
-        commit(&a.join("0.json"), b"old").unwrap();
-        let mut batch = Batch::new();
+        root.create_dir_private(&a).unwrap();
+        root.create_dir_private(&b).unwrap();
+        root.commit(&a.join("0.json"), b"old").unwrap();
+        let mut batch = Batch::new(&root);
         for i in 0..20 {
             let d = if i % 2 == 0 { &a } else { &b };
             batch
@@ -257,7 +259,7 @@ mod tests {
             );
         }
         for d in [&a, &b] {
-            let names = list_dir(d).unwrap();
+            let names = root.list_dir(d).unwrap();
             assert_eq!(names.len(), 10, "only targets remain in {}", d.display());
             assert!(names.iter().all(|(n, _)| !is_temp_name(n)));
         }
@@ -266,20 +268,24 @@ mod tests {
     #[test]
     fn a_failed_batch_renames_nothing_and_removes_its_temps() {
         let dir = tempfile::tempdir().unwrap();
+        let root = crate::durable::test_root(dir.path());
         let ok = dir.path().join("ok");
-        create_dir_private(&ok).unwrap();
-        let mut batch = Batch::new();
+        root.create_dir_private(&ok).unwrap();
+        let mut batch = Batch::new(&root);
         batch.stage(&ok.join("1.json"), b"1").unwrap();
         // Staging into a missing directory fails; the batch is dropped without a commit.
         assert!(batch.stage(&dir.path().join("gone/2.json"), b"2").is_err());
         drop(batch);
-        assert!(list_dir(&ok).unwrap().is_empty(), "no temp, no target");
+        assert!(root.list_dir(&ok).unwrap().is_empty(), "no temp, no target");
     }
 
     #[test]
     fn commit_into_missing_directory_fails_and_reports_it() {
         let dir = tempfile::tempdir().unwrap();
-        let err = commit(&dir.path().join("nope/x.json"), b"x").unwrap_err();
+        let root = crate::durable::test_root(dir.path());
+        let err = root
+            .commit(&dir.path().join("nope/x.json"), b"x")
+            .unwrap_err();
         assert!(matches!(err, Error::Io { .. }), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! The trash: where a running daemon puts what it frees (consumed spool files, replaced states)
 //! so the hot path renames instead of unlinking, and the reaper thread that empties it.
 
-use super::{Dir, INLINE_UNSYNCED, each_concurrently, remove_all};
+use super::{Dir, INLINE_UNSYNCED, Root, each_concurrently};
 use crate::error::Result;
 use crate::sync::{CondvarExt, MutexExt};
 use rand::Rng;
@@ -20,14 +20,17 @@ use std::time::Duration;
 /// figures come from, two thirds of what a signal cost. The daemon therefore moves a replaced
 /// file's old one here ([`take_all_from`](Trash::take_all_from): a rename frees nothing),
 /// exchanged for the new one when it cannot be kept as a spare (see
-/// [`Unsynced::replace_json`], [`Unsynced::rewrite_json`]). (A consumed spool file is unlinked
-/// where it is consumed: on the journaled disks users have a move here cost more than the
-/// unlink it deferred.)
+/// [`Unsynced::replace_json`](super::Unsynced::replace_json),
+/// [`Unsynced::rewrite_json`](super::Unsynced::rewrite_json)). (A consumed spool file is
+/// unlinked where it is consumed: on the journaled disks users have, a move here cost more
+/// than the unlink it deferred.)
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
 /// died left here is removed as soon as the next one starts. The reaper removes files as they
 /// come rather than in rounds.
 #[derive(Debug)]
 pub struct Trash {
+    /// The home the trash and everything moved into it lie beneath.
+    root: Arc<Root>,
     /// Held open: what arrives and what is removed is named relative to it, never by path.
     dir: Dir,
     /// Names are a counter from a random start, so two processes (or a leftover) rarely meet;
@@ -46,10 +49,13 @@ pub(super) struct TrashState {
 }
 
 impl Trash {
-    /// The trash in `dir`, made if missing.
-    pub fn open(dir: &Path) -> Result<Trash> {
+    /// The trash in `dir`, a directory beneath `root`, made if missing; refused when it is a
+    /// link, not a directory, or not ours alone (as [`Dir::open_beneath`] refuses).
+    pub fn open(root: Arc<Root>, dir: &Path) -> Result<Trash> {
+        let dir = Dir::make_beneath(&root, root.relative(dir)?)?;
         Ok(Trash {
-            dir: Dir::open_private(dir)?,
+            root,
+            dir,
             next: AtomicU64::new(rand::rng().next_u64() >> 1),
             state: Mutex::new(TrashState {
                 pending: true,
@@ -77,16 +83,17 @@ impl Trash {
     }
 
     /// Moves each of `paths` here, concurrently, without making the moves durable (the
-    /// files' contents must be durable elsewhere, as with [`remove_all`]). A file that cannot
+    /// files' contents must be durable elsewhere, as with [`Root::remove_all`]). A file that cannot
     /// be moved here is removed instead; files already gone are not an error.
     pub fn take_all(&self, paths: &[PathBuf]) -> Result<()> {
-        let take = |path: &PathBuf| match self.dir.rename_into(path, &self.fresh_name()) {
+        let take = |path: &PathBuf| match self.dir.rename_into(&self.root, path, &self.fresh_name())
+        {
             Ok(()) => {
                 self.note_arrival();
                 Ok(())
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(_) => remove_all(std::slice::from_ref(path)),
+            Err(_) => self.root.remove_all(std::slice::from_ref(path)),
         };
         if paths.len() <= INLINE_UNSYNCED {
             return paths.iter().try_for_each(take);

@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{
-    Dir, INLINE_UNSYNCED, Rewrite, TEMP_PREFIX, Trash, each_concurrently, parent_of, to_pretty_json,
+    Dir, INLINE_UNSYNCED, Rewrite, Root, TEMP_PREFIX, Trash, each_concurrently, parent_of,
+    to_pretty_json,
 };
 use crate::error::{Error, Result};
 
@@ -98,7 +99,7 @@ impl Unsynced {
     /// waitpoint without `signals/`, a channel's first wake) and every file in it is made,
     /// written and renamed through that one handle. Reaching the directory from the home's
     /// root for each operation instead was about a third of a signal's system calls.
-    pub fn commit(self, trash: Option<&Trash>) -> Result<()> {
+    pub fn commit(self, root: &Root, trash: Option<&Trash>) -> Result<()> {
         let mut dirs: Vec<Dir> = Vec::new();
         let mut index: std::collections::HashMap<&Path, usize> = Default::default();
         let mut work = Vec::with_capacity(self.files.len());
@@ -107,7 +108,7 @@ impl Unsynced {
             let d = match index.get(parent) {
                 Some(d) => *d,
                 None => {
-                    dirs.push(Dir::reach(parent)?);
+                    dirs.push(Dir::reach(root, parent)?);
                     index.insert(parent, dirs.len() - 1);
                     dirs.len() - 1
                 }
@@ -122,14 +123,14 @@ impl Unsynced {
         let write = |(d, name, f): &(usize, String, &UnsyncedFile)| {
             let dir = &dirs[*d];
             if f.how == How::Append {
-                return dir.append(name, &f.bytes);
+                return dir.append(root, name, &f.bytes);
             }
             // Where the old file is kept when the new one is a new file: as the spare when
             // there is none, else in the trash.
             let spare = match f.how {
                 How::Rewrite(rest) => {
                     let spare = spare_name(name);
-                    match dir.rewrite_in_place(name, &spare, &f.bytes, rest)? {
+                    match dir.rewrite_in_place(root, name, &spare, &f.bytes, rest)? {
                         Rewrite::Done => return Ok(()),
                         Rewrite::NoSpare => Some(spare),
                         Rewrite::SpareBusy => None,
@@ -157,7 +158,8 @@ impl Unsynced {
 pub const SPARE_REST: Duration = Duration::from_secs(1);
 
 /// The name of the spare kept beside `name` for [`Unsynced::rewrite_json`]: hidden, and a temp
-/// name to every listing ([`is_temp_name`]), since what it holds is never read.
+/// name to every listing ([`is_temp_name`](super::is_temp_name)), since what it holds is never
+/// read.
 pub fn spare_name(name: &str) -> String {
     format!("{TEMP_PREFIX}{name}.spare")
 }
@@ -204,7 +206,6 @@ fn put_in_place(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::durable::{commit, create_empty, list_dir, read_json};
     use std::fs::{self, File};
     use std::os::unix::fs::MetadataExt;
 
@@ -213,11 +214,12 @@ mod tests {
         use rustix::fs::{FlockOperation, flock};
         use std::os::unix::fs::FileExt;
         let dir = tempfile::tempdir().unwrap();
+        let root = crate::durable::test_root(dir.path());
         let target = dir.path().join("waitpoint.json");
         let spare = dir.path().join(spare_name("waitpoint.json"));
         let ino = |p: &Path| fs::metadata(p).unwrap().ino();
-        commit(&target, b"\"first\"\n").unwrap();
-        create_empty(&spare).unwrap();
+        root.commit(&target, b"\"first\"\n").unwrap();
+        root.create_empty(&spare).unwrap();
         let (first, spare0) = (ino(&target), ino(&spare));
         // A reader opened the state and holds it, as every read does while it reads.
         let reader = File::open(&target).unwrap();
@@ -225,7 +227,7 @@ mod tests {
         let rewrite = |v: &str| {
             let mut files = Unsynced::new();
             files.rewrite_json(&target, &v, Duration::ZERO);
-            files.commit(None).unwrap();
+            files.commit(&root, None).unwrap();
         };
         // Over the spare, which no one holds: the names swap and the held file is the spare.
         rewrite("second");
@@ -243,23 +245,27 @@ mod tests {
             b"\"first\"\n",
             "the reader's file was not written over"
         );
-        assert_eq!(read_json::<String>(&target).unwrap().unwrap(), "third");
+        assert_eq!(root.read_json::<String>(&target).unwrap().unwrap(), "third");
         // Once the reader is done, the spare is used again.
         drop(reader);
         rewrite("fourth");
         assert_eq!((ino(&target), ino(&spare)), (first, third));
-        assert_eq!(read_json::<String>(&target).unwrap().unwrap(), "fourth");
+        assert_eq!(
+            root.read_json::<String>(&target).unwrap().unwrap(),
+            "fourth"
+        );
     }
 
     #[test]
     fn unsynced_files_make_a_missing_directory_and_leave_no_temp() {
         let dir = tempfile::tempdir().unwrap();
+        let root = crate::durable::test_root(dir.path());
         let target = dir.path().join("new/sub/w.json");
         let mut files = Unsynced::new();
         files.add_json(&target, &serde_json::json!({"n": 1}));
-        files.commit(None).unwrap();
-        let back: serde_json::Value = read_json(&target).unwrap().unwrap();
+        files.commit(&root, None).unwrap();
+        let back: serde_json::Value = root.read_json(&target).unwrap().unwrap();
         assert_eq!(back["n"], 1);
-        assert_eq!(list_dir(target.parent().unwrap()).unwrap().len(), 1);
+        assert_eq!(root.list_dir(target.parent().unwrap()).unwrap().len(), 1);
     }
 }

@@ -14,7 +14,8 @@ use crate::records::{JournalChange, SignalRecord, Status, Waitpoint, WakeKind};
 use crate::request::{SignalRequest, Source};
 use crate::store::{Change, Txn, Version};
 
-use super::{Engine, Refusal, Verdict, in_grace_window, next_due, next_record, rules};
+use super::rules::Refusal;
+use super::{Engine, Verdict, in_grace_window, next_due, next_record, rules};
 use crate::request::identity_key;
 
 /// The most signals [`Engine::apply_batch`] is given at once by the daemon. It bounds the open

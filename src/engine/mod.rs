@@ -42,7 +42,7 @@ pub use create::{
     MIN_TTL_MS, MIN_WINDOW_MS, Quorum,
 };
 pub use prejudge::{Prejudged, prejudge};
-pub use rules::Refusal;
+use rules::Refusal;
 pub use service::{HookJob, RETAIN_MS, Service, hook_backoff_ms, next_due, retention_ends};
 use service::{hooks_due, in_grace_window, next_hook_after};
 pub use sessions::SessionDeleted;
@@ -204,7 +204,8 @@ impl Engine {
         if let Some(t) = self.trash.get() {
             return Ok(t.clone());
         }
-        let t = Arc::new(Trash::open(&self.home.trash_dir())?);
+        let root = Arc::clone(self.home.root_dir());
+        let t = Arc::new(Trash::open(root, &self.home.trash_dir())?);
         Ok(self.trash.get_or_init(|| t).clone())
     }
 

@@ -40,8 +40,10 @@ impl Engine {
         self.store.inboxes().remove(session)?;
         // The cancelled waitpoints are kept for three days and name the session: the record
         // keeps it out of the session lists meanwhile (until it is used again).
-        crate::durable::create_dir_private(&self.home.deleted_sessions_dir())?;
-        crate::durable::commit_json(
+        self.home
+            .root_dir()
+            .create_dir_private(&self.home.deleted_sessions_dir())?;
+        self.home.root_dir().commit_json(
             &self.deleted_record(session),
             &DeletedSession {
                 session: session.to_owned(),
@@ -96,7 +98,11 @@ impl Engine {
     pub fn gc_deleted_sessions(&self) -> Result<usize> {
         let now = self.clock.now();
         let mut removed = 0;
-        for (name, path) in crate::durable::list_dir(&self.home.deleted_sessions_dir())? {
+        for (name, path) in self
+            .home
+            .root_dir()
+            .list_dir(&self.home.deleted_sessions_dir())?
+        {
             let Some(session) = name.strip_suffix(".json") else {
                 continue;
             };
@@ -105,7 +111,7 @@ impl Engine {
                 Ok(None) | Err(_) => false,
             };
             if old {
-                crate::durable::remove_durably(&path)?;
+                self.home.root_dir().remove_durably(&path)?;
                 removed += 1;
             }
         }

@@ -21,7 +21,10 @@ export const WaitpointPlugin = async ({ client, directory }) => {
     if (w) return w;
     const child = spawn(
       WAITPOINT[0],
-      [...WAITPOINT.slice(1), "adapter", "opencode-waiter", "--session", sessionID, "--dir", directory],
+      [
+        ...WAITPOINT.slice(1),
+        "adapter", "opencode-waiter", "--session", sessionID, "--dir", directory,
+      ],
       { stdio: ["pipe", "pipe", "inherit"] },
     );
     w = { child, asked: false };

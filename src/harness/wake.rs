@@ -437,9 +437,7 @@ fn presence_lock(home: &Home, session: &str) -> Result<File> {
     let dir = home.sessions_dir().join(session);
     home.root_dir().create_dir_private(&dir)?;
     let path = dir.join("waiter.lock");
-    home.root_dir()
-        .open_or_create(&path)
-        .map_err(|e| Error::io("cannot open lock", &path, e))
+    home.root_dir().open_or_create(&path)
 }
 
 impl Waiter {

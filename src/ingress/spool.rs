@@ -12,9 +12,10 @@
 use std::ffi::OsStr;
 use std::io::{self, Read};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::clock::Timestamp;
-use crate::durable::{self, Dir, Kind};
+use crate::durable::{self, Dir, Kind, Root};
 use crate::engine::callbacks::Trigger;
 use crate::engine::{Engine, Verdict};
 use crate::error::{Error, Result};
@@ -50,7 +51,7 @@ pub struct Spool {
     pub bad: PathBuf,
     /// The home's root, and the spool's path beneath it: the spool is opened one directory
     /// at a time from the root, none followed if it is a link.
-    root: PathBuf,
+    root: Arc<Root>,
     rel: PathBuf,
     /// For a device's local mirror: the device, which makes identities `device:<name>:<file>`.
     pub device: Option<String>,
@@ -101,9 +102,9 @@ impl Spool {
     }
 
     fn beneath(home: &Home, dir: PathBuf) -> Self {
-        let root = home.root().to_owned();
+        let root = Arc::clone(home.root_dir());
         let rel = dir
-            .strip_prefix(&root)
+            .strip_prefix(root.path())
             .expect("a spool lies beneath its home")
             .to_owned();
         Spool {
@@ -361,7 +362,7 @@ impl Spool {
             Ok(SpoolBody::Miss { id }) => {
                 let reason = format!(
                     "{} (judged by its sender on this machine, which sent nothing)",
-                    crate::engine::Refusal::UnknownId.reason()
+                    crate::engine::rules::Refusal::UnknownId.reason()
                 );
                 self.park(dz, name, &reason, Some(&bytes), Some(&id), engine.now())?;
                 Ok(Err(FileOutcome::Parked(reason)))
@@ -425,8 +426,8 @@ impl Spool {
                 tracing::info!(
                     waitpoint = %id,
                     file = ?name,
-                    "late signal: waitpoint already {}; removing",
-                    status.as_str(),
+                    status = status.as_str(),
+                    "late signal: the waitpoint is closed; removing",
                 );
             }
             Verdict::Queued { id } => {

@@ -14,8 +14,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 pub mod location;
-
-pub use location::Location;
+use location::Location;
 
 /// The largest settings file read.
 pub const MAX_SETTINGS_BYTES: u64 = 64 * 1024;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use crate::clock::Clock;
 use crate::delivery::Inboxes;
-use crate::durable::{self, FileLock, Trash, Unsynced, commit_json, create_dir_private, read_json};
+use crate::durable::{self, FileLock, Trash, Unsynced};
 use crate::error::{Error, Result};
 use crate::home::Home;
 use crate::journal::{self, Journal};
@@ -61,7 +61,7 @@ impl Files {
         if let Some(j) = self.journal.get() {
             return Ok(j);
         }
-        let j = Journal::open(&self.home.journal_dir(), self.home.root())?;
+        let j = Journal::open(Arc::clone(self.home.root_dir()), &self.home.journal_dir())?;
         Ok(self.journal.get_or_init(|| Arc::new(Mutex::new(j))))
     }
 
@@ -90,7 +90,7 @@ impl Files {
         if !is_waitpoint_id(id) {
             return Ok(None);
         }
-        match FileLock::acquire_dir(&self.home.waitpoint_dir(id)) {
+        match FileLock::acquire_dir(self.home.root_dir(), &self.home.waitpoint_dir(id)) {
             Ok(l) => Ok(Some(l)),
             // Missing (never made, or removed by retention): it is unknown.
             Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -128,11 +128,17 @@ impl Files {
             }
             let state = self.home.waitpoint_file(id);
             let stale = |disk: Waitpoint| disk.counters.signals < change.state.counters.signals;
-            if !replay || read_json::<Waitpoint>(&state).map_or(true, |d| d.is_none_or(stale)) {
+            if !replay
+                || self
+                    .home
+                    .root_dir()
+                    .read_json::<Waitpoint>(&state)
+                    .map_or(true, |d| d.is_none_or(stale))
+            {
                 files.rewrite_json(&state, &change.state, durable::SPARE_REST);
             }
         }
-        files.commit(self.trash.get().map(|t| t.as_ref()))
+        files.commit(self.home.root_dir(), self.trash.get().map(|t| t.as_ref()))
     }
 
     /// Re-applies every entry left in the journal (after a crash, or a batch whose files could
@@ -205,10 +211,12 @@ impl Store for Files {
         if !is_waitpoint_id(id) {
             return Ok(None);
         }
-        read_json(&self.home.waitpoint_file(id))
+        self.home
+            .root_dir()
+            .read_json(&self.home.waitpoint_file(id))
     }
 
-    /// A new waitpoint with no records ([`Files::build`]).
+    /// A new waitpoint with no records (built as `Files::build` builds one).
     fn create(&self, wp: &Waitpoint) -> Result<()> {
         self.build(wp, &[])
     }
@@ -264,7 +272,10 @@ impl Store for Files {
     /// the time, while at most a few chunks are in memory.
     fn for_each(&self, f: &mut dyn FnMut(Waitpoint) -> Result<()>) -> Result<()> {
         const CHUNK: usize = 256;
-        let mut ids = durable::list_names(&self.home.waitpoints_dir())?;
+        let mut ids = self
+            .home
+            .root_dir()
+            .list_names(&self.home.waitpoints_dir())?;
         ids.retain(|id| is_waitpoint_id(id));
         let readers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
@@ -329,7 +340,7 @@ impl Store for Files {
     fn watch(&self, hint: Box<dyn Fn(Hint) + Send>) -> Result<super::Guard> {
         use super::dirwatch::{COMPLETE_FILES, DirWatch, Seen};
         let dir = self.home.waitpoints_dir();
-        create_dir_private(&dir)?;
+        self.home.root_dir().create_dir_private(&dir)?;
         let mask = COMPLETE_FILES | rustix::fs::inotify::WatchFlags::CREATE;
         let watcher = DirWatch::spawn(std::slice::from_ref(&dir), mask, move |seen| match seen {
             Seen::Lost => hint(Hint::Resync),
@@ -341,7 +352,7 @@ impl Store for Files {
     }
 
     fn needs_recovery(&self) -> bool {
-        journal::has_segments(&self.home.journal_dir())
+        journal::has_segments(self.home.root_dir(), &self.home.journal_dir())
     }
 
     fn recover(&self) -> Result<usize> {
@@ -360,11 +371,13 @@ impl Store for Files {
         if !self.needs_recovery() {
             return Ok(0);
         }
-        let lock = match FileLock::try_acquire_writing_pid(&self.home.daemon_lock()) {
-            Ok(l) => l,
-            Err(Error::Locked { .. }) => return Ok(0),
-            Err(e) => return Err(e),
-        };
+        let lock =
+            match FileLock::try_acquire_writing_pid(self.home.root_dir(), &self.home.daemon_lock())
+            {
+                Ok(l) => l,
+                Err(Error::Locked { .. }) => return Ok(0),
+                Err(e) => return Err(e),
+            };
         let replayed = self.recover()?;
         lock.clear();
         Ok(replayed)
@@ -440,7 +453,9 @@ impl Txn for FileTxn<'_> {
 
     fn put(&mut self, wp: &Waitpoint) -> Result<()> {
         self.version_of(&wp.id)?;
-        commit_json(&self.files.home.waitpoint_file(&wp.id), wp)?;
+        let home = &self.files.home;
+        home.root_dir()
+            .commit_json(&home.waitpoint_file(&wp.id), wp)?;
         self.set_version(wp);
         Ok(())
     }
@@ -454,9 +469,11 @@ impl Txn for FileTxn<'_> {
         let dir = home.waitpoint_dir(id);
         let parent = home.waitpoints_dir();
         let grave = parent.join(format!(".gone-{id}"));
-        durable::rename(&dir, &grave).map_err(|e| Error::io("cannot remove", &dir, e))?;
-        durable::fsync_dir(&parent)?;
-        durable::remove_tree(&grave)?;
+        let root = home.root_dir();
+        root.rename(&dir, &grave)
+            .map_err(|e| Error::io("cannot remove", &dir, e))?;
+        root.fsync_dir(&parent)?;
+        root.remove_tree(&grave)?;
         self.files.index_remove(wp)?;
         self.held.remove(id);
         Ok(())
@@ -516,32 +533,40 @@ impl Files {
     /// one.
     fn build(&self, wp: &Waitpoint, records: &[SignalRecord]) -> Result<()> {
         let parent = self.home.waitpoints_dir();
-        create_dir_private(&parent)?;
+        self.home.root_dir().create_dir_private(&parent)?;
         let staging = parent.join(format!("{STAGING_PREFIX}{}", wp.id));
-        let _ = durable::remove_tree(&staging);
-        create_dir_private(&staging)?;
+        let _ = self.home.root_dir().remove_tree(&staging);
+        self.home.root_dir().create_dir_private(&staging)?;
         // The log exists from the start, so recording a signal only ever appends to it.
-        let result =
-            durable::write_synced(&staging.join("signals.jsonl"), &signal_log::lines(records))
-                // The index markers before the state: a waitpoint never exists without them
-                // (index.rs).
-                .and_then(|()| self.index_add(wp))
-                .and_then(|()| commit_json(&staging.join("waitpoint.json"), wp))
-                // Its spare, empty: each state written for a signal goes over it in place and
-                // makes no file (`Unsynced::rewrite_json`). Not synced: a spare a crash loses is
-                // made again by the next write.
-                .and_then(|()| {
-                    let spare = staging.join(durable::spare_name("waitpoint.json"));
-                    durable::create_empty(&spare)
-                })
-                .and_then(|()| durable::fsync_dir(&staging))
-                .and_then(|()| {
-                    durable::rename(&staging, &self.home.waitpoint_dir(&wp.id))
-                        .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
-                })
-                .and_then(|()| durable::fsync_dir(&parent));
+        let result = self
+            .home
+            .root_dir()
+            .write_synced(&staging.join("signals.jsonl"), &signal_log::lines(records))
+            // The index markers before the state: a waitpoint never exists without them
+            // (index.rs).
+            .and_then(|()| self.index_add(wp))
+            .and_then(|()| {
+                self.home
+                    .root_dir()
+                    .commit_json(&staging.join("waitpoint.json"), wp)
+            })
+            // Its spare, empty: each state written for a signal goes over it in place and
+            // makes no file (`Unsynced::rewrite_json`). Not synced: a spare a crash loses is
+            // made again by the next write.
+            .and_then(|()| {
+                let spare = staging.join(durable::spare_name("waitpoint.json"));
+                self.home.root_dir().create_empty(&spare)
+            })
+            .and_then(|()| self.home.root_dir().fsync_dir(&staging))
+            .and_then(|()| {
+                self.home
+                    .root_dir()
+                    .rename(&staging, &self.home.waitpoint_dir(&wp.id))
+                    .map_err(|e| Error::io("cannot create waitpoint", &staging, e))
+            })
+            .and_then(|()| self.home.root_dir().fsync_dir(&parent));
         if result.is_err() {
-            let _ = durable::remove_tree(&staging);
+            let _ = self.home.root_dir().remove_tree(&staging);
         }
         result
     }
@@ -556,14 +581,16 @@ impl<T: Doc> Docs<T> for Files {
         if let Some(d) = pending_docs::<T>(self)?.into_iter().find(|d| d.id() == id) {
             return Ok(Some(d));
         }
-        read_json(&T::KIND.dir(&self.home).join(format!("{id}.json")))
+        self.home
+            .root_dir()
+            .read_json(&T::KIND.dir(&self.home).join(format!("{id}.json")))
     }
 
     /// Every one of a kind; one that does not parse is set aside (`quarantine/`).
     fn all_docs(&self) -> Result<Vec<T>> {
         let pending = pending_docs::<T>(self)?;
         let mut out: Vec<T> = pending.clone();
-        for (name, path) in durable::list_dir(&T::KIND.dir(&self.home))? {
+        for (name, path) in self.home.root_dir().list_dir(&T::KIND.dir(&self.home))? {
             let Some(id) = name.strip_suffix(".json") else {
                 continue;
             };
@@ -608,10 +635,11 @@ fn pending_docs<T: Doc>(files: &Files) -> Result<Vec<T>> {
 impl<'a, T: Doc> FileDocs<'a, T> {
     fn begin(files: &'a Files) -> Result<Self> {
         let dir = T::KIND.dir(&files.home);
-        create_dir_private(&dir)?;
+        let root = files.home.root_dir();
+        root.create_dir_private(&dir)?;
         let txn = FileDocs {
             files,
-            _lock: FileLock::acquire(&dir.join(".lock"))?,
+            _lock: FileLock::acquire(root, &dir.join(".lock"))?,
             kind: std::marker::PhantomData,
         };
         let pending = pending_docs::<T>(files)?;
@@ -628,10 +656,11 @@ impl<'a, T: Doc> FileDocs<'a, T> {
     /// Writes each document to its own file, then removes the intent.
     fn write_out(&self, docs: &[T]) -> Result<()> {
         let dir = T::KIND.dir(&self.files.home);
+        let root = self.files.home.root_dir();
         for doc in docs {
-            commit_json(&dir.join(format!("{}.json", doc.id())), doc)?;
+            root.commit_json(&dir.join(format!("{}.json", doc.id())), doc)?;
         }
-        durable::remove_durably(&dir.join(INTENT))
+        root.remove_durably(&dir.join(INTENT))
     }
 }
 
@@ -642,14 +671,17 @@ impl<T: Doc> DocTxn<T> for FileDocs<'_, T> {
 
     fn put(&mut self, doc: &T) -> Result<()> {
         let dir = T::KIND.dir(&self.files.home);
-        commit_json(&dir.join(format!("{}.json", doc.id())), doc)
+        let root = self.files.home.root_dir();
+        root.commit_json(&dir.join(format!("{}.json", doc.id())), doc)
     }
 
     fn put_all(&mut self, docs: &[T]) -> Result<()> {
         if let [one] = docs {
             return self.put(one);
         }
-        commit_json(&T::KIND.dir(&self.files.home).join(INTENT), &docs)?;
+        let home = &self.files.home;
+        home.root_dir()
+            .commit_json(&T::KIND.dir(home).join(INTENT), &docs)?;
         crate::failpoint!(
             crate::failpoint::DOCS_AFTER_INTENT,
             "cannot write the documents of",

@@ -41,7 +41,7 @@ pub fn import_home(root: &Root, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
             reason,
         })
     };
-    match Dir::open_beneath(root.path(), Path::new("waitpoints")) {
+    match Dir::open_beneath(root, Path::new("waitpoints")) {
         Ok(dir) => {
             let mut names = dir.names()?;
             names.sort();
@@ -72,7 +72,7 @@ pub fn import_home(root: &Root, to: &dyn Store) -> Result<(Copied, Vec<Refused>)
         Err(e) if e.is_not_found() => {}
         Err(e) => refuse("waitpoints", e.to_string()),
     }
-    match Dir::open_beneath(root.path(), Path::new("timers")) {
+    match Dir::open_beneath(root, Path::new("timers")) {
         Ok(dir) => {
             let mut names = dir.names()?;
             names.sort();
@@ -120,7 +120,7 @@ fn read_waitpoint(
     }
     let mut records = Vec::new();
     let signals = format!("waitpoints/{id}/signals");
-    let dir = match Dir::open_beneath(root.path(), Path::new(&signals)) {
+    let dir = match Dir::open_beneath(root, Path::new(&signals)) {
         Ok(d) => Some(d),
         Err(e) if e.is_not_found() => None,
         Err(e) => return Err(e.to_string()),

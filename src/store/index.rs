@@ -17,7 +17,7 @@
 
 use std::fs;
 
-use crate::durable::{self, Batch, create_dir_private};
+use crate::durable::{self, Batch};
 use crate::error::Result;
 use crate::records::Waitpoint;
 
@@ -39,10 +39,10 @@ impl Files {
 
     /// Makes `wp`'s markers durable (before the waitpoint itself appears).
     pub(super) fn index_add(&self, wp: &Waitpoint) -> Result<()> {
-        let mut batch = Batch::new();
+        let mut batch = Batch::new(self.home.root_dir());
         for name in Self::index_names(wp) {
             let dir = self.home.session_index(name);
-            create_dir_private(&dir)?;
+            self.home.root_dir().create_dir_private(&dir)?;
             batch.stage(&dir.join(&wp.id), b"")?;
         }
         batch.commit()
@@ -54,16 +54,18 @@ impl Files {
             .into_iter()
             .map(|name| self.home.session_index(name).join(&wp.id))
             .collect();
-        durable::remove_all_durably(&paths)
+        self.home.root_dir().remove_all_durably(&paths)
     }
 
     /// Brings the index in line with the waitpoints: adds missing markers, prunes markers of
     /// waitpoints that no longer exist, then marks the index complete. Returns how many markers
     /// it added. Safe to run while CLI commands create waitpoints (they add their own markers).
     pub(super) fn rebuild_index_files(&self) -> Result<usize> {
-        create_dir_private(&self.home.session_index_root())?;
+        self.home
+            .root_dir()
+            .create_dir_private(&self.home.session_index_root())?;
         let mut added = 0;
-        let mut batch = Batch::new();
+        let mut batch = Batch::new(self.home.root_dir());
         let mut expected = std::collections::HashSet::new();
         self.for_each(&mut |wp| {
             for name in Self::index_names(&wp) {
@@ -71,23 +73,27 @@ impl Files {
                 let marker = dir.join(&wp.id);
                 expected.insert(marker.clone());
                 if fs::symlink_metadata(&marker).is_err() {
-                    create_dir_private(&dir)?;
+                    self.home.root_dir().create_dir_private(&dir)?;
                     batch.stage(&marker, b"")?;
                     added += 1;
                 }
             }
             if batch.len() >= MARKERS_PER_COMMIT {
-                std::mem::take(&mut batch).commit()?;
+                std::mem::replace(&mut batch, Batch::new(self.home.root_dir())).commit()?;
             }
             Ok(())
         })?;
         batch.commit()?;
         let mut dangling = Vec::new();
-        for (name, dir) in durable::list_dir(&self.home.session_index_root())? {
+        for (name, dir) in self
+            .home
+            .root_dir()
+            .list_dir(&self.home.session_index_root())?
+        {
             if durable::is_temp_name(&name) {
                 continue;
             }
-            for (id, marker) in durable::list_dir(&dir)? {
+            for (id, marker) in self.home.root_dir().list_dir(&dir)? {
                 if !durable::is_temp_name(&id)
                     && !expected.contains(&marker)
                     && !self.being_created(&id)
@@ -97,8 +103,10 @@ impl Files {
                 }
             }
         }
-        durable::remove_all_durably(&dangling)?;
-        durable::commit(&self.home.session_index_complete(), b"")?;
+        self.home.root_dir().remove_all_durably(&dangling)?;
+        self.home
+            .root_dir()
+            .commit(&self.home.session_index_complete(), b"")?;
         Ok(added)
     }
 
@@ -121,7 +129,11 @@ impl Files {
             return Ok(all);
         }
         let mut out = Vec::new();
-        for (id, _) in durable::list_dir(&self.home.session_index(session))? {
+        for (id, _) in self
+            .home
+            .root_dir()
+            .list_dir(&self.home.session_index(session))?
+        {
             if durable::is_temp_name(&id) {
                 continue;
             }

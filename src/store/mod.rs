@@ -29,7 +29,7 @@ pub mod import;
 mod index;
 pub mod signal_log;
 
-use crate::settings::Location;
+use crate::settings::location::Location;
 
 use crate::delivery::Inboxes;
 use crate::error::Result;

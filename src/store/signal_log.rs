@@ -79,14 +79,14 @@ pub fn read(home: &Home, id: &str) -> Result<Logged> {
         None => Logged::default(),
     };
     let mut older = BTreeMap::new();
-    for (name, file) in durable::list_dir(&home.signals_dir(id))? {
+    for (name, file) in home.root_dir().list_dir(&home.signals_dir(id))? {
         let Some((seq, _)) = parse_signal_file_name(&name) else {
             continue;
         };
         if logged.records.iter().any(|r| r.seq == seq) {
             continue;
         }
-        if let Some(record) = durable::read_json::<SignalRecord>(&file)? {
+        if let Some(record) = home.root_dir().read_json::<SignalRecord>(&file)? {
             older.insert(seq, record);
         }
     }
@@ -147,7 +147,7 @@ fn read_log_tail(root: &Root, path: &Path, cap: u64) -> Result<Option<(Vec<u8>, 
     };
     let is_not_regular =
         |e: &Error| matches!(e, Error::Corrupt { message, .. } if message == durable::NOT_REGULAR);
-    match durable::read_tail(path, cap) {
+    match root.read_tail(path, cap) {
         Err(e) if link(&e) || is_not_regular(&e) => root
             .set_aside(path, "is not a regular file where the home keeps a log")
             .map(|()| None),

@@ -535,14 +535,14 @@ fn a_waiter_leaves_when_the_harness_that_started_it_exits_through_any_wrapper() 
             pid = waiter_pid(&env, &record);
             pid.is_some()
         });
-        let waiter = pid.unwrap() as i32;
+        let waiter = rustix::process::Pid::from_raw(pid.unwrap() as i32).expect("a waiter pid");
         harness.kill().unwrap();
         harness.wait().unwrap();
         env.wait_until(
             &format!("the orphaned waiter to leave ({wrapper:?})"),
             || {
-                // SAFETY: signal 0 only asks whether the pid exists.
-                let gone = unsafe { libc::kill(waiter, 0) } != 0;
+                // kill(pid, 0): no signal, only whether the pid exists (and may be signalled).
+                let gone = rustix::process::test_kill_process(waiter).is_err();
                 gone || fs::read_to_string(format!("/proc/{waiter}/stat"))
                     .is_ok_and(|s| s.split_whitespace().nth(2) == Some("Z"))
             },

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use rustix::process::{Pid, Signal, kill_process};
 use serde_json::{Value, json};
 
 use crate::agent_scenario::{
@@ -164,8 +165,9 @@ impl Drop for Gemini<'_> {
             let comm = fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
             let here = fs::read_link(entry.path().join("cwd")).is_ok_and(|d| d == self.project);
             if here && comm.trim() == "node" {
-                // SAFETY: kill(2) with a pid read from /proc and a plain signal.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // A pid read from /proc; one that already exited is no failure.
+                let pid = Pid::from_raw(pid).expect("a pid from /proc");
+                let _ = kill_process(pid, Signal::KILL);
             }
         }
     }

@@ -200,8 +200,7 @@ fn boot_ticks() -> u64 {
         .unwrap()
         .parse()
         .unwrap();
-    // SAFETY: sysconf reads a constant of the system.
-    (uptime * unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64) as u64
+    (uptime * rustix::param::clock_ticks_per_second() as f64) as u64
 }
 
 /// When process `pid` started, in clock ticks since boot (`u64::MAX` when it is gone).

@@ -7,6 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Stdio};
 use std::time::Instant;
 
+use rustix::process::{Pid, Signal, kill_process};
 use waitpoint::failpoint;
 
 use crate::helpers::*;
@@ -131,7 +132,7 @@ fn walk(point: &str, scenario: Scenario) -> usize {
             Some(signal) => {
                 assert_eq!(
                     signal,
-                    Some(libc::SIGKILL),
+                    Some(Signal::KILL.as_raw()),
                     "{spec}: the daemon died, but not by the failpoint\n{}",
                     env.tree()
                 );
@@ -148,7 +149,7 @@ fn walk(point: &str, scenario: Scenario) -> usize {
 fn restart_and_check(env: &Env, dropped: &[Dropped], spec: &str) {
     let mut after = env.daemon();
     env.wait_until("the restarted daemon to settle", || settled(env));
-    after.send(libc::SIGTERM);
+    after.send(Signal::TERM);
     let (code, stderr) = after.wait_exit();
     assert_eq!(code, Some(0), "{spec}: {stderr}");
     let f = invariants::check(env, dropped);
@@ -195,11 +196,11 @@ fn crash_in_the_checkpoint_before_the_segments_are_deleted() {
     );
     let before = invariants::check(&env, &dropped);
     before.assert_kept(&format!("{spec}: before the stop"));
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    // kill(2) cannot fail on our own child before it is reaped (a zombie included): unchecked.
+    let _ = kill_process(Pid::from_child(&d.child), Signal::TERM);
     assert_eq!(
         d.wait(&env, || false),
-        Some(Some(libc::SIGKILL)),
+        Some(Some(Signal::KILL.as_raw())),
         "{spec}: the stop's checkpoint crashed"
     );
     assert!(
@@ -229,7 +230,7 @@ fn crash_in_the_checkpoint_before_the_segments_are_deleted() {
 
 // One test per point, so they run in parallel. The three signals of `scenario` are one batch:
 // one journal line, then its files (two records and the state, then the third record, the state
-// and the wake: each file passes `store-write` and `store-rename`). The durable `durable::commit`
+// and the wake: each file passes `store-write` and `store-rename`). The durable `Root::commit`
 // points are walked on the held wake, which goes out through three durable commits.
 #[test]
 fn crash_after_write_before_fsync() {
@@ -292,7 +293,7 @@ fn crash_recording_a_report_inside_the_grace_window() {
     let mut d = Faulty::start(&env, &spec);
     assert_eq!(
         d.wait(&env, || settled(&env)),
-        Some(Some(libc::SIGKILL)),
+        Some(Some(Signal::KILL.as_raw())),
         "{spec}: crashed after the journal commit"
     );
     // Nothing but the journal line is on disk: the restart has to replay it, c's report

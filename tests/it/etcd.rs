@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::Signal;
 use serde_json::Value;
 
 use crate::etcd_cluster::{Cluster, location, store_at};
@@ -426,7 +427,7 @@ fn a_leading_daemon_paused_past_its_lease_gives_way_and_loses_nothing() {
     let cluster = Cluster::start();
     let (a, b, da, _db) = two_hosts(&cluster);
     let (id, secret) = id_secret(&a.arm("train", &["--session", "s1", "--max-signals", "100"]));
-    da.send(libc::SIGSTOP);
+    da.send(Signal::STOP);
     let mut dropped = vec![drop_on(
         &b,
         "b",
@@ -450,7 +451,7 @@ fn a_leading_daemon_paused_past_its_lease_gives_way_and_loses_nothing() {
             r#","status":"progress""#,
         ));
     }
-    da.send(libc::SIGCONT);
+    da.send(Signal::CONT);
     a.wait_until("a's drop zone empty", || a.spooled().is_empty());
     a.wait_until("nothing left handed over", || cluster.count("in/") == 0);
     a.wait_until("a to give way", || log(&a).contains("no longer leading"));

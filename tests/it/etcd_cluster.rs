@@ -389,8 +389,8 @@ impl Drop for Cluster {
 
 /// The location an `etcd://` URL names.
 pub fn location(url: &str) -> waitpoint::settings::location::EtcdLocation {
-    match waitpoint::settings::Location::parse(url).unwrap() {
-        waitpoint::settings::Location::Etcd(loc) => *loc,
+    match waitpoint::settings::location::Location::parse(url).unwrap() {
+        waitpoint::settings::location::Location::Etcd(loc) => *loc,
         other => panic!("not an etcd URL: {other:?}"),
     }
 }

@@ -165,7 +165,7 @@ fn leadership(cluster: &Cluster) -> (Vec<u8>, i64, String) {
 /// before it is answered: it is reported done, and the cluster holds it once.
 #[test]
 fn a_write_that_committed_while_its_answer_was_lost_is_never_reported_unwritten() {
-    use waitpoint::settings::Location;
+    use waitpoint::settings::location::Location;
     use waitpoint::store::{Role, Store, etcd::Etcd};
     let cluster = Cluster::start();
     let a = host(&cluster, "a", "");

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
 pub const WAITPOINT: &str = env!("CARGO_BIN_EXE_waitpoint");
@@ -154,6 +155,18 @@ impl Env {
         out
     }
 
+    /// The reasons (`<path>: <why>`) of everything set aside into the home's quarantine.
+    pub fn quarantined_reasons(&self) -> Vec<String> {
+        fs::read_dir(self.home.join("quarantine"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
+                    .map(|e| fs::read_to_string(e.path()).unwrap())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Every path under the home, one per line, for failure messages.
     pub fn tree(&self) -> String {
         let mut lines = Vec::new();
@@ -221,12 +234,14 @@ impl Env {
         )
     }
 
-    /// A waitpoint's state, read as the engine reads it (`durable::read_json` takes the shared
+    /// A waitpoint's state, read as the engine reads it (`Root::read_json` takes the shared
     /// lock a rewrite over the state's spare respects), so a test that polls it while the
     /// daemon writes never reads one half written.
     pub fn state(&self, id: &str) -> Value {
         let path = self.home.join("waitpoints").join(id).join("waitpoint.json");
-        waitpoint::durable::read_json(&path)
+        waitpoint::home::Home::new(&self.home)
+            .root_dir()
+            .read_json(&path)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", path.display(), self.tree()))
             .unwrap_or_else(|| panic!("{}: missing\n{}", path.display(), self.tree()))
     }
@@ -288,19 +303,19 @@ impl Env {
     pub fn daemon_with_descriptor_limit(&self, args: &[&str], nofile: u64) -> DaemonGuard {
         self.until_ready(|| {
             self.spawn_daemon(args, &[], |cmd| {
+                use rustix::process::{Resource, Rlimit, setrlimit};
                 use std::os::unix::process::CommandExt;
-                let limit = libc::rlimit {
-                    rlim_cur: nofile,
-                    rlim_max: nofile,
+                let limit = Rlimit {
+                    current: Some(nofile),
+                    maximum: Some(nofile),
                 };
-                // SAFETY: setrlimit is async-signal-safe and touches only the child.
+                // SAFETY: pre_exec runs the closure in the forked child before exec, where only
+                // async-signal-safe work is allowed. rustix's setrlimit is one system call
+                // (prlimit64) on a value copied in, without allocation or locks, and its error
+                // becomes an io::Error from the raw errno, also without allocating.
                 unsafe {
                     cmd.pre_exec(move || {
-                        if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                            Ok(())
-                        } else {
-                            Err(std::io::Error::last_os_error())
-                        }
+                        setrlimit(Resource::Nofile, limit).map_err(std::io::Error::from)
                     });
                 }
             })
@@ -440,11 +455,9 @@ impl DaemonGuard {
         self.child.id()
     }
 
-    /// Sends `signal` (e.g. `libc::SIGTERM`) to the daemon.
-    pub fn send(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child, which has not been reaped.
-        let r = unsafe { libc::kill(self.child.id() as libc::pid_t, signal) };
-        assert_eq!(r, 0, "kill failed");
+    /// Sends `signal` (e.g. `Signal::TERM`) to the daemon, our own child, not yet reaped.
+    pub fn send(&self, signal: Signal) {
+        kill_process(Pid::from_child(&self.child), signal).expect("kill failed");
     }
 
     /// Waits (at most [`PATIENCE`]) for the daemon to exit; its exit code and stderr.
@@ -469,8 +482,8 @@ impl DaemonGuard {
 impl DaemonGuard {
     /// Stops the daemon the way an operator does (SIGTERM) and returns how it exited.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: signalling our own child, which `wait` below reaps.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        // kill(2) cannot fail on our own child before it is reaped (a zombie included): unchecked.
+        let _ = kill_process(Pid::from_child(&self.child), Signal::TERM);
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -788,7 +801,6 @@ pub fn cpu_time(pid: u32) -> Duration {
     let rest = &stat[stat.rfind(')').expect("a stat line") + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    // SAFETY: sysconf reads a constant of the system.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let per_second = rustix::param::clock_ticks_per_second();
     Duration::from_millis(ticks * 1000 / per_second)
 }

@@ -79,8 +79,7 @@ fn case(name: &str, what: &'static str, make: Make, expect: Expect) -> Case {
 }
 
 fn is_root() -> bool {
-    // SAFETY: geteuid cannot fail.
-    unsafe { libc::geteuid() == 0 }
+    rustix::process::geteuid().is_root()
 }
 
 // One case a line, so the table reads as a table (docs/style.md).
@@ -166,9 +165,7 @@ fn corpus(c: &Ctx) -> Vec<Case> {
 }
 
 fn mkfifo(p: &Path) {
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    rustix::fs::mkfifoat(rustix::fs::CWD, p, rustix::fs::Mode::from_raw_mode(0o600)).unwrap();
 }
 
 /// Writes a signal in place (no `.tmp` step) and keeps appending to it past the cap.
@@ -211,7 +208,7 @@ fn read_keeping_atime(p: &Path) -> Vec<u8> {
     use std::os::unix::fs::OpenOptionsExt;
     fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOATIME)
+        .custom_flags(rustix::fs::OFlags::NOATIME.bits() as i32)
         .open(p)
         .and_then(|mut f| {
             let mut v = Vec::new();

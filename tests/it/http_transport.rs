@@ -195,13 +195,16 @@ Content-Length: {}\r\n\r\n0000000{hidden}",
 /// 500 client sockets here plus 500 in the daemon (which inherits the limit) need more than a
 /// common soft limit of 1024 once other tests run alongside.
 fn raise_open_file_limit() {
-    // SAFETY: getrlimit/setrlimit on a struct we own.
-    unsafe {
-        let mut lim: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    // `None` is RLIM_INFINITY, above every number.
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current.unwrap_or(u64::MAX) < lim.maximum.unwrap_or(u64::MAX) {
+        let raised = Rlimit {
+            current: lim.maximum,
+            maximum: lim.maximum,
+        };
+        // Best effort, as before: the tests run on with the limit they have.
+        let _ = setrlimit(Resource::Nofile, raised);
     }
 }
 

@@ -7,6 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use rustix::process::Signal;
 use serde_json::Value;
 use waitpoint::clock::SystemClock;
 use waitpoint::engine::{Engine, Verdict};
@@ -215,7 +216,7 @@ fn the_daemon_replays_the_journal_at_start_and_a_clean_stop_leaves_it_empty() {
         env.inbox("default", "new").len() == 1
     });
     assert_eq!(env.state(&id)["counters"]["signals"], 1);
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     let (code, stderr) = d.wait_exit();
     assert_eq!(code, Some(0), "{stderr}");
     assert!(

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
+use rustix::process::Signal;
 use waitpoint::clock::SystemClock;
 use waitpoint::engine::{CreateRequest, Engine, Quorum};
 use waitpoint::home::Home;
@@ -229,7 +230,7 @@ fn kill_loop_loses_nothing_and_counts_nothing_twice() {
     env.wait_until("stale temp files to be removed", || {
         temp_files(&env.home).is_empty()
     });
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     let (code, stderr) = d.wait_exit();
     assert_eq!(code, Some(0), "{context}\n{stderr}");
 
@@ -366,7 +367,7 @@ fn http_senders_through_kills_are_each_recorded_exactly_once() {
     }
     let mut d = env.daemon_started(&[]);
     env.wait_until("the spooled copies to drain", || settled(&env));
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     let (code, stderr) = d.wait_exit();
     assert_eq!(code, Some(0), "{context}\n{stderr}");
 

@@ -48,17 +48,6 @@ fn swap_for_link(env: &Env, rel: &str, to: &Path) {
     symlink(to, &path).unwrap();
 }
 
-fn quarantined_reasons(env: &Env) -> Vec<String> {
-    fs::read_dir(env.home.join("quarantine"))
-        .map(|d| {
-            d.flatten()
-                .filter(|e| e.file_name().to_string_lossy().ends_with(".reason"))
-                .map(|e| fs::read_to_string(e.path()).unwrap())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn paths_swapped_for_links_while_the_daemon_runs_receive_nothing_and_are_set_aside() {
     let env = Env::new();
@@ -113,7 +102,7 @@ fn paths_swapped_for_links_while_the_daemon_runs_receive_nothing_and_are_set_asi
         "the marker is in the home\n{}",
         env.tree()
     );
-    let reasons = quarantined_reasons(&env);
+    let reasons = env.quarantined_reasons();
     let aside = reasons
         .iter()
         .filter(|r| r.contains("is a symbolic link where the home has a directory"))
@@ -214,10 +203,43 @@ fn a_spare_planted_as_a_link_or_a_hard_link_is_set_aside_and_nothing_outside_is_
             env.tree()
         );
     }
-    let reasons = quarantined_reasons(&env);
+    let reasons = env.quarantined_reasons();
     assert!(
         reasons.iter().any(|r| r.contains("is not a regular file"))
             && reasons.iter().any(|r| r.contains("with one link")),
         "{reasons:?}"
+    );
+}
+
+#[test]
+fn a_daemon_log_planted_as_a_link_is_set_aside_and_the_file_it_names_gets_no_line() {
+    let env = Env::new();
+    let outside = Outside::new(&env, "log-out");
+    let target = outside.0.join("victim.log");
+    fs::write(&target, "").unwrap();
+    fs::create_dir_all(env.home.join("log")).unwrap();
+    symlink(&target, env.home.join("log/daemon.log")).unwrap();
+    {
+        let _d = env.daemon();
+        env.wait_until("the daemon's log", || {
+            fs::read_to_string(env.home.join("log/daemon.log"))
+                .is_ok_and(|log| log.contains("daemon starting"))
+        });
+    }
+    assert_eq!(
+        fs::read_to_string(&target).unwrap(),
+        "",
+        "nothing was written through the link\n{}",
+        env.tree()
+    );
+    let log = fs::symlink_metadata(env.home.join("log/daemon.log")).unwrap();
+    assert!(log.is_file(), "a real log was made\n{}", env.tree());
+    let reasons = env.quarantined_reasons();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("log/daemon.log: is not a regular file")),
+        "{reasons:?}\n{}",
+        env.tree()
     );
 }

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
 use serde_json::Value;
 
 use crate::helpers::*;
@@ -289,7 +290,7 @@ fn doctor_tells_a_stale_lock_from_a_clean_stop() {
     );
 
     let mut d = env.daemon();
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     assert_eq!(d.wait_exit().0, Some(0));
     let (code, lines) = doctor(&env);
     let daemon = line(&lines, "daemon");
@@ -314,7 +315,7 @@ fn sigterm_during_a_busy_drain_loses_nothing_and_exits_zero() {
     env.wait_until("the drain to be under way", || {
         env.spooled().len() < FILES - 20
     });
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     let (code, stderr) = d.wait_exit();
     assert_eq!(code, Some(0), "{stderr}");
 
@@ -388,13 +389,13 @@ fn sighup_reloads_settings_and_keeps_them_when_the_file_is_malformed() {
         r#"{"waitpointSweepMs": 300, "waitpointMaxWakesPerHour": 30}"#,
     )
     .unwrap();
-    d.send(libc::SIGHUP);
+    d.send(Signal::HUP);
     let log = || fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
     env.wait_until("the reload", || log().contains("settings reloaded"));
     assert!(log().contains("max_wakes_per_hour=30"), "{}", log());
 
     fs::write(env.home.join("settings.json"), "{not json").unwrap();
-    d.send(libc::SIGHUP);
+    d.send(Signal::HUP);
     env.wait_until("the refusal", || {
         log().contains("keeping the current settings")
     });
@@ -404,7 +405,7 @@ fn sighup_reloads_settings_and_keeps_them_when_the_file_is_malformed() {
     env.drop_file("after-hup", &body(&id, &secret, ""));
     env.wait_drained();
     assert_eq!(env.state(&id)["status"], "resolved");
-    d.send(libc::SIGINT);
+    d.send(Signal::INT);
     assert_eq!(d.wait_exit().0, Some(0));
 }
 
@@ -416,7 +417,7 @@ fn json_logs_name_the_waitpoint_on_every_line_about_one() {
     env.drop_file("good", &body(&id, &secret, ""));
     env.drop_file("wrong-secret", &body(&id, "nope", ""));
     env.wait_drained();
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     assert_eq!(d.wait_exit().0, Some(0));
     let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
     let mut about = 0;
@@ -540,8 +541,9 @@ fn a_large_backlog_shows_progress_on_a_terminal_only() {
         .trim()
         .parse()
         .unwrap();
-    // SAFETY: kill(2) on the daemon the test started (its pid from the lock it holds).
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // The daemon the test started (its pid from the lock it holds).
+    let pid = Pid::from_raw(pid).expect("a pid in daemon.lock");
+    kill_process(pid, Signal::TERM).expect("SIGTERM to the daemon");
     let start = Instant::now();
     while script.try_wait().unwrap().is_none() {
         assert!(start.elapsed() < PATIENCE, "script did not exit");
@@ -564,7 +566,7 @@ fn sigterm_the_moment_the_lock_is_taken_is_still_a_clean_stop() {
     // regression (SIGTERM killing the process like a crash) show up.
     for round in 0..5 {
         let mut d = env.daemon_started(&[]);
-        d.send(libc::SIGTERM);
+        d.send(Signal::TERM);
         let (code, stderr) = d.wait_exit();
         assert_eq!(code, Some(0), "round {round}: {stderr}");
         assert_eq!(

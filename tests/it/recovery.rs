@@ -3,6 +3,7 @@
 use std::fs;
 use std::sync::Arc;
 
+use rustix::process::Signal;
 use serde_json::Value;
 
 use waitpoint::clock::SystemClock;
@@ -257,7 +258,7 @@ fn stale_temps_under_waitpoints_are_swept_at_a_start_after_a_death_not_after_a_c
         temp.exists(),
         "a clean start leaves the walk to the daily clean-up"
     );
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     assert_eq!(d.wait_exit().0, Some(0));
     // A pid left in the lock says the last daemon died: the walk runs before it is ready.
     fs::write(env.home.join("daemon.lock"), "4242\n").unwrap();
@@ -297,8 +298,12 @@ fn a_record_that_is_a_link_a_fifo_or_huge_is_set_aside_unread() {
     // A FIFO where a timer should be (reading it would block for ever), and a huge timer.
     let fifo = env.home.join("timers/tm_0123456789ab.json");
     fs::create_dir_all(fifo.parent().unwrap()).unwrap();
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        &fifo,
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
     let huge = fs::File::create(env.home.join("timers/tm_0123456789ac.json")).unwrap();
     huge.set_len(waitpoint::durable::MAX_RECORD_BYTES + 1)
         .unwrap();

@@ -8,6 +8,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
+use rustix::fs::{CWD, Mode, mkfifoat};
+use rustix::process::{Pid, Signal, geteuid, kill_process};
+
 use crate::helpers::*;
 use crate::invariants::{self, all_files};
 
@@ -106,8 +109,8 @@ fn start_daemon(env: &Env, home: &Path) -> std::process::Child {
 
 /// Stops the daemon cleanly (SIGTERM) and returns what it printed.
 fn stop_daemon(child: std::process::Child) -> Output {
-    // SAFETY: kill(2) on our own child, not yet reaped.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    // kill(2) cannot fail on our own child before it is reaped (a zombie included): unchecked.
+    let _ = kill_process(Pid::from_child(&child), Signal::TERM);
     child.wait_with_output().unwrap()
 }
 
@@ -274,8 +277,7 @@ fn the_daemon_refuses_to_run_on_a_home_other_users_can_write() {
     chmod(&dz, 0o733);
     refused("a drop zone others can write", &dz);
     chmod(&dz, 0o700);
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if geteuid().is_root() {
         let waitpoints = env.home.join("waitpoints");
         std::os::unix::fs::chown(&waitpoints, Some(12_345), None).unwrap();
         assert!(refused("a directory another user owns", &waitpoints).contains("uid 12345"));
@@ -283,7 +285,7 @@ fn the_daemon_refuses_to_run_on_a_home_other_users_can_write() {
     }
     // Put right, it runs.
     let mut d = env.daemon_started(&[]);
-    d.send(libc::SIGTERM);
+    d.send(Signal::TERM);
     assert_eq!(d.wait_exit().0, Some(0));
     invariants::report(
         "7-security-home",
@@ -353,8 +355,7 @@ fn settings_others_can_write_or_own_are_refused_before_anything_runs() {
     fs::set_permissions(&settings, fs::Permissions::from_mode(0o620)).unwrap();
     refused("group-writable settings", "chmod go-w");
     fs::set_permissions(&settings, fs::Permissions::from_mode(0o600)).unwrap();
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if geteuid().is_root() {
         std::os::unix::fs::chown(&settings, Some(12_345), None).unwrap();
         refused("settings another user owns", "chown");
         std::os::unix::fs::chown(&settings, Some(0), None).unwrap();
@@ -386,9 +387,7 @@ fn settings_that_are_not_a_small_regular_file_are_refused_without_hanging() {
         assert!(stderr.contains(text), "{what}: {stderr}");
     };
     fs::remove_file(&settings).unwrap();
-    let fifo = std::ffi::CString::new(settings.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    mkfifoat(CWD, &settings, Mode::from_raw_mode(0o600)).unwrap();
     expect("a FIFO", "is not a regular file");
     fs::remove_file(&settings).unwrap();
     std::os::unix::fs::symlink("/dev/zero", &settings).unwrap();
@@ -433,15 +432,52 @@ fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_neither_waited_on_nor_followed()
             env.report(&out)
         );
     };
-    let fifo = std::ffi::CString::new(lock.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    mkfifoat(CWD, &lock, Mode::from_raw_mode(0o600)).unwrap();
     no_daemon("a FIFO");
     fs::remove_file(&lock).unwrap();
     let outside = env.home.join("../not-a-lock");
     fs::write(&outside, "4242\n").unwrap();
     std::os::unix::fs::symlink(&outside, &lock).unwrap();
     no_daemon("a link out of the home");
+}
+
+#[test]
+fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_set_aside_and_the_daemon_takes_a_real_one() {
+    // The daemon reads the lock's last pid to know whether its predecessor died: a FIFO under
+    // the name must not hold its start, and a link must neither be read nor written through.
+    let env = Env::new();
+    let lock = env.home.join("daemon.lock");
+    let outside = env.home.join("../not-a-lock");
+    fs::write(&outside, "4242\n").unwrap();
+    for (what, plant) in [
+        ("a FIFO", Box::new(|| mkfifo(&lock)) as Box<dyn Fn()>),
+        (
+            "a link",
+            Box::new(|| std::os::unix::fs::symlink(&outside, &lock).unwrap()),
+        ),
+    ] {
+        plant();
+        {
+            let _d = env.daemon();
+            let held = fs::symlink_metadata(&lock).unwrap();
+            assert!(held.is_file(), "{what}: a real lock\n{}", env.tree());
+        }
+        assert_eq!(fs::read_to_string(&outside).unwrap(), "4242\n", "{what}");
+        let reasons = env.quarantined_reasons();
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.starts_with("daemon.lock: is not a regular file")),
+            "{what}: {reasons:?}\n{}",
+            env.tree()
+        );
+        fs::remove_dir_all(env.home.join("quarantine")).unwrap();
+        fs::remove_file(&lock).unwrap();
+    }
+}
+
+fn mkfifo(path: &Path) {
+    mkfifoat(CWD, path, Mode::from_raw_mode(0o600)).unwrap();
 }
 
 #[test]

@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
+
 use crate::helpers::{PATIENCE, free_port};
 
 pub const SSHD: &str = "/usr/sbin/sshd";
@@ -162,8 +164,11 @@ MaxSessions 50\nLogLevel ERROR\n",
         };
         let root = child.id() as i32;
         let mut stopped = vec![root];
-        // SAFETY: plain kill(2) calls on pids we found as our own descendants.
-        unsafe { libc::kill(root, libc::SIGSTOP) };
+        // Pids we found as our own descendants; one that already exited is no failure.
+        let signal = |p: i32, s: Signal| {
+            let _ = kill_process(Pid::from_raw(p).expect("a pid from /proc"), s);
+        };
+        signal(root, Signal::STOP);
         loop {
             let tree = descendants(root);
             let new: Vec<i32> = tree.into_iter().filter(|p| !stopped.contains(p)).collect();
@@ -171,12 +176,12 @@ MaxSessions 50\nLogLevel ERROR\n",
                 break;
             }
             for p in new {
-                unsafe { libc::kill(p, libc::SIGSTOP) };
+                signal(p, Signal::STOP);
                 stopped.push(p);
             }
         }
         for p in &stopped {
-            unsafe { libc::kill(*p, libc::SIGKILL) };
+            signal(*p, Signal::KILL);
         }
         let _ = child.wait();
     }

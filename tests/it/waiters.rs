@@ -7,6 +7,8 @@ use std::fs;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use rustix::process::{Pid, Signal, kill_process};
+
 use crate::helpers::{Env, PATIENCE, WAITPOINT, cpu_time};
 
 /// A waiter child, killed on drop.
@@ -154,8 +156,8 @@ fn kill_loop(
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(10 + run * 11));
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(reader.id() as libc::pid_t, libc::SIGTERM) };
+        // kill(2) cannot fail on our own child before it is reaped (a zombie included): unchecked.
+        let _ = kill_process(Pid::from_child(&reader), Signal::TERM);
         let mut text = String::new();
         let stream: Box<dyn std::io::Read> = match (reader.stdout.take(), reader.stderr.take()) {
             (Some(o), _) => Box::new(o),

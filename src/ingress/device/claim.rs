@@ -154,8 +154,8 @@ impl Collector {
             tracing::warn!(
                 device = %device.name,
                 file,
-                "a remote signal file is left on the device: {}",
-                why.reason,
+                reason = %why.reason,
+                "a remote signal file is left on the device",
             );
             if let Err(e) = conn
                 .sftp
@@ -192,8 +192,8 @@ impl Collector {
                         tracing::warn!(
                             device = %device.name,
                             file = %file,
-                            "cannot claim a remote signal file (left there; the others go on): {}",
-                            e.message()
+                            error = %e.message(),
+                            "cannot claim a remote signal file (left there; the others go on)",
                         );
                         continue;
                     }

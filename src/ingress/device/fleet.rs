@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 pub(super) const MAX_BACKOFF_MS: u64 = 300_000;
 
 /// The wait after `failures` failed attempts in a row: doubling from the interval (or one
-/// second when collection is only on demand), capped at [`MAX_BACKOFF_MS`].
+/// second when collection is only on demand), capped at five minutes.
 pub fn backoff_ms(interval_ms: u64, failures: u32) -> u64 {
     let base = if interval_ms == 0 { 1_000 } else { interval_ms };
     let factor = 1u64 << failures.saturating_sub(1).min(20);
@@ -258,7 +258,9 @@ pub(super) fn collector_thread(
         }
         // The poll request is answered once the outcome is in status.json.
         if answering {
-            let _ = durable::remove_durably(&home.device_poll_file(&name));
+            let _ = home
+                .root_dir()
+                .remove_durably(&home.device_poll_file(&name));
         }
         next = match error {
             None if interval_ms == 0 => None,

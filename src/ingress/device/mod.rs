@@ -10,7 +10,7 @@
 //! 1. SFTP-rename it to `.<f>.json.claimed-<tag>` (`<tag>`: this machine's host name and a
 //!    digest of the home and the device record, [`claim_tag`]), so no other collector, no other
 //!    device record of the same spool and no second pass takes it;
-//! 2. read it (at most the 64 KB cap plus one byte) and `durable::commit` it into the mirror;
+//! 2. read it (at most the 64 KB cap plus one byte) and `Root::commit` it into the mirror;
 //! 3. only then remove the claimed file remotely.
 //!
 //! Every round starts with the claimed files of our tag, which a crash or a dropped link left
@@ -20,9 +20,9 @@
 //! is not fetched forever.
 //!
 //! libssh2 is not thread-safe across sessions shared between threads, so each device gets one
-//! collector thread owning one [`Session`]; the thread reports to the daemon loop through a
+//! collector thread owning one [`ssh2::Session`]; the thread reports to the daemon loop through a
 //! callback and never calls the engine. Every blocking call is bounded by the session timeout,
-//! set before the handshake, and a per-step [`Watchdog`] shuts the socket down under a read
+//! set before the handshake, and a per-step watchdog (`ssh.rs`) shuts the socket down under a read
 //! that trickles on past it.
 use std::path::PathBuf;
 use std::time::Duration;
@@ -174,7 +174,7 @@ pub fn check_device_name(name: &str) -> Result<()> {
 /// The device record `name`, or `None`.
 pub fn load(home: &Home, name: &str) -> Result<Option<Device>> {
     check_device_name(name)?;
-    durable::read_json(&home.device_file(name))
+    home.root_dir().read_json(&home.device_file(name))
 }
 
 /// The device record `name`, or a usage error naming the way to list devices.
@@ -190,14 +190,14 @@ pub fn require(home: &Home, name: &str) -> Result<Device> {
 /// Every device record, by name.
 pub fn list(home: &Home) -> Result<Vec<Device>> {
     let mut out = Vec::new();
-    for (file, path) in durable::list_dir(&home.devices_dir())? {
+    for (file, path) in home.root_dir().list_dir(&home.devices_dir())? {
         let Some(name) = file.strip_suffix(".json") else {
             continue;
         };
         if durable::is_temp_name(&file) || check_device_name(name).is_err() {
             continue;
         }
-        if let Some(d) = durable::read_json::<Device>(&path)? {
+        if let Some(d) = home.root_dir().read_json::<Device>(&path)? {
             out.push(d);
         }
     }
@@ -226,27 +226,33 @@ pub fn add(home: &Home, device: &Device) -> Result<()> {
             device.name, device.name
         )));
     }
-    durable::create_dir_private(&home.devices_dir())?;
-    durable::commit_json(&home.device_file(&device.name), device)
+    home.root_dir().create_dir_private(&home.devices_dir())?;
+    home.root_dir()
+        .commit_json(&home.device_file(&device.name), device)
 }
 
 /// Removes a device record and its collector state. Files still in its mirror are kept: they
 /// are signals already taken off the device.
 pub fn remove(home: &Home, name: &str) -> Result<()> {
     require(home, name)?;
-    durable::remove_durably(&home.device_file(name))?;
-    durable::remove_durably(&home.device_status_file(name))?;
-    durable::remove_durably(&home.device_poll_file(name))
+    home.root_dir().remove_durably(&home.device_file(name))?;
+    home.root_dir()
+        .remove_durably(&home.device_status_file(name))?;
+    home.root_dir().remove_durably(&home.device_poll_file(name))
 }
 
 /// The collector state of `name` (default when it never ran).
 pub fn load_status(home: &Home, name: &str) -> Result<DeviceStatus> {
-    Ok(durable::read_json(&home.device_status_file(name))?.unwrap_or_default())
+    Ok(home
+        .root_dir()
+        .read_json(&home.device_status_file(name))?
+        .unwrap_or_default())
 }
 
 fn save_status(home: &Home, name: &str, status: &DeviceStatus) -> Result<()> {
-    durable::create_dir_private(&home.device_dir(name))?;
-    durable::commit_json(&home.device_status_file(name), status)
+    home.root_dir().create_dir_private(&home.device_dir(name))?;
+    home.root_dir()
+        .commit_json(&home.device_status_file(name), status)
 }
 
 /// The local mirror of `name`'s spool, swept like the drop zone.
@@ -256,7 +262,8 @@ pub fn mirror(home: &Home, name: &str) -> Spool {
 
 /// Names of the devices that have a mirror directory, whether or not their record still exists.
 pub fn mirrored_devices(home: &Home) -> Vec<String> {
-    durable::list_dir(&home.devices_dir())
+    home.root_dir()
+        .list_dir(&home.devices_dir())
         .unwrap_or_default()
         .into_iter()
         .filter(|(name, path)| check_device_name(name).is_ok() && path.join("spool").is_dir())

@@ -1,13 +1,13 @@
 //! The optional loopback HTTP shim: `POST /webhook/signal`; the callback routes
 //! `POST /api/callbacks/wake/<token>` and `POST /api/callbacks/enqueue/<token>` (and their short
-//! forms `/callbacks/<mode>/<token>`); the authenticated control routes of [`super::control`],
+//! forms `/callbacks/<mode>/<token>`); the authenticated control routes of [`control`],
 //! only when the daemon holds an operator token; the operator page under `/ui/` ([`ui`]); and
 //! `GET /healthz`. Nothing else.
 //!
 //! This is the only code that speaks HTTP on the server side. It turns a request into a
-//! [`SignalRequest`] with the same [`parse_signal`] the drop zone uses, hands it to whoever
-//! applies signals (the daemon loop, through a [`Submit`] callback) and answers with the status
-//! code the spec gives the verdict, only after the verdict is durable.
+//! [`SignalRequest`] with the same [`parse_signal`](crate::ingress::parse_signal) the drop zone
+//! uses, hands it to whoever applies signals (the daemon loop, through a [`Submit`] callback) and
+//! answers with the status code the spec gives the verdict, only after the verdict is durable.
 //!
 //! It is served by hyper 1.x (HTTP/1.1 only) on a tokio runtime the shim owns, in a thread of
 //! its own; the engine stays synchronous. Until issue 26 the shim's transport was 767
@@ -27,10 +27,11 @@
 //!   last answer (hyper's header read timeout, so dripping a byte at a time buys nothing), and
 //!   is capped at [`MAX_HEAD_BYTES`] (431). The body must follow within [`REQUEST_TIMEOUT`]
 //!   (408). `Content-Length` is checked before a byte of the body is read: over the route's
-//!   limit ([`MAX_BODY_BYTES`], 256 KB for callbacks) is answered 413 at once, a chunked body
-//!   411, and the rest of what the client sends is read into a fixed buffer and dropped for at
-//!   most a second before closing, so it sees the answer. Nothing is ever sized from a number
-//!   the client sent; a connection buffers at most one head and one body.
+//!   limit ([`MAX_BODY_BYTES`](crate::request::MAX_BODY_BYTES), 256 KB for callbacks) is
+//!   answered 413 at once, a chunked body 411, and the rest of what the client sends is read
+//!   into a fixed buffer and dropped for at most a second before closing, so it sees the answer.
+//!   Nothing is ever sized from a number the client sent; a connection buffers at most one head
+//!   and one body.
 //! - The `Host` header must name a loopback address or `localhost` (DNS rebinding), and any
 //!   request carrying an `Origin` header is refused: a web page must not be able to spend the
 //!   miss budget. Both are checked before the budget.
@@ -40,16 +41,15 @@
 //!   spent, its requests get 429; another user's requests that authenticate never do.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::durable;
 use crate::engine::Verdict;
 use crate::engine::callbacks::Trigger;
 use crate::error::{Error, Result};
+use crate::home::Home;
 use crate::records::CallbackMode;
 use crate::records::WebhookAddress;
 use crate::request::{CallbackRequest, SIGNAL_PATH, SignalRequest};
@@ -182,8 +182,8 @@ pub enum Submission {
     /// `POST /webhook/signal`.
     Signal {
         request: SignalRequest,
-        /// The idempotency key; the signal's identity is [`Source::Http`](super::Source::Http)
-        /// of it.
+        /// The idempotency key; the signal's identity is
+        /// [`Source::Http`](crate::request::Source::Http) of it.
         key: String,
         reply: Sender<Result<Verdict>>,
     },
@@ -252,21 +252,16 @@ struct Shared {
 pub struct Shim {
     addr: SocketAddr,
     serving: serve::Serving,
-    address_file: PathBuf,
+    /// The home whose address file this shim publishes.
+    home: Home,
     stopped: bool,
 }
 
 impl Shim {
     /// Starts serving on `bound`, holding at most [`connection_cap`] connections for the
-    /// descriptor limit now, then publishes the address in `address_file`. The operator page's
-    /// logins take the one-time code `waitpoint ui` leaves in `login_file`.
-    pub fn start(
-        bound: Bound,
-        clock: Arc<dyn Clock>,
-        submit: Submit,
-        address_file: PathBuf,
-        login_file: PathBuf,
-    ) -> Result<Shim> {
+    /// descriptor limit now, then publishes the address in `home`'s address file. The operator
+    /// page's logins take the one-time code `waitpoint ui` leaves in `home`.
+    pub fn start(bound: Bound, clock: Arc<dyn Clock>, submit: Submit, home: &Home) -> Result<Shim> {
         let Bound {
             listener,
             addr,
@@ -278,7 +273,7 @@ impl Shim {
             control,
             clock: clock.clone(),
             budget: Mutex::new(MissBudgets::default()),
-            ui: ui::UiState::new(login_file),
+            ui: ui::UiState::new(home.clone()),
             peers: Arc::default(),
         });
         let cap = connection_cap(descriptor_limit());
@@ -286,7 +281,7 @@ impl Shim {
         let shim = Shim {
             addr,
             serving,
-            address_file,
+            home: home.clone(),
             stopped: false,
         };
         let record = WebhookAddress {
@@ -295,7 +290,8 @@ impl Shim {
             pid: std::process::id(),
             started_at: clock.now(),
         };
-        durable::commit_json(&shim.address_file, &record)?;
+        let root = home.root_dir();
+        root.commit_json(&home.webhook_address_file(), &record)?;
         tracing::info!(%addr, connections = cap, "webhook listening on http://{addr}{SIGNAL_PATH}");
         Ok(shim)
     }
@@ -315,7 +311,8 @@ impl Shim {
             return;
         }
         self.serving.stop();
-        if let Err(e) = durable::remove_durably(&self.address_file) {
+        let root = self.home.root_dir();
+        if let Err(e) = root.remove_durably(&self.home.webhook_address_file()) {
             tracing::error!(error = %e, "cannot remove the webhook address file");
         }
         tracing::info!(addr = %self.addr, "webhook stopped");
@@ -328,9 +325,9 @@ impl Drop for Shim {
     }
 }
 
-/// Removes an address file a daemon that did not shut down cleanly left behind.
-pub fn remove_stale_address(address_file: &std::path::Path) -> Result<()> {
-    durable::remove_durably(address_file)
+/// Removes the address file a daemon of `home` that did not shut down cleanly left behind.
+pub fn remove_stale_address(home: &Home) -> Result<()> {
+    home.root_dir().remove_durably(&home.webhook_address_file())
 }
 
 /// The callback routes' prefix, the spec's: `POST /api/callbacks/<wake|enqueue>/<token>`.

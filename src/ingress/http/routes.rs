@@ -9,8 +9,9 @@ use super::{
     control, trigger_url,
 };
 use crate::clock::Timestamp;
+use crate::engine::Verdict;
 use crate::engine::callbacks::Trigger;
-use crate::engine::{Refusal, Verdict};
+use crate::engine::rules::Refusal;
 use crate::error::Error;
 use crate::ingress::parse_signal;
 use crate::records::CallbackMode;
@@ -425,7 +426,7 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
         record_miss(shared, peer);
-        tracing::warn!(peer = %peer_text, "callback refused: {what}");
+        tracing::warn!(peer = %peer_text, reason = what, "callback refused");
     };
     match outcome {
         Ok(Trigger::Delivered { id, wake_id }) => reply(
@@ -496,7 +497,12 @@ fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<Sock
     let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
         record_miss(shared, peer);
-        tracing::warn!(waitpoint = %id, peer = %peer_text, "webhook signal refused: {what}");
+        tracing::warn!(
+            waitpoint = %id,
+            peer = %peer_text,
+            reason = what,
+            "webhook signal refused"
+        );
     };
     match verdict {
         Ok(Verdict::Accepted {
@@ -578,7 +584,7 @@ mod tests {
     use super::super::head::head_of;
     use super::*;
     use crate::clock::ManualClock;
-    use crate::engine::Refusal;
+    use crate::engine::rules::Refusal;
     use std::sync::Arc;
     use std::sync::Mutex;
 
@@ -595,7 +601,7 @@ mod tests {
             control: control.map(crate::secret::hash),
             clock: Arc::new(ManualClock::new(Timestamp::from_millis(0))),
             budget: Mutex::new(MissBudgets::default()),
-            ui: super::super::ui::UiState::new("/nonexistent/ui-login.json".into()),
+            ui: super::super::ui::UiState::new(crate::home::Home::new("/nonexistent")),
             peers: Arc::default(),
         }
     }

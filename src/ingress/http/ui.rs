@@ -38,7 +38,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::mpsc::{self, Sender};
 
 use http::header::{HeaderName, HeaderValue};
@@ -49,8 +48,8 @@ use super::head::{Head, PageBody, Reply, reply};
 use super::routes::{Operator, budget_spent, operator, record_miss};
 use super::{Shared, Submission};
 use crate::clock::Timestamp;
-use crate::durable;
 use crate::error::{Error, Result};
+use crate::home::Home;
 use crate::records::UiLogin;
 use crate::sync::MutexExt;
 
@@ -117,26 +116,30 @@ pub enum UiAnswer {
     Json(Value),
 }
 
-/// Writes a fresh one-time login code's hash into `file` (replacing any earlier code), good for
-/// [`LOGIN_TTL_MS`] from `now`, and returns the code: the only place it ever is in plain text.
-pub fn issue_login_code(file: &Path, now: Timestamp) -> Result<String> {
+/// Writes a fresh one-time login code's hash into `home`'s login file (replacing any earlier
+/// code), good for [`LOGIN_TTL_MS`] from `now`, and returns the code: the only place it ever is
+/// in plain text.
+pub fn issue_login_code(home: &Home, now: Timestamp) -> Result<String> {
     let code = crate::secret::random_hex(16);
     let record = UiLogin {
         code_sha256: crate::secret::hash(&code),
         expires_at: now.plus_ms(LOGIN_TTL_MS),
     };
-    durable::commit_json(file, &record)?;
+    home.root_dir()
+        .commit_json(&home.ui_login_file(), &record)?;
     Ok(code)
 }
 
-/// Whether `code` is the code in `file` and still good; a right code is consumed (the file
-/// removed) before this says yes, so it opens one login only. An expired file is removed too.
-fn consume_login_code(file: &Path, code: &str, now: Timestamp) -> Result<bool> {
-    let Some(record) = durable::read_json::<UiLogin>(file)? else {
+/// Whether `code` is the code in `home`'s login file and still good; a right code is consumed
+/// (the file removed) before this says yes, so it opens one login only. An expired file is
+/// removed too.
+fn consume_login_code(home: &Home, code: &str, now: Timestamp) -> Result<bool> {
+    let (root, file) = (home.root_dir(), &home.ui_login_file());
+    let Some(record) = root.read_json::<UiLogin>(file)? else {
         return Ok(false);
     };
     if now >= record.expires_at {
-        durable::remove_durably(file)?;
+        root.remove_durably(file)?;
         return Ok(false);
     }
     if !crate::secret::verify(code, &record.code_sha256) {
@@ -144,13 +147,13 @@ fn consume_login_code(file: &Path, code: &str, now: Timestamp) -> Result<bool> {
     }
     // The removal is the claim: of two requests racing with the right code, only the one
     // whose unlink finds the file opens a login.
-    match durable::unlink(file) {
+    match root.unlink(file) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(crate::error::Error::io("cannot remove", file, e)),
     }
     if let Some(dir) = file.parent() {
-        durable::fsync_dir(dir)?;
+        root.fsync_dir(dir)?;
     }
     Ok(true)
 }
@@ -173,18 +176,18 @@ struct Started {
     place: String,
 }
 
-/// The page's state in the shim: where the login code is, and the live logins by the SHA-256 of
-/// their cookie.
+/// The page's state in the shim: the home whose login code it takes, and the live logins by the
+/// SHA-256 of their cookie.
 #[derive(Debug)]
 pub(super) struct UiState {
-    login_file: std::path::PathBuf,
+    home: Home,
     logins: std::sync::Mutex<HashMap<String, Login>>,
 }
 
 impl UiState {
-    pub(super) fn new(login_file: std::path::PathBuf) -> Self {
+    pub(super) fn new(home: Home) -> Self {
         UiState {
-            login_file,
+            home,
             logins: std::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -420,7 +423,7 @@ fn login_with_code(
         .split('&')
         .find_map(|pair| pair.strip_prefix("code="))
         .unwrap_or_default();
-    match consume_login_code(&shared.ui.login_file, code, now) {
+    match consume_login_code(&shared.ui.home, code, now) {
         Ok(true) => logged_in(shared, peer, now),
         Ok(false) => {
             record_miss(shared, peer);
@@ -638,19 +641,20 @@ mod tests {
     #[test]
     fn a_login_code_works_once_and_not_after_it_expires() {
         let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("ui-login.json");
+        let home = Home::new(dir.path());
+        let file = home.ui_login_file();
         let t0 = Timestamp::from_millis(1_000_000);
-        let code = issue_login_code(&file, t0).unwrap();
+        let code = issue_login_code(&home, t0).unwrap();
         let stored = std::fs::read_to_string(&file).unwrap();
         assert!(!stored.contains(&code), "only the hash is kept: {stored}");
-        assert!(!consume_login_code(&file, "wrong", t0).unwrap());
-        assert!(consume_login_code(&file, &code, t0.plus_ms(1)).unwrap());
+        assert!(!consume_login_code(&home, "wrong", t0).unwrap());
+        assert!(consume_login_code(&home, &code, t0.plus_ms(1)).unwrap());
         assert!(
-            !consume_login_code(&file, &code, t0.plus_ms(2)).unwrap(),
+            !consume_login_code(&home, &code, t0.plus_ms(2)).unwrap(),
             "used"
         );
-        let code = issue_login_code(&file, t0).unwrap();
-        assert!(!consume_login_code(&file, &code, t0.plus_ms(LOGIN_TTL_MS)).unwrap());
+        let code = issue_login_code(&home, t0).unwrap();
+        assert!(!consume_login_code(&home, &code, t0.plus_ms(LOGIN_TTL_MS)).unwrap());
         assert!(!file.exists(), "an expired code is removed");
     }
 
@@ -669,7 +673,8 @@ mod tests {
 
     #[test]
     fn a_login_opens_only_for_its_user_at_its_place_and_a_bogus_cookie_beside_it_ends_nothing() {
-        let ui = UiState::new("unused".into());
+        let dir = tempfile::tempdir().unwrap();
+        let ui = UiState::new(Home::new(dir.path()));
         let t0 = Timestamp::from_millis(1_000_000);
         let (operator, other) = (1000, 1001);
         let Started { cookie, place } = ui.start(operator, t0);

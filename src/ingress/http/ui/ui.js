@@ -3,8 +3,9 @@
 // unchanged list costs a 304), draws the session list and the open panel, and sends cancels
 // with the login's CSRF token, as does logging out. The list holds no signals: a waitpoint's
 // members and signals are asked for (api/waitpoint) when its part of the panel is opened, and
-// again when its row changes while it is open. Every text in the view came from outside (labels, intents,
-// messages, member names, sources) and is set with textContent, never parsed as HTML.
+// again when its row changes while it is open. Every text in the view came from outside
+// (labels, intents, messages, member names, sources) and is set with textContent, never parsed
+// as HTML.
 'use strict';
 (function () {
   const POLL_MS = 500;
@@ -48,10 +49,12 @@
         const answer = await r.json();
         csrf = answer.csrf;
         sessions = answer.view.sessions;
-        notShown = { sessions: answer.view.sessions_not_shown, waitpoints: answer.view.waitpoints_not_shown };
+        notShown = { sessions: answer.view.sessions_not_shown,
+            waitpoints: answer.view.waitpoints_not_shown };
         // The daemon builds the list when something changes and at least once a minute; its
         // relative times are as of then.
-        $('as-of').textContent = 'Times as of ' + new Date(answer.view.built_at).toLocaleTimeString() + '.';
+        $('as-of').textContent = 'Times as of '
+            + new Date(answer.view.built_at).toLocaleTimeString() + '.';
         render();
       } else if (r.status === 401) {
         status('Logged out: run `waitpoint ui` and open the address it prints.', true);
@@ -71,7 +74,8 @@
     const more = [];
     if (notShown.sessions > 0) more.push(notShown.sessions + ' more sessions');
     if (notShown.waitpoints > 0) more.push(notShown.waitpoints + ' more waitpoints');
-    $('not-shown').textContent = more.length ? 'Not shown: ' + more.join(', ') + ' (waitpoint check --session NAME lists them all).' : '';
+    $('not-shown').textContent = more.length ? 'Not shown: ' + more.join(', ')
+        + ' (waitpoint check --session NAME lists them all).' : '';
     $('not-shown').hidden = more.length === 0;
     if (openSession !== null) {
       const s = sessions.find((x) => x.line.session === openSession);
@@ -121,7 +125,8 @@
       return;
     }
     const r = anchor.getBoundingClientRect();
-    const left = Math.max(16, Math.min(r.right - panel.offsetWidth, innerWidth - panel.offsetWidth - 16));
+    const left = Math.max(16, Math.min(r.right - panel.offsetWidth,
+        innerWidth - panel.offsetWidth - 16));
     panel.style.top = r.bottom + window.scrollY + 8 + 'px';
     panel.style.left = left + window.scrollX + 'px';
   }
@@ -136,7 +141,8 @@
     const body = $('panel-body');
     const sections = s.check.waiting.map((row) => waitpointSection(s.line.session, row));
     if (s.not_shown > 0) {
-      sections.push(el('p', 'not-shown', s.not_shown + ' more not shown (waitpoint check --session ' + s.line.session + ' lists them all).'));
+      sections.push(el('p', 'not-shown', s.not_shown
+          + ' more not shown (waitpoint check --session ' + s.line.session + ' lists them all).'));
     }
     body.replaceChildren(...sections);
   }
@@ -156,9 +162,11 @@
     fact(dl, 'Expires', row.time_left);
     if (row.latest_heartbeat) {
       const h = row.latest_heartbeat;
-      fact(dl, 'Heartbeat', h.age + (h.member ? ' (' + h.member + ')' : '') + (h.message ? ': ' + h.message : ''));
+      const who = h.member ? ' (' + h.member + ')' : '';
+      fact(dl, 'Heartbeat', h.age + who + (h.message ? ': ' + h.message : ''));
     }
-    if (row.last_report) fact(dl, 'Last report', row.last_report.status + ', ' + row.last_report.age);
+    if (row.last_report) fact(dl, 'Last report', row.last_report.status + ', '
+        + row.last_report.age);
     fact(dl, 'Id', row.id);
     sec.append(dl);
     if (row.badges.length) {
@@ -215,7 +223,8 @@
     try {
       const r = await fetch('api/waitpoint?id=' + encodeURIComponent(id), { cache: 'no-store' });
       if (!r.ok) {
-        body.replaceChildren(el('p', 'meta', 'Cannot read it: the daemon answered ' + r.status + '.'));
+        body.replaceChildren(el('p', 'meta', 'Cannot read it: the daemon answered ' + r.status
+            + '.'));
         return;
       }
       const picture = await r.json();
@@ -229,19 +238,23 @@
   function pictureParts(picture) {
     const parts = [];
     if (picture.members.length) {
-      parts.push(el('p', 'list-title', 'Members'), el('p', 'meta', 'quorum ' + picture.quorum + ' of ' + picture.members.length));
+      parts.push(el('p', 'list-title', 'Members'), el('p', 'meta', 'quorum ' + picture.quorum
+          + ' of ' + picture.members.length));
       const ul = el('ul', 'members');
       for (const m of picture.members) {
         const last = picture.signals.filter((x) => x.member === m).pop();
-        ul.append(el('li', null, m + ': ' + (last ? last.status + (last.message ? ' · ' + last.message : '') : 'no report yet')));
+        const said = last ? last.status + (last.message ? ' · ' + last.message : '') : null;
+        ul.append(el('li', null, m + ': ' + (said ?? 'no report yet')));
       }
       parts.push(ul);
     }
-    const older = picture.signals_not_shown > 0 ? ', the newest ' + picture.signals.length + ' shown' : '';
+    const older = picture.signals_not_shown > 0 ? ', the newest ' + picture.signals.length
+        + ' shown' : '';
     parts.push(el('p', 'list-title', 'Signals (' + picture.counters.signals + older + ')'));
     const ol = el('ol', 'signals');
     for (const x of picture.signals) {
-      const li = el('li', 'signal', x.status + (x.member ? ' · ' + x.member : '') + (x.message ? ': ' + x.message : ''));
+      const by = x.member ? ' · ' + x.member : '';
+      const li = el('li', 'signal', x.status + by + (x.message ? ': ' + x.message : ''));
       li.append(el('span', 'meta', x.source + ' · ' + x.received_at));
       ol.append(li);
     }
@@ -268,7 +281,8 @@
         body: JSON.stringify({ id: p.id, session: p.session }),
       });
       const answer = await r.text();
-      status(r.ok ? 'Cancelled ' + p.id + '; the job itself keeps running.' : 'Not cancelled: ' + answer);
+      status(r.ok ? 'Cancelled ' + p.id + '; the job itself keeps running.' : 'Not cancelled: '
+          + answer);
     } catch (e) {
       status('Not cancelled: cannot reach the daemon.');
     }
