@@ -36,9 +36,13 @@ impl Inboxes {
     }
 
     /// See [`stage`]; a replay (`replay`) stages only a wake that is not already intact in
-    /// `new/` (see [`is_intact_in_new`]).
+    /// `new/` (see [`is_intact_in_new`]) nor taken by a reader. A wake the batch has just
+    /// decided goes straight to `new/`: its id is new, so no reader can have taken it (a wake's
+    /// file exists only once a journal line holding it was committed, and then it is replayed).
     pub fn stage(&self, wake: &Wake, replay: bool, files: &mut durable::Unsynced) {
-        if !replay || !is_intact_in_new(&self.home, wake) {
+        if !replay {
+            files.add_json(&new_file(&self.home, wake), wake);
+        } else if !is_intact_in_new(&self.home, wake) {
             stage(&self.home, wake, files);
         }
     }
@@ -86,14 +90,20 @@ pub fn stage(home: &Home, wake: &Wake, files: &mut durable::Unsynced) {
     }
 }
 
-/// Where `wake` goes in `new/`, or `None` when a reader took it already. Readers make `cur/`
-/// themselves before they move a wake there.
+/// Where `wake` goes in `new/`, or `None` when a reader took it already (its name in `cur/`,
+/// looked at beneath the home, not followed). Readers make `cur/` themselves before they move a
+/// wake there.
 fn inbox_target(home: &Home, wake: &Wake) -> Option<PathBuf> {
     let cur = home.inbox_cur(&wake.channel);
-    if wake_file(&cur, &wake.wake_id).exists() {
+    if home.root_dir().exists(&wake_file(&cur, &wake.wake_id)) {
         return None;
     }
-    Some(wake_file(&home.inbox_new(&wake.channel), &wake.wake_id))
+    Some(new_file(home, wake))
+}
+
+/// `wake`'s file in its inbox's `new/`.
+fn new_file(home: &Home, wake: &Wake) -> PathBuf {
+    wake_file(&home.inbox_new(&wake.channel), &wake.wake_id)
 }
 
 fn parent_of(path: &Path) -> &Path {

@@ -294,21 +294,6 @@ impl Dir {
         self.sync()
     }
 
-    /// Moves the file at `from` (a path beneath `root`) into this directory as `name`.
-    pub fn rename_into(&self, root: &Root, from: &Path, name: &str) -> io::Result<()> {
-        let to = self.plain(OsStr::new(name)).map_err(|_| invalid())?;
-        let (at, from_name) = root
-            .parent(from, false)
-            .map_err(io::Error::other)?
-            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
-        Ok(rustix::fs::renameat(
-            &at,
-            from_name.as_os_str(),
-            &self.fd,
-            to,
-        )?)
-    }
-
     /// Moves `name` of this directory to `to_name` in `to`, both through their handles.
     pub fn rename_to(&self, name: &OsStr, to: &Dir, to_name: &str) -> io::Result<()> {
         let from = self.plain(name).map_err(|_| invalid())?;

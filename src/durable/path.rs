@@ -241,6 +241,11 @@ impl Root {
         create_dir_private_in(Place::Beneath(self), path)
     }
 
+    /// Whether anything (a file, a directory, a link: not followed) is named `path`.
+    pub fn exists(&self, path: &Path) -> bool {
+        exists_in(Place::Beneath(self), path)
+    }
+
     /// fsyncs the directory `dir`, so a rename or unlink inside it is durable.
     pub fn fsync_dir(&self, dir: &Path) -> Result<()> {
         fsync_dir_in(Place::Beneath(self), dir)

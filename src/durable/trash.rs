@@ -6,7 +6,7 @@ use crate::error::Result;
 use crate::sync::{CondvarExt, MutexExt};
 use rand::Rng;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -21,23 +21,87 @@ use std::time::Duration;
 /// file's old one here ([`take_all_from`](Trash::take_all_from): a rename frees nothing),
 /// exchanged for the new one when it cannot be kept as a spare (see
 /// [`Unsynced::replace_json`](super::Unsynced::replace_json),
-/// [`Unsynced::rewrite_json`](super::Unsynced::rewrite_json)). (A consumed spool file is
-/// unlinked where it is consumed: on the journaled disks users have, a move here cost more
-/// than the unlink it deferred.)
+/// [`Unsynced::rewrite_json`](super::Unsynced::rewrite_json)). A consumed spool file comes
+/// here only where freeing waits for the device ([`Trash::frees_wait`]); elsewhere it is
+/// unlinked where it is consumed, since on a filesystem without `discard` a move here costs
+/// more than the unlink it defers.
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
 /// died left here is removed as soon as the next one starts. The reaper removes files as they
 /// come rather than in rounds.
 #[derive(Debug)]
 pub struct Trash {
-    /// The home the trash and everything moved into it lie beneath.
-    root: Arc<Root>,
     /// Held open: what arrives and what is removed is named relative to it, never by path.
     dir: Dir,
+    /// Whether freeing a file's blocks on the trash's filesystem waits for the device.
+    frees_wait: bool,
     /// Names are a counter from a random start, so two processes (or a leftover) rarely meet;
     /// when they do, the rename replaces garbage, which is harmless.
     next: AtomicU64,
     state: Mutex<TrashState>,
     arrived: Condvar,
+}
+
+/// Whether freeing a file's blocks on the filesystem holding `path` waits for the device: its
+/// mount has online discard (`discard`), as `/proc/self/mountinfo` says. False when that
+/// cannot be told.
+pub fn frees_wait_for_device(path: &Path) -> bool {
+    let (Ok(path), Ok(mounts)) = (
+        std::fs::canonicalize(path),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return false;
+    };
+    mount_discards(&mounts, &path)
+}
+
+/// Whether the mount `path` is on, of those `mountinfo` lists (the deepest mount point holding
+/// it; of two on one point, the later), has `discard` among its mount or superblock options.
+fn mount_discards(mountinfo: &str, path: &Path) -> bool {
+    let mut found: Option<(usize, bool)> = None;
+    for line in mountinfo.lines() {
+        // `ID PARENT MAJ:MIN ROOT POINT OPTIONS [TAGS...] - TYPE SOURCE SUPER_OPTIONS`
+        let (mount, fs) = line.split_once(" - ").unwrap_or((line, ""));
+        let fields: Vec<&str> = mount.split(' ').collect();
+        let (Some(point), Some(options)) = (fields.get(4), fields.get(5)) else {
+            continue;
+        };
+        let point = unescape_octal(point);
+        if !path.starts_with(&point) {
+            continue;
+        }
+        let super_options = fs.split(' ').nth(2).unwrap_or("");
+        let discard = options
+            .split(',')
+            .chain(super_options.split(','))
+            .any(|o| o == "discard");
+        let depth = Path::new(&point).components().count();
+        if found.is_none_or(|(deepest, _)| depth >= deepest) {
+            found = Some((depth, discard));
+        }
+    }
+    found.is_some_and(|(_, discard)| discard)
+}
+
+/// A mount point as `mountinfo` writes it, its space, tab, newline and backslash as `\ooo`.
+fn unescape_octal(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 4);
+        match code.and_then(|c| u8::from_str_radix(c, 8).ok()) {
+            Some(b) => {
+                out.push(char::from(b));
+                rest = &rest[at + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 #[derive(Debug)]
@@ -51,11 +115,11 @@ pub(super) struct TrashState {
 impl Trash {
     /// The trash in `dir`, a directory beneath `root`, made if missing; refused when it is a
     /// link, not a directory, or not ours alone (as [`Dir::open_beneath`] refuses).
-    pub fn open(root: Arc<Root>, dir: &Path) -> Result<Trash> {
-        let dir = Dir::make_beneath(&root, root.relative(dir)?)?;
+    pub fn open(root: &Root, dir: &Path) -> Result<Trash> {
+        let dir = Dir::make_beneath(root, root.relative(dir)?)?;
         Ok(Trash {
-            root,
             dir,
+            frees_wait: frees_wait_for_device(root.path()),
             next: AtomicU64::new(rand::rng().next_u64() >> 1),
             state: Mutex::new(TrashState {
                 pending: true,
@@ -63,6 +127,13 @@ impl Trash {
             }),
             arrived: Condvar::new(),
         })
+    }
+
+    /// Whether freeing a file's blocks on this trash's filesystem waits for the device (it is
+    /// mounted with `discard`), so a hot path should move what it frees here rather than
+    /// unlink it.
+    pub fn frees_wait(&self) -> bool {
+        self.frees_wait
     }
 
     fn fresh_name(&self) -> String {
@@ -82,27 +153,9 @@ impl Trash {
         }
     }
 
-    /// Moves each of `paths` here, concurrently, without making the moves durable (the
-    /// files' contents must be durable elsewhere, as with [`Root::remove_all`]). A file that cannot
-    /// be moved here is removed instead; files already gone are not an error.
-    pub fn take_all(&self, paths: &[PathBuf]) -> Result<()> {
-        let take = |path: &PathBuf| match self.dir.rename_into(&self.root, path, &self.fresh_name())
-        {
-            Ok(()) => {
-                self.note_arrival();
-                Ok(())
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(_) => self.root.remove_all(std::slice::from_ref(path)),
-        };
-        if paths.len() <= INLINE_UNSYNCED {
-            return paths.iter().try_for_each(take);
-        }
-        each_concurrently(paths, take)
-    }
-
-    /// Moves each of `names` from the directory `from` here, through both handles, as
-    /// [`Trash::take_all`] does for paths.
+    /// Moves each of `names` from the directory `from` here, through both handles, without
+    /// making the moves durable (the files' contents must be durable elsewhere). A file that
+    /// cannot be moved here is removed instead; files already gone are not an error.
     pub fn take_all_from(&self, from: &Dir, names: &[&str]) -> Result<()> {
         let take = |name: &&str| match from.rename_to(
             std::ffi::OsStr::new(name),
@@ -198,5 +251,44 @@ impl Drop for Reaper {
         if let Err(e) = self.trash.empty() {
             tracing::error!(error = %e, "cannot empty the trash at stop (the next start does)");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard,errors=remount-ro
+30 22 0:26 / /tmp rw,nosuid shared:2 - tmpfs tmpfs rw,size=100k
+31 22 7:0 / /mnt/j rw,relatime shared:3 - ext4 /dev/loop0 rw
+32 31 7:1 / /mnt/j/deep rw,relatime,discard shared:4 - ext4 /dev/loop1 rw
+33 22 7:2 / /mnt/with\\040space rw - ext4 /dev/loop2 rw,discard
+34 22 7:3 / /mnt/over rw - ext4 /dev/loop3 rw,discard
+35 34 7:4 / /mnt/over rw - ext4 /dev/loop4 rw";
+
+    #[test]
+    fn the_deepest_mount_holding_a_path_says_whether_its_frees_wait_for_the_device() {
+        let discards = |p: &str| mount_discards(MOUNTINFO, Path::new(p));
+        assert!(discards("/home/u/.cortex"), "the root's superblock option");
+        assert!(!discards("/tmp/home"), "tmpfs, no discard");
+        assert!(
+            !discards("/mnt/j/home"),
+            "a journaled image without discard"
+        );
+        assert!(
+            discards("/mnt/j/deep/home"),
+            "a mount option of a deeper mount"
+        );
+        assert!(
+            discards("/mnt/jj/home"),
+            "whole components: /mnt/jj is on the root"
+        );
+        assert!(discards("/mnt/with space/home"), "an escaped mount point");
+        assert!(
+            !discards("/mnt/over/home"),
+            "the later of two mounts on one point"
+        );
+        assert!(!mount_discards("", Path::new("/")), "nothing known: no");
     }
 }

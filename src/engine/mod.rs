@@ -204,8 +204,7 @@ impl Engine {
         if let Some(t) = self.trash.get() {
             return Ok(t.clone());
         }
-        let root = Arc::clone(self.home.root_dir());
-        let t = Arc::new(Trash::open(root, &self.home.trash_dir())?);
+        let t = Arc::new(Trash::open(self.home.root_dir(), &self.home.trash_dir())?);
         Ok(self.trash.get_or_init(|| t).clone())
     }
 

@@ -289,7 +289,7 @@ impl Spool {
                 });
             }
             let taken: Vec<&str> = consumed.iter().map(|i| names[*i].as_str()).collect();
-            if let Err(e) = self.remove_consumed(dz, &taken) {
+            if let Err(e) = self.remove_consumed(engine, dz, &taken) {
                 // Recorded but maybe not removed: the next attempt finds each a duplicate.
                 let message = e.to_string();
                 for i in consumed {
@@ -312,12 +312,14 @@ impl Spool {
     }
 
     /// Removes the batch's consumed files once every signal of theirs is durable (in the
-    /// journal), here and now: an unlink is one call in one directory, where a move to the
-    /// daemon's trash was a rename across two (the filesystem's rename lock) and a wake of the
-    /// reaper to unlink it later. The removals need no fsync: a file a crash brings back is
+    /// journal). Here and now where freeing a file does not wait for the device: an unlink is
+    /// one call in one directory, where a move to the daemon's trash is a rename across two
+    /// (the filesystem's rename lock) and a wake of the reaper to unlink it later. Where it
+    /// waits (a `discard` mount, [`durable::Trash::frees_wait`]), into the trash, so the batch
+    /// does not wait for the device. The removals need no fsync: a file a crash brings back is
     /// found recorded and removed again as a duplicate, and the next checkpoint makes them
     /// durable anyway.
-    fn remove_consumed(&self, dz: &Dir, names: &[&str]) -> Result<()> {
+    fn remove_consumed(&self, engine: &Engine, dz: &Dir, names: &[&str]) -> Result<()> {
         #[cfg(feature = "failpoints")]
         if let Some(first) = names.first() {
             crate::failpoint!(
@@ -326,7 +328,10 @@ impl Spool {
                 &dz.path().join(first)
             );
         }
-        durable::unlink_all(dz, names)
+        match engine.trash() {
+            Some(trash) if trash.frees_wait() => trash.take_all_from(dz, names),
+            _ => durable::unlink_all(dz, names),
+        }
     }
 
     /// Reads and parses one file. `Ok(Err(outcome))` when it is not a signal to apply (gone,
