@@ -95,7 +95,10 @@ fn options() -> Options {
             }
             // `cargo bench` passes this to every bench target.
             "--bench" => {}
-            other => panic!("unknown argument {other}"),
+            other => {
+                eprintln!("bench: unknown argument {other} (see scripts/bench --help)");
+                std::process::exit(2);
+            }
         }
     }
     o
