@@ -100,7 +100,7 @@ fn wait_first_round(env: &Env) {
 
 #[test]
 fn shell_line_on_a_device_resolves_its_waitpoint_through_the_mirror() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &[]);
     let _d = env.daemon();
@@ -138,7 +138,7 @@ fn shell_line_on_a_device_resolves_its_waitpoint_through_the_mirror() {
 
 #[test]
 fn member_file_from_a_device_and_a_local_signal_together_resolve_a_barrier() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &[]);
     let _d = env.daemon();
@@ -180,7 +180,7 @@ fn member_file_from_a_device_and_a_local_signal_together_resolve_a_barrier() {
 
 #[test]
 fn unknown_or_changed_host_key_is_refused_with_the_line_that_adds_it() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     let empty = env.home.join("../empty_known_hosts");
     fs::write(&empty, "").unwrap();
@@ -242,9 +242,7 @@ fn unknown_or_changed_host_key_is_refused_with_the_line_that_adds_it() {
 
 #[test]
 fn offline_device_waits_backs_off_shows_in_check_and_catches_up() {
-    let Some(mut sshd) = Sshd::start() else {
-        return;
-    };
+    let mut sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &[]);
     sshd.kill();
@@ -338,9 +336,7 @@ fn spawn_poll(env: &Env) -> Child {
 
 #[test]
 fn sshd_killed_mid_collection_then_restarted_loses_and_doubles_nothing() {
-    let Some(mut sshd) = Sshd::start() else {
-        return;
-    };
+    let mut sshd = Sshd::start();
     const N: usize = 400;
     let (env, _d, id, names) = progress_files_waiting(&sshd, N);
     let poll = spawn_poll(&env);
@@ -388,7 +384,7 @@ fn sshd_killed_mid_collection_then_restarted_loses_and_doubles_nothing() {
 
 #[test]
 fn a_claimed_file_left_by_a_crash_is_collected_on_the_next_round() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let reply = env.arm("t", &["--device", "gpu"]);
@@ -413,7 +409,7 @@ fn a_claimed_file_left_by_a_crash_is_collected_on_the_next_round() {
 
 #[test]
 fn malformed_remote_file_is_parked_locally_and_removed_remotely() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let _d = env.daemon();
@@ -446,7 +442,7 @@ fn malformed_remote_file_is_parked_locally_and_removed_remotely() {
 
 #[test]
 fn a_thousand_files_are_collected_in_one_round() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     const N: u64 = 1000;
     let (env, _d, id, _) = progress_files_waiting(&sshd, N as usize);
     env.ok("poll", &env.waitpoint(&["device", "poll", "gpu"]));
@@ -460,7 +456,7 @@ fn a_thousand_files_are_collected_in_one_round() {
 
 #[test]
 fn ssh_agent_authenticates_a_device_without_an_identity_file() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     let sock = env.home.join("../agent.sock");
     let mut agent = Command::new("ssh-agent")
@@ -569,7 +565,7 @@ fn device_add_validates_and_list_show_remove_round_trip() {
 
 #[test]
 fn two_device_records_of_one_spool_never_finish_each_others_claims() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu-a", &["--sweep-ms", "0"]);
     add_device(&env, &sshd, "gpu-b", &["--sweep-ms", "0"]);
@@ -600,7 +596,7 @@ fn two_device_records_of_one_spool_never_finish_each_others_claims() {
 
 #[test]
 fn a_remote_file_over_the_cap_stays_on_the_device_whole() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let reply = env.arm("t", &["--device", "gpu"]);
@@ -628,7 +624,7 @@ fn a_remote_file_over_the_cap_stays_on_the_device_whole() {
 
 #[test]
 fn a_remote_file_that_cannot_be_claimed_does_not_stall_the_device() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let reply = env.arm("t", &["--device", "gpu", "--max-signals", "5"]);
@@ -652,7 +648,7 @@ fn a_remote_file_that_cannot_be_claimed_does_not_stall_the_device() {
 
 #[test]
 fn a_remote_file_written_in_place_in_two_steps_is_collected_whole() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let reply = env.arm("t", &["--device", "gpu"]);
@@ -687,7 +683,7 @@ fn a_remote_file_written_in_place_in_two_steps_is_collected_whole() {
 
 #[test]
 fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let reply = env.arm("t", &["--device", "gpu"]);
@@ -726,7 +722,7 @@ fn a_hard_linked_remote_file_is_left_on_the_device_and_reported() {
 #[test]
 fn a_remote_file_swapped_for_a_link_after_the_listing_is_not_followed() {
     use std::io::BufRead;
-    let Some(sshd) = Sshd::start() else { return };
+    let sshd = Sshd::start();
     let env = Env::new();
     add_device(&env, &sshd, "gpu", &["--sweep-ms", "0"]);
     let reply = env.arm("t", &["--device", "gpu"]);

@@ -3,8 +3,7 @@
 //!
 //! When sshd cannot be started the test fails, loudly, with the reason: `scripts/test-deps` (run
 //! by `scripts/test`) installs `openssh-server`, so a missing sshd is a broken machine, not a
-//! reason to pass. Only an
-//! explicit `WAITPOINT_SKIP_SSH_TESTS=1` outside CI turns these tests into no-ops.
+//! reason to pass. There is no switch that turns these tests into no-ops.
 
 use std::fs;
 use std::net::TcpStream;
@@ -53,13 +52,8 @@ fn keygen(path: &Path) {
 }
 
 impl Sshd {
-    /// Starts a server, or returns `None` only when the operator explicitly opted out outside CI.
-    pub fn start() -> Option<Sshd> {
-        let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty());
-        if !ci && std::env::var_os("WAITPOINT_SKIP_SSH_TESTS").is_some_and(|v| v == "1") {
-            eprintln!("WAITPOINT_SKIP_SSH_TESTS=1: skipping an SSH device test");
-            return None;
-        }
+    /// Starts a server, or fails the test saying why.
+    pub fn start() -> Sshd {
         if !Path::new(SSHD).exists() {
             panic!(
                 "{SSHD} is missing: the SSH device tests need a real sshd (apt-get install \
@@ -99,7 +93,7 @@ impl Sshd {
             )
             .unwrap();
             match sshd.spawn() {
-                Ok(()) => return Some(sshd),
+                Ok(()) => return sshd,
                 Err(e) => last_err = e,
             }
         }
