@@ -386,47 +386,41 @@ impl Dir {
     }
 
     /// Appends `bytes` to `name` (made, mode 0600, when missing; never following a link) in
-    /// one `write`, without fsync.
-    ///
-    /// Only ever onto a regular file: a link, a FIFO or a directory standing under the name is
-    /// set aside into `root`'s quarantine ([`Root::set_aside`], with a reason) and a fresh
-    /// file made, so what was planted there costs only itself.
+    /// one `write`, without fsync. Only ever onto a regular file, as [`Dir::open_regular`] opens.
     pub fn append(&self, root: &Root, name: &str, bytes: &[u8]) -> Result<()> {
+        let flags = OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE;
+        let mut file = self.open_regular(root, name, flags)?;
+        let path = self.path.join(name);
+        crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &path);
+        file.write_all(bytes)
+            .map_err(|e| Error::io("cannot append to", path, e))
+    }
+
+    /// Opens `name` with `flags` (which may make it, mode 0600), never following a link and
+    /// never blocking, and only ever as a regular file: a link, a FIFO or a directory standing
+    /// under the name is set aside into `root`'s quarantine ([`Root::set_aside`], with a
+    /// reason) and the open tried again, so what was planted there costs only itself.
+    pub fn open_regular(&self, root: &Root, name: &str, flags: OFlags) -> Result<File> {
         let path = || self.path.join(name);
-        let flags = OFlags::WRONLY
-            | OFlags::APPEND
-            | OFlags::CREATE
-            | OFlags::NOFOLLOW
-            | OFlags::NONBLOCK
-            | OFlags::CLOEXEC;
+        let flags = flags | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
         let plain = self.plain(OsStr::new(name))?;
-        let mut tries = 0;
-        let mut file = loop {
-            tries += 1;
+        for _ in 0..3 {
             let opened = rustix::fs::openat(&self.fd, plain, flags, Mode::from_raw_mode(FILE_MODE))
                 .map(File::from);
-            let regular = match &opened {
-                Ok(f) => f.metadata().is_ok_and(|m| m.is_file()),
-                Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => false,
-                Err(e) => return Err(Error::io("cannot open", path(), (*e).into())),
-            };
             match opened {
-                Ok(f) if regular => break f,
-                _ if tries < 3 => {
+                Ok(f) if f.metadata().is_ok_and(|m| m.is_file()) => return Ok(f),
+                // A link (`ELOOP`), a directory (`EISDIR`) or a FIFO no one reads (`ENXIO`).
+                Ok(_) | Err(Errno::LOOP | Errno::ISDIR | Errno::NXIO) => {
                     root.set_aside(&path(), "is not a regular file where the home keeps one")?;
                 }
-                _ => {
-                    return Err(Error::io(
-                        "cannot open",
-                        path(),
-                        io::Error::other("it keeps changing while being opened"),
-                    ));
-                }
+                Err(e) => return Err(Error::io("cannot open", path(), e.into())),
             }
-        };
-        crate::failpoint!(crate::failpoint::STORE_WRITE, "cannot write", &path());
-        file.write_all(bytes)
-            .map_err(|e| Error::io("cannot append to", path(), e))
+        }
+        Err(Error::io(
+            "cannot open",
+            path(),
+            io::Error::other("it keeps changing while being opened"),
+        ))
     }
 
     /// Rewrites `name` without making or freeing a file: `bytes` go over the file `spare` (in

@@ -16,7 +16,6 @@ use super::{
     not_found, parent_of,
 };
 use crate::error::{Error, Result};
-use rustix::io::Errno;
 
 /// `mkdir -p` of `path` in `place`, mode 0700 for every directory it creates; beneath a home,
 /// no link is followed on the way (see `beneath.rs`).
@@ -265,10 +264,10 @@ impl Root {
     }
 
     /// Opens (creating when missing) `path` for reading and writing, mode 0600 (a lock file),
-    /// without blocking: only ever a regular file, as [`Root::open_append`] says.
+    /// without blocking: only ever a regular file ([`Dir::open_regular`]).
     pub fn open_or_create(&self, path: &Path) -> Result<File> {
         use rustix::fs::OFlags;
-        self.open_regular(path, OFlags::RDWR | OFlags::CREATE | OFlags::NONBLOCK)
+        self.open_regular(path, OFlags::RDWR | OFlags::CREATE)
     }
 
     /// Creates `path` (which must not exist) for appending, mode 0600.
@@ -279,40 +278,23 @@ impl Root {
     }
 
     /// Opens `path` for appending (made, mode 0600, when missing) without blocking: only ever a
-    /// regular file. A link, a FIFO or a directory standing under the name is set aside into
-    /// the quarantine with a reason and a fresh file made, so what was planted there costs only
-    /// itself and nothing outside the home is written through it.
+    /// regular file ([`Dir::open_regular`]), so nothing outside the home is written through a
+    /// link planted under its name.
     pub fn open_append(&self, path: &Path) -> Result<File> {
         use rustix::fs::OFlags;
-        self.open_regular(
-            path,
-            OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NONBLOCK,
-        )
+        self.open_regular(path, OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE)
     }
 
-    /// `path` opened with `flags` (which create it when missing), only ever as a regular file:
-    /// anything else under the name is set aside and the open tried again.
+    /// `path` opened with `flags`, only ever as a regular file ([`Dir::open_regular`]).
     fn open_regular(&self, path: &Path, flags: rustix::fs::OFlags) -> Result<File> {
-        for _ in 0..3 {
-            let opened = open_in(Place::Beneath(self), path, flags, FILE_MODE);
-            // A link (`ELOOP`), a directory (`EISDIR`) or a FIFO no one reads (`ENXIO`).
-            let not_a_file = [Errno::LOOP, Errno::ISDIR, Errno::NXIO].map(|e| e.raw_os_error());
-            let regular = match &opened {
-                Ok(f) => f.metadata().is_ok_and(|m| m.is_file()),
-                Err(e) if e.raw_os_error().is_some_and(|n| not_a_file.contains(&n)) => false,
-                Err(_) => return opened.map_err(|e| Error::io("cannot open", path, e)),
-            };
-            if regular {
-                return opened.map_err(|e| Error::io("cannot open", path, e));
-            }
-            drop(opened);
-            self.set_aside(path, "is not a regular file where the home keeps one")?;
-        }
-        Err(Error::io(
-            "cannot open",
-            path,
-            io::Error::other("it keeps changing while being opened"),
-        ))
+        let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(|| {
+            Error::io(
+                "cannot open",
+                path,
+                io::Error::from(io::ErrorKind::InvalidInput),
+            )
+        })?;
+        Dir::reach(self, parent_of(path))?.open_regular(self, name, flags)
     }
 
     /// Removes the file `path` (not durably).
