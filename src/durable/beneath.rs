@@ -2,11 +2,11 @@
 //! under a home becomes a directory handle.
 //!
 //! Every file operation of this module's parent (`commit`, renames, removals, listings, locks,
-//! reads) is written once over a [`Place`]: beneath a home's [`Root`], or [`outside`] every
-//! home. Beneath a root, the operation does not resolve the path as the kernel would,
-//! following any link on the way: it takes the home's root (which may itself be a link the
-//! user made, `~/.cortex -> /data/cortex`; opened once and held, see [`Root`]), then the
-//! directory holding the last component relative to it with
+//! reads) is written once over a [`Place`]: beneath a home's [`Root`], or
+//! [`outside`](crate::durable::outside) every home. Beneath a root, the operation does not resolve
+//! the path as the kernel would, following any link on the way: it takes the home's root (which may
+//! itself be a link the user made, `~/.cortex -> /data/cortex`; opened once and held, see
+//! [`Root`]), then the directory holding the last component relative to it with
 //! `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` in one call, and acts on the last
 //! component through that handle (`openat`, `renameat`, `unlinkat` with `O_NOFOLLOW`). A
 //! kernel without `openat2` gets the same walk one component at a time. A path handed to a
@@ -21,10 +21,10 @@
 //! quarantine is itself a link), the operation fails, saying so.
 //!
 //! Paths outside every home (a user's file named on the command line, a test's temp
-//! directory) are used as given, by the explicitly named [`outside`] forms. There is no
-//! registry of homes: a caller names the home a path lies in by calling the operation on that
-//! home's [`Root`] (which [`Home`](crate::home::Home) holds), so a path is never taken for
-//! another home's, nor for no home's, by where it happens to lie.
+//! directory) are used as given, by the explicitly named [`outside`](crate::durable::outside)
+//! forms. There is no registry of homes: a caller names the home a path lies in by calling the
+//! operation on that home's [`Root`] (which [`Home`](crate::home::Home) holds), so a path is never
+//! taken for another home's, nor for no home's, by where it happens to lie.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -151,7 +151,7 @@ impl Place<'_> {
     pub fn parent(self, path: &Path, make: bool) -> Result<Option<(At, OsString)>> {
         match self {
             Place::Beneath(root) => root.parent(path, make),
-            Place::Outside => Ok(Some(outside::parent(path))),
+            Place::Outside => Ok(Some((At::Cwd, path.as_os_str().to_owned()))),
         }
     }
 
@@ -159,7 +159,7 @@ impl Place<'_> {
     pub fn open_dir(self, path: &Path, make: bool) -> Result<Option<OwnedFd>> {
         match self {
             Place::Beneath(root) => root.open_dir(path, make),
-            Place::Outside => outside::open_dir(path, make),
+            Place::Outside => open_dir_as_given(path, make),
         }
     }
 
@@ -172,28 +172,16 @@ impl Place<'_> {
     }
 }
 
-/// The explicitly unconfined forms, for the few paths that lie outside every home (a user's
-/// file named on the command line, a harness's settings file, a test's temp directory): the
-/// path is used as given, from the current directory. A path under a home never takes them.
-pub mod outside {
-    use super::*;
-
-    /// The current directory and the whole `path`: where an unconfined path is acted on.
-    pub fn parent(path: &Path) -> (At, OsString) {
-        (At::Cwd, path.as_os_str().to_owned())
+/// `path`, outside every home, as a directory handle, made first when `make` (links followed
+/// as the kernel does); `Ok(None)` when it is missing and not made.
+fn open_dir_as_given(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
+    if make {
+        crate::durable::path::mkdir_all_plain(path)?;
     }
-
-    /// `path` as a directory handle, made first when `make` (links followed as the kernel
-    /// does); `Ok(None)` when it is missing and not made.
-    pub fn open_dir(path: &Path, make: bool) -> Result<Option<OwnedFd>> {
-        if make {
-            crate::durable::path::mkdir_all_plain(path)?;
-        }
-        match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(Errno::NOENT) => Ok(None),
-            Err(e) => Err(Error::io("cannot open", path, e.into())),
-        }
+    match rustix::fs::openat(CWD, path, OPEN_DIR - OFlags::NOFOLLOW, Mode::empty()) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(Errno::NOENT) => Ok(None),
+        Err(e) => Err(Error::io("cannot open", path, e.into())),
     }
 }
 
@@ -471,7 +459,8 @@ mod tests {
         assert!(read.is_none());
         // Outside every home: as given, when named so.
         let v: Option<serde_json::Value> =
-            crate::durable::outside::read_json(&outside.join("secret.json")).unwrap();
+            crate::durable::read::read_json_in(Place::Outside, &outside.join("secret.json"))
+                .unwrap();
         assert!(v.is_some());
         // The same path handed to the home is refused, never read as given.
         let err = home

@@ -12,8 +12,3 @@ use crate::error::Result;
 pub fn read_tail(path: &Path, cap: u64) -> Result<Option<(Vec<u8>, bool)>> {
     super::read::read_tail_in(Place::Outside, path, cap)
 }
-
-/// [`Root::read_json`](super::Root::read_json) of `path`, a file outside every home, as given.
-pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
-    super::read::read_json_in(Place::Outside, path)
-}
