@@ -167,6 +167,18 @@ impl Env {
             .unwrap_or_default()
     }
 
+    /// Asserts that `rel` (a path under the home) was set aside into the quarantine as not a
+    /// regular file, with its reason.
+    pub fn assert_set_aside_as_not_regular(&self, rel: &str, what: &str) {
+        let reasons = self.quarantined_reasons();
+        let said = format!("{rel}: is not a regular file");
+        assert!(
+            reasons.iter().any(|r| r.starts_with(&said)),
+            "{what}: {reasons:?}\n{}",
+            self.tree()
+        );
+    }
+
     /// Every path under the home, one per line, for failure messages.
     pub fn tree(&self) -> String {
         let mut lines = Vec::new();

@@ -234,12 +234,5 @@ fn a_daemon_log_planted_as_a_link_is_set_aside_and_the_file_it_names_gets_no_lin
     );
     let log = fs::symlink_metadata(env.home.join("log/daemon.log")).unwrap();
     assert!(log.is_file(), "a real log was made\n{}", env.tree());
-    let reasons = env.quarantined_reasons();
-    assert!(
-        reasons
-            .iter()
-            .any(|r| r.starts_with("log/daemon.log: is not a regular file")),
-        "{reasons:?}\n{}",
-        env.tree()
-    );
+    env.assert_set_aside_as_not_regular("log/daemon.log", "the planted log");
 }

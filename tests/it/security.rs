@@ -463,14 +463,7 @@ fn a_daemon_lock_planted_as_a_fifo_or_a_link_is_set_aside_and_the_daemon_takes_a
             assert!(held.is_file(), "{what}: a real lock\n{}", env.tree());
         }
         assert_eq!(fs::read_to_string(&outside).unwrap(), "4242\n", "{what}");
-        let reasons = env.quarantined_reasons();
-        assert!(
-            reasons
-                .iter()
-                .any(|r| r.starts_with("daemon.lock: is not a regular file")),
-            "{what}: {reasons:?}\n{}",
-            env.tree()
-        );
+        env.assert_set_aside_as_not_regular("daemon.lock", what);
         fs::remove_dir_all(env.home.join("quarantine")).unwrap();
         fs::remove_file(&lock).unwrap();
     }
