@@ -1,5 +1,6 @@
-//! The trash: where a running daemon puts what it frees (consumed spool files, replaced states)
-//! so the hot path renames instead of unlinking, and the reaper thread that empties it.
+//! The trash: where a running daemon puts what it frees (replaced states; consumed spool files
+//! where freeing waits for the device), so the hot path renames instead of unlinking, and the
+//! reaper thread that empties it.
 
 use super::{Dir, INLINE_UNSYNCED, Root, each_concurrently};
 use crate::error::Result;
@@ -21,10 +22,10 @@ use std::time::Duration;
 /// file's old one here ([`take_all_from`](Trash::take_all_from): a rename frees nothing),
 /// exchanged for the new one when it cannot be kept as a spare (see
 /// [`Unsynced::replace_json`](super::Unsynced::replace_json),
-/// [`Unsynced::rewrite_json`](super::Unsynced::rewrite_json)). A consumed spool file comes
-/// here only where freeing waits for the device ([`Trash::frees_wait`]); elsewhere it is
-/// unlinked where it is consumed, since on a filesystem without `discard` a move here costs
-/// more than the unlink it defers.
+/// [`Unsynced::rewrite_json`](super::Unsynced::rewrite_json)), and a consumed spool file
+/// ([`dispose`](Trash::dispose)) where freeing waits for the device
+/// ([`frees_wait_for_device`]); elsewhere that one is unlinked in place, since without
+/// `discard` the move costs more than the unlink it defers.
 /// Everything here is garbage the moment it arrives: nothing reads it, and what a daemon that
 /// died left here is removed as soon as the next one starts. The reaper removes files as they
 /// come rather than in rounds.
@@ -129,13 +130,6 @@ impl Trash {
         })
     }
 
-    /// Whether freeing a file's blocks on this trash's filesystem waits for the device (it is
-    /// mounted with `discard`), so a hot path should move what it frees here rather than
-    /// unlink it.
-    pub fn frees_wait(&self) -> bool {
-        self.frees_wait
-    }
-
     fn fresh_name(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{n:016x}")
@@ -153,9 +147,22 @@ impl Trash {
         }
     }
 
-    /// Moves each of `names` from the directory `from` here, through both handles, without
-    /// making the moves durable (the files' contents must be durable elsewhere). A file that
-    /// cannot be moved here is removed instead; files already gone are not an error.
+    /// Frees each of `names` of the directory `from` without waiting for the device and without
+    /// making it durable (the files' contents must be durable elsewhere): where freeing waits
+    /// for the device ([`frees_wait_for_device`]) each is moved here for the reaper, through both
+    /// handles; elsewhere it is unlinked where it is, which costs less than the move across two
+    /// directories and the reaper's wake. Files already gone are not an error.
+    pub fn dispose(&self, from: &Dir, names: &[&str]) -> Result<()> {
+        if !self.frees_wait {
+            return super::unlink_all(from, names);
+        }
+        self.take_all_from(from, names)
+    }
+
+    /// Moves each of `names` of the directory `from` here for the reaper, through both handles,
+    /// whatever the filesystem: a replaced state's old file, whose removal the reaper's own
+    /// thread then takes off the commit. A file that cannot be moved is removed instead; files
+    /// already gone are not an error.
     pub fn take_all_from(&self, from: &Dir, names: &[&str]) -> Result<()> {
         let take = |name: &&str| match from.rename_to(
             std::ffi::OsStr::new(name),

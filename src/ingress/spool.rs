@@ -315,7 +315,7 @@ impl Spool {
     /// journal). Here and now where freeing a file does not wait for the device: an unlink is
     /// one call in one directory, where a move to the daemon's trash is a rename across two
     /// (the filesystem's rename lock) and a wake of the reaper to unlink it later. Where it
-    /// waits (a `discard` mount, [`durable::Trash::frees_wait`]), into the trash, so the batch
+    /// waits (a `discard` mount, [`durable::frees_wait_for_device`]), into the trash, so the batch
     /// does not wait for the device. The removals need no fsync: a file a crash brings back is
     /// found recorded and removed again as a duplicate, and the next checkpoint makes them
     /// durable anyway.
@@ -329,8 +329,8 @@ impl Spool {
             );
         }
         match engine.trash() {
-            Some(trash) if trash.frees_wait() => trash.take_all_from(dz, names),
-            _ => durable::unlink_all(dz, names),
+            Some(trash) => trash.dispose(dz, names),
+            None => durable::unlink_all(dz, names),
         }
     }
 
