@@ -6,10 +6,9 @@
 use super::{BACKLOG_LOG_EVERY, BACKLOG_REPORT_MIN, Daemon, Event, PARK_PER_TURN};
 use crate::engine::{self, Engine, Verdict};
 use crate::error::Result;
-use crate::ingress::http::Submission;
+use crate::ingress::http::{Outcome, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool};
 use crate::request::Source;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Collects `names` from `spool` as one commit: reads and parses them, applies their signals
@@ -180,7 +179,7 @@ impl Daemon {
         &mut self,
         request: crate::request::SignalRequest,
         key: String,
-        reply: mpsc::Sender<Result<Verdict>>,
+        reply: Outcome<Result<Verdict>>,
     ) {
         let mut items = vec![(request, Source::Http(key))];
         let mut replies = vec![Some(reply)];
@@ -199,7 +198,7 @@ impl Daemon {
         });
         let verdicts = self.engine.apply_batch_notify(&items, &mut |i, v| {
             if let Some(reply) = replies[i].take() {
-                let _ = reply.send(Ok(v.clone()));
+                reply.send(Ok(v.clone()));
             }
         });
         for (verdict, reply) in verdicts.into_iter().zip(replies) {
@@ -207,7 +206,7 @@ impl Daemon {
                 self.after_verdict(v);
             }
             if let Some(reply) = reply {
-                let _ = reply.send(verdict);
+                reply.send(verdict);
             }
         }
     }

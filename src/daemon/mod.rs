@@ -604,7 +604,7 @@ impl Daemon {
                 if let Ok(engine::callbacks::Trigger::Delivered { id, .. }) = &outcome {
                     self.after_trigger(id);
                 }
-                let _ = reply.send(outcome);
+                reply.send(outcome);
             }
             Event::Http(Submission::Control { request, reply }) => {
                 let outcome = crate::ingress::http::control::run(&self.engine, request);
@@ -616,11 +616,11 @@ impl Daemon {
                     let id = id.to_owned();
                     self.reschedule_timer(&id);
                 }
-                let _ = reply.send(outcome);
+                reply.send(outcome);
             }
             Event::Http(Submission::Ui { request, reply }) => match request {
                 UiRequest::Cancel { id, session } => {
-                    let _ = reply.send(ui::cancel(&self.engine, &id, &session));
+                    reply.send(ui::cancel(&self.engine, &id, &session));
                 }
                 // The shim's submit hands reads to the views thread; one that reached the
                 // loop anyway goes there too, or is answered as the daemon stopping.

@@ -32,6 +32,7 @@ use crate::agent_view;
 use crate::clock::{Clock, Timestamp};
 use crate::engine::Engine;
 use crate::error::Result;
+use crate::ingress::http::Outcome;
 use crate::ingress::http::ui::{UiAnswer, UiRequest};
 use crate::operator_view;
 use crate::settings::Settings;
@@ -65,7 +66,7 @@ pub(super) fn cancel(engine: &Engine, id: &str, session: &str) -> Result<UiAnswe
 
 /// What the views thread is asked.
 enum Job {
-    Ask(UiRequest, Sender<Result<UiAnswer>>),
+    Ask(UiRequest, Outcome<Result<UiAnswer>>),
     Settings(Box<Settings>),
 }
 
@@ -104,7 +105,7 @@ impl Views {
     }
 
     /// Hands the thread a request; false when it has stopped.
-    pub(super) fn ask(&self, request: UiRequest, reply: Sender<Result<UiAnswer>>) -> bool {
+    pub(super) fn ask(&self, request: UiRequest, reply: Outcome<Result<UiAnswer>>) -> bool {
         self.jobs.send(Job::Ask(request, reply)).is_ok()
     }
 
@@ -138,7 +139,7 @@ impl Builder {
         for job in jobs {
             match job {
                 Job::Ask(request, reply) => {
-                    let _ = reply.send(self.answer(request));
+                    reply.send(self.answer(request));
                 }
                 Job::Settings(settings) => {
                     let home = self.engine.home().clone();

@@ -303,3 +303,66 @@ fn a_client_that_half_closes_after_a_whole_request_is_answered_and_recorded() {
     assert_eq!(get(port, "/healthz").0, 200);
     assert_eq!(env.state(&id)["counters"]["signals"], 3);
 }
+
+/// The shim's workers never wait for the daemon's loop. A commit that cannot finish (another
+/// process holds the waitpoint's lock, so the loop blocks in the first signal's batch) keeps
+/// twice as many signals as there are workers waiting, and `/healthz`, which needs a worker,
+/// still answers. Released, every signal is answered 202 and counted once. Workers that waited
+/// for the verdict were all taken by the first four signals, and the route answered nothing
+/// until the commit finished.
+#[test]
+fn signals_waiting_on_a_stalled_commit_leave_the_shim_workers_free() {
+    use waitpoint::ingress::http::WORKERS;
+    let env = Env::new();
+    let (d, port) = http_daemon(&env);
+    let (id, secret) = id_secret(&env.arm("held", &["--max-signals", "100"]));
+    let held = std::fs::File::open(env.home.join("waitpoints").join(&id)).unwrap();
+    held.lock().unwrap();
+    let signal = progress(&id, &secret);
+    let mut waiting = Vec::new();
+    for n in 0..2 * WORKERS {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.set_read_timeout(Some(CLIENT_TIMEOUT)).unwrap();
+        s.write_all(
+            format!(
+                "POST /webhook/signal HTTP/1.1\r\nHost: 127.0.0.1\r\nIdempotency-Key: held-{n}\r\n\
+                 Connection: close\r\nContent-Length: {}\r\n\r\n{signal}",
+                signal.len()
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        waiting.push(s);
+    }
+    // The loop is in the first signal's commit, waiting for the lock this test holds.
+    let daemon = format!(" {} ", d.pid());
+    env.wait_until("the daemon's loop to wait for the waitpoint's lock", || {
+        std::fs::read_to_string("/proc/locks")
+            .unwrap()
+            .lines()
+            .any(|l| l.contains("->") && l.contains(&daemon))
+    });
+    let mut health = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    health
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    health
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    if let Err(e) = health.read_to_end(&mut answer) {
+        panic!(
+            "/healthz did not answer while {} signals waited on a stalled commit: {e}",
+            2 * WORKERS
+        );
+    }
+    assert_eq!(split_answer(&answer).0, 200);
+    drop(held);
+    for (n, mut s) in waiting.into_iter().enumerate() {
+        let mut answer = Vec::new();
+        s.read_to_end(&mut answer).unwrap();
+        let (code, body) = split_answer(&answer);
+        assert_eq!(code, 202, "signal {n}: {body}");
+    }
+    assert_eq!(env.state(&id)["counters"]["signals"], 2 * WORKERS as u64);
+}

@@ -16,9 +16,13 @@
 //! (valid signals got 500, the drop zone stalled, the daemon panicked). Parsing, keep-alive,
 //! pipelining, `100 Continue` and half-closes are now hyper's; what the shim adds:
 //!
-//! - One runtime thread holds every connection and [`WORKERS`] threads run the routes, which
-//!   block until the daemon's verdict is durable: idle or slow clients never hold a thread, and
-//!   the thread count does not move with the connections.
+//! - One runtime thread holds every connection and [`WORKERS`] threads run the routes: idle or
+//!   slow clients never hold a thread, and the thread count does not move with the connections.
+//!   A worker never waits for the daemon's loop: a route whose answer is the loop's outcome (a
+//!   signal, a callback, a control operation) hands the loop its [`Outcome`] and the waiting to
+//!   the connection's task, which answers once the outcome is durable. Workers that waited
+//!   capped the requests in flight to the loop at their number, so at most four signals ever
+//!   shared a commit however many clients waited, and a stalled commit held every route up.
 //! - At most [`connection_cap`] connections are open: the descriptor limit less a reserve for the
 //!   engine (a quarter of it, at least [`ENGINE_RESERVE`]), at most [`MAX_CONNECTIONS`]. At the cap
 //!   the least active connection not waiting on a verdict is closed to make room; a failed
@@ -41,7 +45,6 @@
 //!   spent, its requests get 429; another user's requests that authenticate never do.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -175,9 +178,27 @@ impl Bound {
     }
 }
 
+/// The applier's end of a [`Submission`]: where its outcome goes, once. Sending never blocks
+/// and needs no runtime; the shim's end is awaited by the connection's task, or by a worker
+/// for the operator page. Dropping it unanswered means nothing was done (the shim answers 503).
+pub struct Outcome<T>(tokio::sync::oneshot::Sender<T>);
+
+impl<T> Outcome<T> {
+    /// A new outcome and the shim's end of it.
+    pub(super) fn pair() -> (Outcome<T>, tokio::sync::oneshot::Receiver<T>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (Outcome(tx), rx)
+    }
+
+    /// Sends the outcome; a client gone meanwhile changes nothing (the outcome stands).
+    pub fn send(self, outcome: T) {
+        let _ = self.0.send(outcome);
+    }
+}
+
 /// Work handed to whoever applies it (the daemon's loop), with where to send the outcome. The
-/// outcome must be sent only once it is durable; dropping the sender unanswered means nothing
-/// was recorded.
+/// outcome must be sent only once it is durable; dropping the [`Outcome`] unanswered means
+/// nothing was recorded.
 pub enum Submission {
     /// `POST /webhook/signal`.
     Signal {
@@ -185,24 +206,24 @@ pub enum Submission {
         /// The idempotency key; the signal's identity is
         /// [`Source::Http`](crate::request::Source::Http) of it.
         key: String,
-        reply: Sender<Result<Verdict>>,
+        reply: Outcome<Result<Verdict>>,
     },
     /// `POST /api/callbacks/<mode>/<token>`; `key` is the request's `Idempotency-Key`, the
     /// trigger's identity, when it sent one.
     Callback {
         request: CallbackRequest,
         key: Option<String>,
-        reply: Sender<Result<Trigger>>,
+        reply: Outcome<Result<Trigger>>,
     },
     /// An authenticated control operation.
     Control {
         request: ControlRequest,
-        reply: Sender<Result<ControlOutcome>>,
+        reply: Outcome<Result<ControlOutcome>>,
     },
     /// The operator page's list, a waitpoint's picture or a cancel, from a logged-in page.
     Ui {
         request: ui::UiRequest,
-        reply: Sender<Result<ui::UiAnswer>>,
+        reply: Outcome<Result<ui::UiAnswer>>,
     },
 }
 

@@ -5,8 +5,8 @@
 
 use super::head::{Head, Reply, body_length, callback_rest, is_loopback_host, refused, reply};
 use super::{
-    CALLBACK_PREFIX, HEALTH_PATH, MAX_KEY_CHARS, MISS_BUDGET, MISS_WINDOW_MS, Shared, Submission,
-    control, trigger_url,
+    CALLBACK_PREFIX, HEALTH_PATH, MAX_KEY_CHARS, MISS_BUDGET, MISS_WINDOW_MS, Outcome, Shared,
+    Submission, control, trigger_url,
 };
 use crate::clock::Timestamp;
 use crate::engine::Verdict;
@@ -20,8 +20,10 @@ use crate::request::{CallbackRequest, SignalRequest};
 use crate::sync::MutexExt;
 use serde_json::json;
 use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::mpsc;
+use std::pin::Pin;
+use std::sync::Arc;
 
 /// Who a miss is counted against: the user owning the client's socket (every local process
 /// comes from 127.0.0.1, so the address alone would make one budget of everybody's), or the
@@ -110,42 +112,95 @@ impl MissBudget {
     }
 }
 
+/// A route's answer: ready when the route has run, or the daemon loop's outcome still to come.
+pub(super) enum Routed {
+    Now(Reply),
+    /// Answered once the loop sends its outcome, by whoever awaits this (the connection's task):
+    /// the worker that ran the route is free meanwhile (see the module docs of `http`).
+    Later(Later),
+}
+
+impl From<Reply> for Routed {
+    fn from(r: Reply) -> Routed {
+        Routed::Now(r)
+    }
+}
+
+/// The rest of a route once its submission is made: the loop's outcome awaited, then mapped.
+pub(super) struct Later(Pin<Box<dyn Future<Output = Reply> + Send>>);
+
+impl Later {
+    /// Hands the loop the submission `make` builds around an [`Outcome`], and returns the rest
+    /// of the route: `finish` maps the outcome once it comes; a loop gone without one (shutting
+    /// down) is answered 503, `nothing` saying what was not done.
+    fn submit<T: Send + 'static>(
+        shared: &Arc<Shared>,
+        make: impl FnOnce(Outcome<T>) -> Submission,
+        nothing: &'static str,
+        finish: impl FnOnce(&Shared, T) -> Reply + Send + 'static,
+    ) -> Routed {
+        let (outcome, awaited) = Outcome::pair();
+        let submitted = (shared.submit)(make(outcome));
+        let shared = Arc::clone(shared);
+        Routed::Later(Later(Box::pin(async move {
+            match awaited.await {
+                Ok(v) if submitted => finish(&shared, v),
+                _ => refused(503, format!("the daemon is shutting down; {nothing}")),
+            }
+        })))
+    }
+
+    /// The reply, once the outcome has come.
+    pub(super) async fn reply(self) -> Reply {
+        self.0.await
+    }
+}
+
 /// Decides the answer to a request; `body` is `None` when it was not read.
 pub(super) fn route(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     head: &Head,
     body: Option<&[u8]>,
     peer: Option<SocketAddr>,
-) -> Reply {
+) -> Routed {
     match &head.host {
-        None => return refused(400, "a Host header is required"),
+        None => return refused(400, "a Host header is required").into(),
         Some(h) if !is_loopback_host(h) => {
             return refused(
                 403,
                 "the Host header must name a loopback address or localhost",
-            );
+            )
+            .into();
         }
         Some(_) => {}
     }
     // The operator page answers web pages (its own), so it applies its own Origin rules.
     if super::ui::is_ui_path(&head.path) {
-        return super::ui::route(shared, head, peer, body);
+        return super::ui::route(shared, head, peer, body).into();
     }
     if head.origin.is_some() {
         return refused(
             403,
             "requests from web pages (with an Origin header) are not served",
-        );
+        )
+        .into();
     }
+    match (head.method.as_str(), head.path.as_str()) {
+        ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
+        ("POST", p) if callback_rest(p).is_some() => callback(shared, head, body, peer),
+        (_, p) if control::is_control_path(p) => control_route(shared, head, body, peer),
+        _ => other_route(head).into(),
+    }
+}
+
+/// The routes answered from the request alone.
+fn other_route(head: &Head) -> Reply {
     match (head.method.as_str(), head.path.as_str()) {
         ("GET" | "HEAD", HEALTH_PATH) => reply(200, json!({ "result": "ok" })),
         (_, HEALTH_PATH) => Reply {
             allow: Some("GET, HEAD"),
             ..refused(405, "use GET on /healthz")
         },
-        ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
-        ("POST", p) if callback_rest(p).is_some() => callback(shared, head, body, peer),
-        (_, p) if control::is_control_path(p) => control_route(shared, head, body, peer),
         (_, SIGNAL_PATH) => Reply {
             allow: Some("POST"),
             ..refused(405, "use POST on /webhook/signal")
@@ -160,27 +215,33 @@ pub(super) fn route(
     }
 }
 
-fn signal(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+fn signal(
+    shared: &Arc<Shared>,
+    head: &Head,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+) -> Routed {
     let body = match body {
         Some(b) => b,
         None => {
             return body_length(head)
                 .err()
-                .unwrap_or_else(|| refused(400, "the body was not read"));
+                .unwrap_or_else(|| refused(400, "the body was not read"))
+                .into();
         }
     };
     if head.content_length.is_empty() {
-        return refused(411, "a Content-Length header is required");
+        return refused(411, "a Content-Length header is required").into();
     }
     let key = match idempotency_key(head) {
         Ok(k) => k.unwrap_or_else(|| format!("gen-{}", crate::secret::random_hex(16))),
-        Err(r) => return r,
+        Err(r) => return r.into(),
     };
     if let Some(r) = budget_spent(shared, peer) {
-        return r;
+        return r.into();
     }
     match parse_signal(body) {
-        Err(reason) => refused(400, reason),
+        Err(reason) => refused(400, reason).into(),
         Ok(request) => apply(shared, request, key, peer),
     }
 }
@@ -207,11 +268,11 @@ fn idempotency_key(head: &Head) -> std::result::Result<Option<String>, Reply> {
 /// one spends the miss budget, so the token cannot be guessed at speed); then the operation,
 /// run on the daemon's loop.
 fn control_route(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     head: &Head,
     body: Option<&[u8]>,
     peer: Option<SocketAddr>,
-) -> Reply {
+) -> Routed {
     let presented = head
         .authorization
         .as_deref()
@@ -225,22 +286,25 @@ fn control_route(
                 404,
                 "the control routes are off: start the daemon with CORTEX_WEBHOOK_TOKEN set to \
                  turn them on",
-            );
+            )
+            .into();
         }
-        Operator::Spent(r) => return r,
-        Operator::Wrong => return refused(401, "wrong operator token"),
+        Operator::Spent(r) => return r.into(),
+        Operator::Wrong => return refused(401, "wrong operator token").into(),
         Operator::Missing => {
             return refused(
                 401,
                 "the control routes need the operator token: Authorization: Bearer \
                  $CORTEX_WEBHOOK_TOKEN",
-            );
+            )
+            .into();
         }
     }
     let Some(body) = body else {
         return body_length(head)
             .err()
-            .unwrap_or_else(|| refused(400, "the body was not read"));
+            .unwrap_or_else(|| refused(400, "the body was not read"))
+            .into();
     };
     let request = match control::parse(&head.method, &head.path, body) {
         Ok(r) => r,
@@ -252,24 +316,27 @@ fn control_route(
                     "GET"
                 }),
                 ..refused(405, why)
-            };
+            }
+            .into();
         }
-        Err((code, why)) => return refused(code, why),
+        Err((code, why)) => return refused(code, why).into(),
     };
-    let (tx, rx) = mpsc::channel();
-    let submitted = (shared.submit)(Submission::Control { request, reply: tx });
-    let outcome = match rx.recv() {
-        Ok(v) if submitted => v,
-        _ => return refused(503, "the daemon is shutting down; nothing was done"),
-    };
-    if let Err(e) = &outcome
-        && let Some(r) = unavailable(e)
-    {
-        return r;
-    }
-    let port = shared.addr.port();
-    let (code, body) = control::answer(outcome, |mode, token| trigger_url(port, mode, token));
-    reply(code, body)
+    Later::submit(
+        shared,
+        |reply| Submission::Control { request, reply },
+        "nothing was done",
+        |shared, outcome| {
+            if let Err(e) = &outcome
+                && let Some(r) = unavailable(e)
+            {
+                return r;
+            }
+            let port = shared.addr.port();
+            let (code, body) =
+                control::answer(outcome, |mode, token| trigger_url(port, mode, token));
+            reply(code, body)
+        },
+    )
 }
 
 /// What the operator token a request presented comes to.
@@ -367,11 +434,17 @@ fn requester_of(shared: &Shared, peer: Option<SocketAddr>) -> Requester {
 /// `POST /callbacks/<mode>/<token>`: an empty body is enough for `wake`; `enqueue` takes an
 /// optional `{"text": ...}`. Unknown, revoked and wrong-mode tokens spend the miss budget like
 /// unknown ids, so the routes cannot be used to guess tokens.
-fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+fn callback(
+    shared: &Arc<Shared>,
+    head: &Head,
+    body: Option<&[u8]>,
+    peer: Option<SocketAddr>,
+) -> Routed {
     let Some(body) = body else {
         return body_length(head)
             .err()
-            .unwrap_or_else(|| refused(400, "the body was not read"));
+            .unwrap_or_else(|| refused(400, "the body was not read"))
+            .into();
     };
     let rest = callback_rest(&head.path).unwrap_or_default();
     let Some((mode, token)) = rest
@@ -382,10 +455,11 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
             404,
             json!({ "result": "not_found", "error": "callback routes are \
                 /api/callbacks/wake/<token> and /api/callbacks/enqueue/<token>" }),
-        );
+        )
+        .into();
     };
     if let Some(r) = budget_spent(shared, peer) {
-        return r;
+        return r.into();
     }
     let text = if body.iter().all(u8::is_ascii_whitespace) {
         None
@@ -401,28 +475,38 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
                 return refused(
                     400,
                     format!("the body must be JSON like {{\"text\": \"...\"}}: {e}"),
-                );
+                )
+                .into();
             }
         }
     };
     let key = match idempotency_key(head) {
         Ok(k) => k,
-        Err(r) => return r,
+        Err(r) => return r.into(),
     };
-    let (tx, rx) = mpsc::channel();
-    let submitted = (shared.submit)(Submission::Callback {
-        request: CallbackRequest {
-            token: crate::secret::Secret::new(token),
-            mode,
-            text,
+    let request = CallbackRequest {
+        token: crate::secret::Secret::new(token),
+        mode,
+        text,
+    };
+    Later::submit(
+        shared,
+        |reply| Submission::Callback {
+            request,
+            key,
+            reply,
         },
-        key,
-        reply: tx,
-    });
-    let outcome = match rx.recv() {
-        Ok(v) if submitted => v,
-        _ => return refused(503, "the daemon is shutting down; nothing was delivered"),
-    };
+        "nothing was delivered",
+        move |shared, outcome| callback_reply(shared, outcome, peer),
+    )
+}
+
+/// The answer to a callback's outcome; a token that matched nothing spends the sender's budget.
+fn callback_reply(
+    shared: &Shared,
+    outcome: crate::error::Result<Trigger>,
+    peer: Option<SocketAddr>,
+) -> Reply {
     let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
         record_miss(shared, peer);
@@ -479,21 +563,33 @@ fn callback(shared: &Shared, head: &Head, body: Option<&[u8]>, peer: Option<Sock
     }
 }
 
-/// Hands the signal to the engine loop, waits for the durable verdict, and maps it.
-fn apply(shared: &Shared, request: SignalRequest, key: String, peer: Option<SocketAddr>) -> Reply {
+/// Hands the signal to the engine loop; its durable verdict is mapped once it comes.
+fn apply(
+    shared: &Arc<Shared>,
+    request: SignalRequest,
+    key: String,
+    peer: Option<SocketAddr>,
+) -> Routed {
     let id = request.id.clone();
-    let (tx, rx) = mpsc::channel();
-    let submitted = (shared.submit)(Submission::Signal {
-        request,
-        key,
-        reply: tx,
-    });
-    let verdict = match rx.recv() {
-        Ok(v) if submitted => v,
-        _ => {
-            return refused(503, "the daemon is shutting down; nothing was recorded");
-        }
-    };
+    Later::submit(
+        shared,
+        |reply| Submission::Signal {
+            request,
+            key,
+            reply,
+        },
+        "nothing was recorded",
+        move |shared, verdict| signal_reply(shared, verdict, &id, peer),
+    )
+}
+
+/// The answer to a signal's verdict; an unknown id or a wrong secret spends the sender's budget.
+fn signal_reply(
+    shared: &Shared,
+    verdict: crate::error::Result<Verdict>,
+    id: &str,
+    peer: Option<SocketAddr>,
+) -> Reply {
     let peer_text = peer.map(|p| p.to_string()).unwrap_or_default();
     let miss = |what: &str| {
         record_miss(shared, peer);
@@ -593,7 +689,7 @@ mod tests {
         Shared {
             submit: Box::new(move |s| {
                 if let Submission::Signal { reply, .. } = s {
-                    let _ = reply.send(Ok(verdict()));
+                    reply.send(Ok(verdict()));
                 }
                 true
             }),
@@ -606,69 +702,80 @@ mod tests {
         }
     }
 
+    /// The route's answer, its outcome awaited when it is the loop's.
+    fn answered(s: &Arc<Shared>, h: &Head, body: Option<&[u8]>, peer: Option<SocketAddr>) -> Reply {
+        match route(s, h, body, peer) {
+            Routed::Now(r) => r,
+            Routed::Later(rest) => tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(rest.reply()),
+        }
+    }
+
     fn head(text: &str) -> Head {
         head_of(text).ok().expect("a head the shim reads")
     }
 
     const BODY: &[u8] = br#"{"id":"wp_0123456789ab","secret":"s"}"#;
 
-    fn post_signal(s: &Shared) -> u16 {
+    fn post_signal(s: &Arc<Shared>) -> u16 {
         let h = head(&format!(
             "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nContent-Length: {}\n\n",
             BODY.len()
         ));
-        route(s, &h, Some(BODY), None).code
+        answered(s, &h, Some(BODY), None).code
     }
 
     #[test]
     fn wrong_secrets_spend_the_miss_budget_and_then_the_route_answers_429() {
-        let s = shared(None, || Verdict::Refused(Refusal::Unauthorized));
+        let s = Arc::new(shared(None, || Verdict::Refused(Refusal::Unauthorized)));
         for _ in 0..MISS_BUDGET {
             assert_eq!(post_signal(&s), 401);
         }
         assert_eq!(post_signal(&s), 429, "the budget is spent");
         // A minute later it has room again.
         let clock = ManualClock::new(Timestamp::from_millis(MISS_WINDOW_MS));
-        let s2 = Shared {
+        let s2 = Arc::new(Shared {
             clock: Arc::new(clock),
             budget: Mutex::new(std::mem::take(&mut *s.budget.lock().unwrap())),
             ..shared(None, || Verdict::Refused(Refusal::Unauthorized))
-        };
+        });
         assert_eq!(post_signal(&s2), 401);
     }
 
     #[test]
     fn web_pages_and_foreign_hosts_are_refused_before_the_budget() {
-        let s = shared(None, || Verdict::Refused(Refusal::UnknownId));
+        let s = Arc::new(shared(None, || Verdict::Refused(Refusal::UnknownId)));
         let from_page = head(
             "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nOrigin: \
              https://evil.example\nContent-Length: 2\n\n",
         );
-        assert_eq!(route(&s, &from_page, Some(b"{}"), None).code, 403);
+        assert_eq!(answered(&s, &from_page, Some(b"{}"), None).code, 403);
         let rebound = head("GET /healthz HTTP/1.1\nHost: evil.example\n\n");
-        assert_eq!(route(&s, &rebound, None, None).code, 403);
+        assert_eq!(answered(&s, &rebound, None, None).code, 403);
         assert!(!s.budget.lock().unwrap().any(Timestamp::from_millis(0)));
         let health = head("GET /healthz HTTP/1.1\nHost: localhost\n\n");
-        assert_eq!(route(&s, &health, None, None).code, 200);
+        assert_eq!(answered(&s, &health, None, None).code, 200);
     }
 
     #[test]
     fn a_lost_lease_answers_503_with_retry_after_on_the_signal_callback_and_control_routes() {
         let lost = || Error::LeaseLost { retry_after_s: 7 };
-        let s = Shared {
+        let s = Arc::new(Shared {
             submit: Box::new(move |sub| {
                 match sub {
-                    Submission::Signal { reply, .. } => drop(reply.send(Err(lost()))),
-                    Submission::Callback { reply, .. } => drop(reply.send(Err(lost()))),
-                    Submission::Control { reply, .. } => drop(reply.send(Err(lost()))),
-                    Submission::Ui { reply, .. } => drop(reply.send(Err(lost()))),
+                    Submission::Signal { reply, .. } => reply.send(Err(lost())),
+                    Submission::Callback { reply, .. } => reply.send(Err(lost())),
+                    Submission::Control { reply, .. } => reply.send(Err(lost())),
+                    Submission::Ui { reply, .. } => reply.send(Err(lost())),
                 }
                 true
             }),
             ..shared(Some("operator-token-0123456789"), || {
                 Verdict::Refused(Refusal::UnknownId)
             })
-        };
+        });
         let signal = head(&format!(
             "POST /webhook/signal HTTP/1.1\nHost: 127.0.0.1\nContent-Length: {}\n\n",
             BODY.len()
@@ -684,7 +791,7 @@ mod tests {
             ("callback", &callback, &b""[..]),
             ("control", &control, &b""[..]),
         ] {
-            let r = route(&s, h, Some(body), None);
+            let r = answered(&s, h, Some(body), None);
             assert_eq!(r.code, 503, "{route_name}: {}", r.body);
             assert!(
                 r.body["error"]
@@ -702,18 +809,18 @@ mod tests {
             );
         }
         // A stale read is still the control route's 409, without Retry-After.
-        let stale = Shared {
+        let stale = Arc::new(Shared {
             submit: Box::new(|sub| {
                 if let Submission::Control { reply, .. } = sub {
-                    let _ = reply.send(Err(Error::Conflict("it changed".into())));
+                    reply.send(Err(Error::Conflict("it changed".into())));
                 }
                 true
             }),
             ..shared(Some("operator-token-0123456789"), || {
                 Verdict::Refused(Refusal::UnknownId)
             })
-        };
-        let r = route(&stale, &control, Some(b""), None);
+        });
+        let r = answered(&stale, &control, Some(b""), None);
         assert_eq!((r.code, r.retry_after_s), (409, None));
     }
 
@@ -724,14 +831,14 @@ mod tests {
                 "GET /api/agents/a1/timers HTTP/1.1\nHost: 127.0.0.1\n{auth}\n"
             ))
         };
-        let off = shared(None, || Verdict::Refused(Refusal::UnknownId));
-        assert_eq!(route(&off, &get(""), Some(b""), None).code, 404);
-        let on = shared(Some("operator-token-0123456789"), || {
+        let off = Arc::new(shared(None, || Verdict::Refused(Refusal::UnknownId)));
+        assert_eq!(answered(&off, &get(""), Some(b""), None).code, 404);
+        let on = Arc::new(shared(Some("operator-token-0123456789"), || {
             Verdict::Refused(Refusal::UnknownId)
-        });
-        assert_eq!(route(&on, &get(""), Some(b""), None).code, 401);
+        }));
+        assert_eq!(answered(&on, &get(""), Some(b""), None).code, 401);
         let wrong = get("Authorization: Bearer nope\n");
-        assert_eq!(route(&on, &wrong, Some(b""), None).code, 401);
+        assert_eq!(answered(&on, &wrong, Some(b""), None).code, 401);
         assert_eq!(
             on.budget
                 .lock()

@@ -18,9 +18,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::{Notify, oneshot};
 
-use super::head::{Head, Reply, body_length, body_limit, refused};
+use super::head::{Head, body_length, body_limit, refused};
 use super::peer::{self, PeerUids};
-use super::routes::route;
+use super::routes::{Routed, route};
 use super::{
     ENGINE_RESERVE, IDLE_TIMEOUT, LINGER, LINGER_BYTES, MAX_CONNECTIONS, MAX_HEAD_BYTES,
     MAX_HEADERS, MIN_CONNECTIONS, REQUEST_TIMEOUT, Shared, WORKERS,
@@ -61,7 +61,7 @@ struct Job {
     head: Head,
     body: Option<Bytes>,
     peer: SocketAddr,
-    reply: oneshot::Sender<Reply>,
+    reply: oneshot::Sender<Routed>,
 }
 
 /// Starts the workers and the runtime's thread serving `listener`, holding at most `cap`
@@ -108,14 +108,16 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>, cap: usize) -> R
     })
 }
 
-/// A worker: runs the routes for ready requests until the transport is gone.
-fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
+/// A worker: runs the routes for ready requests until the transport is gone. It never waits for
+/// the daemon's loop: a route the loop answers comes back as [`Routed::Later`], which the
+/// connection's task awaits.
+fn work(shared: &Arc<Shared>, jobs: &Mutex<Receiver<Job>>) {
     loop {
         let next = jobs.lock_or_recover().recv();
         let Ok(job) = next else { return };
-        let reply = route(shared, &job.head, job.body.as_deref(), Some(job.peer));
+        let routed = route(shared, &job.head, job.body.as_deref(), Some(job.peer));
         // The connection may be gone (closed, evicted, shutting down): the verdict stands.
-        let _ = job.reply.send(reply);
+        let _ = job.reply.send(routed);
     }
 }
 
@@ -313,7 +315,8 @@ impl Connection {
     }
 
     /// One request: the head checked, the body read within its limits and deadline, then the
-    /// routes run on a worker and their reply sent once the verdict is durable. An `Err` ends
+    /// routes run on a worker and their reply sent once the verdict is durable (awaited here,
+    /// not on the worker, when it is the loop's). An `Err` ends
     /// the connection unanswered (the client went away mid-body, or broke its framing).
     async fn answer(
         &self,
@@ -356,7 +359,9 @@ impl Connection {
             })
             .is_ok();
         let reply = match rx.await {
-            Ok(r) if sent => r,
+            Ok(Routed::Now(r)) if sent => r,
+            // The worker is free again; this task waits for the loop's outcome.
+            Ok(Routed::Later(rest)) if sent => rest.reply().await,
             _ => refused(503, "the daemon is shutting down; nothing was recorded"),
         };
         self.slot.busy.store(false, Ordering::SeqCst);

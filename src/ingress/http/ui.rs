@@ -38,7 +38,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::mpsc::{self, Sender};
 
 use http::header::{HeaderName, HeaderValue};
 use hyper::body::Bytes;
@@ -46,7 +45,7 @@ use serde_json::{Value, json};
 
 use super::head::{Head, PageBody, Reply, reply};
 use super::routes::{Operator, budget_spent, operator, record_miss};
-use super::{Shared, Submission};
+use super::{Outcome, Shared, Submission};
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 use crate::home::Home;
@@ -497,9 +496,12 @@ fn form_decode(v: &str) -> String {
 
 /// Hands `request` to the daemon and waits for its answer.
 fn submit(shared: &Shared, request: UiRequest) -> std::result::Result<Result<UiAnswer>, Reply> {
-    let (tx, rx): (Sender<Result<UiAnswer>>, _) = mpsc::channel();
+    let (tx, rx) = Outcome::pair();
     let submitted = (shared.submit)(Submission::Ui { request, reply: tx });
-    match rx.recv() {
+    // The page's answers come from the daemon's views thread (a cancel from its loop), so a
+    // worker waits here, not a connection's task: a view is built in milliseconds and the page
+    // polls one at a time.
+    match rx.blocking_recv() {
         Ok(v) if submitted => Ok(v),
         _ => Err(text(503, "the daemon is shutting down")),
     }
