@@ -9,7 +9,15 @@ use crate::error::Result;
 use crate::ingress::http::{Outcome, Submission};
 use crate::ingress::spool::{FileOutcome, SETTLE_MS, Spool};
 use crate::request::Source;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::time::{Duration, Instant};
+
+/// How long a batch of HTTP signals waits, at most, for signals the shim has received and is
+/// still routing ([`crate::ingress::http::Arriving`]). Routing one takes tens of microseconds;
+/// missing the batch costs it a whole commit (an `fdatasync`, half a millisecond or more).
+const ARRIVING_WAIT: Duration = Duration::from_micros(500);
+/// How often the count is looked at again while waiting.
+const ARRIVING_SLICE: Duration = Duration::from_micros(50);
 
 /// Collects `names` from `spool` as one commit: reads and parses them, applies their signals
 /// ([`Engine::apply_batch`]), then removes or parks each file. This is the one place signals
@@ -35,6 +43,49 @@ pub fn collect_file(spool: &Spool, engine: &Engine, name: &str) -> Result<FileOu
         .pop()
         .expect("one outcome per name");
     outcome
+}
+
+/// Takes the events already waiting on `rx`, offering each to `take`, which keeps it (returns
+/// `None`, setting the count it now holds) or hands it back; at an empty channel, while
+/// `coming` says more is on its way, waits for it, at most `wait` in all. Stops at an empty
+/// channel with nothing coming, a shutdown (its flag is already set) or a full batch; the
+/// events handed back go back on the channel (`tx`) in their order.
+fn gather_from(
+    rx: &Receiver<Event>,
+    tx: &Sender<Event>,
+    mut take: impl FnMut(Event, &mut usize) -> Option<Event>,
+    mut coming: impl FnMut() -> bool,
+    wait: Duration,
+) {
+    let mut held = 1;
+    let mut others = Vec::new();
+    let until = Instant::now() + wait;
+    while held < engine::MAX_BATCH {
+        let next = match rx.try_recv() {
+            Err(TryRecvError::Empty) if coming() => {
+                let left = until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                // In slices: a signal counted as coming may be refused by its route and never
+                // come, which only the count says.
+                match rx.recv_timeout(left.min(ARRIVING_SLICE)) {
+                    Ok(event) => event,
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            Ok(event) => event,
+            Err(_) => break,
+        };
+        match next {
+            Event::Shutdown => break,
+            event => others.extend(take(event, &mut held)),
+        }
+    }
+    for event in others {
+        let _ = tx.send(event);
+    }
 }
 
 impl Daemon {
@@ -122,18 +173,8 @@ impl Daemon {
     /// it (returns `None`, setting the count it now holds) or hands it back. Stops at an empty
     /// channel, a shutdown (its flag is already set) or a full batch; the events handed back
     /// go back on the channel in their order.
-    pub(super) fn gather(&mut self, mut take: impl FnMut(Event, &mut usize) -> Option<Event>) {
-        let mut held = 1;
-        let mut others = Vec::new();
-        while held < engine::MAX_BATCH {
-            match self.rx.try_recv() {
-                Ok(Event::Shutdown) | Err(_) => break,
-                Ok(event) => others.extend(take(event, &mut held)),
-            }
-        }
-        for event in others {
-            let _ = self.tx.send(event);
-        }
+    pub(super) fn gather(&mut self, take: impl FnMut(Event, &mut usize) -> Option<Event>) {
+        gather_from(&self.rx, &self.tx, take, || false, Duration::ZERO);
     }
 
     /// Reads a waitpoint that appeared or changed elsewhere (another process, another host's
@@ -183,19 +224,27 @@ impl Daemon {
     ) {
         let mut items = vec![(request, Source::Http(key))];
         let mut replies = vec![Some(reply)];
-        self.gather(|event, n| match event {
-            Event::Http(Submission::Signal {
-                request,
-                key,
-                reply,
-            }) => {
-                items.push((request, Source::Http(key)));
-                replies.push(Some(reply));
-                *n = items.len();
-                None
-            }
-            other => Some(other),
-        });
+        let arriving = self.arriving.clone();
+        let coming = move || arriving.as_ref().is_some_and(|a| a.count() > 0);
+        gather_from(
+            &self.rx,
+            &self.tx,
+            |event, n| match event {
+                Event::Http(Submission::Signal {
+                    request,
+                    key,
+                    reply,
+                }) => {
+                    items.push((request, Source::Http(key)));
+                    replies.push(Some(reply));
+                    *n = items.len();
+                    None
+                }
+                other => Some(other),
+            },
+            coming,
+            ARRIVING_WAIT,
+        );
         let verdicts = self.engine.apply_batch_notify(&items, &mut |i, v| {
             if let Some(reply) = replies[i].take() {
                 reply.send(Ok(v.clone()));
@@ -354,5 +403,57 @@ impl Daemon {
             self.due.set(callback, Some(self.engine.now()));
             self.run_due();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::mpsc;
+
+    /// A batch that finds the channel empty while a signal is still counted as coming waits for
+    /// it and takes it: the signal is sent only once the batch has looked and found nothing, so
+    /// a batch that did not wait would go without it.
+    #[test]
+    fn a_batch_waits_for_a_signal_counted_as_coming_and_takes_it() {
+        let (tx, rx) = mpsc::channel();
+        let (go, on_go) = mpsc::channel::<()>();
+        let coming = Arc::new(AtomicUsize::new(1));
+        let route = {
+            let (tx, coming) = (tx.clone(), Arc::clone(&coming));
+            std::thread::spawn(move || {
+                if on_go.recv().is_ok() {
+                    tx.send(Event::SpoolFile("late".into())).unwrap();
+                }
+                coming.fetch_sub(1, Ordering::SeqCst);
+            })
+        };
+        let mut taken = Vec::new();
+        let mut looked = false;
+        gather_from(
+            &rx,
+            &tx,
+            |event, n| match event {
+                Event::SpoolFile(name) => {
+                    taken.push(name);
+                    *n = taken.len() + 1;
+                    None
+                }
+                other => Some(other),
+            },
+            || {
+                if !looked {
+                    looked = true;
+                    go.send(()).unwrap();
+                }
+                coming.load(Ordering::SeqCst) > 0
+            },
+            Duration::from_secs(3600),
+        );
+        drop(go);
+        route.join().unwrap();
+        assert_eq!(taken, ["late"]);
     }
 }

@@ -212,6 +212,8 @@ pub struct Daemon {
     /// The operator page's list and pictures, built off the loop; told of every change the
     /// loop makes or hears of (`ui.rs`). Started with the shim.
     views: Option<ui::Views>,
+    /// The shim's count of signals on their way to the loop (with the shim).
+    arriving: Option<http::Arriving>,
     lock: FileLock,
 }
 
@@ -344,6 +346,7 @@ impl Daemon {
                 silent_devices: HashMap::new(),
                 http,
                 views: None,
+                arriving: None,
                 lock,
             },
             control,
@@ -659,6 +662,8 @@ impl Daemon {
             }
             s => tx.send(Event::Http(s)).is_ok(),
         });
-        Shim::start(bound, self.clock.clone(), submit, self.engine.home()).map(Some)
+        let shim = Shim::start(bound, self.clock.clone(), submit, self.engine.home())?;
+        self.arriving = Some(shim.arriving());
+        Ok(Some(shim))
     }
 }

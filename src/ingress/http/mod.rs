@@ -45,6 +45,7 @@
 //!   spent, its requests get 429; another user's requests that authenticate never do.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -251,6 +252,35 @@ impl std::fmt::Debug for Submission {
     }
 }
 
+/// How many signals the shim has received and not yet handed to the loop (their routes are
+/// running). The loop waits a moment for them before it commits what it holds: each would
+/// otherwise wait a whole commit, its `fdatasync` included, behind one it just missed. The
+/// count covers only requests already here, so an idle shim never delays a commit.
+#[derive(Clone, Default)]
+pub struct Arriving(Arc<AtomicUsize>);
+
+impl Arriving {
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// Counts one signal until the returned mark drops (its route has run: it was submitted,
+    /// or refused).
+    fn one(&self) -> OnItsWay {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        OnItsWay(Arc::clone(&self.0))
+    }
+}
+
+/// One signal counted in [`Arriving`] while it is on its way to the loop.
+struct OnItsWay(Arc<AtomicUsize>);
+
+impl Drop for OnItsWay {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Hands a submission over; false when nobody is taking them any more (shutting down).
 pub type Submit = Box<dyn Fn(Submission) -> bool + Send + Sync>;
 
@@ -266,6 +296,7 @@ struct Shared {
     ui: ui::UiState,
     /// The owners of the open connections (`peer.rs`).
     peers: Arc<peer::PeerUids>,
+    arriving: Arriving,
 }
 
 /// The running shim. Stopping it (or dropping it) closes the listener and every connection,
@@ -275,6 +306,7 @@ pub struct Shim {
     serving: serve::Serving,
     /// The home whose address file this shim publishes.
     home: Home,
+    arriving: Arriving,
     stopped: bool,
 }
 
@@ -296,13 +328,16 @@ impl Shim {
             budget: Mutex::new(MissBudgets::default()),
             ui: ui::UiState::new(home.clone()),
             peers: Arc::default(),
+            arriving: Arriving::default(),
         });
+        let arriving = shared.arriving.clone();
         let cap = connection_cap(descriptor_limit());
         let serving = serve::start(listener, shared, cap)?;
         let shim = Shim {
             addr,
             serving,
             home: home.clone(),
+            arriving,
             stopped: false,
         };
         let record = WebhookAddress {
@@ -319,6 +354,11 @@ impl Shim {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The count of signals on their way to the loop.
+    pub fn arriving(&self) -> Arriving {
+        self.arriving.clone()
     }
 
     /// Stops accepting, closes every connection and removes the address file. A worker busy
@@ -363,4 +403,55 @@ pub fn trigger_url(port: u16, mode: CallbackMode, token: &str) -> String {
         "http://127.0.0.1:{port}{CALLBACK_PREFIX}{}/{token}",
         mode.as_str()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::OnceLock;
+
+    /// A signal counts as arriving from the moment the shim has read it until its route has
+    /// handed it to the loop, and not after: the loop waits for it while it is on its way, and
+    /// never for one it already holds.
+    #[test]
+    fn a_signal_counts_as_arriving_until_its_route_hands_it_to_the_loop() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = Home::new(tmp.path());
+        let arriving: Arc<OnceLock<Arriving>> = Arc::default();
+        let counted_at_submit = Arc::new(Mutex::new(Vec::new()));
+        let submit: Submit = {
+            let (arriving, counted) = (Arc::clone(&arriving), Arc::clone(&counted_at_submit));
+            Box::new(move |s| {
+                if let Submission::Signal { request, reply, .. } = s {
+                    let count = arriving.get().map(Arriving::count);
+                    counted.lock().unwrap().push(count);
+                    reply.send(Ok(Verdict::Duplicate {
+                        id: request.id,
+                        next_due: None,
+                    }));
+                }
+                true
+            })
+        };
+        let bound = HttpConfig::new("127.0.0.1", 0).unwrap().bind().unwrap();
+        let clock = Arc::new(crate::clock::SystemClock);
+        let shim = Shim::start(bound, clock, submit, &home).unwrap();
+        arriving.set(shim.arriving()).ok().unwrap();
+        assert_eq!(shim.arriving().count(), 0);
+        let body = r#"{"id":"wp_0123456789ab","secret":"s","status":"progress"}"#;
+        let mut client = std::net::TcpStream::connect(shim.addr()).unwrap();
+        write!(
+            client,
+            "POST {SIGNAL_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        client.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 202"), "{answer}");
+        assert_eq!(*counted_at_submit.lock().unwrap(), [Some(1)]);
+        assert_eq!(shim.arriving().count(), 0, "answered, so no longer coming");
+    }
 }

@@ -699,6 +699,7 @@ mod tests {
             budget: Mutex::new(MissBudgets::default()),
             ui: super::super::ui::UiState::new(crate::home::Home::new("/nonexistent")),
             peers: Arc::default(),
+            arriving: Default::default(),
         }
     }
 

@@ -22,10 +22,11 @@ use super::head::{Head, body_length, body_limit, refused};
 use super::peer::{self, PeerUids};
 use super::routes::{Routed, route};
 use super::{
-    ENGINE_RESERVE, IDLE_TIMEOUT, LINGER, LINGER_BYTES, MAX_CONNECTIONS, MAX_HEAD_BYTES,
-    MAX_HEADERS, MIN_CONNECTIONS, REQUEST_TIMEOUT, Shared, WORKERS,
+    Arriving, ENGINE_RESERVE, IDLE_TIMEOUT, LINGER, LINGER_BYTES, MAX_CONNECTIONS, MAX_HEAD_BYTES,
+    MAX_HEADERS, MIN_CONNECTIONS, OnItsWay, REQUEST_TIMEOUT, Shared, WORKERS,
 };
 use crate::error::{Error, Result};
+use crate::request::SIGNAL_PATH;
 use crate::sync::MutexExt;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -62,6 +63,8 @@ struct Job {
     body: Option<Bytes>,
     peer: SocketAddr,
     reply: oneshot::Sender<Routed>,
+    /// A signal is counted as arriving until its route has run (dropped with the job).
+    _counted: Option<OnItsWay>,
 }
 
 /// Starts the workers and the runtime's thread serving `listener`, holding at most `cap`
@@ -95,10 +98,11 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>, cap: usize) -> R
     }
     let (stop_tx, stop_rx) = oneshot::channel();
     let peers = Arc::clone(&shared.peers);
+    let arriving = shared.arriving.clone();
     let thread = std::thread::Builder::new()
         .name("webhook".into())
         .spawn(move || {
-            runtime.block_on(accept(listener, jobs_tx, cap, stop_rx, peers));
+            runtime.block_on(accept(listener, jobs_tx, cap, stop_rx, peers, arriving));
             // Dropping the runtime here drops every connection's task, closing its socket.
         })
         .map_err(io_err("cannot start the listener thread for"))?;
@@ -116,6 +120,8 @@ fn work(shared: &Arc<Shared>, jobs: &Mutex<Receiver<Job>>) {
         let next = jobs.lock_or_recover().recv();
         let Ok(job) = next else { return };
         let routed = route(shared, &job.head, job.body.as_deref(), Some(job.peer));
+        // Submitted (or refused): no longer on its way to the loop.
+        drop(job._counted);
         // The connection may be gone (closed, evicted, shutting down): the verdict stands.
         let _ = job.reply.send(routed);
     }
@@ -145,6 +151,7 @@ async fn accept(
     cap: usize,
     mut stop: oneshot::Receiver<()>,
     peers: Arc<PeerUids>,
+    arriving: Arriving,
 ) {
     let conns = Arc::new(Mutex::new(Conns::new(cap)));
     let builder = Arc::new(builder());
@@ -164,6 +171,7 @@ async fn accept(
                     slot,
                     conns: conns.clone(),
                     _peer: PeerUids::open(&peers, peer),
+                    arriving: arriving.clone(),
                 };
                 tokio::spawn(conn.serve(stream, peer, builder.clone(), jobs.clone()));
             }
@@ -261,6 +269,7 @@ struct Connection {
     conns: Arc<Mutex<Conns>>,
     /// Its owner, read once, while it is open (`peer.rs`).
     _peer: peer::Open,
+    arriving: Arriving,
 }
 
 impl Drop for Connection {
@@ -350,12 +359,15 @@ impl Connection {
         let unread = body.is_none();
         let (tx, rx) = oneshot::channel();
         self.slot.busy.store(true, Ordering::SeqCst);
+        let counted =
+            (head.method == "POST" && head.path == SIGNAL_PATH).then(|| self.arriving.one());
         let sent = jobs
             .send(Job {
                 head,
                 body,
                 peer,
                 reply: tx,
+                _counted: counted,
             })
             .is_ok();
         let reply = match rx.await {
