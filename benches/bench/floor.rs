@@ -271,6 +271,66 @@ pub fn filesystem(dir: &Path) -> String {
     format!("{kind}{journal}, {source} mounted at {point}")
 }
 
+/// One signal's spool file, read whole into `buf` and unlinked.
+fn consume(path: &Path, buf: &mut Vec<u8>) {
+    buf.clear();
+    File::open(path).unwrap().read_to_end(buf).unwrap();
+    fs::remove_file(path).unwrap();
+}
+
+/// A wake: written as a temp file in `new`, then renamed into place as `name`.
+fn make_wake(new: &Path, name: &str, bytes: &[u8]) {
+    let tmp = new.join(format!(".{name}.tmp"));
+    fs::write(&tmp, bytes).unwrap();
+    fs::rename(&tmp, new.join(name)).unwrap();
+}
+
+/// A waitpoint's state as the layout keeps it: rewritten over its spare, then the two names
+/// exchanged (`renameat2(RENAME_EXCHANGE)`), so a rewrite makes and frees no file.
+struct State {
+    spare: PathBuf,
+    spare_c: Vec<u8>,
+    state_c: Vec<u8>,
+}
+
+impl State {
+    fn new(dir: &Path, body: &[u8]) -> State {
+        let (state, spare) = (dir.join("state.json"), dir.join(".state.spare"));
+        fs::write(&state, body).unwrap();
+        fs::write(&spare, body).unwrap();
+        let cstr = |p: &Path| [p.as_os_str().as_bytes(), b"\0"].concat();
+        State {
+            spare_c: cstr(&spare),
+            state_c: cstr(&state),
+            spare,
+        }
+    }
+
+    fn rewrite(&self, bytes: &[u8]) {
+        fs::write(&self.spare, bytes).unwrap();
+        // SAFETY: both paths are NUL-terminated buffers that outlive the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                self.spare_c.as_ptr().cast(),
+                libc::AT_FDCWD,
+                self.state_c.as_ptr().cast(),
+                libc::RENAME_EXCHANGE,
+            )
+        };
+        assert_eq!(rc, 0, "renameat2 RENAME_EXCHANGE");
+    }
+}
+
+/// A waitpoint's record log, appended to.
+fn open_log(dir: &Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("log.jsonl"))
+        .unwrap()
+}
+
 /// Signals per second for `n` signals through the file work the layout needs and nothing else,
 /// no fsync: per signal, read the spool file and unlink it, create the wake file (temp, then
 /// rename into `new/`), rewrite the waitpoint's state over its spare (write the spare, then
@@ -286,39 +346,15 @@ pub fn layout_floor(dir: &Path, n: usize, body: &[u8]) -> (f64, f64) {
     for i in 0..n {
         fs::write(spool.join(format!("{i}.json")), body).unwrap();
     }
-    let (state, spare) = (wp.join("state.json"), wp.join(".state.spare"));
-    fs::write(&state, body).unwrap();
-    fs::write(&spare, body).unwrap();
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(wp.join("log.jsonl"))
-        .unwrap();
-    let cstr = |p: &Path| [p.as_os_str().as_bytes(), b"\0"].concat();
-    let (spare_c, state_c) = (cstr(&spare), cstr(&state));
+    let state = State::new(&wp, body);
+    let mut log = open_log(&wp);
     let mut buf = Vec::with_capacity(4096);
     let cpu = cpu_secs_self();
     let start = Instant::now();
     for i in 0..n {
-        let name = spool.join(format!("{i}.json"));
-        buf.clear();
-        File::open(&name).unwrap().read_to_end(&mut buf).unwrap();
-        fs::remove_file(&name).unwrap();
-        let tmp = new.join(format!(".{i}.tmp"));
-        fs::write(&tmp, &buf).unwrap();
-        fs::rename(&tmp, new.join(format!("{i}.json"))).unwrap();
-        fs::write(&spare, &buf).unwrap();
-        // SAFETY: both paths are NUL-terminated buffers that outlive the call.
-        let rc = unsafe {
-            libc::renameat2(
-                libc::AT_FDCWD,
-                spare_c.as_ptr().cast(),
-                libc::AT_FDCWD,
-                state_c.as_ptr().cast(),
-                libc::RENAME_EXCHANGE,
-            )
-        };
-        assert_eq!(rc, 0, "renameat2 RENAME_EXCHANGE");
+        consume(&spool.join(format!("{i}.json")), &mut buf);
+        make_wake(&new, &format!("{i}.json"), &buf);
+        state.rewrite(&buf);
         log.write_all(&buf).unwrap();
     }
     let rate = n as f64 / start.elapsed().as_secs_f64();
@@ -328,15 +364,15 @@ pub fn layout_floor(dir: &Path, n: usize, body: &[u8]) -> (f64, f64) {
 /// [`layout_floor`] for `n_wp` waitpoints x `per` signals, taken `batch` at a time in the order
 /// they are staged (round by round), the way the daemon batches them: per signal, read the
 /// spool file and unlink it; per batch and waitpoint it touched, one append of its lines to the
-/// log and one state rewrite over its spare (write, then exchange); one wake file per waitpoint
-/// (a monitor's later rounds fold into the wake it holds). No fsync. Returns signals per second
-/// and this process's CPU per signal (us).
+/// log and one state rewrite over its spare; a wake for each of a waitpoint's first `wakes`
+/// rounds (the engine's hourly cap: later rounds fold into the wake it holds). No fsync.
+/// Returns signals per second and this process's CPU per signal (us).
 pub fn layout_floor_batched(
     dir: &Path,
-    n_wp: usize,
-    per: usize,
+    (n_wp, per): (usize, usize),
     body: &[u8],
     batch: usize,
+    wakes: usize,
 ) -> (f64, f64) {
     let (spool, new) = (dir.join("spool"), dir.join("new"));
     for d in [&spool, &new] {
@@ -347,65 +383,37 @@ pub fn layout_floor_batched(
         for i in 0..n_wp {
             let name = format!("{round:03}-{i:06}.json");
             fs::write(spool.join(&name), body).unwrap();
-            names.push((name, i));
+            names.push((name, i, round));
         }
     }
-    let cstr = |p: &Path| [p.as_os_str().as_bytes(), b"\0"].concat();
-    let waitpoints: Vec<_> = (0..n_wp)
+    let mut waitpoints: Vec<(State, File)> = (0..n_wp)
         .map(|i| {
             let wp = dir.join(format!("wp{i}"));
             fs::create_dir_all(&wp).unwrap();
-            let (state, spare) = (wp.join("state.json"), wp.join(".state.spare"));
-            fs::write(&state, body).unwrap();
-            fs::write(&spare, body).unwrap();
-            let log = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(wp.join("log.jsonl"))
-                .unwrap();
-            (spare.clone(), cstr(&spare), cstr(&state), log)
+            (State::new(&wp, body), open_log(&wp))
         })
         .collect();
-    let mut waitpoints = waitpoints;
-    let mut woken = vec![false; n_wp];
     let mut lines: Vec<Vec<u8>> = vec![Vec::new(); n_wp];
     let mut buf = Vec::with_capacity(4096);
     let cpu = cpu_secs_self();
     let start = Instant::now();
     for chunk in names.chunks(batch) {
         let mut touched = Vec::new();
-        for (name, i) in chunk {
-            let path = spool.join(name);
-            buf.clear();
-            File::open(&path).unwrap().read_to_end(&mut buf).unwrap();
-            fs::remove_file(&path).unwrap();
+        for (name, i, round) in chunk {
+            consume(&spool.join(name), &mut buf);
             if lines[*i].is_empty() {
                 touched.push(*i);
             }
             lines[*i].extend_from_slice(&buf);
-            if !woken[*i] {
-                woken[*i] = true;
-                let tmp = new.join(format!(".{i}.tmp"));
-                fs::write(&tmp, &buf).unwrap();
-                fs::rename(&tmp, new.join(format!("{i}.json"))).unwrap();
+            if *round < wakes {
+                make_wake(&new, name, &buf);
             }
         }
         for i in touched {
-            let (spare, spare_c, state_c, log) = &mut waitpoints[i];
+            let (state, log) = &mut waitpoints[i];
             log.write_all(&lines[i]).unwrap();
             lines[i].clear();
-            fs::write(&*spare, &buf).unwrap();
-            // SAFETY: both paths are NUL-terminated buffers that outlive the call.
-            let rc = unsafe {
-                libc::renameat2(
-                    libc::AT_FDCWD,
-                    spare_c.as_ptr().cast(),
-                    libc::AT_FDCWD,
-                    state_c.as_ptr().cast(),
-                    libc::RENAME_EXCHANGE,
-                )
-            };
-            assert_eq!(rc, 0, "renameat2 RENAME_EXCHANGE");
+            state.rewrite(&buf);
         }
     }
     let n = names.len();

@@ -23,6 +23,7 @@ mod sqlite;
 
 use std::path::PathBuf;
 use std::time::Duration;
+use waitpoint::settings::Settings;
 
 struct Options {
     quick: bool,
@@ -716,7 +717,9 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 floor::layout_floor(&scratch("floor-layout"), n, body)
             } else {
                 let scratch = floor::scratch(&o.base, &format!("floor-layout-{shape}-{round}"));
-                floor::layout_floor_batched(&scratch, n_wp, per, body, 128)
+                // A monitor's wakes stop at the hourly cap; later rounds fold into the held one.
+                let wakes = Settings::default().max_wakes_per_hour as usize;
+                floor::layout_floor_batched(&scratch, (n_wp, per), body, 128, wakes)
             };
             eprintln!(
                 "  round {round}: ours {:.0} ({:.0} us CPU), SQLite peer {:.0} ({:.0} us CPU), \
