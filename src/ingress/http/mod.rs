@@ -18,9 +18,11 @@
 //!
 //! - One runtime thread holds every connection and [`WORKERS`] threads run the routes: idle or
 //!   slow clients never hold a thread, and the thread count does not move with the connections.
-//!   A worker never waits for the daemon's loop: a route whose answer is the loop's outcome (a
+//!   A worker does not wait for the daemon's loop: a route whose answer is the loop's outcome (a
 //!   signal, a callback, a control operation) hands the loop its [`Outcome`] and the waiting to
-//!   the connection's task, which answers once the outcome is durable. Workers that waited
+//!   the connection's task, which answers once the outcome is durable. Only the operator page's
+//!   requests are waited for on a worker (its views thread answers in milliseconds; its cancel
+//!   is a person's click). Workers that waited
 //!   capped the requests in flight to the loop at their number, so at most four signals ever
 //!   shared a commit however many clients waited, and a stalled commit held every route up.
 //! - At most [`connection_cap`] connections are open: the descriptor limit less a reserve for the

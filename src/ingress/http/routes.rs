@@ -186,11 +186,17 @@ pub(super) fn route(
         .into();
     }
     match (head.method.as_str(), head.path.as_str()) {
-        ("POST", SIGNAL_PATH) => signal(shared, head, body, peer),
+        _ if is_signal(head) => signal(shared, head, body, peer),
         ("POST", p) if callback_rest(p).is_some() => callback(shared, head, body, peer),
         (_, p) if control::is_control_path(p) => control_route(shared, head, body, peer),
         _ => other_route(head).into(),
     }
+}
+
+/// Whether `head` is for the signal route (`POST /webhook/signal`), the one whose requests the
+/// loop batches; the transport counts them as arriving ([`super::Arriving`]).
+pub(super) fn is_signal(head: &Head) -> bool {
+    head.method == "POST" && head.path == SIGNAL_PATH
 }
 
 /// The routes answered from the request alone.

@@ -20,13 +20,12 @@ use tokio::sync::{Notify, oneshot};
 
 use super::head::{Head, body_length, body_limit, refused};
 use super::peer::{self, PeerUids};
-use super::routes::{Routed, route};
+use super::routes::{Routed, is_signal, route};
 use super::{
     Arriving, ENGINE_RESERVE, IDLE_TIMEOUT, LINGER, LINGER_BYTES, MAX_CONNECTIONS, MAX_HEAD_BYTES,
     MAX_HEADERS, MIN_CONNECTIONS, OnItsWay, REQUEST_TIMEOUT, Shared, WORKERS,
 };
 use crate::error::{Error, Result};
-use crate::request::SIGNAL_PATH;
 use crate::sync::MutexExt;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -112,9 +111,9 @@ pub(super) fn start(listener: TcpListener, shared: Arc<Shared>, cap: usize) -> R
     })
 }
 
-/// A worker: runs the routes for ready requests until the transport is gone. It never waits for
-/// the daemon's loop: a route the loop answers comes back as [`Routed::Later`], which the
-/// connection's task awaits.
+/// A worker: runs the routes for ready requests until the transport is gone. It does not wait
+/// for the daemon's loop: a route the loop answers comes back as [`Routed::Later`], which the
+/// connection's task awaits (the operator page's routes apart, see the module docs).
 fn work(shared: &Arc<Shared>, jobs: &Mutex<Receiver<Job>>) {
     loop {
         let next = jobs.lock_or_recover().recv();
@@ -359,8 +358,7 @@ impl Connection {
         let unread = body.is_none();
         let (tx, rx) = oneshot::channel();
         self.slot.busy.store(true, Ordering::SeqCst);
-        let counted =
-            (head.method == "POST" && head.path == SIGNAL_PATH).then(|| self.arriving.one());
+        let counted = is_signal(&head).then(|| self.arriving.one());
         let sent = jobs
             .send(Job {
                 head,
