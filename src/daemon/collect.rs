@@ -155,10 +155,13 @@ impl Daemon {
     /// batch), so a burst of signals shares its fsyncs. Other events met on the way go back on
     /// the channel in their order; a shutdown needs nothing, its flag is already set.
     pub(super) fn collect_hinted(&mut self, first: String) {
+        // A set beside the list: a batch holds hundreds of names, and a look through the list
+        // for each would cost the square of that.
+        let mut seen = std::collections::HashSet::from([first.clone()]);
         let mut names = vec![first];
         self.gather(|event, n| match event {
             Event::SpoolFile(name) => {
-                if !names.contains(&name) {
+                if seen.insert(name.clone()) {
                     names.push(name);
                 }
                 *n = names.len();

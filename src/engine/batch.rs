@@ -18,9 +18,44 @@ use super::rules::Refusal;
 use super::{Engine, Verdict, in_grace_window, next_due, next_record, rules};
 use crate::request::identity_key;
 
-/// The most signals [`Engine::apply_batch`] is given at once by the daemon. It bounds the open
-/// files a batch holds (one lock per waitpoint and one temp file per staged file).
-pub const MAX_BATCH: usize = 128;
+/// The most signals the daemon collects and hands to [`Engine::apply_batch`] at once. A batch
+/// is committed in as few commits as the two bounds below allow: a burst to a few busy
+/// waitpoints (a job's progress reports) becomes one commit of up to this many, which rewrites
+/// each waitpoint's state and log once instead of once per 128 signals.
+pub const MAX_BATCH: usize = 512;
+/// The most waitpoints one commit touches. It bounds the open files a commit holds: one lock
+/// per waitpoint, and one directory handle per directory its files are written in.
+pub const MAX_WAITPOINTS_PER_COMMIT: usize = 128;
+/// The most signals of one waitpoint one commit decides: the state's folded identities
+/// ([`rules::LOG_KEYS`]) remember twice as many, so a crash that brings back every file of a
+/// commit finds each a duplicate.
+pub const MAX_SIGNALS_PER_WAITPOINT: usize = 128;
+const _: () = assert!(rules::LOG_KEYS >= 2 * MAX_SIGNALS_PER_WAITPOINT);
+
+/// Cuts `items` into the runs, in order, that are each one commit: at most `max` signals (what
+/// the store takes in one transaction) and [`MAX_BATCH`], at most [`MAX_WAITPOINTS_PER_COMMIT`]
+/// waitpoints, at most [`MAX_SIGNALS_PER_WAITPOINT`] signals of one waitpoint.
+fn commit_runs(items: &[(SignalRequest, Source)], max: usize) -> Vec<std::ops::Range<usize>> {
+    let max = max.clamp(1, MAX_BATCH);
+    let mut runs = Vec::new();
+    let mut start = 0;
+    let mut per: HashMap<&str, usize> = HashMap::new();
+    for (i, (req, _)) in items.iter().enumerate() {
+        let full = i - start == max
+            || per.get(req.id.as_str()) == Some(&MAX_SIGNALS_PER_WAITPOINT)
+            || (per.len() == MAX_WAITPOINTS_PER_COMMIT && !per.contains_key(req.id.as_str()));
+        if full {
+            runs.push(start..i);
+            start = i;
+            per.clear();
+        }
+        *per.entry(req.id.as_str()).or_default() += 1;
+    }
+    if start < items.len() {
+        runs.push(start..items.len());
+    }
+    runs
+}
 
 /// One waitpoint touched by the batch, held by the batch's transaction until it is done.
 struct Group {
@@ -150,7 +185,8 @@ impl Engine {
             true => self.store.max_batch(),
             false => MAX_BATCH,
         };
-        for chunk in items.chunks(size.max(1)) {
+        for run in commit_runs(items, size) {
+            let chunk = &items[run];
             if applies {
                 let offset = out.len();
                 out.extend(self.apply_chunk(chunk, &mut |i, v| durable(offset + i, v)));
@@ -164,9 +200,9 @@ impl Engine {
     /// Applies handed-over signals (the leading daemon of a shared store): their sources are
     /// qualified already.
     pub fn apply_forwarded(&self, items: &[(SignalRequest, Source)]) -> Vec<Result<Verdict>> {
-        items
-            .chunks(self.store.max_batch().max(1))
-            .flat_map(|chunk| self.apply_chunk(chunk, &mut |_, _| {}))
+        commit_runs(items, self.store.max_batch())
+            .into_iter()
+            .flat_map(|run| self.apply_chunk(&items[run], &mut |_, _| {}))
             .collect()
     }
 
@@ -444,5 +480,64 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::SignalStatus;
+    use crate::secret::Secret;
+
+    /// A signal to `id` for [`commit_runs`], which looks at nothing else.
+    fn to(id: String) -> (SignalRequest, Source) {
+        let req = SignalRequest {
+            id,
+            secret: Secret::new("s"),
+            status: SignalStatus::Progress,
+            message: None,
+            member: None,
+            data: None,
+        };
+        (req, Source::Spool("f.json".into()))
+    }
+
+    fn lengths(items: &[(SignalRequest, Source)], max: usize) -> Vec<usize> {
+        let runs = commit_runs(items, max);
+        // The runs cover the items in order, each once.
+        let mut next = 0;
+        for run in &runs {
+            assert_eq!(run.start, next);
+            assert!(!run.is_empty());
+            next = run.end;
+        }
+        assert_eq!(next, items.len());
+        runs.iter().map(|r| r.len()).collect()
+    }
+
+    #[test]
+    fn a_burst_to_a_few_waitpoints_is_one_commit_of_up_to_a_batch() {
+        let items: Vec<_> = (0..600).map(|i| to(format!("wp_{}", i % 50))).collect();
+        assert_eq!(lengths(&items, usize::MAX), [512, 88]);
+        // A store that takes fewer signals in one transaction (etcd) cuts there.
+        assert_eq!(lengths(&items[..100], 40), [40, 40, 20]);
+    }
+
+    #[test]
+    fn a_commit_touches_at_most_its_share_of_waitpoints() {
+        let items: Vec<_> = (0..300).map(|i| to(format!("wp_{i}"))).collect();
+        assert_eq!(lengths(&items, usize::MAX), [128, 128, 44]);
+        // A waitpoint met again within the commit does not count twice.
+        let mut again: Vec<_> = (0..128).map(|i| to(format!("wp_{i}"))).collect();
+        again.push(to("wp_0".into()));
+        again.push(to("wp_new".into()));
+        assert_eq!(lengths(&again, usize::MAX), [129, 1]);
+    }
+
+    #[test]
+    fn a_commit_decides_at_most_its_share_of_one_waitpoints_signals() {
+        let mut items: Vec<_> = (0..300).map(|_| to("wp_busy".into())).collect();
+        items.insert(10, to("wp_other".into()));
+        assert_eq!(lengths(&items, usize::MAX), [129, 128, 44]);
     }
 }
