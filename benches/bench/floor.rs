@@ -74,15 +74,21 @@ pub fn percentile(values: &mut [f64], p: f64) -> f64 {
     values[rank.clamp(1, values.len()) - 1]
 }
 
-/// A blocking inotify watch on one directory for files renamed into it.
+/// A blocking inotify watch on one directory for files renamed into it (or, with
+/// [`watch_for`](Self::watch_for), for other events).
 pub struct Inotify {
     fd: i32,
     buf: Vec<u8>,
-    pending: Vec<Vec<u8>>,
+    pending: std::collections::VecDeque<Vec<u8>>,
 }
 
 impl Inotify {
     pub fn watch(dir: &Path) -> Self {
+        Self::watch_for(dir, libc::IN_MOVED_TO)
+    }
+
+    /// Watches `dir` for the events in `mask`; a queue that overflowed gives an empty name.
+    pub fn watch_for(dir: &Path, mask: u32) -> Self {
         fs::create_dir_all(dir).unwrap();
         // SAFETY: plain syscalls on a descriptor this value owns; the path is NUL-terminated.
         unsafe {
@@ -90,12 +96,12 @@ impl Inotify {
             assert!(fd >= 0, "inotify_init1");
             let mut c = dir.as_os_str().as_bytes().to_vec();
             c.push(0);
-            let wd = libc::inotify_add_watch(fd, c.as_ptr().cast(), libc::IN_MOVED_TO);
+            let wd = libc::inotify_add_watch(fd, c.as_ptr().cast(), mask);
             assert!(wd >= 0, "inotify_add_watch {}", dir.display());
             Inotify {
                 fd,
                 buf: vec![0; 64 * 1024],
-                pending: Vec::new(),
+                pending: Default::default(),
             }
         }
     }
@@ -103,8 +109,8 @@ impl Inotify {
     /// The next name renamed into the directory (blocks).
     pub fn next(&mut self) -> Vec<u8> {
         loop {
-            if !self.pending.is_empty() {
-                return self.pending.remove(0);
+            if let Some(name) = self.pending.pop_front() {
+                return name;
             }
             // SAFETY: reads into a buffer we own, within its length.
             let n = unsafe { libc::read(self.fd, self.buf.as_mut_ptr().cast(), self.buf.len()) };
@@ -114,10 +120,24 @@ impl Inotify {
                 let len = u32::from_ne_bytes(self.buf[at + 12..at + 16].try_into().unwrap());
                 let name = &self.buf[at + 16..at + 16 + len as usize];
                 let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-                self.pending.push(name[..end].to_vec());
+                self.pending.push_back(name[..end].to_vec());
                 at += 16 + len as usize;
             }
         }
+    }
+
+    /// Whether an event is waiting, waiting at most `ms` for one.
+    pub fn ready(&self, ms: i32) -> bool {
+        if !self.pending.is_empty() {
+            return true;
+        }
+        let mut p = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one descriptor this value owns, through a struct we own.
+        unsafe { libc::poll(&mut p, 1, ms) > 0 }
     }
 
     /// Blocks until `name` is renamed into the directory.
