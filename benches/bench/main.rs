@@ -36,6 +36,10 @@ struct Options {
     /// Row 1 with ours alone, one round per shape (`--ours-only`): for profiling the daemon
     /// (run with `WAITPOINT_BIN` set to a wrapper that runs it under `strace` or `perf`).
     ours_only: bool,
+    /// Row 1's shapes to run (`--shapes 50x120`), all by default.
+    shapes: Vec<(usize, usize)>,
+    /// Row 1's rounds (`--rounds N`), instead of 5 (3 with `--quick`, 1 with `--ours-only`).
+    rounds: Option<usize>,
     /// The previous release's binaries (`--previous DIR`, holding `waitpoint` and
     /// `cortex-signal`), run interleaved with ours on the same files where a row supports it.
     previous: Option<ours::Bins>,
@@ -50,6 +54,8 @@ fn options() -> Options {
         base: std::env::temp_dir().join(format!("waitpoint-bench-{}", std::process::id())),
         keep: false,
         ours_only: false,
+        shapes: vec![(1_000, 1), (50, 120)],
+        rounds: None,
         previous: None,
     };
     let mut args = std::env::args().skip(1);
@@ -87,6 +93,16 @@ fn options() -> Options {
             "--dir" => o.base = PathBuf::from(args.next().unwrap()),
             "--keep" => o.keep = true,
             "--ours-only" => o.ours_only = true,
+            "--shapes" => {
+                o.shapes = list(args.next())
+                    .iter()
+                    .map(|s| {
+                        let (w, p) = s.split_once('x').expect("a shape is WAITPOINTSxSIGNALS");
+                        (w.parse().unwrap(), p.parse().unwrap())
+                    })
+                    .collect()
+            }
+            "--rounds" => o.rounds = Some(args.next().unwrap().parse().unwrap()),
             "--previous" => {
                 let dir = PathBuf::from(args.next().unwrap());
                 o.previous = Some(ours::Bins {
@@ -649,13 +665,13 @@ fn etcd_version() -> String {
 /// each ratio compares figures taken seconds apart, and the medians are printed. Ours runs
 /// last in even rounds and first in odd ones, so a steady drift favours neither side.
 fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String>, body: &[u8]) {
-    let rounds = if o.ours_only {
+    let rounds = o.rounds.unwrap_or(if o.ours_only {
         1
     } else if o.quick {
         3
     } else {
         5
-    };
+    });
     let med = |v: &[f64]| ours::p(v, 50.0);
     let list = |v: &[f64]| {
         v.iter()
@@ -663,7 +679,10 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             .collect::<Vec<_>>()
             .join(", ")
     };
-    for (shape, (n_wp, per)) in [(1_000, 1), (50, 120)].into_iter().enumerate() {
+    for (n_wp, per) in o.shapes.iter().copied() {
+        // One signal a waitpoint is measured against the per-file floors, more against the
+        // batched layout floor.
+        let shape = usize::from(per > 1);
         let n = n_wp * per;
         eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
         // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU,
@@ -684,6 +703,19 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             if o.ours_only {
                 let x = ingest();
                 eprintln!("  ours {:.0} signals/s ({:.0} us CPU)", x.rate, x.cpu_us);
+                runs.push([
+                    x.rate,
+                    f64::NAN,
+                    x.cpu_us,
+                    f64::NAN,
+                    0.,
+                    0.,
+                    0.,
+                    0.,
+                    0.,
+                    0.,
+                    0.,
+                ]);
                 if !o.keep {
                     let _ = std::fs::remove_dir_all(&dir);
                     let _ = std::fs::remove_dir_all(&setup.peer_stage);
@@ -737,6 +769,12 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             }
         }
         if o.ours_only {
+            let column = |i: usize| runs.iter().map(|r| r[i]).collect::<Vec<f64>>();
+            eprintln!(
+                "  ours, median of {rounds}: {:.0} signals/s ({:.0} us CPU)",
+                med(&column(0)),
+                med(&column(2))
+            );
             continue;
         }
         let column = |f: &dyn Fn(&[f64; 11]) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
