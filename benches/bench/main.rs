@@ -23,6 +23,7 @@ mod sqlite;
 
 use std::path::PathBuf;
 use std::time::Duration;
+use waitpoint::engine::MAX_BATCH;
 use waitpoint::settings::Settings;
 
 struct Options {
@@ -751,7 +752,8 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 let scratch = floor::scratch(&o.base, &format!("floor-layout-{shape}-{round}"));
                 // A monitor's wakes stop at the hourly cap; later rounds fold into the held one.
                 let wakes = Settings::default().max_wakes_per_hour as usize;
-                floor::layout_floor_batched(&scratch, (n_wp, per), body, 128, wakes)
+                // As many at a time as the daemon takes.
+                floor::layout_floor_batched(&scratch, (n_wp, per), body, MAX_BATCH, wakes)
             };
             eprintln!(
                 "  round {round}: ours {:.0} ({:.0} us CPU), SQLite peer {:.0} ({:.0} us CPU), \

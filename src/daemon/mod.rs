@@ -288,7 +288,9 @@ impl Daemon {
         let died = lock.previous_pid().is_some();
         let http = config.http.map(|c| c.bind()).transpose()?;
         let (tx, rx) = mpsc::channel();
-        let spool = Spool::new(&config.home).with_queued_parking();
+        let spool = Spool::new(&config.home)
+            .with_queued_parking()
+            .with_removal_behind();
         let hooks = config
             .settings
             .on_wake

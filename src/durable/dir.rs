@@ -202,6 +202,20 @@ impl Dir {
         Ok(dir)
     }
 
+    /// A second handle on the same open directory (a `dup`), for work handed to another
+    /// thread; the directory is not looked up again.
+    pub fn try_clone(&self) -> Result<Dir> {
+        let fd = self
+            .fd
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| Error::io("cannot duplicate the handle of", &self.path, e))?;
+        Ok(Dir {
+            fd,
+            path: self.path.clone(),
+        })
+    }
+
     /// The path this directory was opened at (for messages; never used to reach it).
     pub fn path(&self) -> &Path {
         &self.path

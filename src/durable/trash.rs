@@ -1,6 +1,7 @@
 //! The trash: where a running daemon puts what it frees (replaced states; consumed spool files
 //! where freeing waits for the device), so the hot path renames instead of unlinking, and the
-//! reaper thread that empties it.
+//! reaper thread that empties it and removes, behind each batch, the consumed spool files freed
+//! in place elsewhere.
 
 use super::{Dir, INLINE_UNSYNCED, Root, each_concurrently};
 use crate::error::Result;
@@ -105,12 +106,22 @@ fn unescape_octal(field: &str) -> String {
     out
 }
 
+/// Files of one directory handed to the reaper to remove where they are.
+type Behind = (Dir, Vec<String>);
+
 #[derive(Debug)]
 pub(super) struct TrashState {
     /// Whether anything may have arrived since the last emptying (true at first: a daemon
     /// that died may have left files).
     pending: bool,
     stopped: bool,
+    /// Whether a [`Reaper`] runs: without one, [`Trash::dispose_behind`] removes at once.
+    reaping: bool,
+    /// Files of other directories for the reaper to remove where they are
+    /// ([`Trash::dispose_behind`]), oldest first.
+    behind: Vec<Behind>,
+    /// Whether the reaper is removing files it took from `behind`.
+    removing: bool,
 }
 
 impl Trash {
@@ -125,6 +136,9 @@ impl Trash {
             state: Mutex::new(TrashState {
                 pending: true,
                 stopped: false,
+                reaping: false,
+                behind: Vec::new(),
+                removing: false,
             }),
             arrived: Condvar::new(),
         })
@@ -159,6 +173,62 @@ impl Trash {
         self.take_all_from(from, names)
     }
 
+    /// [`dispose`](Self::dispose) behind the caller: where freeing a file does not wait for the
+    /// device, the reaper removes `names` of `from` where they are, moments later, so the
+    /// caller goes on at once (the daemon's next batch, while the removals of the last one
+    /// wait their turn at the spool's lock behind the files arriving there). A removal that
+    /// fails is logged; the files must be harmless to meet again (a consumed spool file is a
+    /// duplicate). Without a running reaper, or where freeing waits for the device, this is
+    /// [`dispose`](Self::dispose). [`wait_behind`](Self::wait_behind) waits for the removals.
+    pub fn dispose_behind(&self, from: Dir, names: Vec<String>) -> Result<()> {
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        if self.frees_wait {
+            return self.take_all_from(&from, &refs);
+        }
+        let mut s = self.lock_state();
+        if !s.reaping {
+            drop(s);
+            return super::unlink_all(&from, &refs);
+        }
+        drop(refs);
+        s.behind.push((from, names));
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Waits until the reaper has removed what [`dispose_behind`](Self::dispose_behind) handed
+    /// it (at once when no reaper runs): a caller about to list a directory it handed files of
+    /// does not find them again.
+    pub fn wait_behind(&self) {
+        let mut s = self.lock_state();
+        while s.reaping && (s.removing || !s.behind.is_empty()) {
+            s = self.arrived.wait_or_recover(s);
+        }
+    }
+
+    /// Whether everything handed over by [`dispose_behind`](Self::dispose_behind) is removed
+    /// (a look, never a wait).
+    pub fn behind_done(&self) -> bool {
+        let s = self.lock_state();
+        !s.removing && s.behind.is_empty()
+    }
+
+    /// Removes files handed over by [`dispose_behind`](Self::dispose_behind), one after the
+    /// other (they share a directory, whose lock they take in turn anyway).
+    fn remove_behind(batches: Vec<Behind>) {
+        for (dir, names) in batches {
+            let failed = names.iter().filter_map(|n| dir.unlink(n).err()).count();
+            if failed > 0 {
+                tracing::error!(
+                    dir = %dir.path().display(),
+                    failed,
+                    "cannot remove consumed files (each is recorded: a later sweep finds it a \
+                     duplicate and removes it)",
+                );
+            }
+        }
+    }
+
     /// Moves each of `names` of the directory `from` here for the reaper, through both handles,
     /// whatever the filesystem: a replaced state's old file, whose removal the reaper's own
     /// thread then takes off the commit. A file that cannot be moved is removed instead; files
@@ -182,9 +252,18 @@ impl Trash {
         each_concurrently(names, take)
     }
 
-    /// The reaper thread's loop: empties the trash whenever something arrived, until stopped.
+    /// The reaper thread's loop: removes what was handed over behind a caller, and empties
+    /// the trash whenever something arrived, until stopped.
     fn reap_until_stopped(&self) {
-        while self.wait_for_arrival() {
+        while let Some((behind, arrived)) = self.wait_for_arrival() {
+            if !behind.is_empty() {
+                Self::remove_behind(behind);
+                self.lock_state().removing = false;
+                self.arrived.notify_all();
+            }
+            if !arrived {
+                continue;
+            }
             match self.empty() {
                 Ok(0) => {}
                 Ok(files) => tracing::debug!(files, "emptied the trash"),
@@ -198,15 +277,19 @@ impl Trash {
         }
     }
 
-    /// Waits until something arrived (taking the news: `true`) or the reaper is stopped.
-    fn wait_for_arrival(&self) -> bool {
+    /// Waits until something arrived or was handed over, taking both (the files to remove
+    /// behind, and whether the trash is to be emptied); `None` once the reaper is stopped.
+    fn wait_for_arrival(&self) -> Option<(Vec<Behind>, bool)> {
         let mut s = self.lock_state();
-        while !s.pending && !s.stopped {
+        while !s.pending && s.behind.is_empty() && !s.stopped {
             s = self.arrived.wait_or_recover(s);
         }
-        let arrived = !s.stopped;
-        s.pending = false;
-        arrived
+        if s.stopped {
+            return None;
+        }
+        let behind = std::mem::take(&mut s.behind);
+        s.removing = !behind.is_empty();
+        Some((behind, std::mem::replace(&mut s.pending, false)))
     }
 
     /// Removes every file here. Returns how many.
@@ -233,6 +316,7 @@ pub(super) const REAPER_RETRY: Duration = Duration::from_secs(1);
 
 impl Reaper {
     pub fn start(trash: Arc<Trash>) -> Reaper {
+        trash.lock_state().reaping = true;
         let t = trash.clone();
         let thread = std::thread::Builder::new()
             .name("reaper".into())
@@ -255,6 +339,13 @@ impl Drop for Reaper {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        let behind = {
+            let mut s = self.trash.lock_state();
+            s.reaping = false;
+            std::mem::take(&mut s.behind)
+        };
+        Trash::remove_behind(behind);
+        self.trash.arrived.notify_all();
         if let Err(e) = self.trash.empty() {
             tracing::error!(error = %e, "cannot empty the trash at stop (the next start does)");
         }
@@ -264,6 +355,58 @@ impl Drop for Reaper {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trash (never on a discard mount here: the test decides) and a directory beside it
+    /// holding `n` files, with their names.
+    fn trash_and_files(n: usize) -> (tempfile::TempDir, Arc<Trash>, Dir, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::durable::test_root(dir.path());
+        let mut trash = Trash::open(&root, &dir.path().join("trash")).unwrap();
+        trash.frees_wait = false;
+        let spool = Dir::make_beneath(&root, Path::new("spool")).unwrap();
+        let names: Vec<String> = (0..n).map(|i| format!("{i:05}.json")).collect();
+        for name in &names {
+            std::fs::write(dir.path().join("spool").join(name), b"{}").unwrap();
+        }
+        (dir, Arc::new(trash), spool, names)
+    }
+
+    fn left(dir: &tempfile::TempDir) -> usize {
+        std::fs::read_dir(dir.path().join("spool")).unwrap().count()
+    }
+
+    #[test]
+    fn files_handed_behind_are_removed_by_the_reaper_and_waited_for_before_a_listing() {
+        let (dir, trash, spool, names) = trash_and_files(3_000);
+        let reaper = Reaper::start(trash.clone());
+        trash
+            .dispose_behind(spool.try_clone().unwrap(), names)
+            .unwrap();
+        // The caller went on at once; whoever lists the directory next waits for the removals
+        // (thousands of them, which the reaper is still working through were it not waited
+        // for).
+        trash.wait_behind();
+        assert_eq!(left(&dir), 0, "every file handed behind is gone");
+        drop(reaper);
+    }
+
+    #[test]
+    fn without_a_reaper_files_handed_behind_are_removed_at_once() {
+        let (dir, trash, spool, names) = trash_and_files(10);
+        trash.dispose_behind(spool, names).unwrap();
+        assert_eq!(left(&dir), 0);
+    }
+
+    #[test]
+    fn a_stopping_reaper_first_removes_what_it_was_handed() {
+        let (dir, trash, spool, names) = trash_and_files(3_000);
+        let reaper = Reaper::start(trash.clone());
+        // Handed while the reaper stops: nothing is left to a next start's sweep.
+        trash.lock_state().stopped = true;
+        trash.dispose_behind(spool, names).unwrap();
+        drop(reaper);
+        assert_eq!(left(&dir), 0);
+    }
 
     const MOUNTINFO: &str = "\
 22 1 252:1 / / rw,relatime shared:1 - ext4 /dev/vda rw,discard,errors=remount-ro

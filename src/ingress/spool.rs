@@ -60,6 +60,15 @@ pub struct Spool {
     /// refusals costs accepted signals nothing. The file stays in the spool meanwhile, so a
     /// crash loses no refusal.
     queued: Option<std::cell::RefCell<Vec<QueuedPark>>>,
+    /// Whether consumed files are handed to the trash's reaper to remove behind the batch
+    /// (the daemon's drop zone, [`Spool::with_removal_behind`]) rather than removed before
+    /// the batch returns.
+    behind: bool,
+    /// The consumed files handed to the reaper to remove behind their batch
+    /// ([`with_removal_behind`](Spool::with_removal_behind)) and perhaps not removed yet: a
+    /// batch naming one of them (its hint met a sweep that collected it first) waits for the
+    /// removals instead of reading it again.
+    handed: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 /// A refusal waiting to be parked.
@@ -71,6 +80,9 @@ pub struct QueuedPark {
     waitpoint: Option<String>,
     at: Timestamp,
 }
+
+/// The most consumed files a spool remembers as handed behind before it waits for the reaper.
+const HANDED_MAX: usize = 4 * crate::engine::MAX_BATCH;
 
 /// The name of the directory inside a spool where refused files are parked.
 const BAD: &str = "bad";
@@ -114,6 +126,8 @@ impl Spool {
             rel,
             device: None,
             queued: None,
+            behind: false,
+            handed: Default::default(),
         }
     }
 
@@ -137,6 +151,16 @@ impl Spool {
     /// Opens the spool, made when missing, for a writer that fills it (a device's collector).
     pub fn open_or_make(&self) -> Result<Dir> {
         Dir::make_beneath(&self.root, &self.rel)
+    }
+
+    /// Consumed files are removed behind each batch, by the trash's reaper
+    /// ([`durable::Trash::dispose_behind`]), so the next batch need not wait for the
+    /// removals: the daemon's drop zone, where they queue for the directory's lock behind the
+    /// files arriving. Whoever lists the spool to collect it waits for them first
+    /// ([`durable::Trash::wait_behind`]). Without a running reaper they are removed at once.
+    pub fn with_removal_behind(mut self) -> Self {
+        self.behind = true;
+        self
     }
 
     /// This spool, with refusals queued for [`Spool::park_queued`] instead of parked at once.
@@ -194,6 +218,7 @@ impl Spool {
     /// file. The signals to apply are in [`Collection::items`]; the daemon applies them
     /// ([`Engine::apply_batch`]) and hands the verdicts to [`settle_batch`](Self::settle_batch).
     pub fn read_batch(&self, engine: &Engine, names: &[String]) -> Collection {
+        self.settle_handed(engine, names);
         let mut c = Collection {
             dz: None,
             names: names.to_vec(),
@@ -329,8 +354,28 @@ impl Spool {
             );
         }
         match engine.trash() {
+            Some(trash) if self.behind && !names.is_empty() => {
+                let owned: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+                self.handed.borrow_mut().extend(owned.iter().cloned());
+                trash.dispose_behind(dz.try_clone()?, owned)
+            }
             Some(trash) => trash.dispose(dz, names),
             None => durable::unlink_all(dz, names),
+        }
+    }
+
+    /// Forgets the files handed behind once the reaper has removed them all, and waits for it
+    /// when `names` holds one of them or too many are remembered (the reaper fell behind).
+    fn settle_handed(&self, engine: &Engine, names: &[String]) {
+        let mut handed = self.handed.borrow_mut();
+        let Some(trash) = engine.trash().filter(|_| !handed.is_empty()) else {
+            return;
+        };
+        if handed.len() > HANDED_MAX || names.iter().any(|n| handed.contains(n)) {
+            trash.wait_behind();
+            handed.clear();
+        } else if trash.behind_done() {
+            handed.clear();
         }
     }
 

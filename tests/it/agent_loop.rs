@@ -544,6 +544,12 @@ fn a_codex_thread_run_by_its_managed_app_server_is_woken_in_place_and_after_quit
     job_reports(&env, &a);
     woken_in_place(&env, &server, &session, &a);
     tmux.wait_for_pane(|p| p.contains("woken"), LIMIT);
+    // The woken turn ends with a Stop hook of its own, which finds nothing armed and leaves.
+    // Typed while it runs, a line is only queued by Codex, and was seen lost (once in a few
+    // runs): the user types once the thread is idle.
+    env.wait_until("the woken turn's Stop hook to leave", || {
+        waiters_of(&env, "adapter codex-stop-hook").is_empty()
+    });
     // A second waitpoint, and the user quits while the Stop hook waits for it.
     tmux.send_line("arm cx-app-2");
     let b = armed(&server, "cx-app-2");

@@ -34,7 +34,18 @@ impl Env {
     }
 
     pub fn with_settings(settings: &str) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
+        Self::in_dir(tempfile::tempdir().expect("temp dir"), settings)
+    }
+
+    /// A fresh home on `/dev/shm` (tmpfs): a filesystem where freeing a file never waits for
+    /// the device, unlike this machine's root (mounted with `discard`), so the daemon takes
+    /// the paths it takes on most users' disks.
+    pub fn on_tmpfs(settings: &str) -> Self {
+        let dir = tempfile::tempdir_in("/dev/shm").expect("a temp dir on /dev/shm (tmpfs)");
+        Self::in_dir(dir, settings)
+    }
+
+    fn in_dir(dir: tempfile::TempDir, settings: &str) -> Self {
         let home = dir.path().join("cortex");
         let user_home = dir.path().join("user");
         fs::create_dir_all(&user_home).unwrap();

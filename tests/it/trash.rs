@@ -2,7 +2,8 @@
 //! old file is moved there (same inode, so no block is freed) and a reaper thread removes it
 //! moments later; a daemon that died leaves them to the next start. A consumed spool file is
 //! removed where it is consumed, once its batch is committed: one unlink in the drop zone costs
-//! less than a rename across two directories and a wake of the reaper.
+//! less than a rename across two directories and a wake of the reaper. In the daemon that
+//! removal happens behind the batch, on the reaper's thread, and a sweep waits for it.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -130,4 +131,42 @@ fn the_daemon_empties_a_trash_left_by_a_dead_daemon_and_what_its_own_batches_put
     }
     // The batches' replaced states went through the trash, and left it.
     env.wait_trash_emptied();
+}
+
+#[test]
+fn the_daemon_removes_consumed_files_behind_its_batches_and_a_sweep_never_collects_them_again() {
+    // tmpfs: freeing waits for no device, so the removals go behind the batches (on this
+    // machine's discard mount they go to the trash instead). A sweep every 20 ms meets
+    // batches whose removals are still queued: it must wait for them, not read the files
+    // again as duplicates.
+    let env = Env::on_tmpfs(r#"{"waitpointSweepMs": 20}"#);
+    let e = env.engine();
+    let armed: Vec<(String, String)> = (0..5)
+        .map(|_| {
+            Arming::new("behind")
+                .max_signals(1_000)
+                .no_fail_fast()
+                .on(&e)
+        })
+        .collect();
+    let _d = env.daemon();
+    for round in 0..200 {
+        for (i, (id, secret)) in armed.iter().enumerate() {
+            let progress = r#","status":"progress""#;
+            env.drop_file(&format!("r{round:03}-{i}"), &body(id, secret, progress));
+        }
+    }
+    env.wait_until("every signal counted and the drop zone drained", || {
+        env.spooled().is_empty()
+            && armed
+                .iter()
+                .all(|(id, _)| env.state(id)["counters"]["signals"] == 200)
+    });
+    let log = env.daemon_log_tail(usize::MAX);
+    let again: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("duplicate signal"))
+        .collect();
+    assert!(again.is_empty(), "collected again: {again:#?}");
+    assert_eq!(log.matches("signal accepted").count(), 1_000);
 }
