@@ -36,7 +36,7 @@ use crate::settings::Settings;
 use crate::store::{self, Store, Txn};
 use crate::sync::MutexExt;
 
-pub use batch::MAX_BATCH;
+pub use batch::{MAX_BATCH, MAX_SIGNALS_PER_WAITPOINT, MAX_WAITPOINTS_PER_COMMIT};
 pub use create::{
     CreateRequest, Created, MAX_INTENT_CHARS, MAX_LABEL_CHARS, MAX_MAX_SIGNALS, MAX_MEMBERS,
     MIN_TTL_MS, MIN_WINDOW_MS, Quorum,

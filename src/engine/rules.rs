@@ -84,7 +84,7 @@ pub const LOG_KEEP_BYTES: u64 = 4 * 1024 * 1024;
 /// Folded signals the state keeps with their message, newest last.
 pub const LOG_RECENT: usize = 3;
 /// Folded identities the state remembers for de-duplication: more than one commit decides for
-/// one waitpoint ([`super::batch::MAX_SIGNALS_PER_WAITPOINT`]), so a signal a crash brings back
+/// one waitpoint ([`super::MAX_SIGNALS_PER_WAITPOINT`]), so a signal a crash brings back
 /// with its batch is a duplicate.
 pub const LOG_KEYS: usize = 256;
 /// The most reports (terminal signals) and heartbeats one wake carries; the rest are counted
