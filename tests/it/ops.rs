@@ -409,16 +409,23 @@ fn sighup_reloads_settings_and_keeps_them_when_the_file_is_malformed() {
     assert_eq!(d.wait_exit().0, Some(0));
 }
 
-#[test]
-fn json_logs_name_the_waitpoint_on_every_line_about_one() {
+/// A daemon logging in `format` that collected one good signal file and one with a wrong
+/// secret, then stopped: its home, its guard (for its stderr) and the waitpoint's id.
+fn logged_a_good_and_a_refused_file(format: &str) -> (Env, DaemonGuard, String) {
     let env = Env::new();
     let (id, secret) = id_secret(&env.arm("t", &["--max-signals", "3"]));
-    let mut d = env.daemon_started(&["--log-format", "json"]);
+    let mut d = env.daemon_started(&["--log-format", format]);
     env.drop_file("good", &body(&id, &secret, ""));
     env.drop_file("wrong-secret", &body(&id, "nope", ""));
     env.wait_drained();
     d.send(Signal::TERM);
     assert_eq!(d.wait_exit().0, Some(0));
+    (env, d, id)
+}
+
+#[test]
+fn json_logs_name_the_waitpoint_on_every_line_about_one() {
+    let (env, _d, id) = logged_a_good_and_a_refused_file("json");
     let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
     let mut about = 0;
     for line in log.lines() {
@@ -432,6 +439,21 @@ fn json_logs_name_the_waitpoint_on_every_line_about_one() {
     }
     // Accepted, delivered, refused and parked at least.
     assert!(about >= 4, "{log}");
+}
+
+#[test]
+fn without_a_terminal_the_daemons_stderr_and_its_log_file_hold_the_same_lines() {
+    // Each line is formatted once for both sinks there: neither may miss one or differ.
+    for format in ["text", "json"] {
+        let (env, d, id) = logged_a_good_and_a_refused_file(format);
+        let log = fs::read_to_string(env.home.join("log/daemon.log")).unwrap();
+        let stderr = fs::read_to_string(&d.stderr_path).unwrap();
+        assert!(
+            log.contains("signal accepted") && log.contains(&id),
+            "{log}"
+        );
+        assert_eq!(stderr, log, "{format}: stderr and log/daemon.log differ");
+    }
 }
 
 #[test]
