@@ -681,14 +681,16 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             .join(", ")
     };
     for (n_wp, per) in o.shapes.iter().copied() {
-        // One signal a waitpoint is measured against the per-file floors, more against the
-        // batched layout floor.
-        let shape = usize::from(per > 1);
+        // One signal a waitpoint (`per == 1`) is measured against the per-file floors, more
+        // against the batched layout floor.
+        let shape = format!("{n_wp}x{per}");
         let n = n_wp * per;
         eprintln!("row 1: ingest, {n_wp} waitpoints x {per} signals, {rounds} rounds");
         // Per round: ours, peer, ours CPU, peer CPU, durable floor, no-sync floor, its CPU,
         // the previous release and its CPU (NaN without one), the layout floor and its CPU.
         let mut runs: Vec<[f64; 11]> = Vec::new();
+        // With ours alone (`--ours-only`): its rate and CPU per round.
+        let mut alone: Vec<(f64, f64)> = Vec::new();
         for round in 0..rounds {
             let dir = o.base.join(format!("ingest-{shape}-{round}"));
             let setup = ours::ingest_setup(&dir, n_wp, per);
@@ -704,19 +706,7 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             if o.ours_only {
                 let x = ingest();
                 eprintln!("  ours {:.0} signals/s ({:.0} us CPU)", x.rate, x.cpu_us);
-                runs.push([
-                    x.rate,
-                    f64::NAN,
-                    x.cpu_us,
-                    f64::NAN,
-                    0.,
-                    0.,
-                    0.,
-                    0.,
-                    0.,
-                    0.,
-                    0.,
-                ]);
+                alone.push((x.rate, x.cpu_us));
                 if !o.keep {
                     let _ = std::fs::remove_dir_all(&dir);
                     let _ = std::fs::remove_dir_all(&setup.peer_stage);
@@ -741,7 +731,7 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 (run.rate, run.cpu_us)
             });
             let (mut d, mut f, mut f_cpu_us) = (f64::NAN, f64::NAN, f64::NAN);
-            let (lf, lf_cpu_us) = if shape == 0 {
+            let (lf, lf_cpu_us) = if per == 1 {
                 let scratch = |name: &str| floor::scratch(&o.base, &format!("{name}-{round}"));
                 d = floor::file_floor(&scratch("floor-durable"), n, body, true);
                 let cpu = floor::cpu_secs_self();
@@ -771,11 +761,11 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             }
         }
         if o.ours_only {
-            let column = |i: usize| runs.iter().map(|r| r[i]).collect::<Vec<f64>>();
+            let (rates, cpus): (Vec<f64>, Vec<f64>) = alone.into_iter().unzip();
             eprintln!(
                 "  ours, median of {rounds}: {:.0} signals/s ({:.0} us CPU)",
-                med(&column(0)),
-                med(&column(2))
+                med(&rates),
+                med(&cpus)
             );
             continue;
         }
@@ -826,7 +816,7 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
                 "-",
             );
         }
-        if shape == 0 {
+        if per == 1 {
             against(
                 "1. same (1000 x 1), against the durable per-file floor",
                 0,
@@ -900,7 +890,7 @@ fn row_ingest(o: &Options, b: &ours::Bins, t: &mut Table, notes: &mut Vec<String
             "Row 1, {n_wp} x {per}: ratios to the SQLite peer per round: {}.",
             list(&column(&|r| r[0] / r[1]))
         ));
-        if shape == 0 {
+        if per == 1 {
             let r_durable = column(&|r| r[0] / r[4]);
             let r_nosync = column(&|r| r[0] / r[5]);
             notes.push(format!(

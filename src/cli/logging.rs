@@ -1,10 +1,8 @@
 //! Logging set-up: stderr (around the drain's progress bar) for every command, and
 //! `log/daemon.log` for the daemon, as text or JSON lines.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
-
-use std::io::Write;
 
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;

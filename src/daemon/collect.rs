@@ -338,11 +338,6 @@ impl Daemon {
     }
 
     pub(super) fn pending_names(&self) -> Vec<String> {
-        // Files consumed by the last batches may still wait for their removal behind them;
-        // listed now, they would be read again (as duplicates).
-        if let Some(trash) = self.engine.trash() {
-            trash.wait_behind();
-        }
         self.spool.pending().unwrap_or_else(|e| {
             tracing::error!(error = %e, "cannot list the drop zone");
             Vec::new()

@@ -181,19 +181,15 @@ impl Trash {
     /// duplicate). Without a running reaper, or where freeing waits for the device, this is
     /// [`dispose`](Self::dispose). [`wait_behind`](Self::wait_behind) waits for the removals.
     pub fn dispose_behind(&self, from: Dir, names: Vec<String>) -> Result<()> {
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        if self.frees_wait {
-            return self.take_all_from(&from, &refs);
-        }
         let mut s = self.lock_state();
-        if !s.reaping {
-            drop(s);
-            return super::unlink_all(&from, &refs);
+        if s.reaping && !self.frees_wait {
+            s.behind.push((from, names));
+            self.arrived.notify_all();
+            return Ok(());
         }
-        drop(refs);
-        s.behind.push((from, names));
-        self.arrived.notify_all();
-        Ok(())
+        drop(s);
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.dispose(&from, &refs)
     }
 
     /// Waits until the reaper has removed what [`dispose_behind`](Self::dispose_behind) handed

@@ -60,15 +60,12 @@ pub struct Spool {
     /// refusals costs accepted signals nothing. The file stays in the spool meanwhile, so a
     /// crash loses no refusal.
     queued: Option<std::cell::RefCell<Vec<QueuedPark>>>,
-    /// Whether consumed files are handed to the trash's reaper to remove behind the batch
-    /// (the daemon's drop zone, [`Spool::with_removal_behind`]) rather than removed before
+    /// With removal behind the batch ([`Spool::with_removal_behind`]; the daemon's drop
+    /// zone): the consumed files handed to the trash's reaper and perhaps not removed yet. A
+    /// batch naming one of them (a sweep that listed it, or its hint met a sweep that collected
+    /// it first) waits for the removals instead of reading it again. `None`: removed before
     /// the batch returns.
-    behind: bool,
-    /// The consumed files handed to the reaper to remove behind their batch
-    /// ([`with_removal_behind`](Spool::with_removal_behind)) and perhaps not removed yet: a
-    /// batch naming one of them (its hint met a sweep that collected it first) waits for the
-    /// removals instead of reading it again.
-    handed: std::cell::RefCell<std::collections::HashSet<String>>,
+    handed: Option<std::cell::RefCell<std::collections::HashSet<String>>>,
 }
 
 /// A refusal waiting to be parked.
@@ -126,8 +123,7 @@ impl Spool {
             rel,
             device: None,
             queued: None,
-            behind: false,
-            handed: Default::default(),
+            handed: None,
         }
     }
 
@@ -156,10 +152,10 @@ impl Spool {
     /// Consumed files are removed behind each batch, by the trash's reaper
     /// ([`durable::Trash::dispose_behind`]), so the next batch need not wait for the
     /// removals: the daemon's drop zone, where they queue for the directory's lock behind the
-    /// files arriving. Whoever lists the spool to collect it waits for them first
+    /// files arriving. A batch naming one of them waits for them first
     /// ([`durable::Trash::wait_behind`]). Without a running reaper they are removed at once.
     pub fn with_removal_behind(mut self) -> Self {
-        self.behind = true;
+        self.handed = Some(Default::default());
         self
     }
 
@@ -354,9 +350,11 @@ impl Spool {
             );
         }
         match engine.trash() {
-            Some(trash) if self.behind && !names.is_empty() => {
+            Some(trash) if self.handed.is_some() && !names.is_empty() => {
                 let owned: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
-                self.handed.borrow_mut().extend(owned.iter().cloned());
+                if let Some(handed) = &self.handed {
+                    handed.borrow_mut().extend(owned.iter().cloned());
+                }
                 trash.dispose_behind(dz.try_clone()?, owned)
             }
             Some(trash) => trash.dispose(dz, names),
@@ -365,9 +363,13 @@ impl Spool {
     }
 
     /// Forgets the files handed behind once the reaper has removed them all, and waits for it
-    /// when `names` holds one of them or too many are remembered (the reaper fell behind).
+    /// when `names` (a batch about to be read, hinted or swept) holds one of them, or too many
+    /// are remembered (the reaper fell behind).
     fn settle_handed(&self, engine: &Engine, names: &[String]) {
-        let mut handed = self.handed.borrow_mut();
+        let Some(handed) = &self.handed else {
+            return;
+        };
+        let mut handed = handed.borrow_mut();
         let Some(trash) = engine.trash().filter(|_| !handed.is_empty()) else {
             return;
         };

@@ -150,7 +150,7 @@ fn the_daemon_removes_consumed_files_behind_its_batches_and_a_sweep_never_collec
         })
         .collect();
     let _d = env.daemon();
-    for round in 0..200 {
+    for round in 0..400 {
         for (i, (id, secret)) in armed.iter().enumerate() {
             let progress = r#","status":"progress""#;
             env.drop_file(&format!("r{round:03}-{i}"), &body(id, secret, progress));
@@ -160,7 +160,7 @@ fn the_daemon_removes_consumed_files_behind_its_batches_and_a_sweep_never_collec
         env.spooled().is_empty()
             && armed
                 .iter()
-                .all(|(id, _)| env.state(id)["counters"]["signals"] == 200)
+                .all(|(id, _)| env.state(id)["counters"]["signals"] == 400)
     });
     let log = env.daemon_log_tail(usize::MAX);
     let again: Vec<&str> = log
@@ -168,5 +168,5 @@ fn the_daemon_removes_consumed_files_behind_its_batches_and_a_sweep_never_collec
         .filter(|l| l.contains("duplicate signal"))
         .collect();
     assert!(again.is_empty(), "collected again: {again:#?}");
-    assert_eq!(log.matches("signal accepted").count(), 1_000);
+    assert_eq!(log.matches("signal accepted").count(), 2_000);
 }
