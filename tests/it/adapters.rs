@@ -410,7 +410,12 @@ pub(crate) fn spawn_hook(env: &Env, args: &[&str], input: &Value, vars: &[(&str,
         .unwrap();
     use std::io::Write;
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.to_string().as_bytes()).unwrap();
+    // A hook that fails before it reads its input (a settings file it cannot use) closes the
+    // pipe first: what it then says and how it exits is what the caller looks at.
+    match stdin.write_all(input.to_string().as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        written => written.unwrap(),
+    }
     drop(stdin);
     child
 }
