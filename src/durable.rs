@@ -46,7 +46,7 @@ pub use read::{
 };
 pub use synced::Batch;
 pub use temp::{TEMP_PREFIX, TEMP_SUFFIX, is_temp_name};
-pub use trash::{Reaper, Trash, frees_wait_for_device};
+pub use trash::{HOLD_MAX, INCOMING_QUIET, Reaper, Trash, frees_wait_for_device};
 pub use unsynced::{SPARE_REST, Unsynced, spare_name};
 
 /// Mode of every directory the engine creates.

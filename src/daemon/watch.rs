@@ -42,11 +42,15 @@ impl Daemon {
         // The drop zone and the timers through the daemon's own watch (`src/store/dirwatch.rs`
         // says why): the kernel wakes it only for complete files, not for the daemon's own opens.
         let dir_tx = Mutex::new(self.tx.clone());
+        // Files arriving in the drop zone hold back the removals of consumed ones there, which
+        // would contend with them for the directory (see `Trash::note_incoming`).
+        let trash = self.engine.open_trash()?;
         let watched = [drop_zone.clone(), timers.clone()];
         let dirs = dirwatch::DirWatch::spawn(&watched, dirwatch::COMPLETE_FILES, move |seen| {
             let event = match seen {
                 dirwatch::Seen::Lost => Event::Rescan,
                 dirwatch::Seen::Ready(0, name) if is_candidate(name) => {
+                    trash.note_incoming();
                     Event::SpoolFile(name.to_owned())
                 }
                 dirwatch::Seen::Ready(1, name) => match name.strip_suffix(".json") {

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where files go whose blocks a hot path should not wait to free, until the [`Reaper`]
 /// thread removes them, moments later.
@@ -41,7 +41,22 @@ pub struct Trash {
     next: AtomicU64,
     state: Mutex<TrashState>,
     arrived: Condvar,
+    /// When a file last arrived where the files handed behind are (see
+    /// [`note_incoming`](Trash::note_incoming)), in nanoseconds after `epoch`; 0 for never.
+    incoming: AtomicU64,
+    epoch: Instant,
+    /// How long after the last arrival the removals behind wait (see [`INCOMING_QUIET`]).
+    quiet: Duration,
 }
+
+/// How long the removals handed behind wait after a file arrived in their directory, so they
+/// do not contend for its lock with a burst still being written there (see
+/// [`Trash::note_incoming`]).
+pub const INCOMING_QUIET: Duration = Duration::from_millis(2);
+
+/// The most files handed behind that wait for arrivals to stop (sixteen of the daemon's
+/// largest batches); past it the reaper removes them however busy the directory is.
+pub const HOLD_MAX: usize = 8_192;
 
 /// Whether freeing a file's blocks on the filesystem holding `path` waits for the device: its
 /// mount has online discard (`discard`), as `/proc/self/mountinfo` says. False when that
@@ -122,6 +137,8 @@ pub(super) struct TrashState {
     behind: Vec<Behind>,
     /// Whether the reaper is removing files it took from `behind`.
     removing: bool,
+    /// Callers of [`Trash::wait_behind`]: while one waits, nothing handed behind is held.
+    waiting: usize,
 }
 
 impl Trash {
@@ -139,8 +156,12 @@ impl Trash {
                 reaping: false,
                 behind: Vec::new(),
                 removing: false,
+                waiting: 0,
             }),
             arrived: Condvar::new(),
+            incoming: AtomicU64::new(0),
+            epoch: Instant::now(),
+            quiet: INCOMING_QUIET,
         })
     }
 
@@ -197,9 +218,42 @@ impl Trash {
     /// does not find them again.
     pub fn wait_behind(&self) {
         let mut s = self.lock_state();
+        s.waiting += 1;
+        self.arrived.notify_all();
         while s.reaping && (s.removing || !s.behind.is_empty()) {
             s = self.arrived.wait_or_recover(s);
         }
+        s.waiting -= 1;
+    }
+
+    /// Notes that a file just arrived in the directory whose consumed files are handed behind
+    /// (the daemon's drop zone, told by its watch). While files keep arriving there, the reaper
+    /// holds its removals until [`INCOMING_QUIET`] has passed without one: each removal takes
+    /// the directory's lock, which each arriving rename takes too, and on two cores the two
+    /// spin against each other and take CPU from the batches being read. Held at most until
+    /// [`HOLD_MAX`] files wait, someone waits for them, or the reaper stops.
+    pub fn note_incoming(&self) {
+        let at = self.epoch.elapsed().as_nanos().max(1);
+        self.incoming
+            .store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// How much longer the files handed behind are held (see
+    /// [`note_incoming`](Self::note_incoming)); `None` when they are to go now.
+    fn holding(&self, s: &TrashState) -> Option<Duration> {
+        if s.behind.is_empty()
+            || s.waiting > 0
+            || s.behind.iter().map(|(_, names)| names.len()).sum::<usize>() >= HOLD_MAX
+        {
+            return None;
+        }
+        let last = self.incoming.load(Ordering::Relaxed);
+        if last == 0 {
+            return None;
+        }
+        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let since = Duration::from_nanos(now.saturating_sub(last));
+        self.quiet.checked_sub(since).filter(|left| !left.is_zero())
     }
 
     /// Whether everything handed over by [`dispose_behind`](Self::dispose_behind) is removed
@@ -274,18 +328,29 @@ impl Trash {
     }
 
     /// Waits until something arrived or was handed over, taking both (the files to remove
-    /// behind, and whether the trash is to be emptied); `None` once the reaper is stopped.
+    /// behind, unless they are held, and whether the trash is to be emptied); `None` once the
+    /// reaper is stopped. Held files wait while the trash is emptied.
     fn wait_for_arrival(&self) -> Option<(Vec<Behind>, bool)> {
         let mut s = self.lock_state();
-        while !s.pending && s.behind.is_empty() && !s.stopped {
-            s = self.arrived.wait_or_recover(s);
+        loop {
+            if s.stopped {
+                return None;
+            }
+            let held = self.holding(&s);
+            if held.is_none() && !s.behind.is_empty() {
+                let behind = std::mem::take(&mut s.behind);
+                s.removing = true;
+                return Some((behind, std::mem::replace(&mut s.pending, false)));
+            }
+            if s.pending {
+                s.pending = false;
+                return Some((Vec::new(), true));
+            }
+            s = match held {
+                Some(left) => self.arrived.wait_timeout_or_recover(s, left).0,
+                None => self.arrived.wait_or_recover(s),
+            };
         }
-        if s.stopped {
-            return None;
-        }
-        let behind = std::mem::take(&mut s.behind);
-        s.removing = !behind.is_empty();
-        Some((behind, std::mem::replace(&mut s.pending, false)))
     }
 
     /// Removes every file here. Returns how many.
@@ -355,10 +420,19 @@ mod tests {
     /// A trash (never on a discard mount here: the test decides) and a directory beside it
     /// holding `n` files, with their names.
     fn trash_and_files(n: usize) -> (tempfile::TempDir, Arc<Trash>, Dir, Vec<String>) {
+        trash_and_files_quiet_for(n, INCOMING_QUIET)
+    }
+
+    /// [`trash_and_files`] with removals behind held for `quiet` after an arrival.
+    fn trash_and_files_quiet_for(
+        n: usize,
+        quiet: Duration,
+    ) -> (tempfile::TempDir, Arc<Trash>, Dir, Vec<String>) {
         let dir = tempfile::tempdir().unwrap();
         let root = crate::durable::test_root(dir.path());
         let mut trash = Trash::open(&root, &dir.path().join("trash")).unwrap();
         trash.frees_wait = false;
+        trash.quiet = quiet;
         let spool = Dir::make_beneath(&root, Path::new("spool")).unwrap();
         let names: Vec<String> = (0..n).map(|i| format!("{i:05}.json")).collect();
         for name in &names {
@@ -394,9 +468,55 @@ mod tests {
     }
 
     #[test]
-    fn a_stopping_reaper_first_removes_what_it_was_handed() {
-        let (dir, trash, spool, names) = trash_and_files(3_000);
+    fn files_handed_behind_wait_while_files_arrive_and_go_once_someone_waits_for_them() {
+        let (dir, trash, spool, names) = trash_and_files_quiet_for(200, Duration::from_secs(3600));
         let reaper = Reaper::start(trash.clone());
+        trash.note_incoming();
+        trash
+            .dispose_behind(spool.try_clone().unwrap(), names)
+            .unwrap();
+        // The reaper works meanwhile: a file moved into the trash is removed...
+        std::fs::write(dir.path().join("replaced"), b"{}").unwrap();
+        let parent = Dir::make_beneath(&crate::durable::test_root(dir.path()), Path::new("."));
+        trash
+            .take_all_from(&parent.unwrap(), &["replaced"])
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::fs::read_dir(dir.path().join("trash")).unwrap().count() > 0 {
+            assert!(Instant::now() < deadline, "the trash was never emptied");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // ...but the files handed behind it first are held while files arrive beside them.
+        assert_eq!(left(&dir), 200, "held while files arrive");
+        assert!(!trash.behind_done());
+        // Someone about to list the directory does not wait for the quiet.
+        trash.wait_behind();
+        assert_eq!(left(&dir), 0, "removed for the one waiting");
+        drop(reaper);
+    }
+
+    #[test]
+    fn held_files_go_once_nothing_has_arrived_for_the_quiet_time() {
+        let (dir, trash, spool, names) = trash_and_files_quiet_for(50, Duration::from_millis(20));
+        let reaper = Reaper::start(trash.clone());
+        trash.note_incoming();
+        trash.dispose_behind(spool, names).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while left(&dir) > 0 {
+            assert!(Instant::now() < deadline, "held files never went");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(trash.behind_done());
+        drop(reaper);
+    }
+
+    #[test]
+    fn a_stopping_reaper_first_removes_what_it_was_handed() {
+        let (dir, trash, spool, names) =
+            trash_and_files_quiet_for(3_000, Duration::from_secs(3600));
+        let reaper = Reaper::start(trash.clone());
+        // Files still arriving hold nothing back at a stop.
+        trash.note_incoming();
         // Handed while the reaper stops: nothing is left to a next start's sweep.
         trash.lock_state().stopped = true;
         trash.dispose_behind(spool, names).unwrap();

@@ -78,8 +78,10 @@ pub struct QueuedPark {
     at: Timestamp,
 }
 
-/// The most consumed files a spool remembers as handed behind before it waits for the reaper.
-const HANDED_MAX: usize = 4 * crate::engine::MAX_BATCH;
+/// The most consumed files a spool remembers as handed behind before it waits for the reaper:
+/// twice what the reaper holds back while files are still arriving ([`durable::HOLD_MAX`]), so
+/// a burst never makes the loop wait for removals the reaper chose to hold.
+const HANDED_MAX: usize = 2 * durable::HOLD_MAX;
 
 /// The name of the directory inside a spool where refused files are parked.
 const BAD: &str = "bad";
