@@ -372,16 +372,27 @@ impl Tmux {
     /// Polls the screen until `pred` holds and returns it; panics with the last screen after
     /// `timeout`.
     pub fn wait_for_pane(&self, pred: impl Fn(&str) -> bool, timeout: Duration) -> String {
+        self.poll_pane(pred, timeout).unwrap_or_else(|pane| {
+            panic!("the pane did not show what was expected within {timeout:?}:\n{pane}")
+        })
+    }
+
+    /// Polls the screen until `pred` holds (`Ok`, the screen) or `timeout` passes (`Err`, the
+    /// last screen).
+    pub fn poll_pane(
+        &self,
+        pred: impl Fn(&str) -> bool,
+        timeout: Duration,
+    ) -> Result<String, String> {
         let start = Instant::now();
         loop {
             let pane = self.capture_pane();
             if pred(&pane) {
-                return pane;
+                return Ok(pane);
             }
-            assert!(
-                start.elapsed() < timeout,
-                "the pane did not show what was expected within {timeout:?}:\n{pane}"
-            );
+            if start.elapsed() >= timeout {
+                return Err(pane);
+            }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
